@@ -1,0 +1,333 @@
+"""A continuous-batching generation engine behind a small interface.
+
+``submit(request, listener)`` queues a sequence; a single worker thread runs the model: each
+iteration it prefills newly admitted sequences, then runs one decode step for every running
+sequence, and tells each listener about its new token and, at the end, its result. Sequences join
+and leave between steps, so a short request never waits for a long one to finish. The Triton
+adapter only sees this interface; the batching strategy can change behind it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from engine.gptj import GPTJ, KVCache
+from engine.params import InvalidRequestError, SamplingParams
+from engine.sampling import RowState, make_generator, select_tokens
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationRequest:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    end_id: int | None = None  # None, or outside the vocabulary: the model's own end token
+    stop_words: Sequence[Sequence[int]] = ()
+    bad_words: Sequence[Sequence[int]] = ()
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: list[int]
+    output_ids: list[int]  # generated tokens only; the end token is not included
+    log_probs: list[float]
+    finish_reason: str  # "length" | "end_id" | "stop_word" | "cancelled" | "error"
+    error: str | None = None
+    queue_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+
+class Listener(Protocol):
+    def on_token(self, token_id: int, log_prob: float) -> None: ...
+    def on_finish(self, result: GenerationResult) -> None: ...
+
+
+class StepObserver(Protocol):
+    def on_step(self, rows: int, new_tokens: int, prompt_tokens: int, seconds: float) -> None: ...
+    def on_finish(self, result: GenerationResult) -> None: ...
+
+
+class Handle:
+    """What ``submit`` returns: lets the caller cancel (e.g. a client went away)."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+@dataclass
+class _Sequence:
+    request: GenerationRequest
+    listener: Listener
+    handle: Handle
+    submitted: float
+    end_id: int | None
+    state: RowState
+    admitted: float = 0.0
+    log_probs: list[float] = field(default_factory=list)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.state.tokens[self.state.generated_from :]
+
+
+class Engine:
+    """Runs GPT-J generation for many concurrent requests on one model."""
+
+    def __init__(
+        self,
+        model: GPTJ,
+        max_batch_size: int = 32,
+        max_prefill_tokens: int = 4096,
+        observer: StepObserver | None = None,
+    ) -> None:
+        self.model = model
+        self.config = model.config
+        self.max_batch_size = max_batch_size
+        self.max_prefill_tokens = max_prefill_tokens
+        self.observer = observer
+        self.cache = KVCache.empty(model.config, next(model.parameters()).dtype)
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # -- interface ----------------------------------------------------------------------------
+
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise InvalidRequestError, naming the option, for a request that cannot run."""
+        vocab, context = self.config.vocab_size, self.config.n_positions
+        if not request.prompt_ids:
+            raise InvalidRequestError("the prompt is empty: send at least one character of text")
+        if request.max_new_tokens < 1:
+            raise InvalidRequestError(
+                f"request_output_len must be >= 1, got {request.max_new_tokens}"
+            )
+        total = len(request.prompt_ids) + request.max_new_tokens
+        if total > context:
+            raise InvalidRequestError(
+                f"prompt ({len(request.prompt_ids)} tokens) + request_output_len "
+                f"({request.max_new_tokens}) = {total} exceeds the model's context of {context} "
+                "tokens; shorten the prompt or ask for fewer tokens"
+            )
+        bad = [t for t in request.prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary")
+        for kind, words in (("stop", request.stop_words), ("bad", request.bad_words)):
+            for word in words:
+                if not word or any(not 0 <= t < vocab for t in word):
+                    raise InvalidRequestError(f"{kind} word {list(word)} has invalid token ids")
+
+    def submit(self, request: GenerationRequest, listener: Listener) -> Handle:
+        """Queue a request; the listener hears each token and then the result."""
+        self.validate(request)
+        end_id = request.end_id
+        if end_id is None or not 0 <= end_id < self.config.vocab_size:
+            end_id = self.config.eos_token_id
+        state = RowState(
+            params=request.sampling,
+            tokens=list(request.prompt_ids),
+            generated_from=len(request.prompt_ids),
+            bad_words=request.bad_words,
+            generator=None if request.sampling.greedy else make_generator(request.sampling.seed),
+        )
+        handle = Handle()
+        seq = _Sequence(request, listener, handle, time.perf_counter(), end_id, state)
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("engine is stopped")
+            self._waiting.append(seq)
+            self._cond.notify()
+        return handle
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Blocking convenience: submit and wait for the result."""
+        done = threading.Event()
+        box: list[GenerationResult] = []
+
+        class _Wait:
+            def on_token(self, token_id: int, log_prob: float) -> None:
+                pass
+
+            def on_finish(self, result: GenerationResult) -> None:
+                box.append(result)
+                done.set()
+
+        self.submit(request, _Wait())
+        done.wait()
+        return box[0]
+
+    def start(self) -> Engine:
+        self._thread = threading.Thread(target=self._loop, name="gptj-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+        for seq in list(self._waiting) + self._running:
+            self._finish(seq, "cancelled", error="server is shutting down")
+        self._waiting.clear()
+        self._running.clear()
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    # -- worker -------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        with torch.inference_mode():
+            self._serve()
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._waiting or self._running or self._stopping):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                admitted = self._admit()
+            try:
+                self._drop_cancelled()
+                if admitted:
+                    self._prefill(admitted)
+                if self._running:
+                    self._decode()
+            except Exception as exc:  # keep serving: fail what was running, not the server
+                log.exception("engine step failed")
+                for seq in self._running:
+                    self._finish(seq, "error", error=f"generation failed: {exc}")
+                self._running.clear()
+
+    def _admit(self) -> list[_Sequence]:
+        """Take waiting sequences while there are free rows and prefill budget."""
+        admitted: list[_Sequence] = []
+        free = self.max_batch_size - len(self._running)
+        longest = 0
+        while self._waiting and len(admitted) < free:
+            seq = self._waiting[0]
+            if seq.handle.cancelled.is_set():
+                self._waiting.popleft()
+                self._finish(seq, "cancelled")
+                continue
+            length = max(longest, len(seq.request.prompt_ids))
+            if admitted and length * (len(admitted) + 1) > self.max_prefill_tokens:
+                break
+            longest = length
+            admitted.append(self._waiting.popleft())
+        return admitted
+
+    def _prefill(self, admitted: list[_Sequence]) -> None:
+        started = time.perf_counter()
+        first = len(self._running)
+        lengths = [len(seq.request.prompt_ids) for seq in admitted]
+        needed = max(len(s.request.prompt_ids) + s.request.max_new_tokens for s in admitted)
+        self.cache.reserve(first + len(admitted), needed)
+        tokens = torch.zeros((len(admitted), max(lengths)), dtype=torch.long)
+        for i, seq in enumerate(admitted):
+            tokens[i, : lengths[i]] = torch.tensor(seq.request.prompt_ids)
+            seq.admitted = started
+        logits = self.model(
+            tokens,
+            torch.zeros(len(admitted), dtype=torch.long),
+            torch.tensor(lengths) - 1,
+            self.cache,
+            slice(first, first + len(admitted)),
+        )
+        self._running.extend(admitted)
+        self._advance(admitted, logits, started, prompt_tokens=sum(lengths))
+
+    def _decode(self) -> None:
+        started = time.perf_counter()
+        running = self._running
+        longest = max(len(seq.state.tokens) for seq in running)
+        self.cache.reserve(len(running), longest)
+        tokens = torch.tensor([[seq.state.tokens[-1]] for seq in running])
+        start = torch.tensor([len(seq.state.tokens) - 1 for seq in running])
+        logits = self.model(
+            tokens,
+            start,
+            torch.zeros(len(running), dtype=torch.long),
+            self.cache,
+            slice(0, len(running)),
+        )
+        self._advance(list(running), logits, started, prompt_tokens=0)
+
+    def _advance(
+        self, seqs: list[_Sequence], logits: torch.Tensor, started: float, prompt_tokens: int
+    ) -> None:
+        """Pick each sequence's next token, tell its listener, retire the finished ones."""
+        chosen, log_probs = select_tokens(logits, [seq.state for seq in seqs])
+        finished: list[tuple[_Sequence, str]] = []
+        for seq, token, log_prob in zip(seqs, chosen, log_probs, strict=True):
+            if seq.handle.cancelled.is_set():
+                finished.append((seq, "cancelled"))
+                continue
+            if token == seq.end_id:
+                finished.append((seq, "end_id"))
+                continue
+            seq.state.tokens.append(token)
+            seq.log_probs.append(log_prob)
+            seq.listener.on_token(token, log_prob)
+            if _ends_with_any(seq.generated, seq.request.stop_words):
+                finished.append((seq, "stop_word"))
+            elif len(seq.generated) >= seq.request.max_new_tokens:
+                finished.append((seq, "length"))
+        if self.observer is not None:
+            self.observer.on_step(
+                len(seqs), len(seqs), prompt_tokens, time.perf_counter() - started
+            )
+        for seq, reason in finished:
+            self._retire(seq)
+            self._finish(seq, reason)
+
+    def _drop_cancelled(self) -> None:
+        for seq in [s for s in self._running if s.handle.cancelled.is_set()]:
+            self._retire(seq)
+            self._finish(seq, "cancelled")
+
+    def _retire(self, seq: _Sequence) -> None:
+        """Remove a running sequence, moving the last row into its place to stay contiguous."""
+        row = self._running.index(seq)
+        last = self._running.pop()
+        if last is not seq:
+            self.cache.move_row(len(self._running), row, len(last.state.tokens))
+            self._running[row] = last
+
+    def _finish(self, seq: _Sequence, reason: str, error: str | None = None) -> None:
+        now = time.perf_counter()
+        result = GenerationResult(
+            prompt_ids=list(seq.request.prompt_ids),
+            output_ids=list(seq.generated),
+            log_probs=list(seq.log_probs),
+            finish_reason=reason,
+            error=error,
+            queue_seconds=(seq.admitted or now) - seq.submitted,
+            total_seconds=now - seq.submitted,
+        )
+        try:
+            seq.listener.on_finish(result)
+        finally:
+            if self.observer is not None:
+                self.observer.on_finish(result)
+
+
+def _ends_with_any(tokens: list[int], words: Sequence[Sequence[int]]) -> bool:
+    return any(len(tokens) >= len(w) and tokens[-len(w) :] == list(w) for w in words)

@@ -1,0 +1,42 @@
+"""Names of every metric the load test reads: Triton's own and the engine's, defined once.
+
+The model stage answers requests asynchronously (its ``execute`` returns at once and the engine
+responds later), so Triton's ``nv_inference_compute_infer_duration_us`` for that stage counts only
+admission. The engine therefore exports its own counters through the python backend's custom
+metrics; they appear on Triton's metrics port next to the ``nv_*`` families.
+"""
+
+# Triton's per-model counters (labels: model, version); all cumulative since start.
+INFERENCE_COUNT = "nv_inference_count"
+EXEC_COUNT = "nv_inference_exec_count"
+REQUEST_SUCCESS = "nv_inference_request_success"
+REQUEST_FAILURE = "nv_inference_request_failure"
+REQUEST_DURATION_US = "nv_inference_request_duration_us"
+QUEUE_DURATION_US = "nv_inference_queue_duration_us"
+COMPUTE_INPUT_DURATION_US = "nv_inference_compute_input_duration_us"
+COMPUTE_INFER_DURATION_US = "nv_inference_compute_infer_duration_us"
+COMPUTE_OUTPUT_DURATION_US = "nv_inference_compute_output_duration_us"
+PENDING_REQUEST_COUNT = "nv_inference_pending_request_count"
+
+# The engine's counters (label: model), exported by the gptj stage.
+ENGINE_REQUESTS = "codegen_engine_requests_total"
+ENGINE_REQUEST_DURATION_US = "codegen_engine_request_duration_us_total"
+ENGINE_QUEUE_DURATION_US = "codegen_engine_queue_duration_us_total"
+ENGINE_COMPUTE_DURATION_US = "codegen_engine_compute_duration_us_total"
+ENGINE_STEPS = "codegen_engine_steps_total"
+ENGINE_STEP_ROWS = "codegen_engine_step_rows_total"
+ENGINE_PROMPT_TOKENS = "codegen_engine_prompt_tokens_total"
+ENGINE_GENERATED_TOKENS = "codegen_engine_generated_tokens_total"
+ENGINE_RUNNING = "codegen_engine_running_sequences"
+
+ENGINE_METRIC_HELP = {
+    ENGINE_REQUESTS: "Sequences finished by the generation engine",
+    ENGINE_REQUEST_DURATION_US: "Microseconds from engine submission to the last token",
+    ENGINE_QUEUE_DURATION_US: "Microseconds sequences waited in the engine before prefill",
+    ENGINE_COMPUTE_DURATION_US: "Microseconds the engine spent computing (prefill and decode)",
+    ENGINE_STEPS: "Forward passes run by the engine (prefill and decode)",
+    ENGINE_STEP_ROWS: "Sequences processed summed over forward passes (mean batch = rows/steps)",
+    ENGINE_PROMPT_TOKENS: "Prompt tokens prefilled",
+    ENGINE_GENERATED_TOKENS: "Tokens generated",
+}
+ENGINE_GAUGE_HELP = {ENGINE_RUNNING: "Sequences currently running in the engine"}

@@ -1,0 +1,1 @@
+"""Detokenization for the ensemble's last stage, whole or incremental (``detokenize``)."""

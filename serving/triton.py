@@ -1,0 +1,242 @@
+"""Run the ``tritonserver`` binary that ships inside the ``nvidia-pytriton`` wheel.
+
+No PyTriton Python API is involved: the wheel is only where the server, its python backend and
+the backend stubs come from. Two things make the python backend use this project's environment:
+the stub for the running interpreter's version is put next to the backend, and this
+interpreter's ``bin`` goes first on PATH, which is how the embedded interpreter finds (and
+activates) the virtual environment that has torch, transformers and this project installed.
+
+    python -m serving.triton --model-repository model_repository --http-port 8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _distribution() -> tuple[Path, Path]:
+    """(tritonserver folder, bundled shared libraries) inside the nvidia-pytriton wheel."""
+    try:
+        from pytriton.utils.distribution import get_libs_path, get_root_module_path
+    except ImportError:
+        sys.exit("nvidia-pytriton is not installed: run `make setup` first")
+    return get_root_module_path() / "tritonserver", Path(get_libs_path())
+
+
+def prepare_runtime(workdir: Path) -> Path:
+    """A copy of the server with the python backend stub for this interpreter (made once)."""
+    dist, _ = _distribution()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    runtime = workdir / f"tritonserver-py{version}"
+    stub = runtime / "backends" / "python" / "triton_python_backend_stub"
+    if not stub.exists():
+        shutil.rmtree(runtime, ignore_errors=True)
+        shutil.copytree(dist, runtime, ignore=shutil.ignore_patterns("python_backend_stubs"))
+        source = dist / "python_backend_stubs" / version / "triton_python_backend_stub"
+        if not source.exists():
+            sys.exit(f"the Triton wheel has no python backend stub for Python {version}")
+        shutil.copy2(source, stub)
+    return runtime
+
+
+def server_environment() -> dict[str, str]:
+    _, libs = _distribution()
+    env = dict(os.environ)
+    lib_dirs = [sysconfig.get_config_var("LIBDIR") or "", str(libs)]
+    if env.get("LD_LIBRARY_PATH"):
+        lib_dirs.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = ":".join(d for d in lib_dirs if d)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@dataclass
+class Ports:
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+
+
+class TritonServer:
+    """A tritonserver child process: start, wait until ready, stop. Also a context manager."""
+
+    def __init__(
+        self,
+        model_repository: Path,
+        ports: Ports | None = None,
+        workdir: Path | None = None,
+        log_file: Path | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        self.model_repository = Path(model_repository).resolve()
+        self.ports = ports or Ports()
+        self.workdir = Path(workdir or REPO_ROOT / ".triton")
+        self.log_file = log_file
+        self.extra_args = extra_args or []
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"localhost:{self.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"localhost:{self.ports.grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://localhost:{self.ports.metrics}/metrics"
+
+    def command(self) -> list[str]:
+        runtime = prepare_runtime(self.workdir)
+        return [
+            str(runtime / "bin" / "tritonserver"),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={runtime / 'backends'}",
+            f"--cache-directory={runtime / 'caches'}",
+            f"--http-port={self.ports.http}",
+            f"--grpc-port={self.ports.grpc}",
+            f"--metrics-port={self.ports.metrics}",
+            "--allow-metrics=true",
+            "--metrics-interval-ms=1000",
+            "--exit-on-error=true",
+            *self.extra_args,
+        ]
+
+    def start(self) -> TritonServer:
+        if not (self.model_repository / "ensemble").is_dir():
+            raise FileNotFoundError(
+                f"{self.model_repository} is not this project's model repository"
+            )
+        busy = [port for port in vars(self.ports).values() if _port_in_use(port)]
+        if busy:
+            raise RuntimeError(
+                f"port(s) {busy} already in use: another server is running; stop it or choose "
+                "other ports (HTTP_PORT=, GRPC_PORT=, METRICS_PORT=)"
+            )
+        stdout = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115
+        self.process = subprocess.Popen(
+            self.command(),
+            env=server_environment(),
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return self
+
+    def ready(self) -> bool:
+        url = f"http://localhost:{self.ports.http}/v2/health/ready"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                where = f"; see {self.log_file}" if self.log_file else ""
+                raise RuntimeError(
+                    f"tritonserver exited with code {self.process.returncode}{where}"
+                )
+            if self.ready():
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s")
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        self.process.send_signal(signal.SIGINT)  # Triton's own graceful shutdown
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+    def __enter__(self) -> TritonServer:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository")
+    parser.add_argument("--http-port", type=int, default=8000)
+    parser.add_argument("--grpc-port", type=int, default=8001)
+    parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for ready")
+    parser.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
+    args = parser.parse_args(argv)
+
+    checkpoint = args.model_repository / "gptj" / "1" / "checkpoint" / "config.json"
+    if not checkpoint.exists():
+        print(f"no model at {checkpoint.parent}: run `make model` first", file=sys.stderr)
+        return 2
+    server = TritonServer(
+        args.model_repository,
+        Ports(args.http_port, args.grpc_port, args.metrics_port),
+        extra_args=args.extra,
+    )
+    print(f"starting tritonserver on {args.model_repository} ...", flush=True)
+    try:
+        server.start()
+    except (RuntimeError, FileNotFoundError) as exc:
+        print(f"cannot start: {exc}", file=sys.stderr)
+        return 1
+
+    def shutdown(signum: int, _frame: object) -> None:
+        print(f"\n{signal.Signals(signum).name}: stopping tritonserver ...", flush=True)
+        code = server.stop()
+        sys.exit(0 if code in (0, None) else code)
+
+    signal.signal(signal.SIGINT, shutdown)
+    signal.signal(signal.SIGTERM, shutdown)
+    try:
+        server.wait_ready(args.timeout)
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"tritonserver failed to start: {exc}", file=sys.stderr)
+        server.stop()
+        return 1
+    print(
+        "\nTriton is ready (Ctrl-C stops it):\n"
+        f"  HTTP     http://localhost:{args.http_port}   (e.g. /v2/models/ensemble)\n"
+        f"  gRPC     localhost:{args.grpc_port}\n"
+        f"  metrics  http://localhost:{args.metrics_port}/metrics\n",
+        flush=True,
+    )
+    return server.process.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
