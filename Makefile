@@ -6,11 +6,17 @@ BIN := $(VENV)/bin
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
-# make model: STEPS=<n> trains longer, FORCE=1 rebuilds over an existing model
+# make model: STEPS=<n> trains longer; FORCE=1 replaces an existing model;
+# MODEL=<folder or hub id> installs a real GPT-J/CodeGen checkpoint instead of training;
+# ENGINE=fastertransformer also exports it for Triton's FasterTransformer backend (TP GPUs).
 STEPS ?=
 FORCE ?=
+MODEL ?=
+ENGINE ?= python
+TP ?= 1
+DTYPE ?= fp16
 
-.PHONY: help setup setup-dev model triton test lint format clean
+.PHONY: help setup setup-dev model triton test lint format clean k8s docker-lint scan
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -24,14 +30,23 @@ $(VENV)/.setup: pyproject.toml | $(BIN)/activate
 
 $(VENV)/.setup-dev: $(VENV)/.setup
 	$(BIN)/pip install --disable-pip-version-check -e '.[dev]'
+	PYTHON=$(PYTHON) bash scripts/setup-scan-venv.sh
 	touch $@
 
 setup: $(VENV)/.setup  ## virtual environment in .venv with the server, engine and client
 
 setup-dev: $(VENV)/.setup-dev  ## setup + test and lint tools
 
-model: setup  ## train the default model (~5 min), unless one is present
+model: setup  ## train the default model (~5 min) unless one is present; see MODEL=, ENGINE=
+ifneq ($(MODEL),)
+	$(BIN)/python -m modelbuild.deploy_cli import "$(MODEL)" $(if $(FORCE),--force)
+else
 	$(BIN)/python -m modelbuild build $(if $(STEPS),--steps $(STEPS)) $(if $(FORCE),--force)
+endif
+ifeq ($(ENGINE),fastertransformer)
+	$(BIN)/python -m modelbuild.deploy_cli export-ft --tp $(TP) --dtype $(DTYPE) \
+		--out build/ft_model_repository
+endif
 
 triton: model  ## start Triton on model_repository/ (HTTP 8000, gRPC 8001, metrics 8002)
 	$(BIN)/python -m serving.triton --model-repository model_repository \
@@ -48,5 +63,18 @@ format: setup-dev  ## ruff format and autofix
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+k8s: setup  ## render the Kubernetes overlays into build/k8s/
+	mkdir -p build/k8s
+	for overlay in cpu gpu; do kubectl kustomize k8s/overlays/$$overlay > build/k8s/$$overlay.yaml; done
+	kubectl kustomize k8s/prometheus-adapter > build/k8s/prometheus-adapter.yaml
+	@echo "rendered: $$(ls build/k8s)"
+
+docker-lint: setup-dev  ## hadolint every Dockerfile
+	$(BIN)/hadolint --config .hadolint.yaml docker/Dockerfile.*
+
+scan: setup-dev k8s  ## checkov static security scan of the manifests and Dockerfiles
+	.venv-scan/bin/checkov -d build/k8s --framework kubernetes --skip-download --compact --quiet
+	.venv-scan/bin/checkov -d docker --framework dockerfile --skip-download --compact --quiet
+
 clean:  ## remove the environment, the server runtime copy and caches (not the model)
-	rm -rf $(VENV) .triton .pytest_cache .ruff_cache build
+	rm -rf $(VENV) .venv-scan .triton .pytest_cache .ruff_cache build

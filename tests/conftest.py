@@ -1,0 +1,72 @@
+"""Shared fixtures: a tiny model built in seconds, and a real Triton server serving it."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from modelbuild.train import BuildConfig, build
+from serving.triton import REPO_ROOT, Ports, TritonServer
+
+TINY = BuildConfig(
+    name="tiny-test-gptj",
+    vocab_size=512,
+    n_layer=2,
+    n_embd=64,
+    n_head=4,
+    rotary_dim=8,
+    n_positions=512,
+    block_size=128,
+    batch_size=8,
+    steps=30,
+    tokenizer_chars=400_000,
+    eval_windows=4,
+)
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A real (tiny) GPT-J + tokenizer trained by the project's own build, in seconds."""
+    path = tmp_path_factory.mktemp("tiny") / "checkpoint"
+    build(path, TINY)
+    return path
+
+
+@pytest.fixture(scope="session")
+def model_repository(tmp_path_factory, tiny_checkpoint) -> Path:
+    """The project's model repository with the tiny checkpoint where `make model` puts one."""
+    repo = tmp_path_factory.mktemp("serving") / "model_repository"
+    shutil.copytree(
+        REPO_ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("checkpoint")
+    )
+    shutil.copytree(tiny_checkpoint, repo / "gptj" / "1" / "checkpoint")
+    return repo
+
+
+@pytest.fixture(scope="session")
+def server(model_repository, tmp_path_factory):
+    log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
+    triton = TritonServer(model_repository, Ports(*free_ports(3)), log_file=log)
+    triton.start()
+    try:
+        triton.wait_ready(timeout=240)
+    except BaseException:
+        triton.stop()
+        print(log.read_text()[-5000:])
+        raise
+    yield triton
+    triton.stop()

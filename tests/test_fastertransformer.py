@@ -1,0 +1,254 @@
+"""FasterTransformer export: per-tensor files for tp 1/2/4, config.ini, model repository."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from modelbuild import fastertransformer as ft
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+N_LAYER, N_EMBD, N_HEAD, N_INNER, VOCAB, ROTARY = 2, 32, 4, 48, 97, 4
+BOS, EOS = 95, 96
+
+
+def gptj_state(seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random GPT-J weights with the GPTJForCausalLM names (every value distinct)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen)
+
+    state = {
+        "transformer.wte.weight": rand(VOCAB, N_EMBD),
+        "transformer.ln_f.weight": rand(N_EMBD),
+        "transformer.ln_f.bias": rand(N_EMBD),
+        "lm_head.weight": rand(VOCAB, N_EMBD),
+        "lm_head.bias": rand(VOCAB),
+    }
+    for layer in range(N_LAYER):
+        p = f"transformer.h.{layer}."
+        state |= {
+            p + "ln_1.weight": rand(N_EMBD),
+            p + "ln_1.bias": rand(N_EMBD),
+            p + "attn.q_proj.weight": rand(N_EMBD, N_EMBD),
+            p + "attn.k_proj.weight": rand(N_EMBD, N_EMBD),
+            p + "attn.v_proj.weight": rand(N_EMBD, N_EMBD),
+            p + "attn.out_proj.weight": rand(N_EMBD, N_EMBD),
+            p + "mlp.fc_in.weight": rand(N_INNER, N_EMBD),
+            p + "mlp.fc_in.bias": rand(N_INNER),
+            p + "mlp.fc_out.weight": rand(N_EMBD, N_INNER),
+            p + "mlp.fc_out.bias": rand(N_EMBD),
+        }
+    return state
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("checkpoint")
+    save_file(gptj_state(), str(folder / "model.safetensors"))
+    config = {
+        "model_type": "gptj",
+        "architectures": ["GPTJForCausalLM"],
+        "vocab_size": VOCAB,
+        "n_positions": 64,
+        "n_embd": N_EMBD,
+        "n_layer": N_LAYER,
+        "n_head": N_HEAD,
+        "n_inner": N_INNER,
+        "rotary_dim": ROTARY,
+        "bos_token_id": BOS,
+        "eos_token_id": EOS,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "tokenizer.json").write_text('{"added_tokens": []}')
+    (folder / "tokenizer_config.json").write_text("{}")
+    (folder / "MODEL_CARD.md").write_text("# tiny\n")
+    return folder
+
+
+def expected_files(tp: int) -> set[str]:
+    names = {
+        "config.ini",
+        "model.wte.bin",
+        "model.final_layernorm.weight.bin",
+        "model.final_layernorm.bias.bin",
+        "model.lm_head.weight.bin",
+        "model.lm_head.bias.bin",
+    }
+    for layer in range(N_LAYER):
+        p = f"model.layers.{layer}."
+        names |= {p + n for n in ("input_layernorm.weight.bin", "input_layernorm.bias.bin")}
+        names.add(p + "mlp.dense_4h_to_h.bias.bin")
+        for rank in range(tp):
+            names |= {
+                p + f"attention.query_key_value.weight.{rank}.bin",
+                p + f"attention.dense.weight.{rank}.bin",
+                p + f"mlp.dense_h_to_4h.weight.{rank}.bin",
+                p + f"mlp.dense_h_to_4h.bias.{rank}.bin",
+                p + f"mlp.dense_4h_to_h.weight.{rank}.bin",
+            }
+    return names
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_split_files_rebuild_the_weights_exactly(checkpoint, tmp_path, tp):
+    folder = ft.write_ft_checkpoint(checkpoint, tmp_path, tp)
+    assert folder.name == f"{tp}-gpu"
+    assert {p.name for p in folder.iterdir()} == expected_files(tp)
+    rebuilt, _ = ft.read_ft_checkpoint(folder)
+    original = load_file(checkpoint / "model.safetensors")
+    assert rebuilt.keys() == original.keys()
+    for name, tensor in original.items():
+        assert torch.equal(rebuilt[name], tensor), name
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_each_rank_holds_its_own_heads_in_ft_orientation(checkpoint, tmp_path, tp):
+    """Spot-check the on-disk layout itself, independently of read_ft_checkpoint."""
+    folder = ft.write_ft_checkpoint(checkpoint, tmp_path, tp)
+    state = load_file(checkpoint / "model.safetensors")
+    local = N_EMBD // tp
+    for rank in range(tp):
+        raw = np.fromfile(folder / f"model.layers.1.attention.query_key_value.weight.{rank}.bin",
+                          dtype="<f4").reshape(N_EMBD, 3, local)  # fmt: skip
+        heads = slice(rank * local, (rank + 1) * local)
+        for i, proj in enumerate("qkv"):
+            weight = state[f"transformer.h.1.attn.{proj}_proj.weight"]
+            np.testing.assert_array_equal(raw[:, i, :], weight[heads].T.numpy())
+        dense = np.fromfile(folder / f"model.layers.1.attention.dense.weight.{rank}.bin",
+                            dtype="<f4").reshape(local, N_EMBD)  # fmt: skip
+        np.testing.assert_array_equal(
+            dense, state["transformer.h.1.attn.out_proj.weight"].T[heads].numpy()
+        )
+    size = (folder / "model.wte.bin").stat().st_size
+    assert size == VOCAB * N_EMBD * 4  # raw float32, no header
+    wte = np.fromfile(folder / "model.wte.bin", dtype="<f4").reshape(VOCAB, N_EMBD)
+    np.testing.assert_array_equal(wte, state["transformer.wte.weight"].numpy())
+
+
+def test_config_ini_holds_dimensions_and_token_ids(checkpoint, tmp_path):
+    folder = ft.write_ft_checkpoint(checkpoint, tmp_path, 2)
+    parser = configparser.ConfigParser()
+    parser.read(folder / "config.ini")
+    ini = parser["gptj"]
+    assert int(ini["head_num"]) == N_HEAD
+    assert int(ini["size_per_head"]) == N_EMBD // N_HEAD
+    assert int(ini["inter_size"]) == N_INNER
+    assert int(ini["num_layer"]) == N_LAYER
+    assert int(ini["rotary_embedding"]) == ROTARY
+    assert int(ini["vocab_size"]) == VOCAB
+    assert (int(ini["start_id"]), int(ini["end_id"])) == (BOS, EOS)
+    assert ini["weight_data_type"] == "fp32"
+    assert int(ini["tensor_para_size"]) == 2
+
+
+def test_token_ids_fall_back_to_the_tokenizer(checkpoint, tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    config = json.loads((checkpoint / "config.json").read_text())
+    del config["bos_token_id"], config["eos_token_id"]
+    tokenizer = {"added_tokens": [{"id": 7, "content": "<|endoftext|>"}]}
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    assert ft.token_ids(folder, config) == (7, 7)
+    (folder / "tokenizer.json").write_text('{"added_tokens": []}')
+    with pytest.raises(ft.ExportError, match="bos/eos"):
+        ft.token_ids(folder, config)
+
+
+def test_unsupported_splits_are_refused(checkpoint, tmp_path):
+    with pytest.raises(ft.ExportError, match="not one of"):
+        ft.write_ft_checkpoint(checkpoint, tmp_path, 3)
+    config = json.loads((checkpoint / "config.json").read_text()) | {"n_head": 2, "n_embd": 32}
+    with pytest.raises(ft.ExportError, match="cannot be split"):
+        ft.check_split(config, 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# the Triton model repository
+
+
+def parse_pbtxt(text: str):
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+def contract(config) -> tuple[set, set]:
+    inputs = {(i.name, i.data_type, tuple(i.dims), i.optional) for i in config.input}
+    outputs = {(o.name, o.data_type, tuple(o.dims)) for o in config.output}
+    return inputs, outputs
+
+
+@pytest.fixture(scope="module")
+def ft_repository(checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("build") / "ft_model_repository"
+    return ft.write_ft_model_repository(
+        checkpoint, REPO_ROOT / "model_repository", out, tp=2, data_type="fp16"
+    )
+
+
+def test_model_stage_config_is_a_valid_fastertransformer_config(ft_repository):
+    config = parse_pbtxt((ft_repository / "gptj" / "config.pbtxt").read_text())
+    assert config.name == "gptj"
+    assert config.backend == "fastertransformer"
+    assert config.max_batch_size > 0
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    assert params["model_type"] == "GPT-J"
+    assert params["data_type"] == "fp16"
+    assert params["tensor_para_size"] == "2"
+    assert params["pipeline_para_size"] == "1"
+    assert params["model_checkpoint_path"] == "/models/gptj/1/2-gpu"
+    assert config.default_model_filename == "2-gpu"
+    assert (ft_repository / "gptj" / "1" / "2-gpu" / "config.ini").is_file()
+    # per-request scalars reach FasterTransformer as [batch]
+    reshaped = {i.name for i in config.input if i.HasField("reshape")}
+    assert {"input_lengths", "runtime_top_k", "random_seed", "end_id"} <= reshaped
+    assert "input_ids" not in reshaped and "stop_words_list" not in reshaped
+
+
+def test_model_stage_keeps_the_tensor_contract(ft_repository):
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    config = parse_pbtxt((ft_repository / "gptj" / "config.pbtxt").read_text())
+    inputs, outputs = contract(config)
+    expected_in = {(n, pb.DataType.Value(t), d, o) for n, t, d, o in ft.INPUTS}
+    expected_out = {(n, pb.DataType.Value(t), d) for n, t, d in ft.OUTPUTS}
+    assert (inputs, outputs) == (expected_in, expected_out)
+    served = REPO_ROOT / "model_repository" / "gptj" / "config.pbtxt"
+    if served.is_file():  # the python-engine stage exposes exactly the same tensors
+        assert contract(parse_pbtxt(served.read_text())) == (inputs, outputs)
+        max_batch = re.search(r"max_batch_size:\s*(\d+)", served.read_text()).group(1)
+        assert config.max_batch_size == int(max_batch)
+
+
+def test_other_stages_are_copied_unchanged(ft_repository):
+    source = REPO_ROOT / "model_repository"
+    stages = [p.name for p in source.iterdir() if (p / "config.pbtxt").is_file()]
+    if not stages:
+        pytest.skip("model_repository has no stages yet")
+    for stage in stages:
+        if stage == "gptj":
+            continue
+        for file in (source / stage).rglob("*"):
+            if file.is_file() and "__pycache__" not in file.parts:
+                copy = ft_repository / stage / file.relative_to(source / stage)
+                assert copy.read_bytes() == file.read_bytes(), copy
+    # the tokenizer stays where preprocessing/postprocessing look for it
+    assert (ft_repository / "gptj" / "1" / "checkpoint" / "tokenizer.json").is_file()
+    assert not list((ft_repository / "gptj" / "1" / "checkpoint").glob("*.safetensors"))
+
+
+def test_bad_data_type_is_refused(checkpoint, tmp_path):
+    with pytest.raises(ft.ExportError, match="data type"):
+        ft.write_ft_model_repository(
+            checkpoint, REPO_ROOT / "model_repository", tmp_path / "r", tp=1, data_type="int4"
+        )
