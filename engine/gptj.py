@@ -201,6 +201,8 @@ class GPTJ(nn.Module):
     def from_checkpoint(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> GPTJ:
         """Load a Hugging Face GPT-J folder (config.json + *.safetensors)."""
         path = Path(path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"no checkpoint at {path}: run `make model` first")
         config = GPTJConfig.from_checkpoint(path)
         files = sorted(path.glob("*.safetensors"))
         if not files:

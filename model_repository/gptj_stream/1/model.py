@@ -1,0 +1,94 @@
+"""Triton adapter for the streaming GPT-J stage (decoupled): one response per piece of text.
+
+Tokens are turned into text as they come with ``postprocessing.detokenize.IncrementalDecoder``,
+which never splits a character, so the pieces concatenate to exactly the unary completion. A
+client that goes away cancels its request; the engine then drops the sequence at the next step.
+"""
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from engine.engine import GenerationResult
+from engine.params import InvalidRequestError
+from engine.tensors import requests_from_tensors
+from postprocessing.detokenize import IncrementalDecoder, Postprocessor
+from serving.stage import error_response, read_inputs, start_engine
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class _Stream:
+    """Listener that forwards each new piece of text to the client as it is produced."""
+
+    def __init__(self, sender, decoder: IncrementalDecoder, prompt_len: int, log_probs: bool):
+        self.sender = sender
+        self.decoder = decoder
+        self.length = prompt_len
+        self.want_log_probs = log_probs
+        self.pending: list[float] = []  # log probs of tokens not yet sent
+        self.cumulative = 0.0
+        self.handle = None
+
+    def _response(self, piece: str):
+        log_probs = self.pending if self.want_log_probs else [0.0] * len(self.pending)
+        self.pending = []
+        outputs = {
+            "OUTPUT_0": np.array([[piece.encode("utf-8")]], dtype=np.object_),
+            "sequence_length": np.array([[self.length]], dtype=np.uint32),
+            "cum_log_probs": np.array([[self.cumulative if self.want_log_probs else 0.0]],
+                                      dtype=np.float32),
+            "output_log_probs": np.array([log_probs], dtype=np.float32),
+        }  # fmt: skip
+        return pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()])
+
+    def on_token(self, token_id: int, log_prob: float) -> None:
+        self.length += 1
+        self.cumulative += log_prob
+        self.pending.append(log_prob)
+        piece = self.decoder.push(token_id)
+        if not piece:
+            return
+        if self.sender.is_cancelled():
+            if self.handle is not None:
+                self.handle.cancel()
+            return
+        self.sender.send(self._response(piece))
+
+    def on_finish(self, result: GenerationResult) -> None:
+        if result.finish_reason == "cancelled" and self.sender.is_cancelled():
+            return  # nobody is listening
+        if result.error:
+            self.sender.send(error_response(result.error), flags=FINAL)
+        else:
+            self.sender.send(self._response(self.decoder.flush()), flags=FINAL)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.stage = start_engine(args)
+        self.postprocessor = Postprocessor(self.stage.checkpoint)
+
+    def execute(self, requests):
+        engine = self.stage.engine
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                rows, log_probs = requests_from_tensors(read_inputs(request))
+                if len(rows) != 1:
+                    raise InvalidRequestError(
+                        f"streaming takes one prompt per request, got {len(rows)}"
+                    )
+                engine.validate(rows[0])
+            except InvalidRequestError as exc:
+                sender.send(error_response(str(exc)), flags=FINAL)
+                continue
+            row = rows[0]
+            stream = _Stream(
+                sender, IncrementalDecoder(self.postprocessor, row.prompt_ids),
+                len(row.prompt_ids), log_probs,
+            )  # fmt: skip
+            stream.handle = engine.submit(row, stream)
+        return None
+
+    def finalize(self):
+        self.stage.engine.stop()
