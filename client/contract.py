@@ -80,15 +80,24 @@ def encode_words(words: Sequence[str]) -> str:
     if not words:
         return ""
     buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="").writerow(words)
-    return buffer.getvalue()
+    csv.writer(buffer, quoting=csv.QUOTE_MINIMAL).writerow(words)  # quotes "," "\"" and newlines
+    return buffer.getvalue().removesuffix("\r\n")
 
 
 def decode_words(text: str) -> list[str]:
-    """Inverse of :func:`encode_words`; quoted fields may hold commas."""
+    """Inverse of :func:`encode_words`; quoted fields may hold commas, quotes and newlines.
+
+    Text without quotes is split on commas alone, so a client that sends a raw newline word
+    (``"\n\n"``) unquoted gets it as one word.
+    """
     if not text:
         return []
-    return [word for word in next(csv.reader([text])) if word]
+    if '"' not in text:
+        return [word for word in text.split(",") if word]
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    if len(rows) != 1:
+        raise InvalidRequestError(f"word list {text!r} is not one CSV row")
+    return [word for word in rows[0] if word]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,258 @@
+"""Tokenization, word lists, detokenization, tensor mapping and the configs, without a server."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from client.contract import (
+    ENSEMBLE_INPUTS,
+    ENSEMBLE_OUTPUTS,
+    CompletionRequest,
+    decode_words,
+    encode_words,
+)
+from engine.engine import GenerationResult
+from engine.params import InvalidRequestError
+from engine.tensors import requests_from_tensors, tensors_from_results
+from modelbuild.__main__ import main as modelbuild_main
+from postprocessing.detokenize import IncrementalDecoder, Postprocessor
+from preprocessing.tokenize import Preprocessor
+from preprocessing.word_list import split_word_list, word_list
+from serving.triton import REPO_ROOT
+
+REPOSITORY = REPO_ROOT / "model_repository"
+
+
+def load_config(name: str) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(
+        (REPOSITORY / name / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
+
+
+def tensor_specs(tensors) -> list[tuple]:
+    return [
+        (
+            t.name,
+            model_config_pb2.DataType.Name(t.data_type),
+            tuple(t.dims),
+            getattr(t, "optional", False),
+        )
+        for t in tensors
+    ]
+
+
+# -- word lists --------------------------------------------------------------------------------
+
+
+def test_word_list_uses_the_fastertransformer_layout():
+    layout = word_list([[[11, 12], [13]], [[7]]])
+    assert layout.dtype == np.int32 and layout.shape == (2, 2, 3)
+    np.testing.assert_array_equal(layout[0], [[11, 12, 13], [2, 3, -1]])
+    np.testing.assert_array_equal(layout[1], [[7, 0, 0], [1, -1, -1]])
+    assert split_word_list(layout[0]) == [[11, 12], [13]]
+    assert split_word_list(layout[1]) == [[7]]
+
+
+def test_empty_word_list_is_one_padded_column():
+    layout = word_list([[], []])
+    assert layout.shape == (2, 2, 1)
+    np.testing.assert_array_equal(layout[:, 1], [[-1], [-1]])
+    assert split_word_list(layout[0]) == []
+
+
+def test_words_travel_as_csv_with_quoting():
+    words = ["print", "a,b", 'say "hi"', "\n\n"]
+    assert decode_words(encode_words(words)) == words
+    assert encode_words([]) == ""
+    assert decode_words("print,exit") == ["print", "exit"]
+    assert decode_words("\n\n,return") == ["\n\n", "return"]
+
+
+# -- preprocessing / postprocessing on a real (tiny) tokenizer ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def pre(tiny_checkpoint) -> Preprocessor:
+    return Preprocessor(tiny_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def post(tiny_checkpoint) -> Postprocessor:
+    return Postprocessor(tiny_checkpoint)
+
+
+def test_prompts_are_padded_with_their_lengths(pre):
+    ids, lengths = pre.prompts(np.array([[b"import os"], [b"def f(x):\n    return x"]]))
+    assert ids.dtype == np.uint32 and lengths.dtype == np.uint32
+    assert lengths.shape == (2, 1)
+    for row, text in enumerate(["import os", "def f(x):\n    return x"]):
+        expected = pre.encode(text)
+        assert lengths[row, 0] == len(expected)
+        assert ids[row, : len(expected)].tolist() == expected
+        assert not ids[row, len(expected) :].any()
+
+
+def test_bad_text_is_refused_with_the_input_named(pre):
+    with pytest.raises(InvalidRequestError, match="INPUT_0 row 1 is an empty prompt"):
+        pre.prompts(np.array([[b"x"], [b""]]))
+    with pytest.raises(InvalidRequestError, match="not valid UTF-8"):
+        pre.prompts(np.array([[b"\xff"]]))
+
+
+def test_stop_words_are_tokenized_per_row(pre):
+    layout = pre.words(np.array([[b"return,yield"], [b""]]), "INPUT_3")
+    assert split_word_list(layout[0]) == [pre.encode("return"), pre.encode("yield")]
+    assert split_word_list(layout[1]) == []
+
+
+def test_postprocessing_returns_flat_texts_trimmed_to_their_lengths(pre, post):
+    first, second = pre.encode("a = 1"), pre.encode("def g():")
+    tokens = np.zeros((2, 1, 10), dtype=np.uint32)
+    tokens[0, 0, : len(first)] = first
+    tokens[1, 0, : len(second)] = second
+    lengths = np.array([[len(first)], [len(second)]], dtype=np.uint32)
+    out = post.batch(tokens, lengths)
+    assert out.shape == (2,)
+    assert [t.decode() for t in out] == ["a = 1", "def g():"]
+
+
+def test_incremental_decoding_never_splits_a_character(pre, post):
+    prompt = "s = '"
+    completion = "héllo wörld 🚀 — ünïcode'\n"
+    ids = pre.encode(prompt + completion)
+    prompt_ids = pre.encode(prompt)
+    assert ids[: len(prompt_ids)] == prompt_ids
+    decoder = IncrementalDecoder(post, prompt_ids)
+    pieces = [decoder.push(t) for t in ids[len(prompt_ids) :]]
+    pieces.append(decoder.flush())
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == completion
+    assert sum(1 for p in pieces if p) < len(ids) - len(prompt_ids)  # some tokens held back
+
+
+# -- the model stage's tensors ----------------------------------------------------------------
+
+
+def test_model_stage_tensors_map_to_engine_requests_and_back():
+    arrays = {
+        "input_ids": np.array([[5, 6, 7], [8, 9, 0]], dtype=np.uint32),
+        "input_lengths": np.array([[3], [2]], dtype=np.uint32),
+        "request_output_len": np.array([[4], [6]], dtype=np.uint32),
+        "runtime_top_k": np.array([[3], [0]], dtype=np.uint32),
+        "random_seed": np.array([[42], [43]], dtype=np.uint64),
+        "end_id": np.array([[50256], [50256]], dtype=np.uint32),
+        "is_return_log_probs": np.array([[True], [True]]),
+        "stop_words_list": word_list([[[1, 2]], []]),
+        "bad_words_list": word_list([[], [[4]]]),
+    }
+    requests, want_log_probs = requests_from_tensors(arrays)
+    assert want_log_probs
+    assert [r.prompt_ids for r in requests] == [[5, 6, 7], [8, 9]]
+    assert [r.max_new_tokens for r in requests] == [4, 6]
+    assert requests[0].sampling.top_k == 3 and requests[0].sampling.seed == 42
+    assert requests[1].sampling.greedy and requests[1].end_id == 50256
+    assert requests[0].stop_words == [[1, 2]] and requests[1].bad_words == [[4]]
+
+    results = [
+        GenerationResult([5, 6, 7], [10, 11], [-0.5, -1.0], "end_id"),
+        GenerationResult([8, 9], [12, 13, 14], [-0.25, -0.25, -0.5], "length"),
+    ]
+    out = tensors_from_results(results, return_log_probs=True)
+    assert out["output_ids"].shape == (2, 1, 5)
+    assert out["output_ids"][0, 0].tolist() == [5, 6, 7, 10, 11]
+    assert out["output_ids"][1, 0].tolist() == [8, 9, 12, 13, 14]
+    assert out["sequence_length"].tolist() == [[5], [5]]
+    np.testing.assert_allclose(out["cum_log_probs"], [[-1.5], [-1.0]])
+    np.testing.assert_allclose(out["output_log_probs"][0, 0], [-0.5, -1.0, 0.0])
+
+
+def test_beam_search_is_refused_until_it_exists():
+    arrays = {
+        "input_ids": np.array([[5]], dtype=np.uint32),
+        "input_lengths": np.array([[1]], dtype=np.uint32),
+        "request_output_len": np.array([[4]], dtype=np.uint32),
+        "beam_width": np.array([[4]], dtype=np.uint32),
+    }
+    with pytest.raises(InvalidRequestError, match="beam_width=4 is not supported"):
+        requests_from_tensors(arrays)
+
+
+def test_client_side_validation_names_the_option():
+    with pytest.raises(InvalidRequestError, match="max_tokens must be a positive integer"):
+        CompletionRequest("x", max_tokens=-1)
+    with pytest.raises(InvalidRequestError, match=r"runtime_top_p must be in \[0, 1\]"):
+        CompletionRequest("x", top_p=1.5)
+    with pytest.raises(InvalidRequestError, match="beam_width=2"):
+        CompletionRequest("x", beam_width=2)
+    tensors = CompletionRequest(("a", "b"), max_tokens=5, stop_words=("x,y",), seed=3).tensors()
+    assert tensors["INPUT_0"].shape == (2, 1) and tensors["INPUT_1"].tolist() == [[5], [5]]
+    assert decode_words(tensors["INPUT_3"][0, 0].decode()) == ["x,y"]
+    assert tensors["random_seed"].dtype == np.uint64
+
+
+# -- the model repository agrees with the contract -------------------------------------------
+
+
+def test_ensembles_expose_exactly_the_contract():
+    expected_inputs = [(s.name, s.triton_type, s.dims, s.optional) for s in ENSEMBLE_INPUTS]
+    for name in ("ensemble", "ensemble_stream"):
+        config = load_config(name)
+        assert sorted(tensor_specs(config.input)) == sorted(expected_inputs)
+        assert config.max_batch_size > 0
+    outputs = tensor_specs(load_config("ensemble").output)
+    assert sorted(o[:3] for o in outputs) == sorted(
+        (s.name, s.triton_type, s.dims) for s in ENSEMBLE_OUTPUTS
+    )
+
+
+@pytest.mark.parametrize("ensemble", ["ensemble", "ensemble_stream"])
+def test_every_ensemble_step_maps_real_tensors(ensemble):
+    for step in load_config(ensemble).ensemble_scheduling.step:
+        stage = load_config(step.model_name)
+        assert set(step.input_map) <= {t.name for t in stage.input}, step.model_name
+        assert set(step.output_map) <= {t.name for t in stage.output}, step.model_name
+        required = {t.name for t in stage.input if not t.optional}
+        assert required <= set(step.input_map), step.model_name
+
+
+def test_stages_run_on_cpu_with_dynamic_batching_and_name_their_checkpoint():
+    unary, stream = load_config("gptj"), load_config("gptj_stream")
+    assert tensor_specs(unary.input) == tensor_specs(stream.input)
+    assert stream.model_transaction_policy.decoupled
+    for name in ("preprocessing", "gptj", "postprocessing"):
+        config = load_config(name)
+        assert config.HasField("dynamic_batching"), name
+        assert all(g.kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+                   for g in config.instance_group)  # fmt: skip
+    assert unary.parameters["checkpoint_path"].string_value == "1/checkpoint"
+
+
+# -- make model --------------------------------------------------------------------------------
+
+
+def test_model_build_is_deterministic_and_not_redone(tiny_checkpoint, tmp_path, capsys):
+    from modelbuild.train import build
+    from tests.conftest import TINY
+
+    again = tmp_path / "again"
+    build(again, TINY)
+
+    def digest(path: Path) -> str:
+        return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+
+    assert digest(again) == digest(tiny_checkpoint)
+    assert (again / "tokenizer.json").read_text() == (
+        tiny_checkpoint / "tokenizer.json"
+    ).read_text()
+    card = (again / "MODEL_CARD.md").read_text()
+    assert "held-out loss" in card and "Greedy completions" in card
+    before = (again / "model.safetensors").stat().st_mtime_ns
+    assert modelbuild_main(["build", "--out", str(again)]) == 0
+    assert "already present" in capsys.readouterr().out
+    assert (again / "model.safetensors").stat().st_mtime_ns == before
