@@ -98,7 +98,9 @@ class Engine:
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
         self.observer = observer
-        self.cache = KVCache.empty(model.config, next(model.parameters()).dtype)
+        weights = next(model.parameters())
+        self.device = weights.device
+        self.cache = KVCache.empty(model.config, weights.dtype, self.device)
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._cond = threading.Condition()
@@ -245,9 +247,9 @@ class Engine:
             tokens[i, : lengths[i]] = torch.tensor(seq.request.prompt_ids)
             seq.admitted = started
         logits = self.model(
-            tokens,
-            torch.zeros(len(admitted), dtype=torch.long),
-            torch.tensor(lengths) - 1,
+            tokens.to(self.device),
+            torch.zeros(len(admitted), dtype=torch.long, device=self.device),
+            torch.tensor(lengths, device=self.device) - 1,
             self.cache,
             slice(first, first + len(admitted)),
         )
@@ -259,12 +261,12 @@ class Engine:
         running = self._running
         longest = max(len(seq.state.tokens) for seq in running)
         self.cache.reserve(len(running), longest)
-        tokens = torch.tensor([[seq.state.tokens[-1]] for seq in running])
-        start = torch.tensor([len(seq.state.tokens) - 1 for seq in running])
+        tokens = torch.tensor([[seq.state.tokens[-1]] for seq in running], device=self.device)
+        start = torch.tensor([len(seq.state.tokens) - 1 for seq in running], device=self.device)
         logits = self.model(
             tokens,
             start,
-            torch.zeros(len(running), dtype=torch.long),
+            torch.zeros(len(running), dtype=torch.long, device=self.device),
             self.cache,
             slice(0, len(running)),
         )

@@ -87,9 +87,14 @@ class KVCache:
     values: torch.Tensor
 
     @classmethod
-    def empty(cls, config: GPTJConfig, dtype: torch.dtype) -> KVCache:
+    def empty(
+        cls, config: GPTJConfig, dtype: torch.dtype, device: torch.device | str = "cpu"
+    ) -> KVCache:
         shape = (config.n_layer, 0, config.n_head, 0, config.head_dim)
-        return cls(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
+        return cls(
+            torch.zeros(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=dtype, device=device),
+        )
 
     @property
     def rows(self) -> int:
@@ -198,8 +203,10 @@ class GPTJ(nn.Module):
         self.register_buffer("sincos", rotary_table(config), persistent=False)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> GPTJ:
-        """Load a Hugging Face GPT-J folder (config.json + *.safetensors)."""
+    def from_checkpoint(
+        cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    ) -> GPTJ:
+        """Load a Hugging Face GPT-J folder (config.json + *.safetensors) onto ``device``."""
         path = Path(path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"no checkpoint at {path}: run `make model` first")
@@ -215,8 +222,9 @@ class GPTJ(nn.Module):
             state["lm_head.weight"] = state["transformer.wte.weight"]
         model = cls(config)
         model.load_state_dict(state, strict=True)
-        model.sincos = model.sincos.float()
-        return model.to(dtype).eval()
+        model = model.to(dtype)
+        model.sincos = model.sincos.float()  # angles stay float32 whatever the weights' dtype
+        return model.to(device).eval()
 
     @torch.inference_mode()
     def forward(
@@ -229,17 +237,19 @@ class GPTJ(nn.Module):
     ) -> torch.Tensor:
         """Run ``tokens`` [B, T] for cache ``rows``, the first token of each at ``start`` [B].
 
-        Returns float32 logits [B, vocab] at step ``last`` [B] of each row. Prefill passes a
+        Returns float32 logits [B, vocab] at step ``last`` [B] of each row, on the CPU, where
+        the per-row sampling runs. Prefill passes a
         right-padded prompt batch with start 0; a decode step passes one token per row at its
         current length. Padding beyond a row's real tokens is written to the cache but never
         attended to: a later step overwrites it before any query can see it.
         """
         batch, steps = tokens.shape
-        positions = start[:, None] + torch.arange(steps)
+        device = tokens.device
+        positions = start[:, None] + torch.arange(steps, device=device)
         key_len = int(positions.max()) + 1
-        allowed = torch.arange(key_len)[None, None, :] <= positions[:, :, None]  # [B, T, K]
+        allowed = torch.arange(key_len, device=device)[None, None, :] <= positions[:, :, None]
         sincos = self.sincos[positions]
-        row_index = torch.arange(batch)[:, None]
+        row_index = torch.arange(batch, device=device)[:, None]
         x = self.transformer.wte(tokens)
         for layer, block in enumerate(self.transformer.h):
             x = block(
@@ -251,5 +261,5 @@ class GPTJ(nn.Module):
                 positions,
                 allowed,
             )
-        x = x[torch.arange(batch), last]
-        return self.lm_head(self.transformer.ln_f(x)).float()
+        x = x[torch.arange(batch, device=device), last]
+        return self.lm_head(self.transformer.ln_f(x)).float().cpu()

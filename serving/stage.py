@@ -8,6 +8,7 @@ engine's custom metrics.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +74,15 @@ class EngineMetrics:
         self.m[names.ENGINE_QUEUE_DURATION_US].increment(result.queue_seconds * 1e6)
 
 
+def resolve_device(name: str) -> str:
+    """ "auto" is CUDA when torch sees a GPU, else the CPU; CODEGEN_DEVICE overrides config."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {name!r} asked for, but torch sees no CUDA GPU")
+    return name
+
+
 @dataclass
 class Stage:
     engine: Engine
@@ -89,7 +99,8 @@ def start_engine(args: dict) -> Stage:
         torch.set_num_threads(threads)
     checkpoint = Path(args["model_repository"]) / params["checkpoint_path"]
     dtype = getattr(torch, params.get("dtype", "float32"))
-    model = GPTJ.from_checkpoint(checkpoint, dtype=dtype)
+    device = resolve_device(os.environ.get("CODEGEN_DEVICE") or params.get("device", "auto"))
+    model = GPTJ.from_checkpoint(checkpoint, dtype=dtype, device=device)
     metrics = EngineMetrics(args["model_name"])
     engine = Engine(
         model,
@@ -102,6 +113,6 @@ def start_engine(args: dict) -> Stage:
     cfg = model.config
     pb_utils.Logger.log_info(
         f"{args['model_name']}: serving {checkpoint.resolve()} ({cfg.n_layer} layers, "
-        f"{cfg.n_embd} wide, vocab {cfg.vocab_size}, {dtype})"
+        f"{cfg.n_embd} wide, vocab {cfg.vocab_size}, {dtype} on {device})"
     )
     return Stage(engine, checkpoint, params)
