@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import urllib.request
 
 import numpy as np
@@ -293,3 +294,30 @@ def test_every_metric_the_dashboards_alerts_and_autoscaler_query_is_exported(ser
     exported = {line.split("{")[0] for line in scrape(server).splitlines() if line[:1].isalpha()}
     missing = referenced_metric_names() - exported
     assert not missing, f"queried but not exported by this Triton: {missing}"
+
+
+def post_json(server, path: str, body: dict) -> dict:
+    request = urllib.request.Request(
+        f"http://{server.http_url}{path}", data=json.dumps(body).encode(), method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def test_plain_json_clients_as_in_the_readme(server, reference):
+    """The README's curl examples: KServe JSON /infer and the generate extension."""
+    inputs = [
+        {"name": "INPUT_0", "datatype": "BYTES", "shape": [1, 1], "data": [PROMPT]},
+        {"name": "INPUT_1", "datatype": "UINT32", "shape": [1, 1], "data": [12]},
+        {"name": "INPUT_2", "datatype": "BYTES", "shape": [1, 1], "data": [""]},
+        {"name": "INPUT_3", "datatype": "BYTES", "shape": [1, 1], "data": ["\n\n"]},
+    ]
+    answer = post_json(server, "/v2/models/ensemble/infer", {"inputs": inputs})
+    text = next(o for o in answer["outputs"] if o["name"] == "OUTPUT_0")["data"][0]
+    assert text.startswith(PROMPT)
+    generated = post_json(
+        server,
+        "/v2/models/ensemble/generate",
+        {"INPUT_0": PROMPT, "INPUT_1": 12, "INPUT_2": "", "INPUT_3": ""},
+    )
+    assert generated["OUTPUT_0"] == hf_greedy_text(reference, PROMPT, 12)
