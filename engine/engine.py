@@ -105,6 +105,7 @@ class Engine:
         self._running: list[_Sequence] = []
         self._cond = threading.Condition()
         self._stopping = False
+        self._unfinished = 0  # submitted and not yet finished (waiting, prefilling, running)
         self._thread: threading.Thread | None = None
 
     # -- interface ----------------------------------------------------------------------------
@@ -152,8 +153,29 @@ class Engine:
             if self._stopping:
                 raise RuntimeError("engine is stopped")
             self._waiting.append(seq)
+            self._unfinished += 1
             self._cond.notify()
         return handle
+
+    def wait_for_room(self, rows: int) -> None:
+        """Block until ``rows`` more sequences fit in the running batch.
+
+        The Triton adapter calls this before submitting, so that a request the engine cannot
+        start yet waits in Triton's queue, where ``nv_inference_queue_duration_us`` and the
+        pending-request count show the overload (and an autoscaler can act on it), rather than
+        in a private queue no metric sees. A request wider than the batch waits for an empty
+        engine.
+        """
+        with self._cond:
+            while (
+                not self._stopping
+                and self._load() > 0
+                and self._load() + rows > self.max_batch_size
+            ):
+                self._cond.wait()
+
+    def _load(self) -> int:
+        return self._unfinished
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         """Blocking convenience: submit and wait for the result."""
@@ -180,7 +202,7 @@ class Engine:
     def stop(self) -> None:
         with self._cond:
             self._stopping = True
-            self._cond.notify()
+            self._cond.notify_all()
         if self._thread is not None:
             self._thread.join()
         for seq in list(self._waiting) + self._running:
@@ -324,6 +346,9 @@ class Engine:
             queue_seconds=(seq.admitted or now) - seq.submitted,
             total_seconds=now - seq.submitted,
         )
+        with self._cond:  # a re-entrant lock: _admit calls this while holding it
+            self._unfinished -= 1
+            self._cond.notify_all()  # room for requests held in wait_for_room
         try:
             seq.listener.on_finish(result)
         finally:

@@ -244,3 +244,34 @@ def test_cancelled_request_finishes_without_running_to_the_end(engine):
     assert len(results[0].output_ids) < 200
     # and the engine keeps serving
     assert len(engine.generate(GenerationRequest([1, 2, 3], 5)).output_ids) == 5
+
+
+def test_wait_for_room_holds_requests_until_the_batch_has_space(hf_model):
+    """Backpressure: what the engine cannot start yet waits outside it (in Triton's queue)."""
+    small = Engine(GPTJ.from_checkpoint(hf_model[1]), max_batch_size=2).start()
+    try:
+        finished = threading.Event()
+
+        class Listener:
+            def on_token(self, token_id: int, log_prob: float) -> None:
+                pass
+
+            def on_finish(self, result: GenerationResult) -> None:
+                finished.set()
+
+        small.submit(GenerationRequest([1, 2, 3], 150), Listener())
+        small.submit(GenerationRequest([4, 5, 6], 150), Listener())
+        admitted = threading.Event()
+
+        def third() -> None:
+            small.wait_for_room(1)
+            admitted.set()
+
+        waiter = threading.Thread(target=third)
+        waiter.start()
+        assert not admitted.wait(0.05) or finished.is_set()
+        waiter.join(60)
+        assert admitted.is_set() and finished.is_set()
+        small.wait_for_room(2)  # an idle engine always has room
+    finally:
+        small.stop()

@@ -69,6 +69,7 @@ class TritonPythonModel:
             except InvalidRequestError as exc:
                 sender.send(error_response(str(exc)), flags=FINAL)
                 continue
+            engine.wait_for_room(len(rows))  # overload waits in Triton's queue, visibly
             reply = _Reply(sender, len(rows), return_log_probs)
             for index, row in enumerate(rows):
                 engine.submit(row, reply.listener(index))

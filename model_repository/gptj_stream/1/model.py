@@ -83,6 +83,7 @@ class TritonPythonModel:
                 sender.send(error_response(str(exc)), flags=FINAL)
                 continue
             row = rows[0]
+            engine.wait_for_room(1)  # overload waits in Triton's queue, visibly
             stream = _Stream(
                 sender, IncrementalDecoder(self.postprocessor, row.prompt_ids),
                 len(row.prompt_ids), log_probs,
