@@ -167,15 +167,10 @@ class Engine:
         engine.
         """
         with self._cond:
-            while (
-                not self._stopping
-                and self._load() > 0
-                and self._load() + rows > self.max_batch_size
-            ):
+            while self._unfinished > 0 and self._unfinished + rows > self.max_batch_size:
+                if self._stopping:
+                    return
                 self._cond.wait()
-
-    def _load(self) -> int:
-        return self._unfinished
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         """Blocking convenience: submit and wait for the result."""
