@@ -208,3 +208,17 @@ def to_infer_inputs(tensors: dict[str, np.ndarray], protocol: ModuleType) -> lis
 
 def requested_outputs(protocol: ModuleType) -> list:
     return [protocol.InferRequestedOutput(spec.name) for spec in ENSEMBLE_OUTPUTS]
+
+
+def generate_body(request: CompletionRequest) -> dict[str, str | int | float | bool]:
+    """The JSON body of Triton's HTTP ``generate`` / ``generate_stream`` for a one-prompt request:
+    the same tensors as :meth:`CompletionRequest.tensors`, each as the scalar it holds."""
+    if len(request.prompts) != 1:
+        raise InvalidRequestError(
+            f"streaming takes one prompt per request, got {len(request.prompts)}"
+        )
+    body: dict[str, str | int | float | bool] = {}
+    for name, array in request.tensors().items():
+        value = array.reshape(-1)[0]
+        body[name] = value.decode() if isinstance(value, bytes) else value.item()
+    return body

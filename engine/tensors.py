@@ -14,6 +14,18 @@ from engine.engine import GenerationRequest, GenerationResult
 from engine.params import InvalidRequestError, SamplingParams
 from preprocessing.word_list import split_word_list
 
+# the ensemble's text inputs -> the preprocessing model's inputs, and its outputs -> the model
+# stage's inputs: the same wiring as model_repository/ensemble/config.pbtxt, for BLS callers
+PREPROCESSING_INPUTS = {
+    "QUERY": "INPUT_0", "REQUEST_OUTPUT_LEN": "INPUT_1", "BAD_WORDS_DICT": "INPUT_2",
+    "STOP_WORDS_DICT": "INPUT_3",
+}  # fmt: skip
+PREPROCESSING_OUTPUTS = {
+    "INPUT_ID": "input_ids", "REQUEST_INPUT_LEN": "input_lengths",
+    "REQUEST_OUTPUT_LEN": "request_output_len", "BAD_WORDS_IDS": "bad_words_list",
+    "STOP_WORDS_IDS": "stop_words_list",
+}  # fmt: skip
+
 # optional per-row scalar inputs and the value an absent one takes
 _SCALARS = {
     "runtime_top_k": 0,

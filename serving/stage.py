@@ -1,8 +1,8 @@
-"""What the unary (``gptj``) and streaming (``gptj_stream``) model-stage adapters share.
+"""What the unary (``gptj``) and streaming (``ensemble_stream``) engine adapters share.
 
 Imported only inside Triton's python backend (it needs ``triton_python_backend_utils``): loading
-the checkpoint into an engine from the model config, reading a request's input tensors, and the
-engine's custom metrics.
+the checkpoint into an engine from the model config, reading a request's input tensors (or having
+``preprocessing`` tokenize them), and the engine's custom metrics.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import triton_python_backend_utils as pb_utils
 from engine import metrics as names
 from engine.engine import Engine, GenerationResult
 from engine.gptj import GPTJ
+from engine.params import InvalidRequestError
+from engine.tensors import PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS
 
 INPUTS = (
     "input_ids", "input_lengths", "request_output_len", "runtime_top_k", "runtime_top_p",
@@ -33,6 +35,33 @@ def read_inputs(request) -> dict:
     for name in INPUTS:
         tensor = pb_utils.get_input_tensor_by_name(request, name)
         if tensor is not None:
+            arrays[name] = tensor.as_numpy()
+    return arrays
+
+
+def tokenize(request) -> dict:
+    """The model-stage tensors of an ensemble-shaped request, tokenized by the
+    ``preprocessing`` model (a BLS call), plus the request's optional sampling inputs."""
+    inputs = []
+    for stage_name, name in PREPROCESSING_INPUTS.items():
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is None:
+            raise InvalidRequestError(f"input {name} is required")
+        inputs.append(pb_utils.Tensor(stage_name, tensor.as_numpy()))
+    response = pb_utils.InferenceRequest(
+        model_name="preprocessing",
+        requested_output_names=list(PREPROCESSING_OUTPUTS),
+        inputs=inputs,
+    ).exec()
+    if response.has_error():
+        raise InvalidRequestError(response.error().message())
+    arrays = {
+        stage: pb_utils.get_output_tensor_by_name(response, name).as_numpy()
+        for name, stage in PREPROCESSING_OUTPUTS.items()
+    }
+    for name in INPUTS:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if name not in arrays and tensor is not None:
             arrays[name] = tensor.as_numpy()
     return arrays
 
@@ -68,6 +97,8 @@ class EngineMetrics:
             self.m[names.ENGINE_RUNNING].set(self.engine.running)
 
     def on_finish(self, result: GenerationResult) -> None:
+        if self.engine is not None:
+            self.m[names.ENGINE_RUNNING].set(self.engine.running)
         self.m[names.ENGINE_REQUESTS].increment(1)
         self.m[names.ENGINE_GENERATED_TOKENS].increment(len(result.output_ids))
         self.m[names.ENGINE_REQUEST_DURATION_US].increment(result.total_seconds * 1e6)

@@ -215,16 +215,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot start: {exc}", file=sys.stderr)
         return 1
 
+    stopping: list[float] = []  # when the first signal came
+
     def shutdown(signum: int, _frame: object) -> None:
-        print(f"\n{signal.Signals(signum).name}: stopping tritonserver ...", flush=True)
-        code = server.stop()
-        sys.exit(0 if code in (0, None) else code)
+        """Only signal the child here; the main loop below waits for it (no wait() in here)."""
+        if not stopping:
+            print(f"\n{signal.Signals(signum).name}: stopping tritonserver ...", flush=True)
+            stopping.append(time.monotonic())
+            server.process.send_signal(signal.SIGINT)  # Triton's graceful shutdown
+        else:
+            print("second signal: killing tritonserver", flush=True)
+            server.process.kill()
 
     signal.signal(signal.SIGINT, shutdown)
     signal.signal(signal.SIGTERM, shutdown)
     try:
         server.wait_ready(args.timeout)
     except (RuntimeError, TimeoutError) as exc:
+        if stopping:
+            return _wait_for_exit(server, stopping)
         print(f"tritonserver failed to start: {exc}", file=sys.stderr)
         server.stop()
         return 1
@@ -235,7 +244,19 @@ def main(argv: list[str] | None = None) -> int:
         f"  metrics  http://localhost:{args.metrics_port}/metrics\n",
         flush=True,
     )
-    return server.process.wait()
+    return _wait_for_exit(server, stopping)
+
+
+def _wait_for_exit(server: TritonServer, stopping: list[float], grace: float = 60.0) -> int:
+    """Poll (rather than block in wait(), which a signal handler could deadlock) until the
+    server exits; kill it if it outlives ``grace`` seconds after a stop signal."""
+    while server.process.poll() is None:
+        time.sleep(0.2)
+        if stopping and time.monotonic() - stopping[0] > grace:
+            print(f"tritonserver still running {grace:.0f}s after the signal: killing it")
+            server.process.kill()
+    code = server.process.returncode
+    return 0 if stopping and code in (0, -signal.SIGINT, -signal.SIGKILL) else code
 
 
 if __name__ == "__main__":

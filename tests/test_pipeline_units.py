@@ -19,7 +19,12 @@ from client.contract import (
 )
 from engine.engine import GenerationResult
 from engine.params import InvalidRequestError
-from engine.tensors import requests_from_tensors, tensors_from_results
+from engine.tensors import (
+    PREPROCESSING_INPUTS,
+    PREPROCESSING_OUTPUTS,
+    requests_from_tensors,
+    tensors_from_results,
+)
 from modelbuild.__main__ import main as modelbuild_main
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
 from preprocessing.tokenize import Preprocessor
@@ -211,9 +216,10 @@ def test_ensembles_expose_exactly_the_contract():
     )
 
 
-@pytest.mark.parametrize("ensemble", ["ensemble", "ensemble_stream"])
-def test_every_ensemble_step_maps_real_tensors(ensemble):
-    for step in load_config(ensemble).ensemble_scheduling.step:
+def test_every_ensemble_step_maps_real_tensors():
+    steps = load_config("ensemble").ensemble_scheduling.step
+    assert [s.model_name for s in steps] == ["preprocessing", "gptj", "postprocessing"]
+    for step in steps:
         stage = load_config(step.model_name)
         assert set(step.input_map) <= {t.name for t in stage.input}, step.model_name
         assert set(step.output_map) <= {t.name for t in stage.output}, step.model_name
@@ -221,10 +227,20 @@ def test_every_ensemble_step_maps_real_tensors(ensemble):
         assert required <= set(step.input_map), step.model_name
 
 
-def test_stages_run_on_cpu_with_dynamic_batching_and_name_their_checkpoint():
-    unary, stream = load_config("gptj"), load_config("gptj_stream")
-    assert tensor_specs(unary.input) == tensor_specs(stream.input)
+def test_streaming_model_wires_preprocessing_as_the_ensemble_does():
+    """ensemble_stream calls preprocessing itself (BLS): same wiring as the unary ensemble."""
+    first = load_config("ensemble").ensemble_scheduling.step[0]
+    assert dict(first.input_map) == PREPROCESSING_INPUTS
+    second = load_config("ensemble").ensemble_scheduling.step[1]
+    internal = {v: k for k, v in second.input_map.items()}
+    assert {k: internal[v] for k, v in first.output_map.items()} == PREPROCESSING_OUTPUTS
+    stream = load_config("ensemble_stream")
     assert stream.model_transaction_policy.decoupled
+    assert stream.parameters["checkpoint_path"].string_value == "../gptj/1/checkpoint"
+
+
+def test_stages_run_on_cpu_with_dynamic_batching_and_name_their_checkpoint():
+    unary = load_config("gptj")
     for name in ("preprocessing", "gptj", "postprocessing"):
         config = load_config(name)
         assert config.HasField("dynamic_batching"), name

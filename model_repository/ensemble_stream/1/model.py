@@ -1,8 +1,9 @@
-"""Triton adapter for the streaming GPT-J stage (decoupled): one response per piece of text.
+"""Triton adapter for the streaming pipeline (decoupled): one response per piece of text.
 
-Tokens are turned into text as they come with ``postprocessing.detokenize.IncrementalDecoder``,
-which never splits a character, so the pieces concatenate to exactly the unary completion. A
-client that goes away cancels its request; the engine then drops the sequence at the next step.
+preprocessing (a BLS call to that model) -> this model's engine -> incremental detokenization
+with ``postprocessing.detokenize.IncrementalDecoder``, which never splits a character, so the
+pieces concatenate to exactly the unary completion. A client that goes away cancels its request
+(Triton marks it cancelled); the engine then drops the sequence at its next step.
 """
 
 import numpy as np
@@ -12,7 +13,7 @@ from engine.engine import GenerationResult
 from engine.params import InvalidRequestError
 from engine.tensors import requests_from_tensors
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
-from serving.stage import error_response, read_inputs, start_engine
+from serving.stage import error_response, start_engine, tokenize
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -56,7 +57,8 @@ class _Stream:
 
     def on_finish(self, result: GenerationResult) -> None:
         if result.finish_reason == "cancelled" and self.sender.is_cancelled():
-            return  # nobody is listening
+            self.sender.send(flags=FINAL)  # close the request; nobody reads it
+            return
         if result.error:
             self.sender.send(error_response(result.error), flags=FINAL)
         else:
@@ -73,7 +75,7 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                rows, log_probs = requests_from_tensors(read_inputs(request))
+                rows, log_probs = requests_from_tensors(tokenize(request))
                 if len(rows) != 1:
                     raise InvalidRequestError(
                         f"streaming takes one prompt per request, got {len(rows)}"

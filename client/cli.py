@@ -1,0 +1,322 @@
+"""The ``codegen`` command: complete code with the server, or ask whether it is ready.
+
+    codegen complete "def fib(n):" --max-tokens 64
+    codegen complete --stream "def fib(n):"          # print pieces as they are generated
+    codegen complete --file script.py >> script.py   # complete at the end of a file
+    echo "import numpy as np" | codegen complete --json
+    codegen health
+
+Exit codes: 0 done; 1 the server refused or failed the request (its message is printed), or
+is not ready; 2 usage error or an invalid option (refused before anything is sent);
+3 no server answers at the URL; 130 interrupted (Ctrl-C; a stream is cancelled on the server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from client.client import (
+    DEFAULT_PORTS,
+    PROTOCOLS,
+    CodegenClient,
+    CodegenError,
+    Completion,
+    Health,
+    ServerUnavailableError,
+)
+from client.contract import ENSEMBLE_MODEL, STREAM_MODEL, CompletionRequest
+from engine.params import InvalidRequestError
+
+EXIT_OK = 0
+EXIT_SERVER_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_INTERRUPTED = 130
+
+URL_ENV = "CODEGEN_URL"
+PROTOCOL_ENV = "CODEGEN_PROTOCOL"
+
+# the request's option names (as the contract's messages use them) -> this command's flags
+FLAGS = {
+    "max_tokens": "--max-tokens",
+    "runtime_top_k": "--top-k",
+    "runtime_top_p": "--top-p",
+    "temperature": "--temperature",
+    "repetition_penalty": "--repetition-penalty",
+    "random_seed": "--seed",
+    "end_id": "--end-id",
+    "start_id": "--start-id",
+    "protocol": "--protocol",
+    "url": "--url",
+}
+
+
+class UsageError(Exception):
+    """A mistake in the command line that argparse cannot see (exit code 2)."""
+
+
+def _connection_options() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("server")
+    group.add_argument(
+        "--url",
+        help=f"server address, host[:port] or with a scheme (grpc://, http://); default "
+        f"${URL_ENV}, else localhost:{DEFAULT_PORTS['grpc']} for gRPC, "
+        f"localhost:{DEFAULT_PORTS['http']} for HTTP",
+    )
+    group.add_argument(
+        "--protocol",
+        choices=PROTOCOLS,
+        help=f"grpc or http; default ${PROTOCOL_ENV}, else the URL's scheme, else grpc",
+    )
+    group.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for an answer (or the next streamed piece); default %(default)g",
+    )
+    return parent
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: ``complete`` and ``health`` subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="codegen",
+        description="Code completion with the GPT-J model served by Triton.",
+        epilog="exit codes: 0 ok, 1 server error or not ready, 2 usage or invalid option, "
+        "3 server unreachable, 130 interrupted",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="{complete,health}")
+    server = _connection_options()
+
+    complete = commands.add_parser(
+        "complete",
+        parents=[server],
+        help="complete a prompt",
+        description="Complete a prompt (an argument, --file, or standard input) and print the "
+        "completion alone.",
+    )
+    source = complete.add_argument_group("prompt")
+    source.add_argument(
+        "prompt", nargs="?", help='the code to complete; "-" or absent: read standard input'
+    )
+    source.add_argument(
+        "--file", "-f", metavar="PATH", help="complete at the end of this file (its whole text)"
+    )
+    sampling = complete.add_argument_group("generation")
+    sampling.add_argument(
+        "--max-tokens", "-n", type=int, default=64, help="tokens to generate at most (64)"
+    )
+    sampling.add_argument("--top-k", type=int, default=0, help="top-k sampling (0: off)")
+    sampling.add_argument(
+        "--top-p", type=float, default=0.0, help="nucleus sampling in [0, 1] (0: off)"
+    )
+    sampling.add_argument(
+        "--temperature", type=float, default=1.0, help="sampling temperature (1.0)"
+    )
+    sampling.add_argument(
+        "--repetition-penalty", type=float, default=1.0, help="1.0: none; > 1 discourages repeats"
+    )
+    sampling.add_argument("--seed", type=int, help="random seed: same seed, same output")
+    sampling.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="WORD",
+        help="stop when this text is generated (repeatable)",
+    )
+    sampling.add_argument(
+        "--bad-word",
+        action="append",
+        default=[],
+        metavar="WORD",
+        help="never generate this text (repeatable)",
+    )
+    sampling.add_argument(
+        "--log-probs", action="store_true", help="return the log probability of each token"
+    )
+    sampling.add_argument("--end-id", type=int, help="end-of-text token id (model's own)")
+    sampling.add_argument("--start-id", type=int, help="start token id")
+    output = complete.add_argument_group("output")
+    output.add_argument(
+        "--stream", action="store_true", help="print the completion as it is generated"
+    )
+    output.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as JSON (with --stream: one {'piece': ...} line per piece, "
+        "then the result)",
+    )
+
+    health = commands.add_parser(
+        "health",
+        parents=[server],
+        help="is the server ready, and what does it serve",
+        description="Say whether the server is ready and which models it serves.",
+    )
+    health.add_argument("--json", action="store_true", help="print the health as JSON")
+    return parser
+
+
+def _connect(args: argparse.Namespace) -> CodegenClient:
+    """The client for --url / --protocol, falling back on $CODEGEN_URL / $CODEGEN_PROTOCOL."""
+    url = args.url or os.environ.get(URL_ENV) or None
+    protocol = args.protocol
+    if protocol is None and not (url and "://" in url):
+        protocol = os.environ.get(PROTOCOL_ENV) or None
+    if not args.timeout > 0:
+        raise InvalidRequestError(f"timeout must be > 0 seconds, got {args.timeout}")
+    return CodegenClient(url, protocol, timeout=args.timeout)
+
+
+def _read_prompt(args: argparse.Namespace, stdin: TextIO | None) -> str:
+    if args.file is not None:
+        if args.prompt is not None:
+            raise UsageError("give the prompt as an argument or with --file, not both")
+        try:
+            with open(args.file, encoding="utf-8") as handle:
+                return handle.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read --file {args.file}: {exc}") from exc
+    if args.prompt is not None and args.prompt != "-":
+        return args.prompt
+    if stdin is None or (args.prompt is None and stdin.isatty()):
+        raise UsageError(
+            'no prompt: give one (codegen complete "def fib(n):"), use --file PATH, '
+            "or pipe it on standard input"
+        )
+    return stdin.read()
+
+
+def _request(args: argparse.Namespace, prompt: str) -> CompletionRequest:
+    return CompletionRequest(
+        (prompt,),
+        max_tokens=args.max_tokens,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        temperature=args.temperature,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        stop_words=tuple(args.stop),
+        bad_words=tuple(args.bad_word),
+        return_log_probs=args.log_probs,
+        end_id=args.end_id,
+        start_id=args.start_id,
+    )
+
+
+def _print_json(data: Any, out: TextIO) -> None:
+    out.write(json.dumps(data, ensure_ascii=False) + "\n")
+    out.flush()
+
+
+def _complete(args: argparse.Namespace, out: TextIO, stdin: TextIO | None) -> int:
+    prompt = _read_prompt(args, stdin)
+    request = _request(args, prompt)  # refused here, before connecting, if an option is bad
+    with _connect(args) as codegen:
+        if args.stream:
+            with codegen.open_stream(request) as stream:
+                for piece in stream:
+                    if args.json:
+                        _print_json({"piece": piece}, out)
+                    else:
+                        out.write(piece)
+                        out.flush()
+            result: Completion | None = stream.completion
+        else:
+            result = codegen.send(request)[0]
+    if result is None:  # pragma: no cover - a finished stream always has its completion
+        return EXIT_SERVER_ERROR
+    if args.json:
+        _print_json(result.to_dict(), out)
+    else:
+        if not args.stream:
+            out.write(result.completion)
+        if out.isatty() and not result.completion.endswith("\n"):
+            out.write("\n")
+        out.flush()
+    return EXIT_OK
+
+
+def _describe(health: Health) -> str:
+    state = "ready" if health.serving else "NOT ready"
+    lines = [f"{health.url}: Triton {health.server_version or '?'}, {state}"]
+    roles = [
+        ("completion", ENSEMBLE_MODEL, 'codegen complete "def fib(n):"'),
+        ("streaming", STREAM_MODEL, 'codegen complete --stream "def fib(n):"'),
+    ]
+    for role, model, example in roles:
+        status = next((m.state for m in health.models if m.name == model), "absent")
+        hint = f"  e.g. {example}" if status == "READY" else ""
+        lines.append(f"  {role:<11} {model:<16} {status}{hint}")
+    others = [m for m in health.models if m.name not in (ENSEMBLE_MODEL, STREAM_MODEL)]
+    if others:
+        lines.append("  models: " + ", ".join(f"{m.name} v{m.version} {m.state}" for m in others))
+    return "\n".join(lines)
+
+
+def _health(args: argparse.Namespace, out: TextIO) -> int:
+    with _connect(args) as codegen:
+        health = codegen.health()
+    if args.json:
+        _print_json(health.to_dict(), out)
+    else:
+        out.write(_describe(health) + "\n")
+    return EXIT_OK if health.serving else EXIT_SERVER_ERROR
+
+
+def _name_flag(message: str) -> str:
+    """Put the flag next to the contract's option name ("runtime_top_p must be ...")."""
+    match = re.match(r"(\w+)", message)
+    flag = FLAGS.get(match.group(1)) if match else None
+    return f"invalid {flag}: {message}" if flag else message
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    stdin: TextIO | None = None,
+) -> int:
+    """Run the command; returns the exit code (see the module docstring)."""
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return int(exc.code or 0)
+    if args.command is None:
+        parser.print_help(err)
+        return EXIT_USAGE
+    try:
+        if args.command == "health":
+            return _health(args, out)
+        return _complete(args, out, stdin if stdin is not None else sys.stdin)
+    except (UsageError, InvalidRequestError) as exc:
+        err.write(f"codegen: error: {_name_flag(str(exc))}\n")
+        return EXIT_USAGE
+    except ServerUnavailableError as exc:
+        err.write(f"codegen: {exc}\n")
+        return EXIT_UNREACHABLE
+    except CodegenError as exc:
+        err.write(f"codegen: the server refused the request: {exc}\n")
+        return EXIT_SERVER_ERROR
+    except KeyboardInterrupt:
+        err.write("\ncodegen: interrupted\n")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # e.g. `codegen complete --stream ... | head -c 10`
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
