@@ -7,7 +7,6 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
-
 SKIPPED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test"}
 
 
@@ -21,8 +20,7 @@ def stdlib_files(root: Path | None = None) -> list[Path]:
     return sorted(
         p
         for p in root.rglob("*.py")
-        if not SKIPPED_DIRS & set(p.relative_to(root).parts[:-1])
-        and not p.name.startswith("test_")
+        if not SKIPPED_DIRS & set(p.relative_to(root).parts[:-1]) and not p.name.startswith("test_")
     )
 
 
