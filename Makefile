@@ -15,8 +15,18 @@ MODEL ?=
 ENGINE ?= python
 TP ?= 1
 DTYPE ?= fp16
+# make loadtest: LENGTHS=8,32,128,512 USERS=16 DURATION=100 (s per length), PROTOCOL=http|grpc,
+# HOST=host:port (Triton's HTTP endpoint), QUICK=1 (~1 min); unset = the sweep's own defaults
+LENGTHS ?=
+USERS ?=
+DURATION ?=
+PROTOCOL ?= http
+HOST ?= localhost:$(HTTP_PORT)
+QUICK ?=
+PROMETHEUS_PORT ?= 9090
 
-.PHONY: help setup setup-dev model triton test lint format clean k8s docker-lint scan
+.PHONY: help setup setup-dev model triton test lint format clean k8s docker-lint scan \
+	loadtest prometheus prometheus-install
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -31,6 +41,7 @@ $(VENV)/.setup: pyproject.toml | $(BIN)/activate
 $(VENV)/.setup-dev: $(VENV)/.setup
 	$(BIN)/pip install --disable-pip-version-check -e '.[dev]'
 	PYTHON=$(PYTHON) bash scripts/setup-scan-venv.sh
+	bash scripts/install-prometheus.sh
 	touch $@
 
 setup: $(VENV)/.setup  ## virtual environment in .venv with the server, engine and client
@@ -62,6 +73,17 @@ lint: setup-dev  ## ruff lint and format check
 format: setup-dev  ## ruff format and autofix
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+prometheus-install:  ## install Debian's prometheus (apt-get; root or sudo) unless on PATH
+	bash scripts/install-prometheus.sh
+
+loadtest: model prometheus-install  ## Locust sweep over output lengths (~10 min; QUICK=1 ~1 min)
+	$(BIN)/python -m loadtest.sweep --protocol $(PROTOCOL) --host $(HOST) $(if $(QUICK),--quick) \
+		$(if $(LENGTHS),--lengths $(LENGTHS)) $(if $(USERS),--users $(USERS)) \
+		$(if $(DURATION),--duration $(DURATION))
+
+prometheus: setup prometheus-install  ## Prometheus on 127.0.0.1:9090 scraping Triton's metrics
+	$(BIN)/python -m loadtest.run_prometheus --metrics-port $(METRICS_PORT) --port $(PROMETHEUS_PORT)
 
 k8s: setup  ## render the Kubernetes overlays into build/k8s/
 	mkdir -p build/k8s

@@ -1,0 +1,278 @@
+"""Locust users for the served ensemble: unary over HTTP or gRPC, and streaming over gRPC.
+
+Every request is built by :class:`client.contract.CompletionRequest` (the one copy of the tensor
+contract). Prompts are varied real code (:mod:`loadtest.prompts`), the output length is the one
+the sweep is measuring, and the sampling settings are fixed (:data:`SAMPLING`), so that only the
+output length changes between the sweep's runs.
+
+- :class:`HttpEnsembleUser`: Locust's FastHttpUser posting the KServe v2 binary body that
+  tritonclient.http builds to ``/v2/models/ensemble/infer``.
+- :class:`GrpcEnsembleUser`: tritonclient.grpc's unary ``infer``, reported through Locust's
+  request event (grpc is made gevent-cooperative first, as Locust's gRPC guide does).
+- :class:`StreamingUser`: the decoupled ``ensemble_stream`` over a gRPC stream; it reports the
+  time to first token and each inter-token gap as their own request names.
+
+Standalone (the sweep imports these classes and runs Locust in-process instead)::
+
+    LOADTEST_OUTPUT_LEN=32 locust -f loadtest/locustfile.py --host http://localhost:8000 \\
+        --headless -u 16 -t 60s HttpEnsembleUser
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import grpc.experimental.gevent as grpc_gevent
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from locust import FastHttpUser, User, constant, events, task
+
+from client.contract import ENSEMBLE_MODEL, STREAM_MODEL, CompletionRequest, requested_outputs
+from loadtest.prompts import code_prompts
+
+grpc_gevent.init_gevent()  # before any channel exists: grpc calls then yield to other users
+
+# Fixed for the whole sweep: top-k/top-p sampling as a completion service would use; the seed
+# is the prompt's index, so the same prompt and length always produce the same completion.
+SAMPLING: dict[str, Any] = {"top_k": 40, "top_p": 0.95, "temperature": 0.8}
+REQUEST_TIMEOUT_S = 600.0  # a 512-token request at full load takes tens of seconds on 2 cores
+TTFT_NAME, ITL_NAME, STREAM_NAME = "stream TTFT", "stream inter-token", "stream total"
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """What every user needs to know; from Locust's options or LOADTEST_* variables."""
+
+    output_len: int = 32
+    prompts: int = 300
+    prompt_seed: int = 0
+    grpc_url: str = "localhost:8001"
+
+
+def load_settings(environment: Any) -> LoadSettings:
+    options = getattr(environment, "parsed_options", None)
+    defaults = LoadSettings()
+
+    def pick(name: str, env: str, cast: type) -> Any:
+        value = getattr(options, name, None)
+        if value is None:
+            value = os.environ.get(env, getattr(defaults, name))
+        return cast(value)
+
+    return LoadSettings(
+        output_len=pick("output_len", "LOADTEST_OUTPUT_LEN", int),
+        prompts=pick("prompts", "LOADTEST_PROMPTS", int),
+        prompt_seed=pick("prompt_seed", "LOADTEST_PROMPT_SEED", int),
+        grpc_url=pick("grpc_url", "LOADTEST_GRPC_URL", str),
+    )
+
+
+@events.init_command_line_parser.add_listener
+def _arguments(parser: Any) -> None:
+    """The same settings as Locust options (for ``locust -f loadtest/locustfile.py``)."""
+    parser.add_argument(
+        "--output-len",
+        type=int,
+        env_var="LOADTEST_OUTPUT_LEN",
+        default=32,
+        help="tokens to generate per request",
+    )
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        env_var="LOADTEST_PROMPTS",
+        default=300,
+        help="how many distinct code prompts to cycle through",
+    )
+    parser.add_argument("--prompt-seed", type=int, env_var="LOADTEST_PROMPT_SEED", default=0)
+    parser.add_argument(
+        "--grpc-url",
+        env_var="LOADTEST_GRPC_URL",
+        default="localhost:8001",
+        help="Triton's gRPC endpoint for the gRPC and streaming users",
+    )
+
+
+@lru_cache(maxsize=8)
+def requests_for(settings: LoadSettings) -> tuple[CompletionRequest, ...]:
+    """One contract request per prompt, built once per process and length."""
+    prompts = code_prompts(settings.prompts, settings.prompt_seed)
+    return tuple(
+        CompletionRequest(prompt, max_tokens=settings.output_len, seed=i, **SAMPLING)
+        for i, prompt in enumerate(prompts)
+    )
+
+
+@lru_cache(maxsize=8)
+def http_bodies(settings: LoadSettings) -> tuple[tuple[bytes, int | None], ...]:
+    """tritonclient.http's own binary request bodies (body, JSON header length), built once:
+    serialising on every request would spend the CPU the server needs."""
+    outputs = requested_outputs(httpclient)
+    return tuple(
+        httpclient.InferenceServerClient.generate_request_body(
+            request.infer_inputs(httpclient), outputs=outputs
+        )
+        for request in requests_for(settings)
+    )
+
+
+def _start_offset(user: User, count: int) -> int:
+    """Users start at different prompts, so concurrent requests differ."""
+    return (id(user) // 16) % max(count, 1)
+
+
+class HttpEnsembleUser(FastHttpUser):
+    """Unary requests to ``ensemble`` over HTTP, back to back (a closed loop)."""
+
+    wait_time = constant(0)
+    network_timeout = REQUEST_TIMEOUT_S
+    connection_timeout = 30.0
+    path = f"/v2/models/{ENSEMBLE_MODEL}/infer"
+
+    def on_start(self) -> None:
+        bodies = http_bodies(load_settings(self.environment))
+        self._bodies = itertools.islice(
+            itertools.cycle(bodies), _start_offset(self, len(bodies)), None
+        )
+
+    @task
+    def complete(self) -> None:
+        body, json_size = next(self._bodies)
+        headers = {"Content-Type": "application/octet-stream"}
+        if json_size is not None:
+            headers["Inference-Header-Content-Length"] = str(json_size)
+        with self.client.post(
+            self.path, data=body, headers=headers, name=ENSEMBLE_MODEL, catch_response=True
+        ) as response:
+            if response.status_code != 200:
+                response.failure(f"HTTP {response.status_code}: {(response.text or '')[:200]}")
+                return
+            try:
+                header_length = response.headers.get("Inference-Header-Content-Length")
+                result = httpclient.InferenceServerClient.parse_response_body(
+                    response.content,
+                    header_length=int(header_length) if header_length else None,
+                )
+                if result.as_numpy("OUTPUT_0") is None:
+                    response.failure("response has no OUTPUT_0")
+            except Exception as exc:
+                response.failure(f"unreadable response: {exc}")
+
+
+class GrpcEnsembleUser(User):
+    """Unary requests to ``ensemble`` over gRPC, reported through Locust's request event."""
+
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        settings = load_settings(self.environment)
+        self.client = grpcclient.InferenceServerClient(settings.grpc_url)
+        self._outputs = requested_outputs(grpcclient)
+        requests = requests_for(settings)
+        self._requests = itertools.islice(
+            itertools.cycle(requests), _start_offset(self, len(requests)), None
+        )
+
+    def on_stop(self) -> None:
+        self.client.close()
+
+    @task
+    def complete(self) -> None:
+        request = next(self._requests)
+        inputs = request.infer_inputs(grpcclient)
+        started = time.perf_counter()
+        length, error = 0, None
+        try:
+            result = self.client.infer(
+                ENSEMBLE_MODEL, inputs, outputs=self._outputs, client_timeout=REQUEST_TIMEOUT_S
+            )
+            output = result.as_numpy("OUTPUT_0")
+            if output is None:
+                raise RuntimeError("response has no OUTPUT_0")
+            length = sum(len(text) for text in output.reshape(-1))
+        except Exception as exc:
+            error = exc
+        self.environment.events.request.fire(
+            request_type="grpc",
+            name=ENSEMBLE_MODEL,
+            response_time=(time.perf_counter() - started) * 1000,
+            response_length=length,
+            exception=error,
+            context={},
+        )
+
+
+def _is_final(result: Any) -> bool:
+    parameter = result.get_response().parameters.get("triton_final_response")
+    return bool(parameter is not None and parameter.bool_param)
+
+
+class StreamingUser(User):
+    """Requests to the decoupled ``ensemble_stream`` over a gRPC stream.
+
+    Reports three request names: ``stream TTFT`` (request sent -> first piece of text),
+    ``stream inter-token`` (each gap between consecutive pieces; one piece per generated token
+    unless a token completes no character) and ``stream total`` (the whole request).
+    """
+
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        settings = load_settings(self.environment)
+        self.client = grpcclient.InferenceServerClient(settings.grpc_url)
+        requests = requests_for(settings)
+        self._requests = itertools.islice(
+            itertools.cycle(requests), _start_offset(self, len(requests)), None
+        )
+
+    def on_stop(self) -> None:
+        self.client.close()
+
+    def _fire(self, name: str, seconds: float, length: int = 0, error: Exception | None = None):
+        self.environment.events.request.fire(
+            request_type="grpc-stream",
+            name=name,
+            response_time=seconds * 1000,
+            response_length=length,
+            exception=error,
+            context={},
+        )
+
+    @task
+    def stream(self) -> None:
+        request = next(self._requests)
+        responses: queue.Queue = queue.Queue()
+        self.client.start_stream(
+            callback=lambda result, error: responses.put((time.perf_counter(), result, error))
+        )
+        started = time.perf_counter()
+        last: float | None = None
+        pieces, error = 0, None
+        try:
+            self.client.async_stream_infer(
+                STREAM_MODEL, request.infer_inputs(grpcclient), enable_empty_final_response=True
+            )
+            while True:
+                arrived, result, failure = responses.get(timeout=REQUEST_TIMEOUT_S)
+                if failure is not None:
+                    raise RuntimeError(str(failure))
+                output = result.as_numpy("OUTPUT_0")
+                if output is not None and any(len(piece) for piece in output.reshape(-1)):
+                    if last is None:
+                        self._fire(TTFT_NAME, arrived - started)
+                    else:
+                        self._fire(ITL_NAME, arrived - last)
+                    last, pieces = arrived, pieces + 1
+                if _is_final(result):
+                    break
+        except Exception as exc:
+            error = exc
+        finally:
+            self.client.stop_stream()
+        self._fire(STREAM_NAME, time.perf_counter() - started, pieces, error)

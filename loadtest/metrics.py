@@ -1,0 +1,267 @@
+"""Triton's metrics over a measured window: snapshots, counter deltas and the derived figures.
+
+Every Triton and engine figure is a cumulative counter, so a load test reads the metrics port at
+the start and the end of its window and works with the differences. This module does that
+arithmetic once, for both sources: the direct reading (two snapshots of ``/metrics``) and
+Prometheus (:mod:`loadtest.prom` feeds the same :func:`window_figures` with ``increase()``).
+
+Why the model stage is measured by the engine: the ``gptj`` stage's ``execute()`` hands each
+request to the continuous-batching engine and returns at once; the engine answers later from its
+own thread. Triton's ``nv_inference_compute_infer_duration_us`` for ``gptj`` therefore counts
+admission only (milliseconds), while ``codegen_engine_compute_duration_us_total`` counts the
+engine's real busy time (prefill and decode). The first is kept, labelled, for reference.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from client.contract import ENSEMBLE_MODEL, MODEL_STAGE, STAGES
+from engine import metrics as names
+
+PREPROCESSING, POSTPROCESSING = STAGES[0], STAGES[-1]
+MODELS = (ENSEMBLE_MODEL, *STAGES)  # the unary pipeline's four Triton models
+
+SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def sample_name(metric: str) -> str:
+    """The name a counter's samples carry once parsed: prometheus_client follows OpenMetrics
+    and gives every counter sample a ``_total`` suffix (Triton exposes ``nv_inference_count``,
+    the parser yields ``nv_inference_count_total``); the engine's counters already end so."""
+    gauges = {names.PENDING_REQUEST_COUNT, names.ENGINE_RUNNING}
+    return metric if metric in gauges or metric.endswith("_total") else metric + "_total"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every sample of one ``/metrics`` reading, and when it was taken (Unix seconds)."""
+
+    taken_at: float
+    series: Mapping[SeriesKey, float]
+    text: str = field(default="", repr=False)
+
+    def value(self, metric: str, **labels: str) -> float:
+        """Sum of the samples of ``metric`` whose labels include ``labels`` (0 when none)."""
+        wanted = sample_name(metric)
+        return sum(
+            v
+            for (name, series_labels), v in self.series.items()
+            if name == wanted and all((k, val) in series_labels for k, val in labels.items())
+        )
+
+
+def parse_metrics(text: str, taken_at: float = 0.0) -> Snapshot:
+    """Parse Prometheus text exposition (Triton's ``/metrics``) into a :class:`Snapshot`."""
+    series: dict[SeriesKey, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            # OpenMetrics' *_created companions are timestamps, not counts.
+            if sample.name.endswith("_created"):
+                continue
+            series[(sample.name, tuple(sorted(sample.labels.items())))] = float(sample.value)
+    return Snapshot(taken_at, series, text)
+
+
+def read_snapshot(url: str, timeout: float = 10.0) -> Snapshot:
+    """One reading of a metrics endpoint, stamped with the midpoint of the HTTP exchange."""
+    started = time.time()
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        text = response.read().decode()
+    return parse_metrics(text, (started + time.time()) / 2)
+
+
+def counter_increase(start: float | None, end: float) -> float:
+    """A counter's increase between two readings, as Prometheus' ``increase()`` counts it
+    without extrapolation: a series born during the window counts from 0, and a value that went
+    down means the counter was reset (the server restarted), so everything after the reset,
+    ``end``, is the increase (the part before the reset is lost, as in Prometheus)."""
+    if start is None:
+        return end
+    return end - start if end >= start else end
+
+
+@dataclass(frozen=True)
+class Deltas:
+    """Counter increases over a window by (metric, model), summed over other labels."""
+
+    values: Mapping[tuple[str, str], float]
+    window_s: float
+
+    def get(self, metric: str, model: str) -> float:
+        return self.values.get((sample_name(metric), model), 0.0)
+
+    def as_dict(self) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for (metric, model), value in sorted(self.values.items()):
+            out.setdefault(metric, {})[model] = value
+        return out
+
+
+def snapshot_deltas(start: Snapshot, end: Snapshot) -> Deltas:
+    """Per-series increases from ``start`` to ``end`` (resets handled per series), then summed
+    by model. Gauges are skipped: a difference of gauges means nothing."""
+    gauges = {names.PENDING_REQUEST_COUNT, names.ENGINE_RUNNING}
+    totals: dict[tuple[str, str], float] = {}
+    for key, value in end.series.items():
+        name, labels = key
+        if name in gauges or not name.endswith("_total"):
+            continue
+        model = dict(labels).get("model", "")
+        totals[(name, model)] = totals.get((name, model), 0.0) + counter_increase(
+            start.series.get(key), value
+        )
+    return Deltas(totals, end.taken_at - start.taken_at)
+
+
+def execution_busy_us(statistics: Mapping[str, Any]) -> dict[str, float]:
+    """Each model's execution time (us) from Triton's statistics API (``/v2/models/stats``):
+    the sum over its ``batch_stats`` of ``compute_infer``, i.e. every execution counted once.
+    The metrics port's ``nv_inference_compute_infer_duration_us`` charges each request of a
+    batched execution with the whole execution, so it is this times the batch size."""
+    busy: dict[str, float] = {}
+    for model in statistics.get("model_stats", []):
+        ns = sum(b["compute_infer"]["ns"] for b in model.get("batch_stats", []))
+        busy[model["name"]] = busy.get(model["name"], 0.0) + ns / 1000
+    return busy
+
+
+def busy_shares(
+    start: Mapping[str, float], end: Mapping[str, float], engine_compute_us: float
+) -> dict[str, float | None]:
+    """Pre- and postprocessing execution time over the window as a fraction of the engine's
+    busy time: the like-for-like version of the stage shares (see execution_busy_us)."""
+    return {
+        stage: _ratio(counter_increase(start.get(stage), end.get(stage, 0.0)), engine_compute_us)
+        for stage in (PREPROCESSING, POSTPROCESSING)
+    }
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator > 0 else None
+
+
+def window_figures(d: Deltas, models: Iterable[str] = MODELS) -> dict[str, Any]:
+    """The figures of one window, from counter increases alone (so any source can feed it).
+
+    - requests, rps: the ensemble's completed inferences over the window.
+    - batch_size per model: count / exec_count (Triton's grouping; for ``gptj`` that is its
+      dynamic batcher, not the engine), and engine_batch_size = step rows / steps (the running
+      batch of the continuous-batching engine).
+    - stage_share: as the original load test reports it, each stage's compute time over the
+      model stage's; the model stage's is the engine's busy time (see the module docstring), so
+      ``model`` is 1 by definition and the others are fractions of it.
+    - queue_share: time requests spent queued (Triton's queues of the three stages plus the
+      engine's wait before prefill) over the ensemble's end-to-end request time.
+    """
+    window = d.window_s
+    ensemble = ENSEMBLE_MODEL
+    requests = d.get(names.INFERENCE_COUNT, ensemble)
+    engine_compute = d.get(names.ENGINE_COMPUTE_DURATION_US, MODEL_STAGE)
+    compute = {
+        PREPROCESSING: d.get(names.COMPUTE_INFER_DURATION_US, PREPROCESSING),
+        "model": engine_compute,
+        POSTPROCESSING: d.get(names.COMPUTE_INFER_DURATION_US, POSTPROCESSING),
+    }
+    queue = {stage: d.get(names.QUEUE_DURATION_US, stage) for stage in STAGES} | {
+        "engine": d.get(names.ENGINE_QUEUE_DURATION_US, MODEL_STAGE)
+    }
+    request_us = d.get(names.REQUEST_DURATION_US, ensemble)
+    generated = d.get(names.ENGINE_GENERATED_TOKENS, MODEL_STAGE)
+    engine_requests = d.get(names.ENGINE_REQUESTS, MODEL_STAGE)
+    return {
+        "window_s": window,
+        "requests": requests,
+        "rps": _ratio(requests, window),
+        "failures": d.get(names.REQUEST_FAILURE, ensemble),
+        "mean_request_ms": _ratio(request_us / 1000, requests),
+        "tokens_per_s": _ratio(generated, window),
+        "generated_tokens": generated,
+        "prompt_tokens": d.get(names.ENGINE_PROMPT_TOKENS, MODEL_STAGE),
+        "tokens_per_request": _ratio(generated, engine_requests),
+        "counts": {m: d.get(names.INFERENCE_COUNT, m) for m in models},
+        "engine_requests": engine_requests,
+        "batch_size": {
+            m: _ratio(d.get(names.INFERENCE_COUNT, m), d.get(names.EXEC_COUNT, m)) for m in models
+        },
+        "engine_batch_size": _ratio(
+            d.get(names.ENGINE_STEP_ROWS, MODEL_STAGE), d.get(names.ENGINE_STEPS, MODEL_STAGE)
+        ),
+        "compute_us": compute,
+        "triton_model_compute_infer_us": d.get(names.COMPUTE_INFER_DURATION_US, MODEL_STAGE),
+        "stage_share": {stage: _ratio(us, engine_compute) for stage, us in compute.items()},
+        "queue_us": queue,
+        "request_us": request_us,
+        "queue_share": _ratio(sum(queue.values()), request_us),
+        "engine_busy": _ratio(engine_compute / 1e6, window),
+    }
+
+
+# Figures compared between the direct reading and Prometheus: (path, label, strict). Strict
+# figures are ratios of event counts (requests, tokens, executions, steps), so a window edge
+# moves them by the share of requests completing there, which the tolerance allows for. The
+# others are weighted by durations: a request completing at an edge brings its whole duration
+# with it, and one stalled wave (every user's request taking a second) at an edge of a short
+# window moves them by tens of percent, so they are shown side by side but do not decide. Every
+# counter, durations included, is also checked exactly: see the sweep's containment check.
+COMPARED = (
+    (("rps",), "requests/s", True),
+    (("tokens_per_s",), "generated tokens/s", True),
+    (("batch_size", PREPROCESSING), "batch size preprocessing", True),
+    (("batch_size", MODEL_STAGE), "batch size gptj (Triton)", True),
+    (("batch_size", POSTPROCESSING), "batch size postprocessing", True),
+    (("engine_batch_size",), "engine running batch", True),
+    (("mean_request_ms",), "mean request time (Triton)", False),
+    (("queue_share",), "queue share", False),
+    (("stage_share", PREPROCESSING), "preprocessing share of model time", False),
+    (("stage_share", POSTPROCESSING), "postprocessing share of model time", False),
+)
+
+
+def _lookup(figures: Mapping[str, Any], path: tuple[str, ...]) -> float | None:
+    value: Any = figures
+    for part in path:
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value if isinstance(value, (int, float)) else None
+
+
+def relative_difference(a: float | None, b: float | None) -> float | None:
+    """|a - b| / max(|a|, |b|): symmetric, 0 when equal, None when either is missing."""
+    if a is None or b is None:
+        return None
+    scale = max(abs(a), abs(b))
+    return 0.0 if scale == 0 else abs(a - b) / scale
+
+
+def agreement(
+    direct: Mapping[str, Any], other: Mapping[str, Any], tolerance: float
+) -> dict[str, Any]:
+    """Figure-by-figure comparison of two sources; they agree when every strict figure is
+    present in both and within ``tolerance`` (relative)."""
+    rows = []
+    for path, label, strict in COMPARED:
+        a, b = _lookup(direct, path), _lookup(other, path)
+        rows.append(
+            {
+                "figure": ".".join(path),
+                "label": label,
+                "strict": strict,
+                "direct": a,
+                "other": b,
+                "rel_diff": relative_difference(a, b),
+            }
+        )
+    strict_diffs = [r["rel_diff"] for r in rows if r["strict"]]
+    worst = None if None in strict_diffs else max(strict_diffs, default=None)
+    return {
+        "tolerance": tolerance,
+        "max_rel_diff": worst,
+        "agree": worst is not None and worst <= tolerance,
+        "figures": rows,
+    }

@@ -1,0 +1,188 @@
+"""Run a real Prometheus server that scrapes Triton's metrics port (``make prometheus``).
+
+The binary is the one ``scripts/install-prometheus.sh`` installs (Debian's ``prometheus``
+package). Its configuration is rendered from ``loadtest/prometheus.yml`` into the data folder
+(``.prometheus/`` by default, ignored by git), it listens on 127.0.0.1 only, and it keeps its
+time series under ``.prometheus/data``. The load test and its integration test use the
+:class:`PrometheusServer` class to run a private one on a free port.
+
+    python -m loadtest.run_prometheus --metrics-port 8002 --port 9090 --interval 2s
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import string
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = Path(__file__).with_name("prometheus.yml")
+INSTALL_HINT = "run scripts/install-prometheus.sh (make setup does) to install Prometheus"
+
+
+def find_binary() -> str | None:
+    """The ``prometheus`` executable on PATH (Debian installs it as /usr/bin/prometheus)."""
+    return shutil.which("prometheus")
+
+
+def _seconds(interval: str) -> float:
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0}
+    for unit in ("ms", "s", "m"):
+        if interval.endswith(unit):
+            return float(interval[: -len(unit)]) * units[unit]
+    return float(interval)
+
+
+def render_config(target: str, interval: str) -> str:
+    """The scrape configuration for one Triton metrics endpoint (``host:port``)."""
+    seconds = _seconds(interval)
+    timeout = f"{round(max(0.5, min(seconds * 0.8, 10.0)) * 1000)}ms"  # whole units only
+    return string.Template(TEMPLATE.read_text()).substitute(
+        scrape_interval=interval, scrape_timeout=timeout, target=target
+    )
+
+
+class PrometheusServer:
+    """A Prometheus child process scraping ``target``: start, wait until ready, stop."""
+
+    def __init__(
+        self,
+        target: str,
+        port: int = 9090,
+        directory: Path | None = None,
+        interval: str = "2s",
+        retention: str = "7d",
+    ) -> None:
+        self.target = target
+        self.port = port
+        self.directory = Path(directory or REPO_ROOT / ".prometheus").resolve()
+        self.interval = interval
+        self.retention = retention
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def config_file(self) -> Path:
+        return self.directory / "prometheus.yml"
+
+    def command(self, binary: str) -> list[str]:
+        return [
+            binary,
+            f"--config.file={self.config_file}",
+            f"--storage.tsdb.path={self.directory / 'data'}",
+            f"--storage.tsdb.retention.time={self.retention}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--web.enable-lifecycle",
+        ]
+
+    def start(self) -> PrometheusServer:
+        binary = find_binary()
+        if binary is None:
+            raise FileNotFoundError(f"no `prometheus` on PATH: {INSTALL_HINT}")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.config_file.write_text(render_config(self.target, self.interval))
+        log = open(self.directory / "prometheus.log", "ab")  # noqa: SIM115 (child keeps it)
+        self.process = subprocess.Popen(
+            self.command(binary),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.directory,
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(
+                    f"prometheus exited with code {self.process.returncode}; see "
+                    f"{self.directory / 'prometheus.log'}"
+                )
+            if self.ready():
+                return
+            time.sleep(0.25)
+        raise TimeoutError(f"prometheus not ready after {timeout:.0f}s")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)  # Prometheus flushes its head block on TERM
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> PrometheusServer:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--metrics-host", default="127.0.0.1", help="Triton's metrics host")
+    parser.add_argument("--metrics-port", type=int, default=8002, help="Triton's metrics port")
+    parser.add_argument("--port", type=int, default=9090, help="Prometheus' own port")
+    parser.add_argument("--interval", default="2s", help="scrape interval, e.g. 1s, 2s")
+    parser.add_argument("--directory", type=Path, default=REPO_ROOT / ".prometheus")
+    args = parser.parse_args(argv)
+
+    server = PrometheusServer(
+        f"{args.metrics_host}:{args.metrics_port}", args.port, args.directory, args.interval
+    )
+    try:
+        server.start()
+        server.wait_ready()
+    except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
+        print(f"prometheus: {exc}", file=sys.stderr)
+        server.stop()
+        return 1
+
+    def shutdown(signum: int, _frame: object) -> None:
+        # Only signal here: this handler interrupts process.wait() below, which holds the
+        # Popen's wait lock, so waiting again in the handler would deadlock.
+        if server.process is not None and server.process.poll() is None:
+            server.process.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGINT, shutdown)
+    signal.signal(signal.SIGTERM, shutdown)
+    print(
+        f"Prometheus is ready (Ctrl-C stops it): {server.url}\n"
+        f"  scraping http://{server.target}/metrics every {args.interval}\n"
+        f"  config {server.config_file}, data {server.directory / 'data'}\n"
+        f"  the load test finds it there (or set PROMETHEUS_URL={server.url})",
+        flush=True,
+    )
+    code = server.process.wait() if server.process else 1
+    return 0 if code in (0, -signal.SIGTERM) else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
