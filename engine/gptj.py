@@ -123,6 +123,21 @@ class KVCache:
         self.values[:, dst, :, :length] = self.values[:, src, :, :length]
 
 
+def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """The GPTJForCausalLM weights of a checkpoint folder (all *.safetensors shards), with
+    tied embeddings untied and transformers' non-weight buffers left out."""
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {path}; run `make model`")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(file))
+    state = {k: v for k, v in state.items() if not k.endswith((".attn.bias", ".masked_bias"))}
+    if "lm_head.weight" not in state:  # tied embeddings
+        state["lm_head.weight"] = state["transformer.wte.weight"]
+    return state
+
+
 class Attention(nn.Module):
     def __init__(self, config: GPTJConfig) -> None:
         super().__init__()
@@ -211,15 +226,11 @@ class GPTJ(nn.Module):
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"no checkpoint at {path}: run `make model` first")
         config = GPTJConfig.from_checkpoint(path)
-        files = sorted(path.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no *.safetensors weights in {path}; run `make model`")
-        state: dict[str, torch.Tensor] = {}
-        for file in files:
-            state.update(load_file(file))
-        state = {k: v for k, v in state.items() if not k.endswith((".attn.bias", ".masked_bias"))}
-        if "lm_head.weight" not in state:  # tied embeddings
-            state["lm_head.weight"] = state["transformer.wte.weight"]
+        state = load_state_dict(path)
+        if "lm_head.bias" not in state:
+            state["lm_head.bias"] = torch.zeros(
+                config.vocab_size, dtype=state["lm_head.weight"].dtype
+            )
         model = cls(config)
         model.load_state_dict(state, strict=True)
         model = model.to(dtype)

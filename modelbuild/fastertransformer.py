@@ -28,59 +28,43 @@ from __future__ import annotations
 
 import configparser
 import json
-import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
+
+from engine.gptj import load_state_dict
+from modelbuild import importer
 
 SUPPORTED_TP = (1, 2, 4)
 DATA_TYPES = ("fp32", "fp16", "bf16")
 MODEL_STAGE = "gptj"
-DEFAULT_MAX_BATCH_SIZE = 64
 # where build/ft_model_repository is mounted inside the FasterTransformer server image
 DEFAULT_CONTAINER_REPOSITORY = "/models"
 
-# The model-stage tensor contract, identical to model_repository/gptj/config.pbtxt, so the
-# ensemble and the pre/post-processing stages work unchanged. (name, type, dims, optional)
-INPUTS = (
-    ("input_ids", "TYPE_UINT32", (-1,), False),
-    ("input_lengths", "TYPE_UINT32", (1,), False),
-    ("request_output_len", "TYPE_UINT32", (-1,), False),
-    ("runtime_top_k", "TYPE_UINT32", (1,), True),
-    ("runtime_top_p", "TYPE_FP32", (1,), True),
-    ("beam_search_diversity_rate", "TYPE_FP32", (1,), True),
-    ("temperature", "TYPE_FP32", (1,), True),
-    ("len_penalty", "TYPE_FP32", (1,), True),
-    ("repetition_penalty", "TYPE_FP32", (1,), True),
-    ("random_seed", "TYPE_UINT64", (1,), True),
-    ("is_return_log_probs", "TYPE_BOOL", (1,), True),
-    ("beam_width", "TYPE_UINT32", (1,), True),
-    ("start_id", "TYPE_UINT32", (1,), True),
-    ("end_id", "TYPE_UINT32", (1,), True),
-    ("stop_words_list", "TYPE_INT32", (2, -1), True),
-    ("bad_words_list", "TYPE_INT32", (2, -1), True),
-)
-OUTPUTS = (
-    ("output_ids", "TYPE_UINT32", (-1, -1)),
-    ("sequence_length", "TYPE_UINT32", (-1,)),
-    ("cum_log_probs", "TYPE_FP32", (-1,)),
-    ("output_log_probs", "TYPE_FP32", (-1, -1)),
-)
+# the models of the unary pipeline that are copied unchanged; the model stage is replaced
+COPIED_STAGES = ("ensemble", "preprocessing", "postprocessing")
+
+
+def model_stage_contract(model_repository: Path) -> tuple[list, list, int]:
+    """(inputs, outputs, max_batch_size) of the python-engine model stage's config.pbtxt, which
+    the FasterTransformer stage must expose unchanged: read from it, never written twice."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    path = Path(model_repository) / MODEL_STAGE / "config.pbtxt"
+    config = text_format.Parse(path.read_text(), pb.ModelConfig())
+    inputs = [
+        (t.name, pb.DataType.Name(t.data_type), tuple(t.dims), t.optional) for t in config.input
+    ]
+    outputs = [(t.name, pb.DataType.Name(t.data_type), tuple(t.dims)) for t in config.output]
+    return inputs, outputs, config.max_batch_size
+
+
 # files the pre/post-processing stages read from the model stage's checkpoint folder
-TOKENIZER_FILES = (
-    "config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "MODEL_CARD.md",
-)
+TOKENIZER_FILES = (*importer.TOKENIZER_FILES, "config.json", "MODEL_CARD.md")
 
 
 class ExportError(RuntimeError):
@@ -203,11 +187,7 @@ def write_ft_checkpoint(checkpoint: Path, out_dir: Path, tp: int) -> Path:
     files = sorted(checkpoint.glob("*.safetensors"))
     if not files:
         raise ExportError(f"no *.safetensors weights in {checkpoint}; run `make model` first")
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        state.update(load_file(file))
-    if "lm_head.weight" not in state:
-        state["lm_head.weight"] = state["transformer.wte.weight"]
+    state = load_state_dict(checkpoint)
     if "lm_head.bias" not in state:
         state["lm_head.bias"] = torch.zeros(state["lm_head.weight"].shape[0])
     start_id, end_id = token_ids(checkpoint, config)
@@ -284,6 +264,8 @@ def _dims(dims: tuple[int, ...]) -> str:
 def model_config_pbtxt(
     *,
     name: str,
+    inputs: list,
+    outputs: list,
     max_batch_size: int,
     data_type: str,
     tp: int,
@@ -305,7 +287,7 @@ def model_config_pbtxt(
         "input [",
     ]
     entries = []
-    for tensor, dtype, dims, optional in INPUTS:
+    for tensor, dtype, dims, optional in inputs:
         entry = f'  {{ name: "{tensor}" data_type: {dtype} dims: {_dims(dims)}'
         if dims == (1,):  # FasterTransformer takes per-request scalars as [batch]
             entry += " reshape: { shape: [ ] }"
@@ -317,7 +299,7 @@ def model_config_pbtxt(
     lines.append(
         ",\n".join(
             f'  {{ name: "{tensor}" data_type: {dtype} dims: {_dims(dims)} }}'
-            for tensor, dtype, dims in OUTPUTS
+            for tensor, dtype, dims in outputs
         )
     )
     lines += [
@@ -339,15 +321,6 @@ def model_config_pbtxt(
         for key, value in params.items()
     ]
     return "\n".join(lines) + "\n"
-
-
-def _max_batch_size(model_repository: Path) -> int:
-    config = model_repository / MODEL_STAGE / "config.pbtxt"
-    if config.is_file():
-        found = re.search(r"^\s*max_batch_size:\s*(\d+)", config.read_text(), re.MULTILINE)
-        if found:
-            return int(found.group(1))
-    return DEFAULT_MAX_BATCH_SIZE
 
 
 def write_ft_model_repository(
@@ -375,11 +348,13 @@ def write_ft_model_repository(
     if out_repository.exists():
         shutil.rmtree(out_repository)
     out_repository.mkdir(parents=True)
-    for stage in sorted(model_repository.iterdir()):
-        if stage.is_dir() and stage.name != MODEL_STAGE and (stage / "config.pbtxt").is_file():
-            shutil.copytree(
-                stage, out_repository / stage.name, ignore=shutil.ignore_patterns("__pycache__")
-            )
+    inputs, outputs, max_batch_size = model_stage_contract(model_repository)
+    for stage in COPIED_STAGES:
+        shutil.copytree(
+            model_repository / stage,
+            out_repository / stage,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
     version = out_repository / MODEL_STAGE / "1"
     weights = write_ft_checkpoint(checkpoint, version, tp)
     tokenizer_dir = version / "checkpoint"
@@ -391,7 +366,9 @@ def write_ft_model_repository(
     (out_repository / MODEL_STAGE / "config.pbtxt").write_text(
         model_config_pbtxt(
             name=MODEL_STAGE,
-            max_batch_size=_max_batch_size(model_repository),
+            inputs=inputs,
+            outputs=outputs,
+            max_batch_size=max_batch_size,
             data_type=data_type,
             tp=tp,
             checkpoint_path=in_container,
