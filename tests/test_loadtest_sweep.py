@@ -110,9 +110,12 @@ def test_requests_rate_and_counts_are_consistent(run):
         assert row["rps"] * row["window_s"] == pytest.approx(
             counts["ensemble"], abs=max(USERS, 0.05 * counts["ensemble"])
         )
-        # the client sees a completion a few ms after Triton counts it: a wave of completions
-        # (one per user) can fall in between at an edge
-        assert row["requests"] == pytest.approx(counts["ensemble"], abs=USERS)
+        # the client sees a completion a few ms after Triton counts it (a wave of completions,
+        # one per user, can fall in between at an edge), and on a loaded machine the metric read
+        # and Locust's reset at each edge are a few hundred ms apart, during which requests
+        # complete at the window's rate: allow both
+        allowed = max(2 * USERS, 0.05 * counts["ensemble"])
+        assert row["requests"] == pytest.approx(counts["ensemble"], abs=allowed)
         # every request passed through the four models; in-flight ones at the edges aside
         for model in MODELS:
             assert abs(counts[model] - counts["ensemble"]) <= USERS, counts
