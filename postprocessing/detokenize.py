@@ -37,26 +37,42 @@ class Postprocessor:
 class IncrementalDecoder:
     """Emits exactly the new text each token adds, never splitting a character.
 
-    Byte-level BPE tokens can end inside a multi-byte UTF-8 character, and a token's text can
-    depend on its neighbours; decoding the whole sequence each time and emitting only the new,
-    complete suffix keeps the pieces' concatenation equal to the unary decode.
+    Byte-level BPE tokens can end inside a multi-byte UTF-8 character. Each push decodes only a
+    short window: from the last point where the text was complete (``prefix``) to the end, and
+    emits what it adds to the text up to the last emitted token (``read``). A window ending in
+    an unfinished character emits nothing until the character completes, so the pieces
+    concatenate to the unary decode, at a cost per token that does not grow with the length.
     """
+
+    CONTEXT = 6  # prompt tokens decoded with the first new ones, for the same spacing
 
     def __init__(self, postprocessor: Postprocessor, prompt_ids: list[int]) -> None:
         self.postprocessor = postprocessor
         self.ids = list(prompt_ids)
-        self.emitted = len(postprocessor.decode(self.ids))
+        self.read = len(self.ids)
+        self.prefix = max(0, self.read - self.CONTEXT)
+
+    def _new_text(self) -> str:
+        decode = self.postprocessor.decode
+        before = decode(self.ids[self.prefix : self.read])
+        text = decode(self.ids[self.prefix :])
+        if text.startswith(before):
+            return text[len(before) :]
+        # ``before`` ended in a replacement character that the new bytes completed
+        pairs = zip(before, text, strict=False)
+        common = next((i for i, (a, b) in enumerate(pairs) if a != b), len(before))
+        return text[common:]
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
-        text = self.postprocessor.decode(self.ids)
-        if text.endswith("\ufffd"):  # an unfinished character: wait for its next byte
+        piece = self._new_text()
+        if not piece or piece.endswith("\ufffd"):  # an unfinished character: wait for more
             return ""
-        piece, self.emitted = text[self.emitted :], len(text)
+        self.prefix, self.read = self.read, len(self.ids)
         return piece
 
     def flush(self) -> str:
         """Whatever is left at the end (including a character that never completed)."""
-        text = self.postprocessor.decode(self.ids)
-        piece, self.emitted = text[self.emitted :], len(text)
+        piece = self._new_text() if self.read < len(self.ids) else ""
+        self.prefix, self.read = self.read, len(self.ids)
         return piece

@@ -127,8 +127,10 @@ def test_postprocessing_returns_flat_texts_trimmed_to_their_lengths(pre, post):
     assert [t.decode() for t in out] == ["a = 1", "def g():"]
 
 
-def test_incremental_decoding_never_splits_a_character(pre, post):
-    prompt = "s = '"
+@pytest.mark.parametrize(
+    "prompt", ["s = '", "def f():\n    # naïve café: 🚀🚀 über straße\n    return 'ü"]
+)
+def test_incremental_decoding_never_splits_a_character(pre, post, prompt):
     completion = "héllo wörld 🚀 — ünïcode'\n"
     ids = pre.encode(prompt + completion)
     prompt_ids = pre.encode(prompt)
