@@ -20,6 +20,7 @@ PENDING_REQUEST_COUNT = "nv_inference_pending_request_count"
 
 # The engine's counters (label: model), exported by the gptj stage.
 ENGINE_REQUESTS = "codegen_engine_requests_total"
+ENGINE_CANCELLED = "codegen_engine_cancelled_total"
 ENGINE_REQUEST_DURATION_US = "codegen_engine_request_duration_us_total"
 ENGINE_QUEUE_DURATION_US = "codegen_engine_queue_duration_us_total"
 ENGINE_COMPUTE_DURATION_US = "codegen_engine_compute_duration_us_total"
@@ -31,6 +32,7 @@ ENGINE_RUNNING = "codegen_engine_running_sequences"
 
 ENGINE_METRIC_HELP = {
     ENGINE_REQUESTS: "Sequences finished by the generation engine",
+    ENGINE_CANCELLED: "Sequences dropped because their client went away (or cancelled)",
     ENGINE_REQUEST_DURATION_US: "Microseconds from engine submission to the last token",
     ENGINE_QUEUE_DURATION_US: "Microseconds sequences waited in the engine before prefill",
     ENGINE_COMPUTE_DURATION_US: "Microseconds the engine spent computing (prefill and decode)",

@@ -21,6 +21,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from client.contract import ENSEMBLE_MODEL, MODEL_STAGE, STAGES
+from engine import metrics as names
+from loadtest.metrics import sample_name
 
 PRE, POST = STAGES[0], STAGES[-1]
 MODELS = (ENSEMBLE_MODEL, *STAGES)
@@ -355,22 +357,18 @@ def _metrics_block(row: dict[str, Any]) -> list[str]:
     """The seed's metric listing, as increases over the measured window."""
     deltas = row["triton_deltas"]
     lines = ["```bash", "# metrics: increase over the measured window"]
-    for metric in (
-        "nv_inference_count_total",
-        "nv_inference_exec_count_total",
-        "nv_inference_compute_infer_duration_us_total",
-    ):
+    for metric in (names.INFERENCE_COUNT, names.EXEC_COUNT, names.COMPUTE_INFER_DURATION_US):
         for model in MODELS:
-            value = deltas.get(metric, {}).get(model, 0)
-            lines.append(f'{metric.removesuffix("_total")}{{model="{model}"}} {value:.0f}')
+            value = deltas.get(sample_name(metric), {}).get(model, 0)
+            lines.append(f'{metric}{{model="{model}"}} {value:.0f}')
         lines.append("")
     for metric in (
-        "codegen_engine_compute_duration_us_total",
-        "codegen_engine_steps_total",
-        "codegen_engine_step_rows_total",
-        "codegen_engine_generated_tokens_total",
+        names.ENGINE_COMPUTE_DURATION_US,
+        names.ENGINE_STEPS,
+        names.ENGINE_STEP_ROWS,
+        names.ENGINE_GENERATED_TOKENS,
     ):
-        value = deltas.get(metric, {}).get(MODEL_STAGE, 0)
+        value = deltas.get(sample_name(metric), {}).get(MODEL_STAGE, 0)
         lines.append(f'{metric}{{model="{MODEL_STAGE}"}} {value:.0f}')
     lines.append("```")
     return lines

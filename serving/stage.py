@@ -100,6 +100,8 @@ class EngineMetrics:
         if self.engine is not None:
             self.m[names.ENGINE_RUNNING].set(self.engine.running)
         self.m[names.ENGINE_REQUESTS].increment(1)
+        if result.finish_reason == "cancelled":
+            self.m[names.ENGINE_CANCELLED].increment(1)
         self.m[names.ENGINE_GENERATED_TOKENS].increment(len(result.output_ids))
         self.m[names.ENGINE_REQUEST_DURATION_US].increment(result.total_seconds * 1e6)
         self.m[names.ENGINE_QUEUE_DURATION_US].increment(result.queue_seconds * 1e6)
