@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import threading
 import urllib.request
 
 import numpy as np
@@ -244,9 +245,16 @@ def test_burst_of_mixed_lengths_is_batched_and_each_gets_what_it_asked(server, r
     prompts = [f"def f{i}(x):\n" + "    y = x\n" * (i % 4) for i in range(24)]
     lengths = [4 + (7 * i) % 29 for i in range(24)]
 
+    protocols = ["grpc" if i % 2 else "http" for i in range(24)]
+    clients = [client(server, protocol) for protocol in protocols]  # connect before the burst
+    start = threading.Barrier(24)
+
     def one(i: int):
-        protocol = "grpc" if i % 2 else "http"
-        return infer(server, protocol, CompletionRequest(prompts[i], max_tokens=lengths[i]))
+        module = PROTOCOLS[protocols[i]]
+        request = CompletionRequest(prompts[i], max_tokens=lengths[i])
+        inputs, outputs = request.infer_inputs(module), requested_outputs(module)
+        start.wait()  # all 24 leave together: a real burst
+        return clients[i].infer("ensemble", inputs, outputs=outputs)
 
     with concurrent.futures.ThreadPoolExecutor(24) as pool:
         results = list(pool.map(one, range(24)))
