@@ -17,10 +17,9 @@ import signal
 import string
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
+
+from serving.process import ManagedServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = Path(__file__).with_name("prometheus.yml")
@@ -49,8 +48,12 @@ def render_config(target: str, interval: str) -> str:
     )
 
 
-class PrometheusServer:
+class PrometheusServer(ManagedServer):
     """A Prometheus child process scraping ``target``: start, wait until ready, stop."""
+
+    name = "prometheus"
+    stop_signal = signal.SIGTERM  # Prometheus flushes its head block on TERM
+    stop_timeout = 20.0
 
     def __init__(
         self,
@@ -102,47 +105,13 @@ class PrometheusServer:
         log.close()
         return self
 
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
+    @property
+    def ready_url(self) -> str:
+        return f"{self.url}/-/ready"
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(
-                    f"prometheus exited with code {self.process.returncode}; see "
-                    f"{self.directory / 'prometheus.log'}"
-                )
-            if self.ready():
-                return
-            time.sleep(0.25)
-        raise TimeoutError(f"prometheus not ready after {timeout:.0f}s")
-
-    def stop(self, timeout: float = 20.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)  # Prometheus flushes its head block on TERM
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-    def __enter__(self) -> PrometheusServer:
-        self.start()
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    @property
+    def log_hint(self) -> str:
+        return f"; see {self.directory / 'prometheus.log'}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,10 +20,10 @@ import subprocess
 import sys
 import sysconfig
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from serving.process import ManagedServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,8 +78,12 @@ class Ports:
     metrics: int = 8002
 
 
-class TritonServer:
+class TritonServer(ManagedServer):
     """A tritonserver child process: start, wait until ready, stop. Also a context manager."""
+
+    name = "tritonserver"
+    stop_signal = signal.SIGINT  # Triton's own graceful shutdown
+    ready_timeout = 300.0
 
     def __init__(
         self,
@@ -145,48 +149,13 @@ class TritonServer:
         )
         return self
 
-    def ready(self) -> bool:
-        url = f"http://localhost:{self.ports.http}/v2/health/ready"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
+    @property
+    def ready_url(self) -> str:
+        return f"http://localhost:{self.ports.http}/v2/health/ready"
 
-    def wait_ready(self, timeout: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                where = f"; see {self.log_file}" if self.log_file else ""
-                raise RuntimeError(
-                    f"tritonserver exited with code {self.process.returncode}{where}"
-                )
-            if self.ready():
-                return
-            time.sleep(0.5)
-        raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s")
-
-    def stop(self, timeout: float = 30.0) -> int | None:
-        if self.process is None or self.process.poll() is not None:
-            return None if self.process is None else self.process.returncode
-        self.process.send_signal(signal.SIGINT)  # Triton's own graceful shutdown
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
-
-    def __enter__(self) -> TritonServer:
-        self.start()
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    @property
+    def log_hint(self) -> str:
+        return f"; see {self.log_file}" if self.log_file else ""
 
 
 def main(argv: list[str] | None = None) -> int:

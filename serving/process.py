@@ -1,0 +1,73 @@
+"""A server run as a child process: ready when an HTTP endpoint answers 200, stopped with its
+own graceful signal (then killed if it lingers). Triton and the load test's Prometheus share it."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+
+class ManagedServer:
+    name = "server"
+    stop_signal = signal.SIGTERM
+    ready_timeout = 60.0  # seconds wait_ready waits by default
+    stop_timeout = 30.0  # seconds between the stop signal and a kill
+
+    process: subprocess.Popen | None = None
+
+    def start(self) -> ManagedServer:
+        raise NotImplementedError
+
+    @property
+    def ready_url(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def log_hint(self) -> str:
+        """Where to look when the server dies (e.g. "; see server.log")."""
+        return ""
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.ready_url, timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        timeout = self.ready_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                code = self.process.returncode
+                raise RuntimeError(f"{self.name} exited with code {code}{self.log_hint}")
+            if self.ready():
+                return
+            time.sleep(0.25)
+        raise TimeoutError(f"{self.name} not ready after {timeout:.0f}s")
+
+    def stop(self, timeout: float | None = None) -> int | None:
+        """Graceful stop; the exit code, or None if it never ran."""
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        self.process.send_signal(self.stop_signal)
+        try:
+            return self.process.wait(self.stop_timeout if timeout is None else timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+    def __enter__(self) -> ManagedServer:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
