@@ -20,8 +20,9 @@ from client.client import (
     resolve_target,
     split_completion,
 )
-from client.contract import ENSEMBLE_MODEL, STREAM_MODEL, CompletionRequest
-from engine.params import InvalidRequestError
+from client.request import CompletionRequest
+from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
+from contract.options import InvalidRequestError
 
 __all__ = [
     "DEFAULT_PORTS",

@@ -30,8 +30,9 @@ from client.client import (
     Health,
     ServerUnavailableError,
 )
-from client.contract import ENSEMBLE_MODEL, STREAM_MODEL, CompletionRequest
-from engine.params import InvalidRequestError
+from client.request import CompletionRequest
+from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
+from contract.options import InvalidRequestError
 
 EXIT_OK = 0
 EXIT_SERVER_ERROR = 1

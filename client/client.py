@@ -2,7 +2,7 @@
 
 Speaks gRPC or HTTP to Triton through ``tritonclient`` (streaming over HTTP reads Triton's
 ``generate_stream`` server-sent events with ``requests``). Every request is built by
-:class:`client.contract.CompletionRequest`, so a bad option is refused before anything is sent,
+:class:`client.request.CompletionRequest`, so a bad option is refused before anything is sent,
 with the same words the server would use.
 
     from client import CodegenClient
@@ -32,14 +32,9 @@ from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 from urllib.parse import urlsplit
 
-from client.contract import (
-    ENSEMBLE_MODEL,
-    STREAM_MODEL,
-    CompletionRequest,
-    generate_body,
-    requested_outputs,
-)
-from engine.params import InvalidRequestError
+from client.request import CompletionRequest, generate_body, requested_outputs
+from contract.options import InvalidRequestError
+from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

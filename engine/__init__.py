@@ -1,5 +1,4 @@
-"""GPT-J generation: the model (gptj), per-row sampling, and the continuous-batching engine.
+"""GPT-J generation: the model (gptj), batched sampling, and the continuous-batching engine.
 
-Import submodules directly; this package module stays free of torch so that clients can use
-``engine.params`` and ``engine.metrics`` without it.
+Imports only torch and :mod:`contract`; the Triton adapters and the benchmarks use it.
 """

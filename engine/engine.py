@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 
 from engine.gptj import GPTJ, KVCache
-from engine.params import InvalidRequestError, SamplingParams
+from contract.options import InvalidRequestError, SamplingParams
 from engine.sampling import RowState, make_generator, select_tokens
 
 log = logging.getLogger(__name__)

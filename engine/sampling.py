@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.params import SamplingParams
+from contract.options import SamplingParams
 
 
 @dataclass

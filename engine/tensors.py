@@ -10,42 +10,15 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from contract.options import InvalidRequestError, SamplingParams
+from contract.tensors import OPTION_DEFAULTS
+from contract.words import split_word_list
 from engine.engine import GenerationRequest, GenerationResult
-from engine.params import InvalidRequestError, SamplingParams
-from preprocessing.word_list import split_word_list
-
-# the ensemble's text inputs -> the preprocessing model's inputs, and its outputs -> the model
-# stage's inputs: the same wiring as model_repository/ensemble/config.pbtxt, for BLS callers
-PREPROCESSING_INPUTS = {
-    "QUERY": "INPUT_0", "REQUEST_OUTPUT_LEN": "INPUT_1", "BAD_WORDS_DICT": "INPUT_2",
-    "STOP_WORDS_DICT": "INPUT_3",
-}  # fmt: skip
-PREPROCESSING_OUTPUTS = {
-    "INPUT_ID": "input_ids", "REQUEST_INPUT_LEN": "input_lengths",
-    "REQUEST_OUTPUT_LEN": "request_output_len", "BAD_WORDS_IDS": "bad_words_list",
-    "STOP_WORDS_IDS": "stop_words_list",
-}  # fmt: skip
-
-# optional per-row scalar inputs and the value an absent one takes
-_SCALARS = {
-    "runtime_top_k": 0,
-    "runtime_top_p": 0.0,
-    "temperature": 1.0,
-    "repetition_penalty": 1.0,
-    "random_seed": None,
-    "is_return_log_probs": False,
-    "beam_width": 1,
-    "start_id": None,
-    "end_id": None,
-    "len_penalty": None,
-    "beam_search_diversity_rate": None,
-}
-
 
 def _scalar(arrays: Mapping[str, np.ndarray], name: str, row: int):
     value = arrays.get(name)
     if value is None:
-        return _SCALARS[name]
+        return OPTION_DEFAULTS[name]
     flat = np.asarray(value).reshape(len(value), -1)
     return flat[min(row, len(flat) - 1), 0].item()
 

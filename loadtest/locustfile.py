@@ -1,6 +1,6 @@
 """Locust users for the served ensemble: unary over HTTP or gRPC, and streaming over gRPC.
 
-Every request is built by :class:`client.contract.CompletionRequest` (the one copy of the tensor
+Every request is built by :class:`client.request.CompletionRequest` (the one copy of the tensor
 contract). Prompts are varied real code (:mod:`loadtest.prompts`), the output length is the one
 the sweep is measuring, and the sampling settings are fixed (:data:`SAMPLING`), so that only the
 output length changes between the sweep's runs.
@@ -33,7 +33,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from locust import FastHttpUser, User, constant, events, task
 
-from client.contract import ENSEMBLE_MODEL, STREAM_MODEL, CompletionRequest, requested_outputs
+from client.request import CompletionRequest, requested_outputs
+from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
 from loadtest.prompts import code_prompts
 
 grpc_gevent.init_gevent()  # before any channel exists: grpc calls then yield to other users

@@ -38,8 +38,8 @@ import gevent
 from locust.env import Environment
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV, StatsCSVFileWriter, StatsEntry
 
-from client.contract import ENSEMBLE_MODEL, MODEL_STAGE, STREAM_MODEL
-from engine import metrics as names
+from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE, STREAM_MODEL
+from contract import metrics as names
 from loadtest import locustfile
 from loadtest.metrics import (
     Deltas,

@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 import triton_python_backend_utils as pb_utils
 
-from engine import metrics as names
+from contract import metrics as names
 from engine.engine import Engine, GenerationResult
 from engine.gptj import GPTJ
-from engine.params import InvalidRequestError
+from contract.options import InvalidRequestError
 from engine.tensors import PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS
 
 INPUTS = (
@@ -71,7 +71,7 @@ def error_response(message: str):
 
 
 class EngineMetrics:
-    """Engine counters on Triton's metrics endpoint (see engine/metrics.py for why)."""
+    """Engine counters on Triton's metrics endpoint (see contract/metrics.py for why)."""
 
     def __init__(self, model_name: str) -> None:
         labels = {"model": model_name}

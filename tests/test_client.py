@@ -22,8 +22,9 @@ from client import (
     resolve_target,
     split_completion,
 )
-from client.contract import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, generate_body
-from engine import metrics as names
+from client.request import generate_body
+from contract.tensors import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS
+from contract import metrics as names
 
 PROMPT = "def fib(n):\n"
 PROTOCOLS = ["grpc", "http"]

@@ -11,7 +11,7 @@ from transformers import GPTJForCausalLM
 
 from engine.engine import Engine, GenerationRequest, GenerationResult
 from engine.gptj import GPTJ, KVCache
-from engine.params import InvalidRequestError, SamplingParams
+from contract.options import InvalidRequestError, SamplingParams
 
 VOCAB = 300
 

@@ -10,25 +10,20 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from client.contract import (
+from client.request import CompletionRequest
+from contract.options import InvalidRequestError
+from contract.tensors import (
     ENSEMBLE_INPUTS,
     ENSEMBLE_OUTPUTS,
-    CompletionRequest,
-    decode_words,
-    encode_words,
+    ENSEMBLE_TO_PREPROCESSING,
+    PREPROCESSING_TO_MODEL_STAGE,
 )
+from contract.words import decode_words, encode_words, split_word_list, word_list
 from engine.engine import GenerationResult
-from engine.params import InvalidRequestError
-from engine.tensors import (
-    PREPROCESSING_INPUTS,
-    PREPROCESSING_OUTPUTS,
-    requests_from_tensors,
-    tensors_from_results,
-)
+from engine.tensors import requests_from_tensors, tensors_from_results
 from modelbuild.__main__ import main as modelbuild_main
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
 from preprocessing.tokenize import Preprocessor
-from preprocessing.word_list import split_word_list, word_list
 from serving.triton import REPO_ROOT
 
 REPOSITORY = REPO_ROOT / "model_repository"
@@ -232,10 +227,10 @@ def test_every_ensemble_step_maps_real_tensors():
 def test_streaming_model_wires_preprocessing_as_the_ensemble_does():
     """ensemble_stream calls preprocessing itself (BLS): same wiring as the unary ensemble."""
     first = load_config("ensemble").ensemble_scheduling.step[0]
-    assert dict(first.input_map) == PREPROCESSING_INPUTS
+    assert dict(first.input_map) == ENSEMBLE_TO_PREPROCESSING
     second = load_config("ensemble").ensemble_scheduling.step[1]
     internal = {v: k for k, v in second.input_map.items()}
-    assert {k: internal[v] for k, v in first.output_map.items()} == PREPROCESSING_OUTPUTS
+    assert {k: internal[v] for k, v in first.output_map.items()} == PREPROCESSING_TO_MODEL_STAGE
     stream = load_config("ensemble_stream")
     assert stream.model_transaction_policy.decoupled
     assert stream.parameters["checkpoint_path"].string_value == "../gptj/1/checkpoint"

@@ -15,8 +15,8 @@ import tritonclient.http as httpclient
 from transformers import GPTJForCausalLM, PreTrainedTokenizerFast
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from client.contract import CompletionRequest, requested_outputs, to_infer_inputs
-from engine import metrics as names
+from client.request import CompletionRequest, requested_outputs, to_infer_inputs
+from contract import metrics as names
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
 PROMPT = "def add(a, b):\n"

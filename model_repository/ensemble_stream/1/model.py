@@ -10,7 +10,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from engine.engine import GenerationResult
-from engine.params import InvalidRequestError
+from contract.options import InvalidRequestError
 from engine.tensors import requests_from_tensors
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
 from serving.stage import error_response, start_engine, tokenize

@@ -10,7 +10,7 @@ import threading
 import triton_python_backend_utils as pb_utils
 
 from engine.engine import GenerationResult
-from engine.params import InvalidRequestError
+from contract.options import InvalidRequestError
 from engine.tensors import requests_from_tensors, tensors_from_results
 from serving.stage import error_response, read_inputs, start_engine
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from engine.params import InvalidRequestError
+from contract.options import InvalidRequestError
 from preprocessing.tokenize import Preprocessor
 
 

@@ -1,9 +1,10 @@
-"""Names of every metric the load test reads: Triton's own and the engine's, defined once.
+"""Names of every metric the project reads or exports: Triton's own and the engine's.
 
 The model stage answers requests asynchronously (its ``execute`` returns at once and the engine
 responds later), so Triton's ``nv_inference_compute_infer_duration_us`` for that stage counts only
 admission. The engine therefore exports its own counters through the python backend's custom
-metrics; they appear on Triton's metrics port next to the ``nv_*`` families.
+metrics; they appear on Triton's metrics port next to the ``nv_*`` families. This is the one
+place that explains it; the load test, the dashboards and the tests take the names from here.
 """
 
 # Triton's per-model counters (labels: model, version); all cumulative since start.

@@ -1,116 +1,37 @@
-"""The ensemble's tensor contract and the one place where request tensors are built.
+"""The one place where a request's tensors are built, from the contract's names and types.
 
-Names, types and shapes are those of the FasterTransformer GPT-J ensemble (see CONTRACT.md), so
-clients written for it work unchanged. The client library, the load test and the tests all build
-their requests with :class:`CompletionRequest`; the model repository's configs are checked
-against :data:`ENSEMBLE_INPUTS` / :data:`ENSEMBLE_OUTPUTS` by the tests.
+The client library, the command, the load test and the tests all build their requests with
+:class:`CompletionRequest`, which checks every option with the server's own rules
+(:mod:`contract.options`) before anything is sent.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 
 import numpy as np
 
-from engine.params import InvalidRequestError, SamplingParams
-
-ENSEMBLE_MODEL = "ensemble"
-STREAM_MODEL = "ensemble_stream"
-MODEL_STAGE = "gptj"
-STAGES = ("preprocessing", MODEL_STAGE, "postprocessing")
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    triton_type: str  # as in config.pbtxt, e.g. "TYPE_UINT32"
-    dims: tuple[int, ...]
-    optional: bool = False
-
-    @property
-    def wire_type(self) -> str:
-        """The datatype name on the wire (KServe v2), e.g. "UINT32" or "BYTES"."""
-        name = self.triton_type.removeprefix("TYPE_")
-        return "BYTES" if name == "STRING" else {"BOOL": "BOOL", "FP32": "FP32"}.get(name, name)
-
-    @property
-    def numpy_dtype(self) -> type:
-        return {
-            "BYTES": np.object_,
-            "UINT32": np.uint32,
-            "UINT64": np.uint64,
-            "INT32": np.int32,
-            "FP32": np.float32,
-            "BOOL": np.bool_,
-        }[self.wire_type]
-
-
-ENSEMBLE_INPUTS = (
-    TensorSpec("INPUT_0", "TYPE_STRING", (-1,)),
-    TensorSpec("INPUT_1", "TYPE_UINT32", (-1,)),
-    TensorSpec("INPUT_2", "TYPE_STRING", (-1,)),
-    TensorSpec("INPUT_3", "TYPE_STRING", (-1,)),
-    TensorSpec("runtime_top_k", "TYPE_UINT32", (1,), optional=True),
-    TensorSpec("runtime_top_p", "TYPE_FP32", (1,), optional=True),
-    TensorSpec("temperature", "TYPE_FP32", (1,), optional=True),
-    TensorSpec("len_penalty", "TYPE_FP32", (1,), optional=True),
-    TensorSpec("repetition_penalty", "TYPE_FP32", (1,), optional=True),
-    TensorSpec("random_seed", "TYPE_UINT64", (1,), optional=True),
-    TensorSpec("is_return_log_probs", "TYPE_BOOL", (1,), optional=True),
-    TensorSpec("beam_width", "TYPE_UINT32", (1,), optional=True),
-    TensorSpec("beam_search_diversity_rate", "TYPE_FP32", (1,), optional=True),
-    TensorSpec("start_id", "TYPE_UINT32", (1,), optional=True),
-    TensorSpec("end_id", "TYPE_UINT32", (1,), optional=True),
+from contract.options import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_SAMPLING,
+    InvalidRequestError,
+    SamplingParams,
 )
-ENSEMBLE_OUTPUTS = (
-    TensorSpec("OUTPUT_0", "TYPE_STRING", (-1, -1)),
-    TensorSpec("sequence_length", "TYPE_UINT32", (-1,)),
-    TensorSpec("cum_log_probs", "TYPE_FP32", (-1,)),
-    TensorSpec("output_log_probs", "TYPE_FP32", (-1, -1)),
-)
-INPUT_SPECS = {spec.name: spec for spec in ENSEMBLE_INPUTS}
-
-
-def encode_words(words: Sequence[str]) -> str:
-    """Stop/bad words as the one CSV string the contract carries ("" for none)."""
-    if not words:
-        return ""
-    buffer = io.StringIO()
-    csv.writer(buffer, quoting=csv.QUOTE_MINIMAL).writerow(words)  # quotes "," "\"" and newlines
-    return buffer.getvalue().removesuffix("\r\n")
-
-
-def decode_words(text: str) -> list[str]:
-    """Inverse of :func:`encode_words`; quoted fields may hold commas, quotes and newlines.
-
-    Text without quotes is split on commas alone, so a client that sends a raw newline word
-    (``"\n\n"``) unquoted gets it as one word.
-    """
-    if not text:
-        return []
-    if '"' not in text:
-        return [word for word in text.split(",") if word]
-    rows = list(csv.reader(io.StringIO(text, newline="")))
-    if len(rows) != 1:
-        raise InvalidRequestError(f"word list {text!r} is not one CSV row")
-    return [word for word in rows[0] if word]
-
+from contract.tensors import ENSEMBLE_OUTPUTS, INPUT_SPECS
+from contract.words import encode_words
 
 @dataclass(frozen=True)
 class CompletionRequest:
     """One request to the ensemble: one or more prompts sharing the same options."""
 
     prompts: tuple[str, ...]
-    max_tokens: int = 64
-    top_k: int = 0
-    top_p: float = 0.0
-    temperature: float = 1.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    top_k: int = DEFAULT_SAMPLING.top_k
+    top_p: float = DEFAULT_SAMPLING.top_p
+    temperature: float = DEFAULT_SAMPLING.temperature
+    repetition_penalty: float = DEFAULT_SAMPLING.repetition_penalty
+    seed: int | None = DEFAULT_SAMPLING.seed
     stop_words: tuple[str, ...] = ()
     bad_words: tuple[str, ...] = ()
     return_log_probs: bool = False

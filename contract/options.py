@@ -1,0 +1,54 @@
+"""Request options with their defaults and limits, and the error that names a bad one.
+
+The engine, the Triton stages and the client library all check options with these rules, so a
+client refuses a bad option before sending it, in the same words the server would use.
+Semantics are FasterTransformer's: ``top_k == 0 and top_p == 0`` (or ``top_k == 1``, or
+``temperature == 0``) is greedy search.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DEFAULT_MAX_TOKENS = 64  # request_output_len a client sends when none is given
+MAX_SEED = 2**64  # random_seed is a uint64
+
+
+class InvalidRequestError(ValueError):
+    """A request the server refuses; the message names the offending option."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one sequence picks its tokens; the defaults are the contract's (greedy search)."""
+
+    top_k: int = 0
+    top_p: float = 0.0
+    temperature: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.top_k < 0:
+            raise InvalidRequestError(f"runtime_top_k must be >= 0, got {self.top_k}")
+        if not 0.0 <= self.top_p <= 1.0:
+            raise InvalidRequestError(f"runtime_top_p must be in [0, 1], got {self.top_p}")
+        if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):
+            raise InvalidRequestError(
+                f"temperature must be a finite number >= 0, got {self.temperature}"
+            )
+        if not (self.repetition_penalty > 0.0 and math.isfinite(self.repetition_penalty)):
+            raise InvalidRequestError(
+                "repetition_penalty must be a finite number > 0 (1.0 = none), got "
+                f"{self.repetition_penalty}"
+            )
+        if self.seed is not None and not 0 <= self.seed < MAX_SEED:
+            raise InvalidRequestError(f"random_seed must be in [0, 2**64), got {self.seed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1 or (self.top_k == 0 and self.top_p == 0)
+
+
+DEFAULT_SAMPLING = SamplingParams()

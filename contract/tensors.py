@@ -1,0 +1,167 @@
+"""Every model's tensors: names, types and shapes, and how the ensemble wires them.
+
+The ensemble's inputs and outputs are those of the FasterTransformer GPT-J ensemble, so clients
+written for it work unchanged. Each model's ``config.pbtxt`` must declare exactly the specs here;
+``tests/test_contract.py`` reads the configs and fails on any drift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from contract.options import DEFAULT_SAMPLING
+
+ENSEMBLE_MODEL = "ensemble"
+STREAM_MODEL = "ensemble_stream"
+PREPROCESSING_MODEL = "preprocessing"
+MODEL_STAGE = "gptj"
+POSTPROCESSING_MODEL = "postprocessing"
+STAGES = (PREPROCESSING_MODEL, MODEL_STAGE, POSTPROCESSING_MODEL)
+
+_NUMPY = {
+    "BYTES": np.object_,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT32": np.int32,
+    "FP32": np.float32,
+    "BOOL": np.bool_,
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output as ``config.pbtxt`` declares it (dims without the batch dim)."""
+
+    name: str
+    triton_type: str  # as in config.pbtxt, e.g. "TYPE_UINT32"
+    dims: tuple[int, ...]
+    optional: bool = False
+
+    @property
+    def wire_type(self) -> str:
+        """The datatype name on the wire (KServe v2), e.g. "UINT32" or "BYTES"."""
+        name = self.triton_type.removeprefix("TYPE_")
+        return "BYTES" if name == "STRING" else name
+
+    @property
+    def numpy_dtype(self) -> type:
+        return _NUMPY[self.wire_type]
+
+
+def _scalar(name: str, triton_type: str) -> TensorSpec:
+    return TensorSpec(name, triton_type, (1,), optional=True)
+
+
+# Per-prompt options: the ensemble passes them to the model stage under the same names.
+OPTION_INPUTS = (
+    _scalar("runtime_top_k", "TYPE_UINT32"),
+    _scalar("runtime_top_p", "TYPE_FP32"),
+    _scalar("beam_search_diversity_rate", "TYPE_FP32"),
+    _scalar("temperature", "TYPE_FP32"),
+    _scalar("len_penalty", "TYPE_FP32"),
+    _scalar("repetition_penalty", "TYPE_FP32"),
+    _scalar("random_seed", "TYPE_UINT64"),
+    _scalar("is_return_log_probs", "TYPE_BOOL"),
+    _scalar("beam_width", "TYPE_UINT32"),
+    _scalar("start_id", "TYPE_UINT32"),
+    _scalar("end_id", "TYPE_UINT32"),
+)
+# The value the model stage uses for an option input that is absent (None: no value).
+OPTION_DEFAULTS: dict[str, int | float | bool | None] = {
+    "runtime_top_k": DEFAULT_SAMPLING.top_k,
+    "runtime_top_p": DEFAULT_SAMPLING.top_p,
+    "temperature": DEFAULT_SAMPLING.temperature,
+    "repetition_penalty": DEFAULT_SAMPLING.repetition_penalty,
+    "random_seed": DEFAULT_SAMPLING.seed,
+    "is_return_log_probs": False,
+    "beam_width": 1,
+    "start_id": None,
+    "end_id": None,  # the model's own end token
+    "len_penalty": None,
+    "beam_search_diversity_rate": None,
+}
+
+ENSEMBLE_INPUTS = (
+    TensorSpec("INPUT_0", "TYPE_STRING", (-1,)),  # prompt text
+    TensorSpec("INPUT_1", "TYPE_UINT32", (-1,)),  # tokens to generate
+    TensorSpec("INPUT_2", "TYPE_STRING", (-1,)),  # bad words, one CSV string
+    TensorSpec("INPUT_3", "TYPE_STRING", (-1,)),  # stop words, one CSV string
+    *OPTION_INPUTS,
+)
+ENSEMBLE_OUTPUTS = (
+    TensorSpec("OUTPUT_0", "TYPE_STRING", (-1, -1)),  # prompt + completion, flat [batch * beam]
+    TensorSpec("sequence_length", "TYPE_UINT32", (-1,)),
+    TensorSpec("cum_log_probs", "TYPE_FP32", (-1,)),
+    TensorSpec("output_log_probs", "TYPE_FP32", (-1, -1)),
+)
+
+# One response per piece of text: that piece, and the log probs of the tokens it carries.
+STREAM_OUTPUTS = (
+    TensorSpec("OUTPUT_0", "TYPE_STRING", (-1,)),
+    TensorSpec("sequence_length", "TYPE_UINT32", (-1,)),
+    TensorSpec("cum_log_probs", "TYPE_FP32", (-1,)),
+    TensorSpec("output_log_probs", "TYPE_FP32", (-1,)),
+)
+
+PREPROCESSING_INPUTS = (
+    TensorSpec("QUERY", "TYPE_STRING", (-1,)),
+    TensorSpec("REQUEST_OUTPUT_LEN", "TYPE_UINT32", (-1,)),
+    TensorSpec("BAD_WORDS_DICT", "TYPE_STRING", (-1,)),
+    TensorSpec("STOP_WORDS_DICT", "TYPE_STRING", (-1,)),
+)
+PREPROCESSING_OUTPUTS = (
+    TensorSpec("INPUT_ID", "TYPE_UINT32", (-1,)),
+    TensorSpec("REQUEST_INPUT_LEN", "TYPE_UINT32", (1,)),
+    TensorSpec("BAD_WORDS_IDS", "TYPE_INT32", (2, -1)),
+    TensorSpec("STOP_WORDS_IDS", "TYPE_INT32", (2, -1)),
+    TensorSpec("REQUEST_OUTPUT_LEN", "TYPE_UINT32", (-1,)),
+)
+
+MODEL_STAGE_INPUTS = (
+    TensorSpec("input_ids", "TYPE_UINT32", (-1,)),
+    TensorSpec("input_lengths", "TYPE_UINT32", (1,)),
+    TensorSpec("request_output_len", "TYPE_UINT32", (-1,)),
+    *OPTION_INPUTS,
+    TensorSpec("stop_words_list", "TYPE_INT32", (2, -1), optional=True),
+    TensorSpec("bad_words_list", "TYPE_INT32", (2, -1), optional=True),
+)
+MODEL_STAGE_OUTPUTS = (
+    TensorSpec("output_ids", "TYPE_UINT32", (-1, -1)),  # [beam, prompt + generated]
+    TensorSpec("sequence_length", "TYPE_UINT32", (-1,)),
+    TensorSpec("cum_log_probs", "TYPE_FP32", (-1,)),
+    TensorSpec("output_log_probs", "TYPE_FP32", (-1, -1)),
+)
+
+POSTPROCESSING_INPUTS = (
+    TensorSpec("TOKENS_BATCH", "TYPE_UINT32", (-1, -1)),
+    TensorSpec("SEQUENCE_LENGTH", "TYPE_UINT32", (-1,), optional=True),
+)
+POSTPROCESSING_OUTPUTS = (TensorSpec("OUTPUT", "TYPE_STRING", (-1, -1)),)
+
+# How the ensemble feeds the stages (the same wiring as ensemble/config.pbtxt, which the test
+# checks); ensemble_stream uses it to call preprocessing itself.
+ENSEMBLE_TO_PREPROCESSING = {
+    "QUERY": "INPUT_0",
+    "REQUEST_OUTPUT_LEN": "INPUT_1",
+    "BAD_WORDS_DICT": "INPUT_2",
+    "STOP_WORDS_DICT": "INPUT_3",
+}
+PREPROCESSING_TO_MODEL_STAGE = {
+    "INPUT_ID": "input_ids",
+    "REQUEST_INPUT_LEN": "input_lengths",
+    "REQUEST_OUTPUT_LEN": "request_output_len",
+    "BAD_WORDS_IDS": "bad_words_list",
+    "STOP_WORDS_IDS": "stop_words_list",
+}
+
+# Every model's declared I/O, for the config check.
+MODEL_IO = {
+    ENSEMBLE_MODEL: (ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS),
+    STREAM_MODEL: (ENSEMBLE_INPUTS, STREAM_OUTPUTS),
+    PREPROCESSING_MODEL: (PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS),
+    MODEL_STAGE: (MODEL_STAGE_INPUTS, MODEL_STAGE_OUTPUTS),
+    POSTPROCESSING_MODEL: (POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS),
+}
+INPUT_SPECS = {spec.name: spec for spec in ENSEMBLE_INPUTS}
