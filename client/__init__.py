@@ -21,8 +21,8 @@ from client.client import (
     split_completion,
 )
 from client.request import CompletionRequest
-from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
 from contract.options import InvalidRequestError
+from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
 
 __all__ = [
     "DEFAULT_PORTS",

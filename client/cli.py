@@ -31,8 +31,8 @@ from client.client import (
     ServerUnavailableError,
 )
 from client.request import CompletionRequest
-from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
 from contract.options import InvalidRequestError
+from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
 
 EXIT_OK = 0
 EXIT_SERVER_ERROR = 1

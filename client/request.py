@@ -21,6 +21,7 @@ from contract.options import (
 from contract.tensors import ENSEMBLE_OUTPUTS, INPUT_SPECS
 from contract.words import encode_words
 
+
 @dataclass(frozen=True)
 class CompletionRequest:
     """One request to the ensemble: one or more prompts sharing the same options."""

@@ -19,8 +19,8 @@ from typing import Protocol
 
 import torch
 
-from engine.gptj import GPTJ, KVCache
 from contract.options import InvalidRequestError, SamplingParams
+from engine.gptj import GPTJ, KVCache
 from engine.sampling import RowState, make_generator, select_tokens
 
 log = logging.getLogger(__name__)

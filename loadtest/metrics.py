@@ -22,8 +22,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE, STAGES
 from contract import metrics as names
+from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE, STAGES
 
 PREPROCESSING, POSTPROCESSING = STAGES[0], STAGES[-1]
 MODELS = (ENSEMBLE_MODEL, *STAGES)  # the unary pipeline's four Triton models

@@ -24,8 +24,8 @@ from typing import Any
 import requests
 from prometheus_api_client import PrometheusConnect
 
-from contract.tensors import ENSEMBLE_MODEL
 from contract import metrics as names
+from contract.tensors import ENSEMBLE_MODEL
 from loadtest.metrics import Deltas, sample_name
 
 # The counters the figures need (Prometheus stores them under their exposed names).

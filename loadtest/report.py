@@ -20,8 +20,8 @@ matplotlib.use("Agg")  # files only: no display on a server
 import matplotlib.pyplot as plt
 import numpy as np
 
-from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE, STAGES
 from contract import metrics as names
+from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE, STAGES
 from loadtest.metrics import sample_name
 
 PRE, POST = STAGES[0], STAGES[-1]

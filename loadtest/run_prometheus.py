@@ -19,9 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from serving.paths import REPO_ROOT
 from serving.process import ManagedServer
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = Path(__file__).with_name("prometheus.yml")
 INSTALL_HINT = "run scripts/install-prometheus.sh (make setup does) to install Prometheus"
 

@@ -38,8 +38,8 @@ import gevent
 from locust.env import Environment
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV, StatsCSVFileWriter, StatsEntry
 
-from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE, STREAM_MODEL
 from contract import metrics as names
+from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE, STREAM_MODEL
 from loadtest import locustfile
 from loadtest.metrics import (
     Deltas,
@@ -54,7 +54,8 @@ from loadtest.metrics import (
 from loadtest.prom import PromSource
 from loadtest.report import write_report
 from loadtest.run_prometheus import INSTALL_HINT, PrometheusServer, find_binary
-from serving.triton import REPO_ROOT, Ports, TritonServer
+from serving.paths import MODEL_REPOSITORY, REPO_ROOT, checkpoint_dir
+from serving.triton import Ports, TritonServer
 
 DEFAULTS = {  # sized for a 2-core machine and the default model: ~10 minutes for 4 lengths
     "lengths": "8,32,128,512",
@@ -138,7 +139,7 @@ def parse_args(argv: list[str] | None = None) -> SweepConfig:
         help="relative difference allowed between the direct reading and Prometheus, before "
         "the allowance for one wave of completions at each window edge",
     )
-    parser.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository")
+    parser.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
     parser.add_argument("--quick", action="store_true", help="a short run: " + str(QUICK))
     parser.add_argument("--progress-every", type=float, help="seconds between progress lines")
     args = parser.parse_args(argv)
@@ -224,7 +225,7 @@ def ensure_server(config: SweepConfig) -> TritonServer | None:
                 raise SystemExit(f"the server at {config.host} did not become ready")
             time.sleep(1)
         return None
-    checkpoint = config.model_repository / MODEL_STAGE / "1" / "checkpoint" / "config.json"
+    checkpoint = checkpoint_dir(config.model_repository) / "config.json"
     if not checkpoint.exists():
         raise SystemExit(f"no model at {checkpoint.parent}: run `make model` first")
     grpc_port = int(config.grpc_url.rpartition(":")[2])
@@ -705,7 +706,7 @@ def model_info(config: SweepConfig) -> dict[str, Any]:
         info["instances"] = model_config.get("instance_group")
     except Exception as exc:
         info["error"] = str(exc)
-    build = config.model_repository / MODEL_STAGE / "1" / "checkpoint" / "build.json"
+    build = checkpoint_dir(config.model_repository) / "build.json"
     if build.exists():
         data = json.loads(build.read_text())
         spec = data.get("build", {})

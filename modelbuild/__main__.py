@@ -10,8 +10,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CHECKPOINT = REPO_ROOT / "model_repository" / "gptj" / "1" / "checkpoint"
+from serving.paths import DEFAULT_CHECKPOINT
 
 
 def main(argv: list[str] | None = None) -> int:

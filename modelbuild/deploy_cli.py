@@ -15,11 +15,9 @@ import sys
 from pathlib import Path
 
 from modelbuild import fastertransformer, importer
+from serving.paths import BUILD_DIR, DEFAULT_CHECKPOINT, MODEL_REPOSITORY
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-MODEL_REPOSITORY = REPO_ROOT / "model_repository"
-DEFAULT_CHECKPOINT = MODEL_REPOSITORY / "gptj" / "1" / "checkpoint"
-DEFAULT_FT_REPOSITORY = REPO_ROOT / "build" / "ft_model_repository"
+DEFAULT_FT_REPOSITORY = BUILD_DIR / "ft_model_repository"
 DTYPE_ALIASES = {
     "fp32": "fp32",
     "float32": "fp32",

@@ -7,9 +7,8 @@ from pathlib import Path
 import numpy as np
 from transformers import PreTrainedTokenizerFast
 
-from contract.words import decode_words
 from contract.options import InvalidRequestError
-from contract.words import word_list
+from contract.words import decode_words, word_list
 
 
 def _text(value: object, what: str, row: int) -> str:

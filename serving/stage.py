@@ -16,9 +16,9 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from contract import metrics as names
+from contract.options import InvalidRequestError
 from engine.engine import Engine, GenerationResult
 from engine.gptj import GPTJ
-from contract.options import InvalidRequestError
 from engine.tensors import PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS
 
 INPUTS = (

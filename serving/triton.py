@@ -23,9 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from serving.paths import MODEL_REPOSITORY, TRITON_WORKDIR, checkpoint_dir
 from serving.process import ManagedServer
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _distribution() -> tuple[Path, Path]:
@@ -95,7 +94,7 @@ class TritonServer(ManagedServer):
     ) -> None:
         self.model_repository = Path(model_repository).resolve()
         self.ports = ports or Ports()
-        self.workdir = Path(workdir or REPO_ROOT / ".triton")
+        self.workdir = Path(workdir or TRITON_WORKDIR)
         self.log_file = log_file
         self.extra_args = extra_args or []
         self.process: subprocess.Popen | None = None
@@ -160,7 +159,7 @@ class TritonServer(ManagedServer):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository")
+    parser.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
@@ -168,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
     args = parser.parse_args(argv)
 
-    checkpoint = args.model_repository / "gptj" / "1" / "checkpoint" / "config.json"
+    checkpoint = checkpoint_dir(args.model_repository) / "config.json"
     if not checkpoint.exists():
         print(f"no model at {checkpoint.parent}: run `make model` first", file=sys.stderr)
         return 2

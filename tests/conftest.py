@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from modelbuild.train import BuildConfig, build
-from serving.triton import REPO_ROOT, Ports, TritonServer
+from serving.paths import MODEL_REPOSITORY, checkpoint_dir
+from serving.triton import Ports, TritonServer
 
 TINY = BuildConfig(
     name="tiny-test-gptj",
@@ -50,10 +51,8 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 def model_repository(tmp_path_factory, tiny_checkpoint) -> Path:
     """The project's model repository with the tiny checkpoint where `make model` puts one."""
     repo = tmp_path_factory.mktemp("serving") / "model_repository"
-    shutil.copytree(
-        REPO_ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("checkpoint")
-    )
-    shutil.copytree(tiny_checkpoint, repo / "gptj" / "1" / "checkpoint")
+    shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("checkpoint"))
+    shutil.copytree(tiny_checkpoint, checkpoint_dir(repo))
     return repo
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from serving.paths import REPO_ROOT
+
 DASHBOARD = REPO_ROOT / "docker" / "grafana" / "dashboards" / "triton.json"
 ALERTS = REPO_ROOT / "docker" / "prometheus" / "alerts.yml"
 ADAPTER_RULES = REPO_ROOT / "k8s" / "prometheus-adapter" / "rules.yaml"

@@ -23,8 +23,8 @@ from client import (
     split_completion,
 )
 from client.request import generate_body
-from contract.tensors import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS
 from contract import metrics as names
+from contract.tensors import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS
 
 PROMPT = "def fib(n):\n"
 PROTOCOLS = ["grpc", "http"]

@@ -22,7 +22,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from serving.paths import REPO_ROOT
+
 K8S = REPO_ROOT / "k8s"
 DOCKER = REPO_ROOT / "docker"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if p.is_dir())

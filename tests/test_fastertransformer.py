@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from modelbuild import fastertransformer as ft
+from serving.paths import MODEL_REPOSITORY
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 N_LAYER, N_EMBD, N_HEAD, N_INNER, VOCAB, ROTARY = 2, 32, 4, 48, 97, 4
 BOS, EOS = 95, 96
 
@@ -191,9 +191,7 @@ def contract(config) -> tuple[set, set]:
 @pytest.fixture(scope="module")
 def ft_repository(checkpoint, tmp_path_factory):
     out = tmp_path_factory.mktemp("build") / "ft_model_repository"
-    return ft.write_ft_model_repository(
-        checkpoint, REPO_ROOT / "model_repository", out, tp=2, data_type="fp16"
-    )
+    return ft.write_ft_model_repository(checkpoint, MODEL_REPOSITORY, out, tp=2, data_type="fp16")
 
 
 def test_model_stage_config_is_a_valid_fastertransformer_config(ft_repository):
@@ -225,7 +223,7 @@ def test_model_stage_keeps_the_tensor_contract(ft_repository):
         "output_ids", "sequence_length", "cum_log_probs", "output_log_probs",
     }  # fmt: skip
     assert pb.DataType.Value("TYPE_UINT32") == next(i[1] for i in inputs if i[0] == "input_ids")
-    served = REPO_ROOT / "model_repository" / "gptj" / "config.pbtxt"
+    served = MODEL_REPOSITORY / "gptj" / "config.pbtxt"
     if served.is_file():  # the python-engine stage exposes exactly the same tensors
         assert contract(parse_pbtxt(served.read_text())) == (inputs, outputs)
         max_batch = re.search(r"max_batch_size:\s*(\d+)", served.read_text()).group(1)
@@ -233,7 +231,7 @@ def test_model_stage_keeps_the_tensor_contract(ft_repository):
 
 
 def test_the_unary_pipelines_other_stages_are_copied_unchanged(ft_repository):
-    source = REPO_ROOT / "model_repository"
+    source = MODEL_REPOSITORY
     served = {p.name for p in ft_repository.iterdir() if (p / "config.pbtxt").is_file()}
     # ensemble_stream runs the python engine itself: it has no place in a FasterTransformer repo
     assert served == {"ensemble", "preprocessing", "gptj", "postprocessing"}
@@ -250,5 +248,5 @@ def test_the_unary_pipelines_other_stages_are_copied_unchanged(ft_repository):
 def test_bad_data_type_is_refused(checkpoint, tmp_path):
     with pytest.raises(ft.ExportError, match="data type"):
         ft.write_ft_model_repository(
-            checkpoint, REPO_ROOT / "model_repository", tmp_path / "r", tp=1, data_type="int4"
+            checkpoint, MODEL_REPOSITORY, tmp_path / "r", tp=1, data_type="int4"
         )

@@ -9,9 +9,9 @@ import torch
 from transformers import GPTJConfig as HFConfig
 from transformers import GPTJForCausalLM
 
+from contract.options import InvalidRequestError, SamplingParams
 from engine.engine import Engine, GenerationRequest, GenerationResult
 from engine.gptj import GPTJ, KVCache
-from contract.options import InvalidRequestError, SamplingParams
 
 VOCAB = 300
 

@@ -18,7 +18,7 @@ import pytest
 
 from loadtest.prom import PromSource
 from loadtest.run_prometheus import INSTALL_HINT, PrometheusServer, find_binary
-from serving.triton import REPO_ROOT
+from serving.paths import REPO_ROOT
 from tests.conftest import free_ports
 
 LENGTHS = (4, 8)

@@ -24,7 +24,7 @@ from engine.tensors import requests_from_tensors, tensors_from_results
 from modelbuild.__main__ import main as modelbuild_main
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
 from preprocessing.tokenize import Preprocessor
-from serving.triton import REPO_ROOT
+from serving.paths import REPO_ROOT
 
 REPOSITORY = REPO_ROOT / "model_repository"
 

@@ -9,8 +9,8 @@ pieces concatenate to exactly the unary completion. A client that goes away canc
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from engine.engine import GenerationResult
 from contract.options import InvalidRequestError
+from engine.engine import GenerationResult
 from engine.tensors import requests_from_tensors
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
 from serving.stage import error_response, start_engine, tokenize

@@ -9,8 +9,8 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 
-from engine.engine import GenerationResult
 from contract.options import InvalidRequestError
+from engine.engine import GenerationResult
 from engine.tensors import requests_from_tensors, tensors_from_results
 from serving.stage import error_response, read_inputs, start_engine
 
