@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+# make triton listens on this machine only; TRITON_ADDRESS=0.0.0.0 serves every interface
+TRITON_ADDRESS ?= 127.0.0.1
 # make model: STEPS=<n> trains longer; FORCE=1 replaces an existing model;
 # MODEL=<folder or hub id> installs a real GPT-J/CodeGen checkpoint instead of training;
 # ENGINE=fastertransformer also exports it for Triton's FasterTransformer backend (TP GPUs).
@@ -60,7 +62,7 @@ ifeq ($(ENGINE),fastertransformer)
 endif
 
 triton: model  ## start Triton on model_repository/ (HTTP 8000, gRPC 8001, metrics 8002)
-	$(BIN)/python -m serving.triton --model-repository model_repository \
+	$(BIN)/python -m serving.triton --model-repository model_repository --address $(TRITON_ADDRESS) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 test: setup-dev  ## unit and integration tests (start their own server on a tiny model)

@@ -31,7 +31,7 @@ from client.client import (
     ServerUnavailableError,
 )
 from client.request import CompletionRequest
-from contract.options import InvalidRequestError
+from contract.options import DEFAULT_MAX_TOKENS, DEFAULT_SAMPLING, InvalidRequestError
 from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
 
 EXIT_OK = 0
@@ -112,17 +112,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sampling = complete.add_argument_group("generation")
     sampling.add_argument(
-        "--max-tokens", "-n", type=int, default=64, help="tokens to generate at most (64)"
-    )
-    sampling.add_argument("--top-k", type=int, default=0, help="top-k sampling (0: off)")
-    sampling.add_argument(
-        "--top-p", type=float, default=0.0, help="nucleus sampling in [0, 1] (0: off)"
-    )
-    sampling.add_argument(
-        "--temperature", type=float, default=1.0, help="sampling temperature (1.0)"
+        "--max-tokens",
+        "-n",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        help="tokens to generate at most (%(default)s)",
     )
     sampling.add_argument(
-        "--repetition-penalty", type=float, default=1.0, help="1.0: none; > 1 discourages repeats"
+        "--top-k", type=int, default=DEFAULT_SAMPLING.top_k, help="top-k sampling (0: off)"
+    )
+    sampling.add_argument(
+        "--top-p",
+        type=float,
+        default=DEFAULT_SAMPLING.top_p,
+        help="nucleus sampling in [0, 1] (0: off)",
+    )
+    sampling.add_argument(
+        "--temperature",
+        type=float,
+        default=DEFAULT_SAMPLING.temperature,
+        help="sampling temperature (%(default)s)",
+    )
+    sampling.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=DEFAULT_SAMPLING.repetition_penalty,
+        help="%(default)s: none; > 1 discourages repeats",
     )
     sampling.add_argument("--seed", type=int, help="random seed: same seed, same output")
     sampling.add_argument(

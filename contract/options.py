@@ -13,6 +13,10 @@ from dataclasses import dataclass
 
 DEFAULT_MAX_TOKENS = 64  # request_output_len a client sends when none is given
 MAX_SEED = 2**64  # random_seed is a uint64
+# Input caps, checked before any work is done, so a hostile request costs next to nothing.
+MAX_PROMPT_BYTES = 256 * 1024  # far above any model's context in text
+MAX_WORDS_PER_LIST = 64  # stop or bad words per prompt
+MAX_TOKENS_PER_WORD = 32
 
 
 class InvalidRequestError(ValueError):
@@ -36,11 +40,11 @@ class SamplingParams:
             raise InvalidRequestError(f"runtime_top_p must be in [0, 1], got {self.top_p}")
         if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):
             raise InvalidRequestError(
-                f"temperature must be a finite number >= 0, got {self.temperature}"
+                f"temperature must be >= 0 and finite, got {self.temperature}"
             )
         if not (self.repetition_penalty > 0.0 and math.isfinite(self.repetition_penalty)):
             raise InvalidRequestError(
-                "repetition_penalty must be a finite number > 0 (1.0 = none), got "
+                "repetition_penalty must be > 0 and finite (1.0 = none), got "
                 f"{self.repetition_penalty}"
             )
         if self.seed is not None and not 0 <= self.seed < MAX_SEED:

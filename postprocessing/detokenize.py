@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -17,21 +18,49 @@ class Postprocessor:
             ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
         )
 
+    def decode_many(self, sequences: Sequence[list[int]]) -> list[str]:
+        """Many sequences in one call of the (Rust) tokenizer."""
+        return self.tokenizer.batch_decode(
+            list(sequences), skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+
+    def tensors(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The postprocessing model's output for one request (names in contract.tensors)."""
+        return self.batch_requests([inputs])[0]
+
+    def batch_requests(
+        self, requests: Sequence[Mapping[str, np.ndarray]]
+    ) -> list[dict[str, np.ndarray]]:
+        """Outputs for every request of an ``execute`` batch, decoded together."""
+        sequences = [_sequences(r["TOKENS_BATCH"], r.get("SEQUENCE_LENGTH")) for r in requests]
+        texts = iter(self.decode_many([seq for seqs in sequences for seq in seqs]))
+        return [
+            {"OUTPUT": np.array([next(texts).encode() for _ in seqs], dtype=np.object_)}
+            for seqs in sequences
+        ]
+
     def batch(self, tokens: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
         """TOKENS_BATCH [N, beam, T] (+ SEQUENCE_LENGTH [N, beam]) -> texts, flat [N * beam].
 
         Flat, as the FasterTransformer ensemble returns it, so ``OUTPUT_0[0]`` is the first text.
         """
-        tokens = tokens.reshape(tokens.shape[0], -1, tokens.shape[-1])
-        if lengths is None:
-            lengths = np.full(tokens.shape[:2], tokens.shape[-1])
-        lengths = lengths.reshape(tokens.shape[:2])
-        texts = [
-            self.decode(tokens[i, beam, : lengths[i, beam]].tolist()).encode("utf-8")
-            for i in range(tokens.shape[0])
-            for beam in range(tokens.shape[1])
-        ]
-        return np.array(texts, dtype=np.object_)
+        inputs = {"TOKENS_BATCH": tokens}
+        if lengths is not None:
+            inputs["SEQUENCE_LENGTH"] = lengths
+        return self.tensors(inputs)["OUTPUT"]
+
+
+def _sequences(tokens: np.ndarray, lengths: np.ndarray | None) -> list[list[int]]:
+    """Each beam of each prompt, trimmed to its length, in the flat order of OUTPUT."""
+    tokens = tokens.reshape(tokens.shape[0], -1, tokens.shape[-1])
+    if lengths is None:
+        lengths = np.full(tokens.shape[:2], tokens.shape[-1])
+    lengths = lengths.reshape(tokens.shape[:2])
+    return [
+        tokens[i, beam, : lengths[i, beam]].tolist()
+        for i in range(tokens.shape[0])
+        for beam in range(tokens.shape[1])
+    ]
 
 
 class IncrementalDecoder:

@@ -1,23 +1,72 @@
-"""Prompt and word-list tokenization into the model stage's tensors."""
+"""Prompt and word-list tokenization into the model stage's tensors.
+
+A whole ``execute`` batch is tokenized in one call of the (Rust, multi-threaded) tokenizer, and
+every request gets its own answer: a bad request gets its error, the others their tensors.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 from transformers import PreTrainedTokenizerFast
 
-from contract.options import InvalidRequestError
+from contract.options import (
+    MAX_PROMPT_BYTES,
+    MAX_TOKENS_PER_WORD,
+    MAX_WORDS_PER_LIST,
+    InvalidRequestError,
+)
 from contract.words import decode_words, word_list
+
+Tensors = dict[str, np.ndarray]
+WORD_INPUTS = {"BAD_WORDS_DICT": "INPUT_2 (bad words)", "STOP_WORDS_DICT": "INPUT_3 (stop words)"}
 
 
 def _text(value: object, what: str, row: int) -> str:
     if isinstance(value, bytes):
+        if len(value) > MAX_PROMPT_BYTES:
+            raise InvalidRequestError(
+                f"{what} of row {row} has {len(value):,} bytes, over the limit of "
+                f"{MAX_PROMPT_BYTES:,}; send less text"
+            )
         try:
             return value.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise InvalidRequestError(f"{what} of row {row} is not valid UTF-8: {exc}") from None
     return str(value)
+
+
+def _column(array: np.ndarray) -> list:
+    return list(np.asarray(array).reshape(len(array), -1)[:, 0])
+
+
+class _Texts:
+    """One request's texts, read and checked, waiting for token ids."""
+
+    def __init__(self, inputs: Mapping[str, np.ndarray]) -> None:
+        self.inputs = inputs
+        self.prompts = [_text(q, "INPUT_0", i) for i, q in enumerate(_column(inputs["QUERY"]))]
+        for i, prompt in enumerate(self.prompts):
+            if not prompt:
+                raise InvalidRequestError(
+                    f"INPUT_0 row {i} is an empty prompt: send text to complete"
+                )
+        self.words: dict[str, list[list[str]]] = {}
+        for name, what in WORD_INPUTS.items():
+            rows = [decode_words(_text(v, what, i)) for i, v in enumerate(_column(inputs[name]))]
+            for i, words in enumerate(rows):
+                if len(words) > MAX_WORDS_PER_LIST:
+                    raise InvalidRequestError(
+                        f"{what} of row {i} has {len(words)} words, over the limit of "
+                        f"{MAX_WORDS_PER_LIST}"
+                    )
+            self.words[name] = rows
+
+    def texts(self) -> list[str]:
+        words = [w for rows in self.words.values() for row in rows for w in row]
+        return [*self.prompts, *words]
 
 
 class Preprocessor:
@@ -29,27 +78,67 @@ class Preprocessor:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def prompts(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """QUERY [N, 1] bytes -> INPUT_ID [N, T] uint32 (0-padded), REQUEST_INPUT_LEN [N, 1]."""
-        rows = [
-            self.encode(_text(q, "INPUT_0", i))
-            for i, q in enumerate(query.reshape(len(query), -1)[:, 0])
-        ]
-        for i, ids in enumerate(rows):
-            if not ids:
+    def encode_all(self, texts: Sequence[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        return self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+
+    def tensors(self, inputs: Mapping[str, np.ndarray]) -> Tensors:
+        """The preprocessing model's outputs for one request (names in contract.tensors)."""
+        answer = self.batch([inputs])[0]
+        if isinstance(answer, InvalidRequestError):
+            raise answer
+        return answer
+
+    def batch(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[Tensors | Exception]:
+        """Outputs for every request of an ``execute`` batch, or the error of a bad one."""
+        checked: list[_Texts | Exception] = []
+        for inputs in requests:
+            try:
+                checked.append(_Texts(inputs))
+            except InvalidRequestError as exc:
+                checked.append(exc)
+        good = [c for c in checked if isinstance(c, _Texts)]
+        ids = iter(self.encode_all([t for c in good for t in c.texts()]))
+        answers: list[Tensors | Exception] = []
+        for item in checked:
+            if isinstance(item, Exception):
+                answers.append(item)
+                continue
+            prompts = [next(ids) for _ in item.prompts]
+            words = {
+                name: [[next(ids) for _ in row] for row in rows]
+                for name, rows in item.words.items()
+            }
+            try:
+                answers.append(self._tensors(item, prompts, words))
+            except InvalidRequestError as exc:
+                answers.append(exc)
+        return answers
+
+    def _tensors(
+        self, item: _Texts, prompts: list[list[int]], words: dict[str, list[list[list[int]]]]
+    ) -> Tensors:
+        for i, row in enumerate(prompts):
+            if not row:
                 raise InvalidRequestError(
                     f"INPUT_0 row {i} is an empty prompt: send text to complete"
                 )
-        ids = np.zeros((len(rows), max(len(r) for r in rows)), dtype=np.uint32)
-        for i, row in enumerate(rows):
+        for name, rows in words.items():
+            for i, row in enumerate(rows):
+                for word, text in zip(row, item.words[name][i], strict=True):
+                    if len(word) > MAX_TOKENS_PER_WORD:
+                        raise InvalidRequestError(
+                            f"{WORD_INPUTS[name]} of row {i}: the word {text[:40]!r} is "
+                            f"{len(word)} tokens, over the limit of {MAX_TOKENS_PER_WORD}"
+                        )
+        ids = np.zeros((len(prompts), max(len(r) for r in prompts)), dtype=np.uint32)
+        for i, row in enumerate(prompts):
             ids[i, : len(row)] = row
-        return ids, np.array([[len(r)] for r in rows], dtype=np.uint32)
-
-    def words(self, csv_rows: np.ndarray, what: str) -> np.ndarray:
-        """BAD_WORDS_DICT / STOP_WORDS_DICT [N, 1] CSV strings -> [N, 2, L] word lists."""
-        flat = csv_rows.reshape(len(csv_rows), -1)[:, 0]
-        tokenized = []
-        for i, value in enumerate(flat):
-            words = decode_words(_text(value, what, i))
-            tokenized.append([self.encode(word) for word in words])
-        return word_list(tokenized)
+        return {
+            "INPUT_ID": ids,
+            "REQUEST_INPUT_LEN": np.array([[len(r)] for r in prompts], dtype=np.uint32),
+            "BAD_WORDS_IDS": word_list(words["BAD_WORDS_DICT"]),
+            "STOP_WORDS_IDS": word_list(words["STOP_WORDS_DICT"]),
+            "REQUEST_OUTPUT_LEN": item.inputs["REQUEST_OUTPUT_LEN"],
+        }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from contract.tensors import MODEL_STAGE
@@ -9,7 +10,9 @@ from contract.tensors import MODEL_STAGE
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 BUILD_DIR = REPO_ROOT / "build"
-TRITON_WORKDIR = REPO_ROOT / ".triton"  # the runtime copy of tritonserver (serving/triton.py)
+# The runtime copy of tritonserver (serving/triton.py); images point it where a read-only root
+# filesystem still allows it, or prepare it at build time.
+TRITON_WORKDIR = Path(os.environ.get("CODEGEN_RUNTIME_DIR") or REPO_ROOT / ".triton")
 
 
 def checkpoint_dir(model_repository: Path = MODEL_REPOSITORY) -> Path:

@@ -12,6 +12,8 @@ activates) the virtual environment that has torch, transformers and this project
 from __future__ import annotations
 
 import argparse
+import ctypes
+import functools
 import os
 import shutil
 import signal
@@ -64,10 +66,28 @@ def server_environment() -> dict[str, str]:
     return env
 
 
-def _port_in_use(port: int) -> bool:
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts connections on ``host:port``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.settimeout(0.5)
-        return probe.connect_ex(("127.0.0.1", port)) == 0
+        return probe.connect_ex((host, port)) == 0
+
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def _die_with_parent(parent: int) -> None:
+    """Run in the child between fork and exec: the kernel kills it when its parent dies.
+
+    The server runs in its own session (so Ctrl-C reaches only the launcher, which stops it
+    gracefully); without this, a launcher killed with SIGKILL (an OOM killer, a runtime's
+    grace-period kill) would leave tritonserver answering on its ports. Its python-backend stubs
+    watch tritonserver and exit with it.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the prctl: go now
+        os._exit(1)
 
 
 @dataclass
@@ -91,25 +111,32 @@ class TritonServer(ManagedServer):
         workdir: Path | None = None,
         log_file: Path | None = None,
         extra_args: list[str] | None = None,
+        address: str = "127.0.0.1",
     ) -> None:
         self.model_repository = Path(model_repository).resolve()
         self.ports = ports or Ports()
+        self.address = address  # where the server listens; 0.0.0.0 for every interface
         self.workdir = Path(workdir or TRITON_WORKDIR)
         self.log_file = log_file
         self.extra_args = extra_args or []
         self.process: subprocess.Popen | None = None
 
     @property
+    def host(self) -> str:
+        """The address a client on this machine reaches the server at."""
+        return "127.0.0.1" if self.address in ("0.0.0.0", "") else self.address
+
+    @property
     def http_url(self) -> str:
-        return f"localhost:{self.ports.http}"
+        return f"{self.host}:{self.ports.http}"
 
     @property
     def grpc_url(self) -> str:
-        return f"localhost:{self.ports.grpc}"
+        return f"{self.host}:{self.ports.grpc}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://localhost:{self.ports.metrics}/metrics"
+        return f"http://{self.host}:{self.ports.metrics}/metrics"
 
     def command(self) -> list[str]:
         runtime = prepare_runtime(self.workdir)
@@ -118,8 +145,11 @@ class TritonServer(ManagedServer):
             f"--model-repository={self.model_repository}",
             f"--backend-directory={runtime / 'backends'}",
             f"--cache-directory={runtime / 'caches'}",
+            f"--http-address={self.address}",
             f"--http-port={self.ports.http}",
+            f"--grpc-address={self.address}",
             f"--grpc-port={self.ports.grpc}",
+            f"--metrics-address={self.address}",
             f"--metrics-port={self.ports.metrics}",
             "--allow-metrics=true",
             "--metrics-interval-ms=1000",
@@ -132,7 +162,7 @@ class TritonServer(ManagedServer):
             raise FileNotFoundError(
                 f"{self.model_repository} is not this project's model repository"
             )
-        busy = [port for port in vars(self.ports).values() if _port_in_use(port)]
+        busy = [port for port in vars(self.ports).values() if port_in_use(port, self.host)]
         if busy:
             raise RuntimeError(
                 f"port(s) {busy} already in use: another server is running; stop it or choose "
@@ -145,12 +175,13 @@ class TritonServer(ManagedServer):
             stdout=stdout,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=functools.partial(_die_with_parent, os.getpid()),
         )
         return self
 
     @property
     def ready_url(self) -> str:
-        return f"http://localhost:{self.ports.http}/v2/health/ready"
+        return f"http://{self.host}:{self.ports.http}/v2/health/ready"
 
     @property
     def log_hint(self) -> str:
@@ -163,9 +194,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument(
+        "--address",
+        default=os.environ.get("TRITON_ADDRESS", "127.0.0.1"),
+        help="interface to listen on: 127.0.0.1 (default, this machine only) or 0.0.0.0 (all; "
+        "what the images and Kubernetes use); $TRITON_ADDRESS",
+    )
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for ready")
+    parser.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help=f"make the server's runtime copy ({TRITON_WORKDIR}; $CODEGEN_RUNTIME_DIR) and exit, "
+        "e.g. while building an image whose root filesystem is read-only at run time",
+    )
     parser.add_argument("extra", nargs="*", help="more tritonserver flags, after --")
     args = parser.parse_args(argv)
+    if args.prepare_only:
+        print(f"tritonserver runtime ready at {prepare_runtime(TRITON_WORKDIR)}")
+        return 0
 
     checkpoint = checkpoint_dir(args.model_repository) / "config.json"
     if not checkpoint.exists():
@@ -175,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         args.model_repository,
         Ports(args.http_port, args.grpc_port, args.metrics_port),
         extra_args=args.extra,
+        address=args.address,
     )
     print(f"starting tritonserver on {args.model_repository} ...", flush=True)
     try:
@@ -207,9 +254,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(
         "\nTriton is ready (Ctrl-C stops it):\n"
-        f"  HTTP     http://localhost:{args.http_port}   (e.g. /v2/models/ensemble)\n"
-        f"  gRPC     localhost:{args.grpc_port}\n"
-        f"  metrics  http://localhost:{args.metrics_port}/metrics\n",
+        f"  HTTP     http://{server.http_url}   (e.g. /v2/models/ensemble)\n"
+        f"  gRPC     {server.grpc_url}\n"
+        f"  metrics  {server.metrics_url}\n"
+        + (
+            "  listening on every interface (--address 0.0.0.0)\n"
+            if args.address == "0.0.0.0"
+            else ""
+        ),
         flush=True,
     )
     return _wait_for_exit(server, stopping)

@@ -278,6 +278,18 @@ def test_prometheus_scrapes_the_server_and_loads_the_alerts(compose):
             assert "triton" in service["networks"]["default"]["aliases"]
 
 
+def test_grafana_requires_a_password_and_allows_no_anonymous_access(compose):
+    env = compose["services"]["grafana"]["environment"]
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert env["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")
+
+
+def test_cpu_image_listens_everywhere_and_never_writes_under_app(compose):
+    dockerfile = (DOCKER / "Dockerfile.cpu").read_text()
+    assert "serving.triton --prepare-only" in dockerfile  # runtime copy made at build time
+    assert '"--address", "0.0.0.0"' in dockerfile  # make triton itself defaults to 127.0.0.1
+
+
 def test_grafana_is_provisioned_with_the_dashboard(compose):
     grafana = compose["services"]["grafana"]
     mounts = {v.split(":")[1]: v.split(":")[0] for v in grafana["volumes"] if ":" in v}

@@ -7,45 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
 
 from client.request import CompletionRequest
-from contract.options import InvalidRequestError
-from contract.tensors import (
-    ENSEMBLE_INPUTS,
-    ENSEMBLE_OUTPUTS,
-    ENSEMBLE_TO_PREPROCESSING,
-    PREPROCESSING_TO_MODEL_STAGE,
-)
+from contract.options import MAX_PROMPT_BYTES, InvalidRequestError
 from contract.words import decode_words, encode_words, split_word_list, word_list
 from engine.engine import GenerationResult
 from engine.tensors import requests_from_tensors, tensors_from_results
 from modelbuild.__main__ import main as modelbuild_main
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
 from preprocessing.tokenize import Preprocessor
-from serving.paths import REPO_ROOT
-
-REPOSITORY = REPO_ROOT / "model_repository"
-
-
-def load_config(name: str) -> model_config_pb2.ModelConfig:
-    return text_format.Parse(
-        (REPOSITORY / name / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
-    )
-
-
-def tensor_specs(tensors) -> list[tuple]:
-    return [
-        (
-            t.name,
-            model_config_pb2.DataType.Name(t.data_type),
-            tuple(t.dims),
-            getattr(t, "optional", False),
-        )
-        for t in tensors
-    ]
-
 
 # -- word lists --------------------------------------------------------------------------------
 
@@ -87,8 +57,20 @@ def post(tiny_checkpoint) -> Postprocessor:
     return Postprocessor(tiny_checkpoint)
 
 
+def request(queries, bad=b"", stop=b"", output_len=8) -> dict[str, np.ndarray]:
+    """The preprocessing model's inputs for one request of len(queries) prompts."""
+    n = len(queries)
+    return {
+        "QUERY": np.array([[q] for q in queries], dtype=np.object_),
+        "REQUEST_OUTPUT_LEN": np.full((n, 1), output_len, dtype=np.uint32),
+        "BAD_WORDS_DICT": np.array([[bad]] * n, dtype=np.object_),
+        "STOP_WORDS_DICT": np.array([[stop]] * n, dtype=np.object_),
+    }
+
+
 def test_prompts_are_padded_with_their_lengths(pre):
-    ids, lengths = pre.prompts(np.array([[b"import os"], [b"def f(x):\n    return x"]]))
+    out = pre.tensors(request([b"import os", b"def f(x):\n    return x"]))
+    ids, lengths = out["INPUT_ID"], out["REQUEST_INPUT_LEN"]
     assert ids.dtype == np.uint32 and lengths.dtype == np.uint32
     assert lengths.shape == (2, 1)
     for row, text in enumerate(["import os", "def f(x):\n    return x"]):
@@ -96,19 +78,45 @@ def test_prompts_are_padded_with_their_lengths(pre):
         assert lengths[row, 0] == len(expected)
         assert ids[row, : len(expected)].tolist() == expected
         assert not ids[row, len(expected) :].any()
+    assert out["REQUEST_OUTPUT_LEN"].tolist() == [[8], [8]]
 
 
 def test_bad_text_is_refused_with_the_input_named(pre):
     with pytest.raises(InvalidRequestError, match="INPUT_0 row 1 is an empty prompt"):
-        pre.prompts(np.array([[b"x"], [b""]]))
+        pre.tensors(request([b"x", b""]))
     with pytest.raises(InvalidRequestError, match="not valid UTF-8"):
-        pre.prompts(np.array([[b"\xff"]]))
+        pre.tensors(request([b"\xff"]))
 
 
 def test_stop_words_are_tokenized_per_row(pre):
-    layout = pre.words(np.array([[b"return,yield"], [b""]]), "INPUT_3")
+    layout = pre.tensors(request([b"a", b"b"], stop=b"return,yield"))["STOP_WORDS_IDS"]
     assert split_word_list(layout[0]) == [pre.encode("return"), pre.encode("yield")]
-    assert split_word_list(layout[1]) == []
+    assert split_word_list(pre.tensors(request([b"a"]))["STOP_WORDS_IDS"][0]) == []
+
+
+def test_a_batch_is_tokenized_together_and_a_bad_request_fails_alone(pre):
+    good = [request([b"import os"]), request([b"x = 1", b"y"], stop=b"\n\n,return")]
+    answers = pre.batch([good[0], request([b"\xff"]), good[1]])
+    assert isinstance(answers[1], InvalidRequestError)
+    for answer, inputs in zip([answers[0], answers[2]], good, strict=True):
+        assert not isinstance(answer, Exception)
+        alone = pre.tensors(inputs)
+        assert answer.keys() == alone.keys()
+        for name in alone:
+            np.testing.assert_array_equal(answer[name], alone[name])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"queries": [b"x" * (MAX_PROMPT_BYTES + 1)]}, "over the limit of 262,144"),
+        ({"queries": [b"x"], "stop": ",".join(["w"] * 65).encode()}, "65 words, over the"),
+        ({"queries": [b"x"], "bad": b"ab" * 200}, "tokens, over the limit of 32"),
+    ],
+)
+def test_input_caps_are_refused_naming_the_limit(pre, kwargs, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        pre.tensors(request(**kwargs))
 
 
 def test_postprocessing_returns_flat_texts_trimmed_to_their_lengths(pre, post):
@@ -196,54 +204,6 @@ def test_client_side_validation_names_the_option():
     assert tensors["INPUT_0"].shape == (2, 1) and tensors["INPUT_1"].tolist() == [[5], [5]]
     assert decode_words(tensors["INPUT_3"][0, 0].decode()) == ["x,y"]
     assert tensors["random_seed"].dtype == np.uint64
-
-
-# -- the model repository agrees with the contract -------------------------------------------
-
-
-def test_ensembles_expose_exactly_the_contract():
-    expected_inputs = [(s.name, s.triton_type, s.dims, s.optional) for s in ENSEMBLE_INPUTS]
-    for name in ("ensemble", "ensemble_stream"):
-        config = load_config(name)
-        assert sorted(tensor_specs(config.input)) == sorted(expected_inputs)
-        assert config.max_batch_size > 0
-    outputs = tensor_specs(load_config("ensemble").output)
-    assert sorted(o[:3] for o in outputs) == sorted(
-        (s.name, s.triton_type, s.dims) for s in ENSEMBLE_OUTPUTS
-    )
-
-
-def test_every_ensemble_step_maps_real_tensors():
-    steps = load_config("ensemble").ensemble_scheduling.step
-    assert [s.model_name for s in steps] == ["preprocessing", "gptj", "postprocessing"]
-    for step in steps:
-        stage = load_config(step.model_name)
-        assert set(step.input_map) <= {t.name for t in stage.input}, step.model_name
-        assert set(step.output_map) <= {t.name for t in stage.output}, step.model_name
-        required = {t.name for t in stage.input if not t.optional}
-        assert required <= set(step.input_map), step.model_name
-
-
-def test_streaming_model_wires_preprocessing_as_the_ensemble_does():
-    """ensemble_stream calls preprocessing itself (BLS): same wiring as the unary ensemble."""
-    first = load_config("ensemble").ensemble_scheduling.step[0]
-    assert dict(first.input_map) == ENSEMBLE_TO_PREPROCESSING
-    second = load_config("ensemble").ensemble_scheduling.step[1]
-    internal = {v: k for k, v in second.input_map.items()}
-    assert {k: internal[v] for k, v in first.output_map.items()} == PREPROCESSING_TO_MODEL_STAGE
-    stream = load_config("ensemble_stream")
-    assert stream.model_transaction_policy.decoupled
-    assert stream.parameters["checkpoint_path"].string_value == "../gptj/1/checkpoint"
-
-
-def test_stages_run_on_cpu_with_dynamic_batching_and_name_their_checkpoint():
-    unary = load_config("gptj")
-    for name in ("preprocessing", "gptj", "postprocessing"):
-        config = load_config(name)
-        assert config.HasField("dynamic_batching"), name
-        assert all(g.kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
-                   for g in config.instance_group)  # fmt: skip
-    assert unary.parameters["checkpoint_path"].string_value == "1/checkpoint"
 
 
 # -- make model --------------------------------------------------------------------------------

@@ -7,15 +7,14 @@ pieces concatenate to exactly the unary completion. A client that goes away canc
 """
 
 import numpy as np
-import triton_python_backend_utils as pb_utils
 
+from backend.engine_stage import start_engine, submit_requests
+from backend.io import FINAL, error_response, response, tokenize
 from contract.options import InvalidRequestError
+from contract.tensors import OPTION_INPUTS
 from engine.engine import GenerationResult
 from engine.tensors import requests_from_tensors
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
-from serving.stage import error_response, start_engine, tokenize
-
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class _Stream:
@@ -40,7 +39,7 @@ class _Stream:
                                       dtype=np.float32),
             "output_log_probs": np.array([log_probs], dtype=np.float32),
         }  # fmt: skip
-        return pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()])
+        return response(outputs)
 
     def on_token(self, token_id: int, log_prob: float) -> None:
         self.length += 1
@@ -65,33 +64,26 @@ class _Stream:
             self.sender.send(self._response(self.decoder.flush()), flags=FINAL)
 
 
+def _parse(request):
+    rows, log_probs = requests_from_tensors(tokenize(request, OPTION_INPUTS))
+    if len(rows) != 1:
+        raise InvalidRequestError(f"streaming takes one prompt per request, got {len(rows)}")
+    return rows, log_probs
+
+
 class TritonPythonModel:
     def initialize(self, args):
         self.stage = start_engine(args)
         self.postprocessor = Postprocessor(self.stage.checkpoint)
 
     def execute(self, requests):
-        engine = self.stage.engine
-        for request in requests:
-            sender = request.get_response_sender()
-            try:
-                rows, log_probs = requests_from_tensors(tokenize(request))
-                if len(rows) != 1:
-                    raise InvalidRequestError(
-                        f"streaming takes one prompt per request, got {len(rows)}"
-                    )
-                engine.validate(rows[0])
-            except InvalidRequestError as exc:
-                sender.send(error_response(str(exc)), flags=FINAL)
-                continue
-            row = rows[0]
-            engine.wait_for_room(1)  # overload waits in Triton's queue, visibly
-            stream = _Stream(
-                sender, IncrementalDecoder(self.postprocessor, row.prompt_ids),
-                len(row.prompt_ids), log_probs,
-            )  # fmt: skip
-            stream.handle = engine.submit(row, stream)
+        submit_requests(self.stage.engine, requests, _parse, self._listeners)
         return None
+
+    def _listeners(self, sender, rows, log_probs: bool) -> list[_Stream]:
+        prompt = rows[0].prompt_ids
+        decoder = IncrementalDecoder(self.postprocessor, prompt)
+        return [_Stream(sender, decoder, len(prompt), log_probs)]
 
     def finalize(self):
         self.stage.engine.stop()

@@ -1,20 +1,17 @@
 """Triton adapter for the GPT-J stage: tensors in, engine requests out, answers sent later.
 
-The engine (``engine.engine.Engine``) runs in its own thread; ``execute`` only validates and
-submits, then returns ``None``. Each Triton request is answered through its response sender
-once all of its rows have finished, which lets requests overlap and batch continuously.
+The engine runs in its own thread; ``execute`` only validates and submits, then returns
+``None``. Each Triton request is answered through its response sender once all of its rows have
+finished, which lets requests overlap and batch continuously.
 """
 
 import threading
 
-import triton_python_backend_utils as pb_utils
-
-from contract.options import InvalidRequestError
+from backend.engine_stage import start_engine, submit_requests
+from backend.io import FINAL, error_response, read_inputs, response
+from contract.tensors import MODEL_STAGE_INPUTS
 from engine.engine import GenerationResult
 from engine.tensors import requests_from_tensors, tensors_from_results
-from serving.stage import error_response, read_inputs, start_engine
-
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class _Reply:
@@ -26,17 +23,8 @@ class _Reply:
         self.return_log_probs = return_log_probs
         self.lock = threading.Lock()
 
-    def listener(self, index: int):
-        reply = self
-
-        class _Row:
-            def on_token(self, token_id: int, log_prob: float) -> None:
-                pass
-
-            def on_finish(self, result: GenerationResult) -> None:
-                reply.finish(index, result)
-
-        return _Row()
+    def listeners(self) -> list["_Row"]:
+        return [_Row(self, index) for index in range(len(self.results))]
 
     def finish(self, index: int, result: GenerationResult) -> None:
         with self.lock:
@@ -45,13 +33,31 @@ class _Reply:
                 return
         errors = [r.error for r in self.results if r.error]
         if errors:
-            response = error_response(errors[0])
+            self.sender.send(error_response(errors[0]), flags=FINAL)
         else:
             outputs = tensors_from_results(self.results, self.return_log_probs)
-            response = pb_utils.InferenceResponse(
-                [pb_utils.Tensor(k, v) for k, v in outputs.items()]
-            )
-        self.sender.send(response, flags=FINAL)
+            self.sender.send(response(outputs), flags=FINAL)
+
+
+class _Row:
+    """One prompt of a request: only its end matters to a unary reply."""
+
+    def __init__(self, reply: _Reply, index: int) -> None:
+        self.reply, self.index, self.handle = reply, index, None
+
+    def on_token(self, token_id: int, log_prob: float) -> None:
+        pass
+
+    def on_finish(self, result: GenerationResult) -> None:
+        self.reply.finish(self.index, result)
+
+
+def _parse(request):
+    return requests_from_tensors(read_inputs(request, MODEL_STAGE_INPUTS))
+
+
+def _listeners(sender, rows, return_log_probs: bool) -> list[_Row]:
+    return _Reply(sender, len(rows), return_log_probs).listeners()
 
 
 class TritonPythonModel:
@@ -59,20 +65,7 @@ class TritonPythonModel:
         self.stage = start_engine(args)
 
     def execute(self, requests):
-        engine = self.stage.engine
-        for request in requests:
-            sender = request.get_response_sender()
-            try:
-                rows, return_log_probs = requests_from_tensors(read_inputs(request))
-                for row in rows:
-                    engine.validate(row)
-            except InvalidRequestError as exc:
-                sender.send(error_response(str(exc)), flags=FINAL)
-                continue
-            engine.wait_for_room(len(rows))  # overload waits in Triton's queue, visibly
-            reply = _Reply(sender, len(rows), return_log_probs)
-            for index, row in enumerate(rows):
-                engine.submit(row, reply.listener(index))
+        submit_requests(self.stage.engine, requests, _parse, _listeners)
         return None
 
     def finalize(self):

@@ -1,26 +1,29 @@
 """Triton adapter for the detokenizer; the logic is in ``postprocessing.detokenize``."""
 
-import json
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
+from backend.io import error_response, model_parameters, read_inputs, response
+from contract.tensors import POSTPROCESSING_INPUTS
 from postprocessing.detokenize import Postprocessor
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        path = config["parameters"]["tokenizer_path"]["string_value"]
+        path = model_parameters(args)["tokenizer_path"]
         self.postprocessor = Postprocessor(Path(args["model_repository"]) / path)
 
     def execute(self, requests):
-        responses = []
-        for request in requests:
-            tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
-            lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH")
-            texts = self.postprocessor.batch(
-                tokens, None if lengths is None else lengths.as_numpy()
-            )
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", texts)]))
-        return responses
+        inputs = [read_inputs(request, POSTPROCESSING_INPUTS) for request in requests]
+        try:
+            return [response(out) for out in self.postprocessor.batch_requests(inputs)]
+        except Exception:  # find the request that broke the batch; the others still get answers
+            return [self._alone(one) for one in inputs]
+
+    def _alone(self, inputs):
+        try:
+            return response(self.postprocessor.tensors(inputs))
+        except Exception as exc:
+            pb_utils.Logger.log_error(f"postprocessing failed: {exc!r}")
+            return error_response(f"internal error in postprocessing: {exc}")

@@ -1,38 +1,39 @@
 """Triton adapter for the tokenizer; the logic is in ``preprocessing.tokenize``."""
 
-import json
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
+from backend.io import error_response, model_parameters, read_inputs, response
 from contract.options import InvalidRequestError
+from contract.tensors import PREPROCESSING_INPUTS
 from preprocessing.tokenize import Preprocessor
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        path = config["parameters"]["tokenizer_path"]["string_value"]
+        path = model_parameters(args)["tokenizer_path"]
         self.preprocessor = Preprocessor(Path(args["model_repository"]) / path)
 
     def execute(self, requests):
-        return [self._one(request) for request in requests]
-
-    def _one(self, request):
-        def get(name):
-            return pb_utils.get_input_tensor_by_name(request, name).as_numpy()
-
+        inputs = [read_inputs(request, PREPROCESSING_INPUTS) for request in requests]
         try:
-            ids, lengths = self.preprocessor.prompts(get("QUERY"))
-            bad = self.preprocessor.words(get("BAD_WORDS_DICT"), "INPUT_2 (bad words)")
-            stop = self.preprocessor.words(get("STOP_WORDS_DICT"), "INPUT_3 (stop words)")
-        except InvalidRequestError as exc:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
-        outputs = {
-            "INPUT_ID": ids,
-            "REQUEST_INPUT_LEN": lengths,
-            "BAD_WORDS_IDS": bad,
-            "STOP_WORDS_IDS": stop,
-            "REQUEST_OUTPUT_LEN": get("REQUEST_OUTPUT_LEN"),
-        }
-        return pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()])
+            answers = self.preprocessor.batch(inputs)
+        except Exception:  # find the request that broke the batch; the others still get answers
+            answers = [self._alone(one) for one in inputs]
+        return [_respond(answer) for answer in answers]
+
+    def _alone(self, inputs):
+        try:
+            return self.preprocessor.batch([inputs])[0]
+        except Exception as exc:
+            return exc
+
+
+def _respond(answer):
+    if isinstance(answer, InvalidRequestError):
+        return error_response(str(answer))
+    if isinstance(answer, Exception):  # a bug: fail this request only, and say so in the log
+        pb_utils.Logger.log_error(f"preprocessing failed: {answer!r}")
+        return error_response(f"internal error in preprocessing: {answer}")
+    return response(answer)

@@ -1,77 +1,27 @@
-"""What the unary (``gptj``) and streaming (``ensemble_stream``) engine adapters share.
+"""The engine inside Triton: started from a model's config, fed by one submit loop, metered.
 
-Imported only inside Triton's python backend (it needs ``triton_python_backend_utils``): loading
-the checkpoint into an engine from the model config, reading a request's input tensors (or having
-``preprocessing`` tokenize them), and the engine's custom metrics.
+The unary model stage (``gptj``) and the streaming model (``ensemble_stream``) both use it.
 """
 
 from __future__ import annotations
 
-import json
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import triton_python_backend_utils as pb_utils
 
+from backend.io import FINAL, error_response, model_parameters
 from contract import metrics as names
 from contract.options import InvalidRequestError
-from engine.engine import Engine, GenerationResult
+from engine.engine import Engine, GenerationRequest, GenerationResult, Listener
 from engine.gptj import GPTJ
-from engine.tensors import PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS
-
-INPUTS = (
-    "input_ids", "input_lengths", "request_output_len", "runtime_top_k", "runtime_top_p",
-    "beam_search_diversity_rate", "temperature", "len_penalty", "repetition_penalty",
-    "random_seed", "is_return_log_probs", "beam_width", "start_id", "end_id",
-    "stop_words_list", "bad_words_list",
-)  # fmt: skip
-
-
-def read_inputs(request) -> dict:
-    """The request's tensors present, by name, as numpy arrays."""
-    arrays = {}
-    for name in INPUTS:
-        tensor = pb_utils.get_input_tensor_by_name(request, name)
-        if tensor is not None:
-            arrays[name] = tensor.as_numpy()
-    return arrays
-
-
-def tokenize(request) -> dict:
-    """The model-stage tensors of an ensemble-shaped request, tokenized by the
-    ``preprocessing`` model (a BLS call), plus the request's optional sampling inputs."""
-    inputs = []
-    for stage_name, name in PREPROCESSING_INPUTS.items():
-        tensor = pb_utils.get_input_tensor_by_name(request, name)
-        if tensor is None:
-            raise InvalidRequestError(f"input {name} is required")
-        inputs.append(pb_utils.Tensor(stage_name, tensor.as_numpy()))
-    response = pb_utils.InferenceRequest(
-        model_name="preprocessing",
-        requested_output_names=list(PREPROCESSING_OUTPUTS),
-        inputs=inputs,
-    ).exec()
-    if response.has_error():
-        raise InvalidRequestError(response.error().message())
-    arrays = {
-        stage: pb_utils.get_output_tensor_by_name(response, name).as_numpy()
-        for name, stage in PREPROCESSING_OUTPUTS.items()
-    }
-    for name in INPUTS:
-        tensor = pb_utils.get_input_tensor_by_name(request, name)
-        if name not in arrays and tensor is not None:
-            arrays[name] = tensor.as_numpy()
-    return arrays
-
-
-def error_response(message: str):
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
 
 class EngineMetrics:
-    """Engine counters on Triton's metrics endpoint (see contract/metrics.py for why)."""
+    """The engine's counters on Triton's metrics endpoint (contract/metrics.py says why)."""
 
     def __init__(self, model_name: str) -> None:
         labels = {"model": model_name}
@@ -125,8 +75,7 @@ class Stage:
 
 def start_engine(args: dict) -> Stage:
     """Load the checkpoint named in the model config and start an engine on it."""
-    config = json.loads(args["model_config"])
-    params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+    params = model_parameters(args)
     threads = int(params.get("num_threads", "0"))
     if threads > 0:
         torch.set_num_threads(threads)
@@ -149,3 +98,35 @@ def start_engine(args: dict) -> Stage:
         f"{cfg.n_embd} wide, vocab {cfg.vocab_size}, {dtype} on {device})"
     )
     return Stage(engine, checkpoint, params)
+
+
+# request -> (its rows, whether log probs were asked for)
+Parse = Callable[[object], tuple[list[GenerationRequest], bool]]
+# (response sender, rows, log probs?) -> one listener per row
+Listeners = Callable[[object, list[GenerationRequest], bool], Sequence[Listener]]
+
+
+def submit_requests(engine: Engine, requests, parse: Parse, listeners: Listeners) -> None:
+    """Validate each Triton request and hand its rows to the engine, which answers later.
+
+    A bad request is answered with its own error and the others go on. The loop waits for
+    engine room before submitting, so that a request the engine cannot start yet waits in
+    Triton's queue, where ``nv_inference_queue_duration_us`` and the pending count show the
+    overload (and an autoscaler can act on it), rather than in a queue no metric sees.
+    """
+    for request in requests:
+        sender = request.get_response_sender()
+        try:
+            rows, log_probs = parse(request)
+            for row in rows:
+                engine.validate(row)
+        except InvalidRequestError as exc:
+            sender.send(error_response(str(exc)), flags=FINAL)
+            continue
+        except Exception as exc:  # a bug must fail this request only, not the whole batch
+            pb_utils.Logger.log_error(f"could not read a request: {exc!r}")
+            sender.send(error_response(f"internal error reading the request: {exc}"), FINAL)
+            continue
+        engine.wait_for_room(len(rows))
+        for row, listener in zip(rows, listeners(sender, rows, log_probs), strict=True):
+            listener.handle = engine.submit(row, listener)

@@ -1,0 +1,67 @@
+"""Reading a request's tensors and writing responses, the same way in every adapter."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from contract.options import InvalidRequestError
+from contract.tensors import (
+    ENSEMBLE_TO_PREPROCESSING,
+    PREPROCESSING_MODEL,
+    PREPROCESSING_TO_MODEL_STAGE,
+    TensorSpec,
+)
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def model_parameters(args: dict) -> dict[str, str]:
+    """The ``parameters`` of the model's config.pbtxt, as strings."""
+    config = json.loads(args["model_config"])
+    return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+
+
+def read_inputs(request, specs: Iterable[TensorSpec]) -> dict[str, np.ndarray]:
+    """The request's tensors present among ``specs``, by name, as numpy arrays."""
+    arrays = {}
+    for spec in specs:
+        tensor = pb_utils.get_input_tensor_by_name(request, spec.name)
+        if tensor is not None:
+            arrays[spec.name] = tensor.as_numpy()
+    return arrays
+
+
+def response(outputs: Mapping[str, np.ndarray]):
+    return pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()])
+
+
+def error_response(message: str):
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+
+
+def tokenize(request, option_specs: Iterable[TensorSpec]) -> dict[str, np.ndarray]:
+    """The model-stage tensors of an ensemble-shaped request: its text tokenized by the
+    ``preprocessing`` model (a BLS call, wired as the ensemble wires it), plus its options."""
+    inputs = []
+    for stage_name, name in ENSEMBLE_TO_PREPROCESSING.items():
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is None:
+            raise InvalidRequestError(f"input {name} is required")
+        inputs.append(pb_utils.Tensor(stage_name, tensor.as_numpy()))
+    answer = pb_utils.InferenceRequest(
+        model_name=PREPROCESSING_MODEL,
+        requested_output_names=list(PREPROCESSING_TO_MODEL_STAGE),
+        inputs=inputs,
+    ).exec()
+    if answer.has_error():
+        raise InvalidRequestError(answer.error().message())
+    arrays = {
+        stage: pb_utils.get_output_tensor_by_name(answer, name).as_numpy()
+        for name, stage in PREPROCESSING_TO_MODEL_STAGE.items()
+    }
+    arrays.update(read_inputs(request, option_specs))
+    return arrays

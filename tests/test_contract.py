@@ -1,0 +1,159 @@
+"""The contract is stated once: every model's config.pbtxt declares exactly contract.tensors,
+the ensemble wires the stages as the contract says, and imports point down the layers."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from contract.options import InvalidRequestError, SamplingParams
+from contract.tensors import (
+    ENSEMBLE_MODEL,
+    ENSEMBLE_TO_PREPROCESSING,
+    MODEL_IO,
+    MODEL_STAGE,
+    PREPROCESSING_TO_MODEL_STAGE,
+    STAGES,
+    STREAM_MODEL,
+    TensorSpec,
+)
+from serving.paths import MODEL_REPOSITORY, REPO_ROOT
+
+
+def load_config(name: str) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(
+        (MODEL_REPOSITORY / name / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
+
+
+def declared(tensors) -> set[TensorSpec]:
+    return {
+        TensorSpec(
+            t.name,
+            model_config_pb2.DataType.Name(t.data_type),
+            tuple(t.dims),
+            getattr(t, "optional", False),
+        )
+        for t in tensors
+    }
+
+
+@pytest.mark.parametrize("model", sorted(MODEL_IO))
+def test_config_declares_exactly_the_contract(model):
+    inputs, outputs = MODEL_IO[model]
+    config = load_config(model)
+    assert config.name == model
+    assert declared(config.input) == set(inputs)
+    assert declared(config.output) == set(outputs)
+    assert config.max_batch_size > 0
+
+
+def test_every_model_in_the_repository_is_in_the_contract():
+    folders = {p.name for p in MODEL_REPOSITORY.iterdir() if (p / "config.pbtxt").is_file()}
+    assert folders == set(MODEL_IO)
+
+
+def test_ensemble_steps_wire_the_stages_as_the_contract_says():
+    steps = load_config(ENSEMBLE_MODEL).ensemble_scheduling.step
+    assert tuple(s.model_name for s in steps) == STAGES
+    pre, model, _ = steps
+    assert dict(pre.input_map) == ENSEMBLE_TO_PREPROCESSING
+    internal = {v: k for k, v in model.input_map.items()}
+    assert {k: internal[v] for k, v in pre.output_map.items()} == PREPROCESSING_TO_MODEL_STAGE
+    # options go through unchanged, under their own names
+    options = {k: v for k, v in model.input_map.items() if not v.startswith("_")}
+    assert all(k == v for k, v in options.items())
+    for step in steps:
+        stage = load_config(step.model_name)
+        assert set(step.input_map) <= {t.name for t in stage.input}, step.model_name
+        assert set(step.output_map) <= {t.name for t in stage.output}, step.model_name
+        required = {t.name for t in stage.input if not t.optional}
+        assert required <= set(step.input_map), step.model_name
+
+
+def test_stages_run_on_cpu_with_dynamic_batching_and_name_their_checkpoint():
+    for name in STAGES:
+        config = load_config(name)
+        assert config.HasField("dynamic_batching"), name
+        kinds = {g.kind for g in config.instance_group}
+        assert kinds == {model_config_pb2.ModelInstanceGroup.KIND_CPU}, name
+    assert load_config(MODEL_STAGE).parameters["checkpoint_path"].string_value == "1/checkpoint"
+    stream = load_config(STREAM_MODEL)
+    assert stream.model_transaction_policy.decoupled
+    assert stream.parameters["checkpoint_path"].string_value == "../gptj/1/checkpoint"
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("temperature", float("inf")), ("temperature", float("nan")),
+     ("repetition_penalty", float("inf")), ("repetition_penalty", float("nan"))],
+)  # fmt: skip
+def test_non_finite_options_are_refused_naming_the_option(option, value):
+    with pytest.raises(InvalidRequestError, match=f"{option} must be .* finite"):
+        SamplingParams(**{option: value})
+
+
+# -- imports point down ------------------------------------------------------------------------
+
+# What each of the project's packages may import of the others. Third-party imports are free,
+# except those named in FORBIDDEN.
+ALLOWED: dict[str, set[str]] = {
+    "contract": set(),
+    "engine": {"contract"},
+    "preprocessing": {"contract"},
+    "postprocessing": {"contract"},
+    "backend": {"contract", "engine", "preprocessing", "postprocessing"},
+    "model_repository": {"contract", "engine", "preprocessing", "postprocessing", "backend"},
+    "client": {"contract"},
+    "serving": {"contract"},
+    "modelbuild": {"contract", "engine", "preprocessing", "postprocessing", "serving"},
+    "loadtest": {"contract", "client", "serving"},
+}
+FORBIDDEN: dict[str, set[str]] = {
+    "contract": {"torch", "triton_python_backend_utils", "tritonclient", "transformers"},
+    "engine": {"triton_python_backend_utils", "tritonclient", "transformers", "tokenizers"},
+    "preprocessing": {"torch", "triton_python_backend_utils", "tritonclient"},
+    "postprocessing": {"torch", "triton_python_backend_utils", "tritonclient"},
+    "client": {"torch", "triton_python_backend_utils", "transformers"},
+}
+PACKAGES = set(ALLOWED) | {"tests", "scripts", "bench", "openai_api"}
+
+
+def imported_roots(path: Path) -> set[str]:
+    """Top-level names a module imports (absolute imports only; the project uses no others)."""
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_imports_point_down():
+    problems = []
+    for package, allowed in ALLOWED.items():
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            roots = imported_roots(path)
+            upward = (roots & PACKAGES) - allowed - {package}
+            forbidden = roots & FORBIDDEN.get(package, set())
+            where = path.relative_to(REPO_ROOT)
+            problems += [f"{where} imports {name}" for name in sorted(upward | forbidden)]
+    assert not problems, "imports that run back up the layers:\n" + "\n".join(problems)
+
+
+def test_the_import_check_catches_an_upward_import(tmp_path):
+    module = tmp_path / "bad.py"
+    module.write_text("import torch\nfrom client.request import CompletionRequest\n")
+    assert imported_roots(module) == {"torch", "client"}
+
+
+def test_the_contract_page_is_current():
+    from contract.__main__ import render
+
+    page = REPO_ROOT / "docs" / "contract.md"
+    assert page.read_text() == render(), "run `python -m contract > docs/contract.md`"
