@@ -97,6 +97,14 @@ def test_non_finite_options_are_refused_naming_the_option(option, value):
         SamplingParams(**{option: value})
 
 
+@pytest.mark.parametrize("model", [*STAGES, STREAM_MODEL])
+def test_every_queue_is_bounded_and_rejects_when_full(model):
+    policy = load_config(model).dynamic_batching.default_queue_policy
+    assert policy.max_queue_size > 0
+    assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT
+    assert policy.default_timeout_microseconds > 0 and policy.allow_timeout_override
+
+
 # -- imports point down ------------------------------------------------------------------------
 
 # What each of the project's packages may import of the others. Third-party imports are free,

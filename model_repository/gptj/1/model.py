@@ -32,6 +32,8 @@ class _Reply:
             if any(r is None for r in self.results):
                 return
         errors = [r.error for r in self.results if r.error]
+        if any(r.finish_reason == "cancelled" for r in self.results):
+            errors.append("cancelled: the client went away or its timeout passed")
         if errors:
             self.sender.send(error_response(errors[0]), flags=FINAL)
         else:
@@ -40,13 +42,19 @@ class _Reply:
 
 
 class _Row:
-    """One prompt of a request: only its end matters to a unary reply."""
+    """One prompt of a request: only its end matters to a unary reply, and whether its client
+    is still there, asked every few tokens (a question to the server, so not every token)."""
+
+    CHECK_EVERY = 8  # tokens
 
     def __init__(self, reply: _Reply, index: int) -> None:
         self.reply, self.index, self.handle = reply, index, None
+        self.tokens = 0
 
     def on_token(self, token_id: int, log_prob: float) -> None:
-        pass
+        self.tokens += 1
+        if self.tokens % self.CHECK_EVERY == 0 and self.reply.sender.is_cancelled():
+            self.handle.cancel()  # the engine drops the row at its next step
 
     def on_finish(self, result: GenerationResult) -> None:
         self.reply.finish(self.index, result)
