@@ -15,7 +15,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serving.paths import MODEL_REPOSITORY, TRITON_WORKDIR, checkpoint_dir
-from serving.process import ManagedServer
+from serving.process import ManagedServer, port_in_use
 
 
 def _distribution() -> tuple[Path, Path]:
@@ -62,12 +61,6 @@ def server_environment() -> dict[str, str]:
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
-
-
-def _port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.settimeout(0.5)
-        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 @dataclass
@@ -132,7 +125,7 @@ class TritonServer(ManagedServer):
             raise FileNotFoundError(
                 f"{self.model_repository} is not this project's model repository"
             )
-        busy = [port for port in vars(self.ports).values() if _port_in_use(port)]
+        busy = [port for port in vars(self.ports).values() if port_in_use(port)]
         if busy:
             raise RuntimeError(
                 f"port(s) {busy} already in use: another server is running; stop it or choose "
