@@ -17,9 +17,9 @@ import triton_python_backend_utils as pb_utils
 
 from contract import metrics as names
 from contract.options import InvalidRequestError
+from contract.tensors import ENSEMBLE_TO_PREPROCESSING, PREPROCESSING_TO_MODEL_STAGE
 from engine.engine import Engine, GenerationResult
 from engine.gptj import GPTJ
-from engine.tensors import PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS
 
 INPUTS = (
     "input_ids", "input_lengths", "request_output_len", "runtime_top_k", "runtime_top_p",
@@ -43,21 +43,21 @@ def tokenize(request) -> dict:
     """The model-stage tensors of an ensemble-shaped request, tokenized by the
     ``preprocessing`` model (a BLS call), plus the request's optional sampling inputs."""
     inputs = []
-    for stage_name, name in PREPROCESSING_INPUTS.items():
+    for stage_name, name in ENSEMBLE_TO_PREPROCESSING.items():
         tensor = pb_utils.get_input_tensor_by_name(request, name)
         if tensor is None:
             raise InvalidRequestError(f"input {name} is required")
         inputs.append(pb_utils.Tensor(stage_name, tensor.as_numpy()))
     response = pb_utils.InferenceRequest(
         model_name="preprocessing",
-        requested_output_names=list(PREPROCESSING_OUTPUTS),
+        requested_output_names=list(PREPROCESSING_TO_MODEL_STAGE),
         inputs=inputs,
     ).exec()
     if response.has_error():
         raise InvalidRequestError(response.error().message())
     arrays = {
         stage: pb_utils.get_output_tensor_by_name(response, name).as_numpy()
-        for name, stage in PREPROCESSING_OUTPUTS.items()
+        for name, stage in PREPROCESSING_TO_MODEL_STAGE.items()
     }
     for name in INPUTS:
         tensor = pb_utils.get_input_tensor_by_name(request, name)
