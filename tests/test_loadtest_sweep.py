@@ -114,7 +114,10 @@ def test_requests_rate_and_counts_are_consistent(run):
         lat = row.latency_ms
         assert 0 < lat.p50 <= lat.p90 <= lat.p95 <= lat.p99
         assert row.tokens_per_s > 0
-        assert 0 < row.tokens_per_request <= row.output_len
+        # the window's tokens include those of the requests still running at its end (up to
+        # one per user), which a loaded machine's short window may hold few requests to offset
+        edge = 1 + USERS / triton.engine_requests
+        assert 0 < row.tokens_per_request <= row.output_len * edge
 
 
 def test_batch_sizes_and_shares_are_in_range(run):
