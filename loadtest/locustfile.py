@@ -53,7 +53,7 @@ class LoadSettings:
     output_len: int = 32
     prompts: int = 300
     prompt_seed: int = 0
-    grpc_url: str = "localhost:8001"
+    grpc_url: str = "127.0.0.1:8001"
 
 
 def load_settings(environment: Any) -> LoadSettings:
@@ -95,7 +95,7 @@ def _arguments(parser: Any) -> None:
     parser.add_argument(
         "--grpc-url",
         env_var="LOADTEST_GRPC_URL",
-        default="localhost:8001",
+        default="127.0.0.1:8001",
         help="Triton's gRPC endpoint for the gRPC and streaming users",
     )
 

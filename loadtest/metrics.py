@@ -4,12 +4,8 @@ Every Triton and engine figure is a cumulative counter, so a load test reads the
 the start and the end of its window and works with the differences. This module does that
 arithmetic once, for both sources: the direct reading (two snapshots of ``/metrics``) and
 Prometheus (:mod:`loadtest.prom` feeds the same :func:`window_figures` with ``increase()``).
-
-Why the model stage is measured by the engine: the ``gptj`` stage's ``execute()`` hands each
-request to the continuous-batching engine and returns at once; the engine answers later from its
-own thread. Triton's ``nv_inference_compute_infer_duration_us`` for ``gptj`` therefore counts
-admission only (milliseconds), while ``codegen_engine_compute_duration_us_total`` counts the
-engine's real busy time (prefill and decode). The first is kept, labelled, for reference.
+The model stage's time is the engine's busy time, not Triton's ``compute_infer`` for ``gptj``:
+why is explained once, in :mod:`contract.metrics`.
 """
 
 from __future__ import annotations
@@ -24,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from contract import metrics as names
 from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE, STAGES
+from loadtest.results import Increases, WindowFigures
 
 PREPROCESSING, POSTPROCESSING = STAGES[0], STAGES[-1]
 MODELS = (ENSEMBLE_MODEL, *STAGES)  # the unary pipeline's four Triton models
@@ -97,8 +94,8 @@ class Deltas:
     def get(self, metric: str, model: str) -> float:
         return self.values.get((sample_name(metric), model), 0.0)
 
-    def as_dict(self) -> dict[str, dict[str, float]]:
-        out: dict[str, dict[str, float]] = {}
+    def as_dict(self) -> Increases:
+        out: Increases = {}
         for (metric, model), value in sorted(self.values.items()):
             out.setdefault(metric, {})[model] = value
         return out
@@ -147,7 +144,7 @@ def _ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator > 0 else None
 
 
-def window_figures(d: Deltas, models: Iterable[str] = MODELS) -> dict[str, Any]:
+def window_figures(d: Deltas, models: Iterable[str] = MODELS) -> WindowFigures:
     """The figures of one window, from counter increases alone (so any source can feed it).
 
     - requests, rps: the ensemble's completed inferences over the window.
@@ -156,7 +153,8 @@ def window_figures(d: Deltas, models: Iterable[str] = MODELS) -> dict[str, Any]:
       batch of the continuous-batching engine).
     - stage_share: as the original load test reports it, each stage's compute time over the
       model stage's; the model stage's is the engine's busy time (see the module docstring), so
-      ``model`` is 1 by definition and the others are fractions of it.
+      ``model`` is 1 by definition and the others are fractions of it. Triton's own figure for
+      the model stage is kept as ``triton_model_compute_infer_us``, not used.
     - queue_share: time requests spent queued (Triton's queues of the three stages plus the
       engine's wait before prefill) over the ensemble's end-to-end request time.
     """
@@ -175,93 +173,29 @@ def window_figures(d: Deltas, models: Iterable[str] = MODELS) -> dict[str, Any]:
     request_us = d.get(names.REQUEST_DURATION_US, ensemble)
     generated = d.get(names.ENGINE_GENERATED_TOKENS, MODEL_STAGE)
     engine_requests = d.get(names.ENGINE_REQUESTS, MODEL_STAGE)
-    return {
-        "window_s": window,
-        "requests": requests,
-        "rps": _ratio(requests, window),
-        "failures": d.get(names.REQUEST_FAILURE, ensemble),
-        "mean_request_ms": _ratio(request_us / 1000, requests),
-        "tokens_per_s": _ratio(generated, window),
-        "generated_tokens": generated,
-        "prompt_tokens": d.get(names.ENGINE_PROMPT_TOKENS, MODEL_STAGE),
-        "tokens_per_request": _ratio(generated, engine_requests),
-        "counts": {m: d.get(names.INFERENCE_COUNT, m) for m in models},
-        "engine_requests": engine_requests,
-        "batch_size": {
+    return WindowFigures(
+        window_s=window,
+        requests=requests,
+        rps=_ratio(requests, window),
+        failures=d.get(names.REQUEST_FAILURE, ensemble),
+        mean_request_ms=_ratio(request_us / 1000, requests),
+        tokens_per_s=_ratio(generated, window),
+        generated_tokens=generated,
+        prompt_tokens=d.get(names.ENGINE_PROMPT_TOKENS, MODEL_STAGE),
+        tokens_per_request=_ratio(generated, engine_requests),
+        counts={m: d.get(names.INFERENCE_COUNT, m) for m in models},
+        engine_requests=engine_requests,
+        batch_size={
             m: _ratio(d.get(names.INFERENCE_COUNT, m), d.get(names.EXEC_COUNT, m)) for m in models
         },
-        "engine_batch_size": _ratio(
+        engine_batch_size=_ratio(
             d.get(names.ENGINE_STEP_ROWS, MODEL_STAGE), d.get(names.ENGINE_STEPS, MODEL_STAGE)
         ),
-        "compute_us": compute,
-        "triton_model_compute_infer_us": d.get(names.COMPUTE_INFER_DURATION_US, MODEL_STAGE),
-        "stage_share": {stage: _ratio(us, engine_compute) for stage, us in compute.items()},
-        "queue_us": queue,
-        "request_us": request_us,
-        "queue_share": _ratio(sum(queue.values()), request_us),
-        "engine_busy": _ratio(engine_compute / 1e6, window),
-    }
-
-
-# Figures compared between the direct reading and Prometheus: (path, label, strict). Strict
-# figures are ratios of event counts (requests, tokens, executions, steps), so a window edge
-# moves them by the share of requests completing there, which the tolerance allows for. The
-# others are weighted by durations: a request completing at an edge brings its whole duration
-# with it, and one stalled wave (every user's request taking a second) at an edge of a short
-# window moves them by tens of percent, so they are shown side by side but do not decide. Every
-# counter, durations included, is also checked exactly: see the sweep's containment check.
-COMPARED = (
-    (("rps",), "requests/s", True),
-    (("tokens_per_s",), "generated tokens/s", True),
-    (("batch_size", PREPROCESSING), "batch size preprocessing", True),
-    (("batch_size", MODEL_STAGE), "batch size gptj (Triton)", True),
-    (("batch_size", POSTPROCESSING), "batch size postprocessing", True),
-    (("engine_batch_size",), "engine running batch", True),
-    (("mean_request_ms",), "mean request time (Triton)", False),
-    (("queue_share",), "queue share", False),
-    (("stage_share", PREPROCESSING), "preprocessing share of model time", False),
-    (("stage_share", POSTPROCESSING), "postprocessing share of model time", False),
-)
-
-
-def _lookup(figures: Mapping[str, Any], path: tuple[str, ...]) -> float | None:
-    value: Any = figures
-    for part in path:
-        value = value.get(part) if isinstance(value, Mapping) else None
-    return value if isinstance(value, (int, float)) else None
-
-
-def relative_difference(a: float | None, b: float | None) -> float | None:
-    """|a - b| / max(|a|, |b|): symmetric, 0 when equal, None when either is missing."""
-    if a is None or b is None:
-        return None
-    scale = max(abs(a), abs(b))
-    return 0.0 if scale == 0 else abs(a - b) / scale
-
-
-def agreement(
-    direct: Mapping[str, Any], other: Mapping[str, Any], tolerance: float
-) -> dict[str, Any]:
-    """Figure-by-figure comparison of two sources; they agree when every strict figure is
-    present in both and within ``tolerance`` (relative)."""
-    rows = []
-    for path, label, strict in COMPARED:
-        a, b = _lookup(direct, path), _lookup(other, path)
-        rows.append(
-            {
-                "figure": ".".join(path),
-                "label": label,
-                "strict": strict,
-                "direct": a,
-                "other": b,
-                "rel_diff": relative_difference(a, b),
-            }
-        )
-    strict_diffs = [r["rel_diff"] for r in rows if r["strict"]]
-    worst = None if None in strict_diffs else max(strict_diffs, default=None)
-    return {
-        "tolerance": tolerance,
-        "max_rel_diff": worst,
-        "agree": worst is not None and worst <= tolerance,
-        "figures": rows,
-    }
+        compute_us=compute,
+        triton_model_compute_infer_us=d.get(names.COMPUTE_INFER_DURATION_US, MODEL_STAGE),
+        stage_share={stage: _ratio(us, engine_compute) for stage, us in compute.items()},
+        queue_us=queue,
+        request_us=request_us,
+        queue_share=_ratio(sum(queue.values()), request_us),
+        engine_busy=_ratio(engine_compute / 1e6, window),
+    )

@@ -1,13 +1,38 @@
 """A server run as a child process: ready when an HTTP endpoint answers 200, stopped with its
-own graceful signal (then killed if it lingers). Triton and the load test's Prometheus share it."""
+own graceful signal (then killed if it lingers). Triton and the load test's Prometheus share it;
+the load test also uses the probes below for servers it did not start."""
 
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
+
+
+def http_ready(url: str, timeout: float = 2.0) -> bool:
+    """Whether ``url`` answers 200 now (a readiness endpoint, any host)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something listens on ``host:port`` (a server running, or still starting)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex((host, port)) == 0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now, for a private server."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
 
 
 class ManagedServer:
@@ -31,13 +56,11 @@ class ManagedServer:
         return ""
 
     def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.ready_url, timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
+        return http_ready(self.ready_url)
 
     def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until ready; fail early if our child exits. With no child (``start`` not
+        called) it waits for a server someone else is starting on the same address."""
         timeout = self.ready_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

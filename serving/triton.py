@@ -17,7 +17,6 @@ import functools
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serving.paths import MODEL_REPOSITORY, TRITON_WORKDIR, checkpoint_dir
-from serving.process import ManagedServer
+from serving.process import ManagedServer, port_in_use
 
 
 def _distribution() -> tuple[Path, Path]:
@@ -64,13 +63,6 @@ def server_environment() -> dict[str, str]:
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether something accepts connections on ``host:port``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.settimeout(0.5)
-        return probe.connect_ex((host, port)) == 0
 
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>

@@ -15,7 +15,7 @@ import urllib.request
 import psutil
 import pytest
 
-from serving.triton import port_in_use
+from serving.process import port_in_use
 from tests.conftest import free_ports
 
 

@@ -6,23 +6,31 @@ to the families the load test reads, with the engine's counters as the gptj stag
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from loadtest.metrics import (
     Deltas,
-    agreement,
     busy_shares,
     counter_increase,
     execution_busy_us,
     parse_metrics,
-    relative_difference,
     sample_name,
     snapshot_deltas,
     window_figures,
 )
-from loadtest.prom import AlignedWindow, PromSource
+from loadtest.prom import (
+    AlignedWindow,
+    PromSource,
+    agreement,
+    compare,
+    edge_tolerance,
+    excess,
+    relative_difference,
+)
+from loadtest.results import PromReading
 from loadtest.run_prometheus import render_config
 
 HEADER = """\
@@ -160,40 +168,40 @@ def test_a_server_restart_inside_the_window_is_a_counter_reset():
     # a counter that did not go down is still an ordinary difference
     assert d.get("nv_inference_request_failure", "ensemble") == 0
     figures = window_figures(d)
-    assert figures["rps"] == pytest.approx(1.2)
-    assert figures["batch_size"]["gptj"] == pytest.approx(4.0)
-    assert figures["engine_batch_size"] == pytest.approx(3.0)
+    assert figures.rps == pytest.approx(1.2)
+    assert figures.batch_size["gptj"] == pytest.approx(4.0)
+    assert figures.engine_batch_size == pytest.approx(3.0)
 
 
 def test_window_figures(window):
     f = window_figures(window)
-    assert f["requests"] == 200
-    assert f["rps"] == pytest.approx(20.0)
-    assert f["failures"] == 2
-    assert f["mean_request_ms"] == pytest.approx(500.0)
-    assert f["tokens_per_s"] == pytest.approx(640.0)
-    assert f["tokens_per_request"] == pytest.approx(32.0)
-    assert f["counts"] == {m: 200 for m in ("ensemble", "preprocessing", "gptj", "postprocessing")}
+    assert f.requests == 200
+    assert f.rps == pytest.approx(20.0)
+    assert f.failures == 2
+    assert f.mean_request_ms == pytest.approx(500.0)
+    assert f.tokens_per_s == pytest.approx(640.0)
+    assert f.tokens_per_request == pytest.approx(32.0)
+    assert f.counts == {m: 200 for m in ("ensemble", "preprocessing", "gptj", "postprocessing")}
     # batch size = delta count / delta exec_count; the engine's = rows / steps
-    assert f["batch_size"] == {
+    assert f.batch_size == {
         "ensemble": 1.0,
         "preprocessing": 2.0,
         "gptj": 4.0,
         "postprocessing": 2.0,
     }
-    assert f["engine_batch_size"] == pytest.approx(6.0)
+    assert f.engine_batch_size == pytest.approx(6.0)
     # shares of the model stage's time, which is the engine's busy time (8 s), not Triton's
     # gptj compute_infer (40 ms of admission), which is reported beside it
-    assert f["compute_us"]["model"] == pytest.approx(8e6)
-    assert f["triton_model_compute_infer_us"] == 40_000
-    assert f["stage_share"]["preprocessing"] == pytest.approx(160_000 / 8e6)
-    assert f["stage_share"]["postprocessing"] == pytest.approx(80_000 / 8e6)
-    assert f["stage_share"]["model"] == pytest.approx(1.0)
+    assert f.compute_us["model"] == pytest.approx(8e6)
+    assert f.triton_model_compute_infer_us == 40_000
+    assert f.stage_share["preprocessing"] == pytest.approx(160_000 / 8e6)
+    assert f.stage_share["postprocessing"] == pytest.approx(80_000 / 8e6)
+    assert f.stage_share["model"] == pytest.approx(1.0)
     # queue share: the three stages' Triton queues and the engine's wait over request time
     queued = 10_000 + 20_000 + 30_000 + 2_000_000
-    assert f["queue_share"] == pytest.approx(queued / (200 * 500_000))
-    assert f["engine_busy"] == pytest.approx(0.8)
-    assert json.dumps(f)
+    assert f.queue_share == pytest.approx(queued / (200 * 500_000))
+    assert f.engine_busy == pytest.approx(0.8)
+    assert json.dumps(dataclasses.asdict(f))
 
 
 def test_the_original_reports_figures_come_out_of_the_same_arithmetic():
@@ -213,25 +221,25 @@ def test_the_original_reports_figures_come_out_of_the_same_arithmetic():
         ("codegen_engine_compute_duration_us_total", model): 6148437063.0,
     }
     f = window_figures(Deltas(values, 228.4))
-    assert f["rps"] == pytest.approx(1715, rel=0.01)
-    assert f["batch_size"][model] == pytest.approx(19.17, abs=0.01)
-    assert round(100 * f["stage_share"]["preprocessing"], 2) == 2.74
-    assert round(100 * f["stage_share"]["postprocessing"], 2) == 0.84
+    assert f.rps == pytest.approx(1715, rel=0.01)
+    assert f.batch_size[model] == pytest.approx(19.17, abs=0.01)
+    assert round(100 * f.stage_share["preprocessing"], 2) == 2.74
+    assert round(100 * f.stage_share["postprocessing"], 2) == 0.84
 
 
 def test_empty_window_gives_none_not_a_division_by_zero():
     f = window_figures(Deltas({}, 5.0))
-    assert f["rps"] == 0
-    assert f["batch_size"]["gptj"] is None
-    assert f["engine_batch_size"] is None
-    assert f["stage_share"]["preprocessing"] is None
-    assert f["queue_share"] is None
-    assert window_figures(Deltas({}, 0.0))["rps"] is None
+    assert f.rps == 0
+    assert f.batch_size["gptj"] is None
+    assert f.engine_batch_size is None
+    assert f.stage_share["preprocessing"] is None
+    assert f.queue_share is None
+    assert window_figures(Deltas({}, 0.0)).rps is None
 
 
 def test_agreement(window):
     direct = window_figures(window)
-    assert agreement(direct, direct, 0.01)["agree"]
+    assert agreement(direct, direct, 0.01).agree
     # 5% fewer requests in the same window: rates differ by 5%
     scaled = dict(window.values)
     for key in list(scaled):
@@ -239,19 +247,19 @@ def test_agreement(window):
             scaled[key] *= 0.95
     other = window_figures(Deltas(scaled, window.window_s))
     result = agreement(direct, other, 0.10)
-    assert result["agree"]
-    assert result["max_rel_diff"] == pytest.approx(0.05)
-    assert not agreement(direct, other, 0.04)["agree"]
+    assert result.agree
+    assert result.max_rel_diff == pytest.approx(0.05)
+    assert not agreement(direct, other, 0.04).agree
     # the stage shares are shown but do not decide
     shifted = dict(window.values)
     shifted[("nv_inference_compute_infer_duration_us_total", "preprocessing")] *= 3
     third = agreement(direct, window_figures(Deltas(shifted, window.window_s)), 0.01)
-    assert third["agree"]
-    share = next(r for r in third["figures"] if r["figure"] == "stage_share.preprocessing")
-    assert not share["strict"]
-    assert share["rel_diff"] == pytest.approx(2 / 3)
+    assert third.agree
+    share = next(r for r in third.figures if r.figure == "stage_share.preprocessing")
+    assert not share.strict
+    assert share.rel_diff == pytest.approx(2 / 3)
     # a figure missing on one side cannot agree
-    assert not agreement(direct, window_figures(Deltas({}, 10.0)), 1.0)["agree"]
+    assert not agreement(direct, window_figures(Deltas({}, 10.0)), 1.0).agree
 
 
 def test_relative_difference():
@@ -301,6 +309,45 @@ def test_prometheus_window_is_aligned_to_scrapes():
     assert params["time"] == "105.180"
     with pytest.raises(RuntimeError, match="scrape"):
         source.aligned_window(100.5, 101.0)
+
+
+def test_edge_tolerance_allows_one_wave_of_completions_at_each_edge():
+    assert edge_tolerance(0.10, users=4, requests=200) == pytest.approx(0.14)
+    assert edge_tolerance(0.10, users=4, requests=0) == pytest.approx(8.1)  # never / 0
+
+
+def test_excess_finds_counters_that_grew_more_in_the_inner_window(window):
+    inner = dict(window.values)
+    inner[("nv_inference_count_total", "gptj")] -= 10  # fewer: fine
+    assert excess(Deltas(inner, 9.0), window) == {}
+    inner[("nv_inference_count_total", "ensemble")] += 3
+    assert excess(Deltas(inner, 9.0), window) == {
+        "nv_inference_count_total{model=ensemble}": pytest.approx(3)
+    }
+
+
+def test_compare_reads_prometheus_over_the_aligned_window():
+    """compare(): Prometheus' increases over its scrape-aligned window, typed, against the
+    direct snapshots that bracket it."""
+    start, end = snapshot(START, 100.0), snapshot(END, 110.0)
+    direct = snapshot_deltas(start, end)
+    source = PromSource("http://127.0.0.1:9", instance="127.0.0.1:8002")
+    # Prometheus saw the same increases, minus one ensemble completion, over 8 of the 10 s
+    increases: dict[str, dict[str, float]] = {}
+    for (metric, model), value in direct.values.items():
+        exposed = metric.removesuffix("_total") if metric.startswith("nv_") else metric
+        increases.setdefault(exposed, {})[model] = value * 0.8
+    source.client = FakeClient([101.0 + i for i in range(9)], increases)
+    reading = compare(source, start, end, direct, relative_tolerance=0.10, users=4)
+    assert isinstance(reading, PromReading)
+    assert reading.window.scrapes == 9
+    assert reading.window.seconds == pytest.approx(8.0)
+    assert reading.window.direct_seconds == pytest.approx(10.0)
+    assert reading.figures.rps == pytest.approx(20.0)  # 0.8 x the requests in 0.8 x the time
+    assert reading.contained and reading.excess == {}
+    assert reading.agreement.agree
+    assert reading.agreement.tolerance == pytest.approx(0.10 + 2 * 4 / 200)
+    assert json.dumps(dataclasses.asdict(reading))
 
 
 def test_next_scrape_predicts_the_scrape_phase(monkeypatch):

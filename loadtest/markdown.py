@@ -1,0 +1,251 @@
+"""report.md: the original load test's format, from a typed :class:`RunResult`.
+
+The prose lives in ``loadtest/templates/report.md`` (``string.Template`` pieces); this module
+only formats the figures that fill it and picks the optional pieces.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+from string import Template
+
+from contract import metrics as names
+from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE, POSTPROCESSING_MODEL, PREPROCESSING_MODEL
+from loadtest.metrics import MODELS, sample_name
+from loadtest.results import (
+    RPS_LATENCY_CHART,
+    STAGE_SHARES_CHART,
+    LengthResult,
+    MachineInfo,
+    ModelInfo,
+    PromReading,
+    RunResult,
+    timeseries_chart,
+)
+
+TEMPLATES = Path(__file__).with_name("templates") / "report.md"
+PRE, POST = PREPROCESSING_MODEL, POSTPROCESSING_MODEL
+
+
+@cache
+def templates() -> dict[str, Template]:
+    """The pieces of the template file, by name (``<!-- template: NAME -->`` starts one)."""
+    parts = re.split(r"^<!-- template: (\w+) -->\n", TEMPLATES.read_text(), flags=re.MULTILINE)
+    names, bodies = parts[1::2], parts[2::2]  # parts[0]: the file's own comment
+    return {
+        name: Template(body.removesuffix("\n")) for name, body in zip(names, bodies, strict=True)
+    }
+
+
+def _fill(template: str, /, **values: object) -> str:
+    return templates()[template].substitute(values)
+
+
+def _f(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _pct(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{100 * value:.{digits}f}%"
+
+
+def render(result: RunResult) -> str:
+    run, s = result.run, result.run.settings
+    stream_setup = (
+        _fill("stream_setup", users=s.stream_users, seconds=f"{s.stream_duration_s:.0f}")
+        if s.stream_users
+        else _fill("no_stream_setup")
+    )
+    return (
+        _fill(
+            "report",
+            name=run.name,
+            started=run.started,
+            seconds=f"{run.seconds:.0f}",
+            command=run.command,
+            machine="\n".join(_machine_lines(run.machine, run.model)),
+            users=s.users,
+            protocol=s.protocol.upper(),
+            warmup=f"{s.warmup_s:.0f}",
+            duration=f"{s.duration_s:.0f}",
+            prompts=s.prompts,
+            prompt_seed=s.prompt_seed,
+            sampling=s.sampling,
+            stream_setup=stream_setup,
+            prometheus=run.prometheus,
+            lengths=" vs ".join(str(n) for n in s.lengths),
+            summary_table="\n".join(_summary_table(result.rows)),
+            rps_latency_chart=RPS_LATENCY_CHART,
+            stage_shares_chart=STAGE_SHARES_CHART,
+            length_sections="\n".join(
+                [*(_length_section(row) for row in result.rows), *_prometheus_section(result.rows)]
+            ),
+        )
+        + "\n"
+    )
+
+
+def _machine_lines(m: MachineInfo, model: ModelInfo) -> list[str]:
+    lines = [
+        f"- CPU: {m.cpu} ({m.cores} cores)",
+        f"- GPU: {m.gpu}",
+        f"- RAM: {m.memory_gib} GiB",
+        f"- OS: {m.os}; Python {m.python}, torch {m.torch}, Locust {m.locust}, "
+        f"tritonclient {m.tritonclient}",
+        f"- Triton Inference Server {model.triton_version or '?'} (CPU only)",
+    ]
+    c = model.checkpoint
+    if c:
+        lines.append(
+            f"- Model: `{c.name}` GPT-J, {c.layers} layers x {c.width} wide, {c.heads} heads, "
+            f"context {c.context}, vocabulary {c.vocab}, {(c.parameters or 0) / 1e6:.2f}M "
+            f"parameters (held-out loss {c.held_out_loss})"
+        )
+    if model.stage_parameters:
+        lines.append(
+            f"- Model stage `{MODEL_STAGE}`: continuous-batching engine, "
+            + ", ".join(
+                f"{k}={v}"
+                for k, v in sorted(model.stage_parameters.items())
+                if k != "checkpoint_path"
+            )
+        )
+    return lines
+
+
+def _summary_table(rows: list[LengthResult]) -> list[str]:
+    head = (
+        "| output len | requests | RPS | mean ms | p50 | p90 | p95 | p99 | failures | tokens/s "
+        "| tokens/req | batch pre / gptj / post | engine batch | pre % of model | post % of model "
+        "| queue share |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        lat, b, s = r.latency_ms, r.batch_size, r.stage_share
+        lines.append(
+            f"| {r.output_len} | {r.requests} | {_f(r.rps, 2)} | {_f(lat.mean, 0)} "
+            f"| {_f(lat.p50, 0)} | {_f(lat.p90, 0)} | {_f(lat.p95, 0)} "
+            f"| {_f(lat.p99, 0)} | {r.failures} | {_f(r.tokens_per_s, 0)} "
+            f"| {_f(r.tokens_per_request, 1)} | {_f(b[PRE], 2)} / {_f(b[MODEL_STAGE], 2)} / "
+            f"{_f(b[POST], 2)} | {_f(r.engine_batch_size, 1)} | {_pct(s[PRE])} "
+            f"| {_pct(s[POST])} | {_pct(r.queue_share)} |"
+        )
+    return lines
+
+
+def _metric_listing(row: LengthResult) -> list[str]:
+    """The seed's metric listing, as increases over the measured window."""
+    lines = []
+    for metric in (names.INFERENCE_COUNT, names.EXEC_COUNT, names.COMPUTE_INFER_DURATION_US):
+        for model in MODELS:
+            lines.append(
+                f'{metric}{{model="{model}"}} {row.increase(sample_name(metric), model):.0f}'
+            )
+        lines.append("")
+    for metric in (
+        names.ENGINE_COMPUTE_DURATION_US,
+        names.ENGINE_STEPS,
+        names.ENGINE_STEP_ROWS,
+        names.ENGINE_GENERATED_TOKENS,
+    ):
+        value = row.increase(sample_name(metric), MODEL_STAGE)
+        lines.append(f'{metric}{{model="{MODEL_STAGE}"}} {value:.0f}')
+    return lines
+
+
+def _busy(row: LengthResult, stage: str) -> str:
+    share = row.busy_share.get(stage)
+    return "" if share is None else _fill("busy", share=_pct(share))
+
+
+def _length_section(row: LengthResult) -> str:
+    lat, t, s = row.latency_ms, row.triton, row.stage_share
+    gptj_batch = t.batch_size[MODEL_STAGE]
+    optional = []
+    if row.failures:
+        optional.append(_fill("failures", failures=row.failures, errors=row.locust.errors))
+    stream = row.stream
+    if stream and stream.ttft.requests:
+        ttft, itl = stream.ttft.latency_ms, stream.inter_token.latency_ms
+        optional.append(
+            _fill(
+                "stream",
+                users=stream.users,
+                ttft_mean=_f(ttft.mean, 0),
+                ttft_p95=_f(ttft.p95, 0),
+                itl_mean=_f(itl.mean, 1),
+                itl_p95=_f(itl.p95, 0),
+                gaps=stream.inter_token.requests,
+            )
+        )
+    if isinstance(row.prometheus, PromReading):
+        agreement = row.prometheus.agreement
+        optional.append(
+            _fill(
+                "agreement",
+                max_rel_diff=_pct(agreement.max_rel_diff, 1),
+                tolerance=_pct(agreement.tolerance, 1),
+            )
+        )
+    return _fill(
+        "length",
+        output_len=row.output_len,
+        chart=timeseries_chart(row.output_len),
+        metric_listing="\n".join(_metric_listing(row)),
+        rps=_f(row.rps, 2),
+        requests=row.requests,
+        window_s=_f(row.window_s, 1),
+        triton_requests=f"{t.counts[ENSEMBLE_MODEL]:.0f}",
+        mean=_f(lat.mean, 0),
+        p50=_f(lat.p50, 0),
+        p95=_f(lat.p95, 0),
+        p99=_f(lat.p99, 0),
+        triton_mean=_f(t.mean_request_ms, 0),
+        tokens_per_s=_f(row.tokens_per_s, 0),
+        tokens_per_request=_f(row.tokens_per_request, 1),
+        batch_pre=_f(t.batch_size[PRE], 2),
+        batch_gptj=_f(gptj_batch, 2),
+        gptj_requests=f"{t.counts[MODEL_STAGE]:.0f}",
+        gptj_executions=f"{t.counts[MODEL_STAGE] / gptj_batch if gptj_batch else 0:.0f}",
+        batch_post=_f(t.batch_size[POST], 2),
+        engine_batch=_f(row.engine_batch_size, 1),
+        pre_share=_pct(s[PRE]),
+        pre_busy=_busy(row, PRE),
+        post_share=_pct(s[POST]),
+        post_busy=_busy(row, POST),
+        queue_share=_pct(row.queue_share),
+        engine_busy=_pct(t.engine_busy, 0),
+        optional="".join(f"\n{line}" for line in optional),
+    )
+
+
+def _prometheus_section(rows: list[LengthResult]) -> list[str]:
+    """The comparison with Prometheus, when there was one; a list of none or one section."""
+    readings = [(r, r.prometheus) for r in rows if isinstance(r.prometheus, PromReading)]
+    if not readings:
+        return []
+    blocks = []
+    for row, prom in readings:
+        w, a = prom.window, prom.agreement
+        table = [
+            f"| {f.label if f.strict else f'{f.label} (shown, not decisive)'} "
+            f"| {_f(f.direct, 4)} | {_f(f.other, 4)} | {_pct(f.rel_diff, 1)} |"
+            for f in a.figures
+        ]
+        blocks.append(
+            _fill(
+                "prometheus_length",
+                output_len=row.output_len,
+                seconds=f"{w.seconds:.1f}",
+                scrapes=w.scrapes,
+                direct_seconds=f"{w.direct_seconds:.1f}",
+                verdict="agree" if a.agree else "DISAGREE",
+                max_rel_diff=_pct(a.max_rel_diff, 1),
+                tolerance=_pct(a.tolerance, 1),
+                contained="contained" if prom.contained else f"NOT contained: {prom.excess}",
+                table="\n".join(table),
+            )
+        )
+    return [_fill("prometheus", lengths="\n\n".join(blocks)) + "\n"]
