@@ -6,6 +6,8 @@ The unary model stage (``gptj``) and the streaming model (``ensemble_stream``) b
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +45,7 @@ class EngineMetrics:
         self.m[names.ENGINE_STEP_ROWS].increment(rows)
         self.m[names.ENGINE_COMPUTE_DURATION_US].increment(seconds * 1e6)
         self.m[names.ENGINE_PROMPT_TOKENS].increment(prompt_tokens)
+        self.m[names.ENGINE_LAST_STEP].set(time.time())
         if self.engine is not None:
             self.m[names.ENGINE_RUNNING].set(self.engine.running)
 
@@ -92,6 +95,7 @@ def start_engine(args: dict) -> Stage:
     )
     metrics.engine = engine
     engine.start()
+    threading.Thread(target=_exit_if_engine_dies, args=(engine,), daemon=True).start()
     cfg = model.config
     pb_utils.Logger.log_info(
         f"{args['model_name']}: serving {checkpoint.resolve()} ({cfg.n_layer} layers, "
@@ -101,6 +105,17 @@ def start_engine(args: dict) -> Stage:
 
 
 # request -> (its rows, whether log probs were asked for)
+def _exit_if_engine_dies(engine: Engine, every: float = 1.0) -> None:
+    """An engine whose worker thread ended can answer nothing: end the stub with it, so that
+    the launcher's watchdog stops the server and a supervisor starts a healthy one, rather than
+    leave a server that says ready and hangs every request."""
+    while True:
+        time.sleep(every)
+        if not engine.alive and not engine.stopping:
+            pb_utils.Logger.log_error("the engine's worker thread ended: exiting this stub")
+            os._exit(70)  # EX_SOFTWARE
+
+
 Parse = Callable[[object], tuple[list[GenerationRequest], bool]]
 # (response sender, rows, log probs?) -> one listener per row
 Listeners = Callable[[object, list[GenerationRequest], bool], Sequence[Listener]]

@@ -68,8 +68,10 @@ def render() -> str:
         f"- prompt: at most {options.MAX_PROMPT_BYTES:,} bytes of UTF-8",
         f"- stop or bad words: at most {options.MAX_WORDS_PER_LIST} per prompt, "
         f"{options.MAX_TOKENS_PER_WORD} tokens each",
-        "- `runtime_top_p` in [0, 1]; `temperature` >= 0 and finite; `repetition_penalty` > 0 "
-        "and finite; `random_seed` in [0, 2**64)",
+        "- `runtime_top_p` in [0, 1]; `temperature` 0 (greedy) or in "
+        f"[{options.MIN_TEMPERATURE}, inf); `repetition_penalty` in "
+        f"[{options.REPETITION_PENALTY_RANGE[0]}, {options.REPETITION_PENALTY_RANGE[1]}]; "
+        "`random_seed` in [0, 2**64); non-finite values are refused",
         "- prompt + `request_output_len` within the model's context",
     ]
     return "\n".join(lines) + "\n"

@@ -30,6 +30,7 @@ ENGINE_STEP_ROWS = "codegen_engine_step_rows_total"
 ENGINE_PROMPT_TOKENS = "codegen_engine_prompt_tokens_total"
 ENGINE_GENERATED_TOKENS = "codegen_engine_generated_tokens_total"
 ENGINE_RUNNING = "codegen_engine_running_sequences"
+ENGINE_LAST_STEP = "codegen_engine_last_step_timestamp_seconds"
 
 ENGINE_METRIC_HELP = {
     ENGINE_REQUESTS: "Sequences finished by the generation engine",
@@ -42,4 +43,8 @@ ENGINE_METRIC_HELP = {
     ENGINE_PROMPT_TOKENS: "Prompt tokens prefilled",
     ENGINE_GENERATED_TOKENS: "Tokens generated",
 }
-ENGINE_GAUGE_HELP = {ENGINE_RUNNING: "Sequences currently running in the engine"}
+ENGINE_GAUGE_HELP = {
+    ENGINE_RUNNING: "Sequences currently running in the engine",
+    # time() - this, while sequences are running, is how long the engine has been stuck
+    ENGINE_LAST_STEP: "Unix time at which the engine finished its last forward pass",
+}

@@ -13,6 +13,10 @@ from dataclasses import dataclass
 
 DEFAULT_MAX_TOKENS = 64  # request_output_len a client sends when none is given
 MAX_SEED = 2**64  # random_seed is a uint64
+# Sampling values past these overflow float32 logits (a positive temperature of 1e-30 turns
+# them into inf), so they are refused up front; temperature 0 is greedy search.
+MIN_TEMPERATURE = 1e-3
+REPETITION_PENALTY_RANGE = (1e-2, 1e2)
 # Input caps, checked before any work is done, so a hostile request costs next to nothing.
 MAX_PROMPT_BYTES = 256 * 1024  # far above any model's context in text
 MAX_WORDS_PER_LIST = 64  # stop or bad words per prompt
@@ -42,9 +46,20 @@ class SamplingParams:
             raise InvalidRequestError(
                 f"temperature must be >= 0 and finite, got {self.temperature}"
             )
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            raise InvalidRequestError(
+                f"temperature {self.temperature} is too small to sample with (it overflows the "
+                f"logits): use 0 for greedy search, or at least {MIN_TEMPERATURE}"
+            )
         if not (self.repetition_penalty > 0.0 and math.isfinite(self.repetition_penalty)):
             raise InvalidRequestError(
                 "repetition_penalty must be > 0 and finite (1.0 = none), got "
+                f"{self.repetition_penalty}"
+            )
+        low, high = REPETITION_PENALTY_RANGE
+        if not low <= self.repetition_penalty <= high:
+            raise InvalidRequestError(
+                f"repetition_penalty must be in [{low}, {high}] (1.0 = none), got "
                 f"{self.repetition_penalty}"
             )
         if self.seed is not None and not 0 <= self.seed < MAX_SEED:

@@ -209,6 +209,15 @@ class Engine:
     def running(self) -> int:
         return len(self._running)
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def alive(self) -> bool:
+        """Whether the worker thread is running (false before start and after stop)."""
+        return self._thread is not None and self._thread.is_alive()
+
     # -- worker -------------------------------------------------------------------------------
 
     def _loop(self) -> None:

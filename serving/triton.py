@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from serving.paths import MODEL_REPOSITORY, TRITON_WORKDIR, checkpoint_dir
 from serving.process import ManagedServer, port_in_use
 
@@ -256,17 +258,70 @@ def main(argv: list[str] | None = None) -> int:
         ),
         flush=True,
     )
-    return _wait_for_exit(server, stopping)
+    return _wait_for_exit(server, stopping, stubs=model_stubs(server.process.pid))
 
 
-def _wait_for_exit(server: TritonServer, stopping: list[float], grace: float = 60.0) -> int:
+STUB_EXIT_CODE = 3  # the launcher's exit code when a model's stub died
+
+
+def model_stubs(server_pid: int) -> dict[int, str]:
+    """The python-backend stub processes of a running tritonserver: pid -> model name.
+
+    A stub's command line holds its model's path (``<repository>/<model>/<version>/model.py``).
+    """
+    stubs = {}
+    for child in psutil.Process(server_pid).children():
+        try:
+            command = child.cmdline()
+        except psutil.Error:
+            continue
+        if command and command[0].endswith("triton_python_backend_stub") and len(command) > 1:
+            stubs[child.pid] = Path(command[1]).parent.parent.name
+    return stubs
+
+
+def _dead_stub(stubs: dict[int, str]) -> str | None:
+    for pid, model in stubs.items():
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.NoSuchProcess:
+            pass
+        return model
+    return None
+
+
+def _wait_for_exit(
+    server: TritonServer,
+    stopping: list[float],
+    grace: float = 60.0,
+    stubs: dict[int, str] | None = None,
+) -> int:
     """Poll (rather than block in wait(), which a signal handler could deadlock) until the
-    server exits; kill it if it outlives ``grace`` seconds after a stop signal."""
+    server exits; kill it if it outlives ``grace`` seconds after a stop signal.
+
+    Triton 2.51 neither restarts a model's python-backend stub that died nor stops saying
+    ready, so the launcher watches the stubs: when one dies (a crash, the OOM killer, an engine
+    that failed for good and exited), it stops the server and exits with STUB_EXIT_CODE, so that
+    a supervisor (Kubernetes, compose's restart policy, systemd) starts a healthy one.
+    """
+    died = None
     while server.process.poll() is None:
         time.sleep(0.2)
+        if stubs and not stopping and (died := _dead_stub(stubs)):
+            print(
+                f"the {died!r} model's python-backend stub died: stopping tritonserver so that "
+                "a supervisor restarts it (see the log above for why it died)",
+                file=sys.stderr,
+                flush=True,
+            )
+            stopping.append(time.monotonic())
+            server.process.send_signal(signal.SIGINT)
         if stopping and time.monotonic() - stopping[0] > grace:
             print(f"tritonserver still running {grace:.0f}s after the signal: killing it")
             server.process.kill()
+    if died:
+        return STUB_EXIT_CODE
     code = server.process.returncode
     return 0 if stopping and code in (0, -signal.SIGINT, -signal.SIGKILL) else code
 

@@ -1,7 +1,7 @@
 """Every metric name the deployment files query: Grafana dashboard, alert rules, HPA adapter rule.
 
 ``referenced_metric_names()`` is what an integration test compares with a live scrape of
-Triton's metrics port; ``TRITON_METRICS`` is the list Triton is known to export.
+Triton's metrics port; ``TRITON_METRICS`` is what the server exports.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from contract import metrics as names
 from serving.paths import REPO_ROOT
 
 DASHBOARD = REPO_ROOT / "docker" / "grafana" / "dashboards" / "triton.json"
@@ -20,18 +21,21 @@ ALERTS = REPO_ROOT / "docker" / "prometheus" / "alerts.yml"
 ADAPTER_RULES = REPO_ROOT / "k8s" / "prometheus-adapter" / "rules.yaml"
 ADAPTER_VALUES = REPO_ROOT / "k8s" / "prometheus-adapter" / "values.yaml"
 
+# Everything the server exports: Triton's own per-model families and the engine's.
 TRITON_METRICS = frozenset(
     {
-        "nv_inference_count",
-        "nv_inference_exec_count",
-        "nv_inference_request_duration_us",
-        "nv_inference_queue_duration_us",
-        "nv_inference_compute_input_duration_us",
-        "nv_inference_compute_infer_duration_us",
-        "nv_inference_compute_output_duration_us",
-        "nv_inference_request_success",
-        "nv_inference_request_failure",
-        "nv_inference_pending_request_count",
+        names.INFERENCE_COUNT,
+        names.EXEC_COUNT,
+        names.REQUEST_DURATION_US,
+        names.QUEUE_DURATION_US,
+        names.COMPUTE_INPUT_DURATION_US,
+        names.COMPUTE_INFER_DURATION_US,
+        names.COMPUTE_OUTPUT_DURATION_US,
+        names.REQUEST_SUCCESS,
+        names.REQUEST_FAILURE,
+        names.PENDING_REQUEST_COUNT,
+        *names.ENGINE_METRIC_HELP,
+        *names.ENGINE_GAUGE_HELP,
     }
 )
 

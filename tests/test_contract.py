@@ -97,6 +97,17 @@ def test_non_finite_options_are_refused_naming_the_option(option, value):
         SamplingParams(**{option: value})
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [("temperature", 1e-30, "too small to sample with"),
+     ("repetition_penalty", 1e-30, r"must be in \[0.01, 100.0\]"),
+     ("repetition_penalty", 1e30, r"must be in \[0.01, 100.0\]")],
+)  # fmt: skip
+def test_values_that_would_overflow_are_refused(option, value, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        SamplingParams(**{option: value})
+
+
 @pytest.mark.parametrize("model", [*STAGES, STREAM_MODEL])
 def test_every_queue_is_bounded_and_rejects_when_full(model):
     policy = load_config(model).dynamic_batching.default_queue_policy

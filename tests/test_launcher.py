@@ -11,11 +11,15 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 import pytest
 
 from serving.process import port_in_use
+from serving.triton import STUB_EXIT_CODE, model_stubs
 from tests.conftest import free_ports
 
 
@@ -28,7 +32,7 @@ def loopback(ip: str) -> bool:
 def wait_ready(url: str, launcher: subprocess.Popen, timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert launcher.poll() is None, launcher.stdout.read().decode()[-3000:]
+        assert launcher.poll() is None, f"the launcher exited: {launcher.args}"
         try:
             with urllib.request.urlopen(url, timeout=2) as answer:
                 if answer.status == 200:
@@ -38,31 +42,68 @@ def wait_ready(url: str, launcher: subprocess.Popen, timeout: float = 240) -> No
     pytest.fail(f"{url} not ready after {timeout}s")
 
 
-def test_sigkilled_launcher_leaves_no_server_and_frees_its_ports(model_repository, tmp_path):
-    http, grpc, metrics = free_ports(3)
+@dataclass
+class Launched:
+    launcher: subprocess.Popen
+    ports: list[int]
+    server: psutil.Process
+    family: list[psutil.Process]  # tritonserver and its python-backend stubs
+
+    def assert_all_gone(self, timeout: float) -> None:
+        _, alive = psutil.wait_procs(self.family, timeout=timeout)
+        assert not alive, f"outlived the launcher: {[(p.pid, p.name()) for p in alive]}"
+        assert not any(port_in_use(port) for port in self.ports)
+
+
+@contextlib.contextmanager
+def launched(model_repository, log: Path) -> Iterator[Launched]:
+    """`python -m serving.triton` on free ports, ready; whatever happens, nothing is left.
+
+    Its output goes to a file: a pipe nobody reads would fill and block the server."""
+    ports = free_ports(3)
+    http, grpc, metrics = (str(port) for port in ports)
     launcher = subprocess.Popen(
         [sys.executable, "-m", "serving.triton", "--model-repository", str(model_repository),
-         "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+         "--http-port", http, "--grpc-port", grpc, "--metrics-port", metrics],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     family: list[psutil.Process] = []
     try:
         wait_ready(f"http://127.0.0.1:{http}/v2/health/ready", launcher)
         server = psutil.Process(launcher.pid).children()[0]
         family += [server, *server.children(recursive=True)]
-        assert server.name() == "tritonserver"
-        assert any("triton_python_backend_stub" in " ".join(p.cmdline()) for p in family[1:])
-        listening = {
-            c.laddr for c in server.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN
-        }
-        assert len(listening) == 3 and all(loopback(addr.ip) for addr in listening), listening
-
-        os.kill(launcher.pid, signal.SIGKILL)
-        launcher.wait(timeout=10)
-        _, alive = psutil.wait_procs(family, timeout=60)
-        assert not alive, f"outlived the launcher: {[(p.pid, p.name()) for p in alive]}"
-        assert not any(port_in_use(port) for port in (http, grpc, metrics))
-    finally:  # whatever failed, leave nothing of this test's server behind
+        yield Launched(launcher, ports, server, family)
+    finally:
         for process in [launcher, *family]:
             with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
                 process.kill()
+
+
+def test_sigkilled_launcher_leaves_no_server_and_frees_its_ports(model_repository, tmp_path):
+    with launched(model_repository, tmp_path / "launcher.log") as run:
+        assert run.server.name() == "tritonserver"
+        assert any("triton_python_backend_stub" in " ".join(p.cmdline()) for p in run.family)
+        listening = {
+            c.laddr
+            for c in run.server.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN
+        }
+        assert len(listening) == 3 and all(loopback(addr.ip) for addr in listening), listening
+
+        os.kill(run.launcher.pid, signal.SIGKILL)
+        run.launcher.wait(timeout=10)
+        run.assert_all_gone(timeout=60)
+
+
+def test_a_dead_model_stub_stops_the_server_so_a_supervisor_restarts_it(model_repository, tmp_path):
+    """Triton 2.51 keeps saying ready when a stub dies; the launcher must not."""
+    log = tmp_path / "launcher.log"
+    with launched(model_repository, log) as run:
+        stubs = model_stubs(run.server.pid)
+        assert set(stubs.values()) >= {"gptj", "preprocessing", "postprocessing"}, stubs
+        gptj = next(pid for pid, model in stubs.items() if model == "gptj")
+
+        os.kill(gptj, signal.SIGKILL)
+        assert run.launcher.wait(timeout=120) == STUB_EXIT_CODE
+        assert "the 'gptj' model's python-backend stub died" in log.read_text()
+        run.assert_all_gone(timeout=30)
