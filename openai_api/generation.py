@@ -7,16 +7,15 @@ counts:
   decoupled ``ensemble_stream``. Every piece says how many tokens it carries, so the counts are
   the server's own; a stop sequence found in the text, or a client that leaves, cancels the
   gRPC stream and the engine drops the sequence.
-- **Unary** (``stream: false``): the ``ensemble`` pipeline, exactly what gRPC and HTTP clients
-  use, so the load test measures only this layer's overhead. The ensemble returns
-  ``sequence_length`` (prompt + generated tokens); the prompt's own length comes from the served
-  checkpoint's tokenizer, loaded the way ``preprocessing`` loads it, and checked once against a
-  streamed request (the server's own count) before it is trusted.
+- **Unary** (``stream: false`` and no stop sequences): the ``ensemble`` pipeline, exactly what
+  gRPC and HTTP clients use, so the load test measures only this layer's overhead. The
+  ensemble returns ``sequence_length`` (prompt + generated tokens); the prompt's own length
+  comes from the served checkpoint's tokenizer, loaded the way ``preprocessing`` loads it,
+  and checked once against a streamed request (the server's own count) before it is trusted.
 
-OpenAI stop sequences are matched on text here and cut from the output. They are also sent to
-the engine as stop words, which it matches on tokens and stops on at once; a sequence the model
-spells with other tokens is still found in the text (a stream is then cancelled; a unary request
-has already run to its end, and its usage counts every token generated).
+OpenAI stop sequences are matched on text here and cut from the output, and the stream is then
+cancelled. They are also sent to the engine as stop words, which it matches on tokens; the text
+match also finds a sequence that the model spells with other tokens or that spans two pieces.
 """
 
 from __future__ import annotations
@@ -86,12 +85,6 @@ class StopMatcher:
     def flush(self) -> str:
         held, self.held = self.held, ""
         return held
-
-
-def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
-    """``text`` up to the first stop sequence, and whether one was found."""
-    hits = [i for i in (text.find(stop) for stop in stops) if i >= 0]
-    return (text[: min(hits)], True) if hits else (text, False)
 
 
 class ChoiceStream(Iterator[str]):
@@ -266,19 +259,20 @@ class Backend:
         return ChoiceStream(self.client().open_stream(request), stops, request.max_tokens)
 
     def complete(self, request: CompletionRequest, stops: Sequence[str]) -> ChoiceResult:
-        """One choice, whole: unary when prompt tokens can be counted exactly, else streamed."""
+        """One choice, whole: unary when prompt tokens can be counted exactly and no stop
+        sequence is asked for; else streamed, which stops at a stop sequence found in the text
+        even where the engine's token match misses it."""
         client = self.client()
-        if not self.counter.usable(client):
+        if stops or not self.counter.usable(client):
             return self.open_stream(request, stops).drain()
         (done,) = client.send(request)
         prompt_tokens = self.counter.count(request.prompts[0])
         generated = done.total_tokens - prompt_tokens
-        text, stopped = cut_at_stop(done.completion, stops)
         log_probs = done.log_probs[:generated] if done.log_probs is not None else None
         return ChoiceResult(
-            text=text,
+            text=done.completion,
             prompt_tokens=prompt_tokens,
             completion_tokens=generated,
-            finish_reason=finish_reason(stopped, generated, request.max_tokens),
+            finish_reason=finish_reason(False, generated, request.max_tokens),
             log_probs=log_probs,
         )
