@@ -40,7 +40,7 @@ from locust.stats import PERCENTILES_TO_REPORT, StatsCSV, StatsCSVFileWriter, St
 
 from client.contract import ENSEMBLE_MODEL, MODEL_STAGE, STREAM_MODEL
 from engine import metrics as names
-from loadtest import locustfile
+from loadtest import locustfile, openai_protocol
 from loadtest.metrics import (
     Deltas,
     Snapshot,
@@ -104,6 +104,7 @@ class SweepConfig:
     model_repository: Path
     progress_every: float
     drain_timeout: float = 180.0
+    api_url: str | None = None  # PROTOCOL=openai: the API the sweep started (its users' host)
 
     @property
     def http_url(self) -> str:
@@ -116,7 +117,7 @@ def parse_args(argv: list[str] | None = None) -> SweepConfig:
     parser.add_argument("--users", type=int, help=f"concurrent users ({DEFAULTS['users']})")
     parser.add_argument("--duration", type=float, help="measured seconds per length (100)")
     parser.add_argument("--warmup", type=float, help="warm-up seconds per length (12)")
-    parser.add_argument("--protocol", choices=("http", "grpc"), default="http")
+    parser.add_argument("--protocol", choices=("http", "grpc", "openai"), default="http")
     parser.add_argument("--host", default="localhost:8000", help="Triton's HTTP host:port")
     parser.add_argument("--grpc-url", help="Triton's gRPC host:port (default: HTTP port + 1)")
     parser.add_argument("--metrics-url", help="Triton's metrics URL (default: HTTP port + 2)")
@@ -401,6 +402,8 @@ class Sweep:
     def _user_class(self) -> type:
         if self.config.protocol == "grpc":
             return locustfile.GrpcEnsembleUser
+        if self.config.protocol == "openai":
+            return openai_protocol.OpenAIUser
         return locustfile.HttpEnsembleUser
 
     def _options(self, length: int) -> argparse.Namespace:
@@ -465,7 +468,7 @@ class Sweep:
             locustfile.http_bodies(settings)
 
         env = Environment(
-            user_classes=[self._user_class()], host=c.http_url, parsed_options=options
+            user_classes=[self._user_class()], host=c.api_url or c.http_url, parsed_options=options
         )
         recorder = Recorder()
         env.events.request.add_listener(recorder)
@@ -729,7 +732,12 @@ def main(argv: list[str] | None = None) -> int:
     log(f"run folder {config.out}")
     server = ensure_server(config)
     private_prom: PrometheusServer | None = None
+    api: openai_protocol.ApiProcess | None = None
     try:
+        if config.protocol == "openai":
+            api, address = openai_protocol.start_api(config.grpc_url, config.out)
+            config.api_url = f"http://{address}"
+            log(f"OpenAI-compatible API at {config.api_url} in front of {config.grpc_url}")
         if not model_ready(config, ENSEMBLE_MODEL):
             raise SystemExit(f"the `{ENSEMBLE_MODEL}` model is not ready at {config.host}")
         stream = config.stream_users > 0 and config.stream_duration > 0
@@ -780,6 +788,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"done in {_duration(time.time() - started)}: {config.out / 'report.md'}")
         return 0
     finally:
+        if api is not None:
+            api.stop()
         if private_prom is not None:
             private_prom.stop()
             shutil.rmtree(private_prom.directory, ignore_errors=True)

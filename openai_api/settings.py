@@ -32,10 +32,16 @@ class Settings:
 
     @classmethod
     def from_environment(cls, **overrides: object) -> Settings:
-        """Defaults from CODEGEN_API_KEY and TRITON_URL, then ``overrides`` (None = keep)."""
+        """Defaults from TRITON_URL and CODEGEN_API_KEY (or a file named by
+        CODEGEN_API_KEY_FILE, as Kubernetes mounts a Secret; an absent file means no key), then
+        ``overrides`` (None = keep)."""
+        key = os.environ.get(API_KEY_VARIABLE) or None
+        key_file = os.environ.get(API_KEY_VARIABLE + "_FILE")
+        if key is None and key_file and Path(key_file).is_file():
+            key = Path(key_file).read_text().strip() or None
         values: dict[str, object] = {
             "triton_url": os.environ.get("TRITON_URL") or cls.triton_url,
-            "api_key": os.environ.get(API_KEY_VARIABLE) or None,
+            "api_key": key,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
