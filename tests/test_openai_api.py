@@ -355,32 +355,44 @@ def test_a_missing_or_wrong_key_is_a_401(strict_api):
 
 
 def test_overloaded_is_a_503(strict_api):
+    """One request in flight (the limit): the next is refused at once with 503."""
     headers = {"Authorization": "Bearer test-secret"}
-    body = {"model": "ensemble", "prompt": PROMPT, "max_tokens": 400, "stream": True}
-    with httpx.stream(
-        "POST", f"{strict_api.url}/v1/completions", json=body, headers=headers, timeout=60
-    ) as busy:
-        assert busy.status_code == 200
-        next(busy.iter_lines())  # the one slot is taken while this stream runs
-        response = httpx.post(
-            f"{strict_api.url}/v1/completions", json=body | {"stream": False}, headers=headers
+    body = {"model": "ensemble", "prompt": PROMPT, "max_tokens": 480}
+    slots = strict_api.server.config.app.state.slots
+    for _attempt in range(5):
+        busy = threading.Thread(
+            target=httpx.post,
+            args=(f"{strict_api.url}/v1/completions",),
+            kwargs={"json": body, "headers": headers, "timeout": 120},
         )
-    assert response.status_code == 503
+        busy.start()
+        deadline = time.monotonic() + 10
+        while slots.in_use == 0 and busy.is_alive():
+            assert time.monotonic() < deadline, "the first request never started"
+            time.sleep(0.005)
+        response = httpx.post(
+            f"{strict_api.url}/v1/completions",
+            json=body | {"max_tokens": 1},
+            headers=headers,
+            timeout=120,
+        )
+        still_busy = busy.is_alive()
+        busy.join()
+        if still_busy:  # else the first one finished first: try again
+            break
+    assert still_busy, "the first request always finished before the second came"
+    assert response.status_code == 503, response.text
     assert response.json()["error"]["code"] == "overloaded"
     assert "retry later" in response.json()["error"]["message"]
     assert response.headers["retry-after"] == "1"
-    # the slot is given back when the stream ends
-    deadline = time.monotonic() + 30
-    while (
-        httpx.post(
-            f"{strict_api.url}/v1/completions",
-            json=body | {"max_tokens": 2, "stream": False},
-            headers=headers,
-        ).status_code
-        == 503
-    ):
-        assert time.monotonic() < deadline, "the slot was never released"
-        time.sleep(0.2)
+    assert slots.in_use == 0  # given back
+    again = httpx.post(
+        f"{strict_api.url}/v1/completions",
+        json=body | {"max_tokens": 2},
+        headers=headers,
+        timeout=120,
+    )
+    assert again.status_code == 200
 
 
 def test_triton_down_is_a_503(down_api):
@@ -406,9 +418,8 @@ def test_a_client_that_leaves_a_stream_stops_its_generation(server, api):
     body = {"model": "ensemble", "prompt": PROMPT, "max_tokens": asked, "stream": True}
     with httpx.stream("POST", f"{api.url}/v1/completions", json=body, timeout=60) as response:
         assert response.status_code == 200
-        events = response.iter_lines()
-        received = [line for line in events if line][:1]
-        received += [next(line for line in events if line)]
+        events = (line for line in response.iter_lines() if line)
+        received = [next(events), next(events)]
         assert all(line.startswith("data: {") for line in received)
     deadline = time.monotonic() + 30
     while (
