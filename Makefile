@@ -17,7 +17,8 @@ MODEL ?=
 ENGINE ?= python
 TP ?= 1
 DTYPE ?= fp16
-# make loadtest: LENGTHS=8,32,128,512 USERS=16 DURATION=100 (s per length), PROTOCOL=http|grpc,
+# make loadtest: LENGTHS=8,32,128,512 USERS=16 DURATION=100 (s per length), PROTOCOL=http|grpc|openai
+# (openai: through the OpenAI-compatible API, which the sweep starts on a free port),
 # HOST=host:port (Triton's HTTP endpoint), QUICK=1 (~1 min); unset = the sweep's own defaults
 LENGTHS ?=
 USERS ?=
@@ -26,9 +27,15 @@ PROTOCOL ?= http
 HOST ?= 127.0.0.1:$(HTTP_PORT)
 QUICK ?=
 PROMETHEUS_PORT ?= 9090
+# make api: the OpenAI-compatible API (openai_api/) on API_HOST:API_PORT in front of Triton's gRPC
+# endpoint TRITON_URL; a Triton is started first when none answers there. CODEGEN_API_KEY=<key>
+# requires `Authorization: Bearer <key>`.
+API_HOST ?= 127.0.0.1
+API_PORT ?= 8080
+TRITON_URL ?= localhost:$(GRPC_PORT)
 
 .PHONY: help setup setup-dev model triton test lint format clean k8s docker-lint scan \
-	loadtest prometheus prometheus-install
+	loadtest prometheus prometheus-install api
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -44,6 +51,7 @@ $(VENV)/.setup-dev: $(VENV)/.setup
 	$(BIN)/pip install --disable-pip-version-check -e '.[dev]'
 	PYTHON=$(PYTHON) bash scripts/setup-scan-venv.sh
 	bash scripts/install-prometheus.sh
+	bash scripts/install-chromium.sh
 	touch $@
 
 setup: $(VENV)/.setup  ## virtual environment in .venv with the server, engine and client
@@ -64,6 +72,10 @@ endif
 triton: model  ## start Triton on model_repository/ (HTTP 8000, gRPC 8001, metrics 8002)
 	$(BIN)/python -m serving.triton --model-repository model_repository --address $(TRITON_ADDRESS) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
+api: model  ## OpenAI-compatible API + playground on 127.0.0.1:8080 (starts Triton if none answers)
+	$(BIN)/python -m openai_api --host $(API_HOST) --port $(API_PORT) --triton $(TRITON_URL) \
+		--start-triton --triton-http-port $(HTTP_PORT) --triton-metrics-port $(METRICS_PORT)
 
 test: setup-dev  ## unit and integration tests (start their own server on a tiny model)
 	$(BIN)/python -m pytest
@@ -91,6 +103,7 @@ k8s: setup  ## render the Kubernetes overlays into build/k8s/
 	mkdir -p build/k8s
 	for overlay in cpu gpu; do kubectl kustomize k8s/overlays/$$overlay > build/k8s/$$overlay.yaml; done
 	kubectl kustomize k8s/prometheus-adapter > build/k8s/prometheus-adapter.yaml
+	kubectl kustomize k8s/base/api > build/k8s/openai-api.yaml
 	@echo "rendered: $$(ls build/k8s)"
 
 docker-lint: setup-dev  ## hadolint every Dockerfile

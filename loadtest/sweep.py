@@ -168,7 +168,7 @@ class Sweep:
         self.server = server
         self.prom = prom
         self.stream = stream
-        self.user_class: type = getattr(locustfile, settings.target.user_class)
+        self.user_class: type = settings.target.load_user_class()
         self.per_length = (
             settings.warmup + settings.duration + (settings.stream_duration if stream else 0)
         )

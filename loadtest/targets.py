@@ -16,6 +16,7 @@ and readiness the sweep reads stay Triton's), then finds or starts the API serve
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -120,9 +121,13 @@ class Target:
     """One ``--protocol``: who sends the load and what answers it."""
 
     protocol: str
-    user_class: str  # a Locust user class in loadtest/locustfile.py
+    user_class: str  # a Locust user class, "module:Class"
     server: ServerFactory
     description: str  # for --help
+
+    def load_user_class(self) -> type:
+        module, _, name = self.user_class.partition(":")
+        return getattr(importlib.import_module(module), name)
 
 
 def _get_json(url: str, timeout: float = 5.0) -> Any:
@@ -223,11 +228,67 @@ def _checkpoint_info(model_repository: Path) -> CheckpointInfo | None:
     )
 
 
+class OpenAITarget:
+    """Triton, found or started as :class:`TritonTarget` does (its metrics and statistics are
+    what the sweep reads), with the OpenAI-compatible API started in front of it."""
+
+    def __init__(self, endpoints: Endpoints, model_repository: Path, out: Path) -> None:
+        from loadtest.openai_protocol import ApiProcess
+
+        self.triton = TritonTarget(endpoints, model_repository, out)
+        self.api = ApiProcess(endpoints.grpc, out / "openai_api.log")
+
+    @property
+    def users_url(self) -> str:
+        return self.api.url
+
+    def __enter__(self) -> OpenAITarget:
+        self.triton.__enter__()
+        try:
+            self.api.start()
+            self.api.wait_ready()
+        except BaseException:
+            self.api.stop()
+            self.triton.__exit__()
+            raise
+        log.info(
+            f"OpenAI-compatible API at {self.api.url} in front of {self.triton.endpoints.grpc}"
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.api.stop()
+        self.triton.__exit__(*exc)
+
+    def model_ready(self, model: str) -> bool:
+        return self.triton.model_ready(model)
+
+    def statistics(self) -> dict[str, Any]:
+        return self.triton.statistics()
+
+    def describe(self) -> ModelInfo:
+        return self.triton.describe()
+
+
 TARGETS: dict[str, Target] = {
     "http": Target(
-        "http", "HttpEnsembleUser", TritonTarget, "KServe v2 over HTTP (Locust's FastHttpUser)"
+        "http",
+        "loadtest.locustfile:HttpEnsembleUser",
+        TritonTarget,
+        "KServe v2 over HTTP (Locust's FastHttpUser)",
     ),
-    "grpc": Target("grpc", "GrpcEnsembleUser", TritonTarget, "tritonclient.grpc in a Locust user"),
+    "grpc": Target(
+        "grpc",
+        "loadtest.locustfile:GrpcEnsembleUser",
+        TritonTarget,
+        "tritonclient.grpc in a Locust user",
+    ),
+    "openai": Target(
+        "openai",
+        "loadtest.openai_protocol:OpenAIUser",
+        OpenAITarget,
+        "POST /v1/completions through the OpenAI-compatible API (its overhead over gRPC)",
+    ),
 }
 
 

@@ -1,0 +1,122 @@
+"""``python -m openai_api`` (``make api``): serve the OpenAI-compatible API with uvicorn.
+
+With ``--start-triton``, a Triton server is started first on the model repository when none
+answers at ``--triton`` on this machine (as the load test does), and stopped on exit.
+
+    python -m openai_api --port 8080 --triton localhost:8001 --start-triton
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from client import CodegenClient, CodegenError, ServerUnavailableError
+from openai_api.settings import API_KEY_VARIABLE, DEFAULT_CHECKPOINT, Settings
+from serving.paths import MODEL_REPOSITORY
+
+LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
+log = logging.getLogger("openai_api")
+
+
+def triton_ready(url: str) -> bool | None:
+    """True if Triton serves at ``url``, False if it answers but is not ready, None if
+    nothing answers."""
+    try:
+        with CodegenClient(url, "grpc", timeout=5) as client:
+            return client.is_ready()
+    except ServerUnavailableError:
+        return None
+    except CodegenError:
+        return False
+
+
+def ensure_triton(args: argparse.Namespace) -> object | None:
+    """Start Triton on the model repository when nothing answers at ``args.triton`` (a local
+    address); return it so that it is stopped on exit. Waits while one is starting."""
+    state = triton_ready(args.triton)
+    if state:
+        log.info("using the Triton server at %s", args.triton)
+        return None
+    parts = urlsplit("//" + args.triton.split("://")[-1])
+    if state is False or parts.hostname not in LOCAL_HOSTS:
+        deadline = time.monotonic() + args.triton_timeout
+        log.info("waiting for the Triton server at %s to be ready ...", args.triton)
+        while not triton_ready(args.triton):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no ready Triton server at {args.triton}")
+            time.sleep(1)
+        return None
+    from serving.triton import Ports, TritonServer
+
+    checkpoint = args.model_repository / "gptj" / "1" / "checkpoint" / "config.json"
+    if not checkpoint.exists():
+        raise SystemExit(f"no model at {checkpoint.parent}: run `make model` first")
+    ports = Ports(args.triton_http_port, parts.port or 8001, args.triton_metrics_port)
+    server = TritonServer(args.model_repository, ports)
+    log.info("no Triton answers at %s: starting one on %s ...", args.triton, args.model_repository)
+    server.start()
+    try:
+        server.wait_ready(args.triton_timeout)
+    except BaseException:
+        server.stop()
+        raise
+    log.info("Triton is ready (HTTP %d, gRPC %d)", ports.http, ports.grpc)
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--triton", help="Triton's gRPC host:port ($TRITON_URL, localhost:8001)")
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=DEFAULT_CHECKPOINT,
+        help="the served checkpoint's folder: its tokenizer counts prompt tokens so that "
+        "non-streamed requests use the unary ensemble (checked against the server first)",
+    )
+    parser.add_argument("--max-concurrent", type=int, default=Settings.max_concurrent)
+    parser.add_argument("--start-triton", action="store_true", help="start Triton if none answers")
+    parser.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
+    parser.add_argument("--triton-http-port", type=int, default=8000)
+    parser.add_argument("--triton-metrics-port", type=int, default=8002)
+    parser.add_argument("--triton-timeout", type=float, default=600.0)
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
+
+    settings = Settings.from_environment(
+        triton_url=args.triton, checkpoint=args.checkpoint, max_concurrent=args.max_concurrent
+    )
+    args.triton = settings.triton_url
+    server = ensure_triton(args) if args.start_triton else None
+    try:
+        import uvicorn
+
+        from openai_api.app import create_app
+
+        app = create_app(settings)
+        key = "on" if settings.api_key else f"off (set {API_KEY_VARIABLE} to require one)"
+        print(
+            f"\nOpenAI-compatible API on http://{args.host}:{args.port} (Ctrl-C stops it)\n"
+            f"  playground   http://{args.host}:{args.port}/\n"
+            f"  completions  POST http://{args.host}:{args.port}/v1/completions\n"
+            f"  Triton       grpc://{settings.triton_url}   API key: {key}\n",
+            flush=True,
+        )
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        if server is not None:
+            log.info("stopping the Triton server started here")
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
