@@ -19,7 +19,7 @@ from contract import metrics as names
 from engine.engine import Engine, GenerationResult
 from engine.gptj import GPTJ
 from contract.options import InvalidRequestError
-from engine.tensors import PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS
+from contract.tensors import PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS
 
 INPUTS = (
     "input_ids", "input_lengths", "request_output_len", "runtime_top_k", "runtime_top_p",
