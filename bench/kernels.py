@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bench import report
 from bench.models import CACHE, ModelInfo, convert_ct2, random_prompts
 from bench.settings import KernelPlan, Plan
 from bench.systems import (
@@ -24,7 +25,7 @@ from bench.systems import (
 )
 
 Progress = Callable[[str], None]
-PROBE_TOKENS = 4
+PROBE_TOKENS = 2
 MAX_REPEATS = 5
 MODES = ("greedy", "sampled")
 
@@ -144,7 +145,7 @@ def run_kernels(
                             done += 1
                             progress(
                                 f"[kernels {done}/{total}] {model.name} {dtype} {system} "
-                                f"batch {batch} {mode}: {cell['tokens_per_s']:,.0f} tok/s "
+                                f"batch {batch} {mode}: {report.rate(cell['tokens_per_s'])} tok/s "
                                 f"({cell['new_tokens']} tokens x {cell['repeats']}, "
                                 f"{cell['seconds']:.2f}s)"
                             )

@@ -131,13 +131,16 @@ class BareTarget:
         pending.handle = self.engine.submit(request, pending)
         return pending
 
-    def request(self, index: int, max_tokens: int) -> int:
-        pending = self.submit(index, max_tokens)
+    def wait(self, pending: _Pending) -> int:
+        """The tokens ``pending`` generated, once it is done (then it is no longer tracked)."""
         try:
             return pending.wait()
         finally:
             with self._lock:
                 self._pending.discard(pending)
+
+    def request(self, index: int, max_tokens: int) -> int:
+        return self.wait(self.submit(index, max_tokens))
 
     def cancel_all(self) -> None:
         """Cancel what is in flight (the long requests once a mixed window is over)."""
@@ -267,7 +270,7 @@ def static_batches(
         pending = [target.submit(index + i, tokens) for i in range(clients)]
         index += clients
         for p in pending:
-            got = p.wait()
+            got = target.wait(p)
             generated += got
             short += got < tokens
         rounds += 1

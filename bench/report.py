@@ -33,6 +33,11 @@ def fmt(value: float | int | None, digits: int = 0, suffix: str = "") -> str:
     return f"{value:,.{digits}f}{suffix}"
 
 
+def rate(value: float | None) -> str:
+    """tokens/s for a table: whole numbers, one decimal below 10 (a 350M model at batch 1)."""
+    return fmt(value, 1 if value is not None and value < 10 else 0)
+
+
 def verdict(value: float | None, limit: float, at_most: bool) -> str:
     """ "ok" / "MISSED" against a target (at most / at least ``limit``); "—" without a value."""
     if value is None:
@@ -173,7 +178,7 @@ def kernel_tables(results: dict[str, Any]) -> list[Table]:
                     reasons[f"{system} {e['dtype']}"] = note
                     cells.append(mark)
                 else:
-                    cells.append(fmt(e.get(system)))
+                    cells.append(rate(e.get(system)))
             body.append(
                 [
                     e["dtype"],
@@ -237,8 +242,8 @@ def kernel_tables(results: dict[str, Any]) -> list[Table]:
                         s["model"],
                         s["dtype"],
                         str(s["batch"]),
-                        fmt(s["greedy_tokens_per_s"]),
-                        fmt(s["sampled_tokens_per_s"]),
+                        rate(s["greedy_tokens_per_s"]),
+                        rate(s["sampled_tokens_per_s"]),
                         fmt(s["sampled_over_greedy_time"], 2),
                         s["verdict"],
                     ]
@@ -272,11 +277,11 @@ def arrival_tables(results: dict[str, Any]) -> list[Table]:
         body.append(
             [
                 str(r["length"]),
-                fmt(r.get("bare_tokens_per_s")),
-                fmt(r.get("served_tokens_per_s")),
+                rate(r.get("bare_tokens_per_s")),
+                rate(r.get("served_tokens_per_s")),
                 fmt(r.get("served_over_bare"), 2),
                 verdict(r.get("served_over_bare"), SERVED_OVER_BARE_MIN, at_most=False),
-                fmt(r.get("static_tokens_per_s")),
+                rate(r.get("static_tokens_per_s")),
                 fmt(r.get("continuous_over_static"), 2),
                 verdict(r.get("continuous_over_static"), CONTINUOUS_OVER_STATIC_MIN, False),
                 r.get("windows", ""),

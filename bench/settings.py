@@ -6,7 +6,7 @@ and every table can print the settings it was measured with.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 SECTIONS = ("kernels", "arrivals", "mixed", "single")
@@ -54,7 +54,6 @@ class Plan:
     served: bool  # also measure through the Triton server
     seed: int = 0
     step_batches: tuple[int, ...] = (16, 64)  # sampled/greedy step cost reported at these
-    notes: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -123,8 +122,8 @@ def make_plan(
             dtypes=DTYPES,
             systems=SYSTEMS,
             kernels={
-                "default": KernelPlan(batches=(1, 16, 64), new_tokens=64, cell_budget_s=12.0),
-                "350m": KernelPlan(batches=(1, 16), new_tokens=32, cell_budget_s=25.0),
+                "default": KernelPlan(batches=(1, 16, 64), new_tokens=64, cell_budget_s=8.0),
+                "350m": KernelPlan(batches=(1, 16), new_tokens=16, min_tokens=4, cell_budget_s=8.0),
             },
             clients=16,
             lengths=(8, 32, 128, 512),

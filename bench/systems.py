@@ -54,8 +54,11 @@ def engine_supports_int8() -> bool:
 
 
 def ct2_compute_types(device: str) -> set[str]:
-    import ctranslate2
-
+    """What CTranslate2 computes in on this device (empty when it is not installed)."""
+    try:
+        import ctranslate2
+    except ImportError:
+        return set()
     try:
         return set(ctranslate2.get_supported_compute_types("cuda" if "cuda" in device else "cpu"))
     except (RuntimeError, ValueError):

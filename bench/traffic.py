@@ -79,6 +79,7 @@ def _drive(
     windows = (plan.window_s, plan.max_window_s, plan.warmup_cap_s)
     if "arrivals" in plan.sections:
         for length in plan.lengths:
+            progress(f"arrivals {path} {length} tokens: {plan.clients} clients ...")
             m = closed_loop(target, [length] * plan.clients, *windows)
             row = arrivals.setdefault(length, {"length": length})
             row[f"{path}_tokens_per_s"] = m.rate()
@@ -96,6 +97,10 @@ def _drive(
                 )
     if "mixed" in plan.sections:
         short, long = plan.mixed_short, plan.mixed_long
+        progress(
+            f"mixed {path}: {plan.mixed_clients} x {short} tokens alone, then next to "
+            f"{plan.mixed_clients} x {long} tokens ..."
+        )
         alone = closed_loop(target, [short] * plan.mixed_clients, *windows)
         both = closed_loop(
             target,
