@@ -89,11 +89,14 @@ def kernel_comparison(kernels: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
                 "batch": row["batch"],
                 "mode": row["mode"],
                 "new_tokens": {},
+                "wanted_tokens": {},
                 "notes": {},
             },
         )
         entry[row["system"]] = row.get("tokens_per_s")
         entry["new_tokens"][row["system"]] = row.get("new_tokens")
+        if row.get("wanted_tokens"):
+            entry["wanted_tokens"][row["system"]] = row["wanted_tokens"]
         if row.get("note"):
             entry["notes"][row["system"]] = row["note"]
     out = []
@@ -168,7 +171,9 @@ def kernel_tables(results: dict[str, Any]) -> list[Table]:
         for e in entries:
             counts = sorted({n for n in e["new_tokens"].values() if n})
             cut = [
-                f"{s} {n}" for s, n in e["new_tokens"].items() if n and n < max(counts, default=0)
+                f"{s} {n}"
+                for s, n in e["new_tokens"].items()
+                if n and n < e["wanted_tokens"].get(s, n)
             ]
             cells = []
             for system in ("engine", "transformers", "ct2"):

@@ -4,17 +4,18 @@ conversion it compares against (which must generate what transformers generates)
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
 
 from bench import report
-from bench.kernels import fit_tokens
+from bench.kernels import fit_tokens, measure
 from bench.load import Measurement, Record, overlap, short_latencies, windowed_rate
 from bench.machine import cpu_model, machine_label
 from bench.models import build_random_gptj, convert_ct2, describe_checkpoint, random_prompts
 from bench.server import GPTJ_CONFIG, pbtxt_parameters, served_engine_settings
-from bench.settings import make_plan, parse_list
+from bench.settings import KernelPlan, make_plan, parse_list
 from bench.systems import CT2Runner, EngineRunner, TransformersRunner, generate
 
 # -- maths -------------------------------------------------------------------------------------
@@ -80,6 +81,47 @@ def test_fit_tokens_cuts_slow_cells_to_the_budget():
     assert fit_tokens(0.4, 4, budget_s=10, wanted=64, minimum=8) == 64  # 6.4 s fits
     assert fit_tokens(4.0, 4, budget_s=10, wanted=64, minimum=8) == 10
     assert fit_tokens(40.0, 4, budget_s=10, wanted=64, minimum=8) == 8  # never below minimum
+
+
+class _FakeRunner:
+    """Takes ``per_token`` seconds per token; stops ``early`` tokens short when asked to."""
+
+    system = "fake"
+    detail = "fake"
+
+    def __init__(self, per_token: float, early: int = 0) -> None:
+        self.per_token, self.early, self.calls = per_token, early, []
+
+    def generate_ids(self, prompts, new, sampled, seed):
+        self.calls.append(new)
+        time.sleep(self.per_token * new)
+        return [[1] * (new - self.early) for _ in prompts]
+
+    def close(self) -> None:
+        pass
+
+
+def test_measure_probes_then_times_whole_cells():
+    kplan = KernelPlan(batches=(2,), new_tokens=10, cell_budget_s=5.0, min_cell_s=0.0)
+    runner = _FakeRunner(per_token=0.002)
+    cell = measure(runner, [[1], [2]], kplan, sampled=False, seed=0)
+    assert runner.calls == [2, 10]  # the probe, then one timed run of the full count
+    assert cell["new_tokens"] == 10 and cell["note"] == ""
+    assert cell["tokens_per_s"] == pytest.approx(2 * 10 / cell["seconds"])
+
+
+def test_a_probe_slower_than_the_budget_is_the_measurement():
+    kplan = KernelPlan(batches=(1,), new_tokens=64, cell_budget_s=0.01, min_cell_s=0.0)
+    runner = _FakeRunner(per_token=0.01)
+    cell = measure(runner, [[1]], kplan, sampled=True, seed=0)
+    assert runner.calls == [2]
+    assert cell["new_tokens"] == 2 and "probe only" in cell["note"]
+
+
+def test_measure_refuses_a_system_that_stops_early():
+    kplan = KernelPlan(batches=(1,), new_tokens=8, cell_budget_s=5.0, min_cell_s=0.0)
+    with pytest.raises(RuntimeError, match="end token was not banned"):
+        measure(_FakeRunner(per_token=0.0, early=1), [[1]], kplan, sampled=False, seed=0)
 
 
 def test_step_cost_and_comparison_ratios():
