@@ -122,7 +122,7 @@ def make_plan(
             dtypes=DTYPES,
             systems=SYSTEMS,
             kernels={
-                "default": KernelPlan(batches=(1, 16, 64), new_tokens=64, cell_budget_s=8.0),
+                "default": KernelPlan(batches=(1, 16, 64), new_tokens=64, cell_budget_s=6.0),
                 "350m": KernelPlan(batches=(1, 16), new_tokens=16, min_tokens=4, cell_budget_s=8.0),
             },
             clients=16,
