@@ -34,8 +34,14 @@ API_HOST ?= 127.0.0.1
 API_PORT ?= 8080
 TRITON_URL ?= localhost:$(GRPC_PORT)
 
+# make bench: QUICK=1 (~2 min), ONLY=kernels,arrivals,mixed,single, BENCH_DEVICE=cpu|cuda,
+# BENCH_ARGS= any other `python -m bench` flags (e.g. --models default --dtypes float32)
+ONLY ?=
+BENCH_DEVICE ?= cpu
+BENCH_ARGS ?=
+
 .PHONY: help setup setup-dev model triton test lint format clean k8s docker-lint scan \
-	loadtest prometheus prometheus-install api
+	loadtest prometheus prometheus-install api bench
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -45,6 +51,10 @@ $(BIN)/activate:
 
 $(VENV)/.setup: pyproject.toml | $(BIN)/activate
 	$(BIN)/pip install --disable-pip-version-check -e .
+	touch $@
+
+$(VENV)/.setup-bench: $(VENV)/.setup
+	$(BIN)/pip install --disable-pip-version-check -e '.[dev]'
 	touch $@
 
 $(VENV)/.setup-dev: $(VENV)/.setup
@@ -95,6 +105,10 @@ loadtest: model prometheus-install  ## Locust sweep over output lengths (~10 min
 	$(BIN)/python -m loadtest.sweep --protocol $(PROTOCOL) --host $(HOST) $(if $(QUICK),--quick) \
 		$(if $(LENGTHS),--lengths $(LENGTHS)) $(if $(USERS),--users $(USERS)) \
 		$(if $(DURATION),--duration $(DURATION))
+
+bench: $(VENV)/.setup-bench model  ## engine vs transformers vs CTranslate2, bare vs served (~15 min; QUICK=1 ~2 min)
+	$(BIN)/python -m bench --device $(BENCH_DEVICE) $(if $(QUICK),--quick) \
+		$(if $(ONLY),--only $(ONLY)) $(BENCH_ARGS)
 
 prometheus: setup prometheus-install  ## Prometheus on 127.0.0.1:9090 scraping Triton's metrics
 	$(BIN)/python -m loadtest.run_prometheus --metrics-port $(METRICS_PORT) --port $(PROMETHEUS_PORT)

@@ -132,6 +132,7 @@ ALLOWED: dict[str, set[str]] = {
     "modelbuild": {"contract", "engine", "preprocessing", "postprocessing", "serving"},
     "loadtest": {"contract", "client", "serving", "openai_api"},
     "openai_api": {"contract", "client", "serving"},
+    "bench": {"contract", "engine", "client", "serving", "loadtest"},
 }
 FORBIDDEN: dict[str, set[str]] = {
     "contract": {"torch", "triton_python_backend_utils", "tritonclient", "transformers"},
@@ -140,7 +141,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "postprocessing": {"torch", "triton_python_backend_utils", "tritonclient"},
     "client": {"torch", "triton_python_backend_utils", "transformers"},
 }
-PACKAGES = set(ALLOWED) | {"tests", "scripts", "bench"}
+PACKAGES = set(ALLOWED) | {"tests", "scripts"}
 
 
 def imported_roots(path: Path) -> set[str]:

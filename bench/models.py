@@ -1,0 +1,196 @@
+"""The checkpoints a run compares on, and their CTranslate2 conversions (cached).
+
+``default`` is the project's own model (``make model``). ``350m`` is a randomly initialised
+``GPTJForCausalLM`` with codegen-350M's shapes: speed does not depend on the weights' values,
+so the shapes of the real model are enough to measure it, with no download. Both live in
+git-ignored folders and are built once.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from serving.paths import BUILD_DIR, DEFAULT_CHECKPOINT
+
+CACHE = BUILD_DIR / "bench"
+END_OF_TEXT = "<|endoftext|>"
+
+# codegen-350M-mono's architecture (its GPT-J conversion): 356M parameters.
+SHAPE_350M = {
+    "vocab_size": 51200,
+    "n_positions": 2048,
+    "n_embd": 1024,
+    "n_layer": 20,
+    "n_head": 16,
+    "rotary_dim": 32,
+}
+EOS_350M = 50256  # where CodeGen's tokenizer has <|endoftext|>
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A checkpoint folder and what a table says about it."""
+
+    key: str  # "default" or "350m": which KernelPlan applies
+    name: str
+    path: Path
+    description: str
+    parameters: int
+    eos_token_id: int
+    vocab_size: int
+    n_positions: int
+
+
+def describe_checkpoint(key: str, name: str, path: Path) -> ModelInfo:
+    """Read a checkpoint's config.json and count its parameters from the safetensors headers."""
+    config = json.loads((path / "config.json").read_text())
+    parameters = 0
+    for file in sorted(path.glob("*.safetensors")):
+        with file.open("rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(size))
+        for tensor, entry in header.items():
+            if tensor != "__metadata__" and not tensor.endswith((".attn.bias", ".masked_bias")):
+                count = 1
+                for dim in entry["shape"]:
+                    count *= dim
+                parameters += count
+    description = (
+        f"{config.get('n_layer')} layers x {config.get('n_embd')}, {config.get('n_head')} heads, "
+        f"vocab {config.get('vocab_size')}, {parameters / 1e6:.1f}M parameters"
+    )
+    eos = config.get("eos_token_id")
+    return ModelInfo(
+        key=key,
+        name=name,
+        path=path,
+        description=description,
+        parameters=parameters,
+        eos_token_id=int(eos if eos is not None else 0),
+        vocab_size=int(config["vocab_size"]),
+        n_positions=int(config["n_positions"]),
+    )
+
+
+def word_level_tokenizer(vocab_size: int, eos_id: int):
+    """A tokenizer with one made-up token per id: CTranslate2 speaks token strings, and a
+    random model needs a vocabulary of the right size, not a real one."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    del vocab[f"t{eos_id}"]
+    vocab[END_OF_TEXT] = eos_id
+    backend = Tokenizer(WordLevel(vocab, unk_token=END_OF_TEXT))
+    backend.pre_tokenizer = WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=END_OF_TEXT,
+        eos_token=END_OF_TEXT,
+        unk_token=END_OF_TEXT,
+    )
+
+
+def build_random_gptj(
+    folder: Path,
+    shape: dict[str, int] = SHAPE_350M,
+    eos_id: int = EOS_350M,
+    progress: Progress = print,
+    seed: int = 0,
+) -> Path:
+    """Write (once) a randomly initialised GPT-J of ``shape`` with a word-level tokenizer of
+    its vocabulary size into ``folder``; the 350M-shaped model by default."""
+    if (folder / "config.json").is_file() and list(folder.glob("*.safetensors")):
+        return folder
+    from transformers import GPTJConfig, GPTJForCausalLM
+
+    started = time.perf_counter()
+    progress(f"building a random GPT-J {shape} in {folder} (once) ...")
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    torch.manual_seed(seed)
+    config = GPTJConfig(**shape, bos_token_id=eos_id, eos_token_id=eos_id)
+    model = GPTJForCausalLM(config).eval()
+    model.save_pretrained(partial)
+    word_level_tokenizer(shape["vocab_size"], eos_id).save_pretrained(partial)
+    del model
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+    progress(f"built in {time.perf_counter() - started:.0f}s")
+    return folder
+
+
+def resolve_models(
+    names: tuple[str, ...], default: Path = DEFAULT_CHECKPOINT, progress: Progress = print
+) -> list[ModelInfo]:
+    """The checkpoints of ``names``, building the 350M-shaped one when it is missing."""
+    models = []
+    for name in names:
+        if name == "default":
+            if not (default / "config.json").is_file():
+                raise FileNotFoundError(
+                    f"no model at {default}: run `make model` first (about 5 minutes)"
+                )
+            models.append(describe_checkpoint("default", "default", default))
+        elif name == "350m":
+            path = build_random_gptj(CACHE / "gptj-350m-random", progress=progress)
+            models.append(describe_checkpoint("350m", "350m-random", path))
+        else:
+            raise ValueError(f"unknown model {name!r}")
+    return models
+
+
+def ct2_quantization(dtype: str) -> str:
+    """CTranslate2's name for a dtype (its ``quantization`` and ``compute_type``)."""
+    return {"float32": "float32", "bfloat16": "bfloat16", "int8": "int8"}[dtype]
+
+
+def convert_ct2(checkpoint: Path, out: Path, dtype: str, progress: Progress = print) -> Path:
+    """``checkpoint`` converted by CTranslate2's own TransformersConverter into ``out`` (once;
+    a stamp holding the source's mtime makes a rebuilt checkpoint convert again)."""
+    import ctranslate2.converters
+
+    weights = sorted(checkpoint.glob("*.safetensors"))
+    stamp = json.dumps(
+        {"source": str(checkpoint), "mtime": [w.stat().st_mtime for w in weights], "dtype": dtype}
+    )
+    marker = out / "bench-source.json"
+    if (out / "model.bin").is_file() and marker.is_file() and marker.read_text() == stamp:
+        return out
+    started = time.perf_counter()
+    progress(f"converting {checkpoint.name} to CTranslate2 ({dtype}) ...")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    converter = ctranslate2.converters.TransformersConverter(str(checkpoint))
+    converter.convert(str(out), quantization=ct2_quantization(dtype), force=True)
+    config_file = out / "config.json"
+    config = json.loads(config_file.read_text())
+    if config.get("unk_token") is None:  # byte-level BPE has no unknown token; CT2 needs a name
+        config["unk_token"] = config.get("eos_token") or END_OF_TEXT
+        config_file.write_text(json.dumps(config, indent=2))
+    marker.write_text(stamp)
+    progress(f"converted in {time.perf_counter() - started:.0f}s")
+    return out
+
+
+def random_prompts(
+    count: int, length: int, vocab_size: int, eos_id: int, seed: int
+) -> list[list[int]]:
+    """``count`` prompts of exactly ``length`` random token ids (never the end token): equal
+    lengths keep padding out of the static-batch comparison."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab_size - 1, (count, length), generator=generator)
+    ids[ids >= eos_id] += 1  # skip the end token
+    return ids.tolist()

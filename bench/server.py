@@ -1,0 +1,77 @@
+"""The served side: a real Triton on a copy of the model repository, as tests/conftest.py does.
+
+A copy (with the checkpoint benchmarked) on free ports keeps the benchmark from touching a
+server someone already runs on 8000-8002 and from depending on what ``model_repository/``
+currently holds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from serving.paths import MODEL_REPOSITORY, checkpoint_dir
+from serving.triton import Ports, TritonServer
+
+GPTJ_CONFIG = MODEL_REPOSITORY / "gptj" / "config.pbtxt"
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def pbtxt_parameters(text: str) -> dict[str, str]:
+    """``parameters { key: "k" value: { string_value: "v" } }`` entries of a config.pbtxt."""
+    pattern = r'key:\s*"([^"]+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"\s*\}'
+    return dict(re.findall(pattern, text))
+
+
+def served_engine_settings(config: Path = GPTJ_CONFIG) -> dict[str, str | int]:
+    """The served engine's batch size, prefill budget and dtype, so the bare engine matches."""
+    params = pbtxt_parameters(config.read_text())
+    return {
+        "max_batch_size": int(params.get("engine_max_batch_size", 32)),
+        "max_prefill_tokens": int(params.get("engine_max_prefill_tokens", 4096)),
+        "dtype": params.get("dtype", "float32"),
+    }
+
+
+@contextmanager
+def running_server(
+    checkpoint: Path, workdir: Path, log_file: Path, device: str
+) -> Iterator[TritonServer]:
+    """Triton serving ``checkpoint`` from a fresh repository copy under ``workdir``; stopped
+    on exit. The device goes to the model stage through CODEGEN_DEVICE."""
+    repo = workdir / "model_repository"
+    shutil.rmtree(repo, ignore_errors=True)
+    shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("checkpoint"))
+    shutil.copytree(checkpoint, checkpoint_dir(repo))
+    previous = os.environ.get("CODEGEN_DEVICE")
+    os.environ["CODEGEN_DEVICE"] = device
+    server = TritonServer(repo, Ports(*free_ports(3)), log_file=log_file)
+    try:
+        server.start()
+        try:
+            server.wait_ready(timeout=600)
+        except BaseException:
+            server.stop()
+            raise
+        yield server
+    finally:
+        server.stop()
+        if previous is None:
+            os.environ.pop("CODEGEN_DEVICE", None)
+        else:
+            os.environ["CODEGEN_DEVICE"] = previous

@@ -1,0 +1,159 @@
+"""What one run measures: the full plan (about 10-15 minutes on 2 cores) or the ``--quick`` one.
+
+Everything that sets the run's length lives here, so the time budget is decided in one place
+and every table can print the settings it was measured with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+SECTIONS = ("kernels", "arrivals", "mixed", "single")
+DTYPES = ("float32", "bfloat16", "int8")
+SYSTEMS = ("engine", "transformers", "ct2")
+MODELS = ("default", "350m")
+
+# The load test's sampling (loadtest/locustfile.py SAMPLING): what a completion service sends.
+SAMPLED = {"top_k": 40, "top_p": 0.95, "temperature": 0.8}
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """Static-batch generation for one model: which batches, how many tokens."""
+
+    batches: tuple[int, ...]
+    new_tokens: int
+    prompt_tokens: int = 32
+    min_tokens: int = 8  # the time guard never cuts a cell below this many new tokens
+    cell_budget_s: float = 25.0  # a slow cell (bf16 without native support) gets fewer tokens
+    min_cell_s: float = 1.0  # fast cells repeat until they have run this long (at most 5 times)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One run's settings; :func:`make_plan` builds it from the command line."""
+
+    quick: bool
+    sections: tuple[str, ...]
+    device: str
+    models: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    systems: tuple[str, ...]
+    kernels: dict[str, KernelPlan]
+    clients: int  # closed-loop clients for ``arrivals``
+    lengths: tuple[int, ...]  # output lengths for ``arrivals``
+    window_s: float  # shortest measured window per arrivals/mixed cell
+    max_window_s: float  # longest, however slow a request is
+    warmup_cap_s: float  # longest wait for every client's first request
+    mixed_short: int
+    mixed_long: int
+    mixed_clients: int  # of each kind
+    single_tokens: int
+    single_repeats: int
+    served: bool  # also measure through the Triton server
+    seed: int = 0
+    step_batches: tuple[int, ...] = (16, 64)  # sampled/greedy step cost reported at these
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["kernels"] = {name: asdict(k) for name, k in self.kernels.items()}
+        return data
+
+
+def parse_list(text: str | None, allowed: tuple[str, ...], what: str) -> tuple[str, ...] | None:
+    """``"a,b"`` -> ``("a", "b")`` in ``allowed``'s order; None for no text; ValueError naming
+    an unknown item."""
+    if text is None or not text.strip():
+        return None
+    items = [item.strip().lower() for item in text.split(",") if item.strip()]
+    unknown = [item for item in items if item not in allowed]
+    if unknown:
+        raise ValueError(f"unknown {what} {unknown}: choose from {', '.join(allowed)}")
+    return tuple(item for item in allowed if item in items)
+
+
+def make_plan(
+    quick: bool = False,
+    only: str | None = None,
+    device: str = "cpu",
+    models: str | None = None,
+    dtypes: str | None = None,
+    systems: str | None = None,
+    clients: int | None = None,
+    lengths: str | None = None,
+    served: bool = True,
+) -> Plan:
+    """The full plan, or the quick one (~2 minutes), narrowed by the command line's choices."""
+    if quick:
+        plan = Plan(
+            quick=True,
+            sections=SECTIONS,
+            device=device,
+            models=("default",),
+            dtypes=DTYPES,
+            systems=SYSTEMS,
+            kernels={
+                "default": KernelPlan(
+                    batches=(1, 16), new_tokens=16, cell_budget_s=4.0, min_cell_s=0.3
+                ),
+                "350m": KernelPlan(
+                    batches=(1,), new_tokens=8, min_tokens=4, cell_budget_s=6.0, min_cell_s=0.3
+                ),
+            },
+            clients=16,
+            lengths=(8, 32),
+            window_s=3.0,
+            max_window_s=5.0,
+            warmup_cap_s=10.0,
+            mixed_short=8,
+            mixed_long=128,
+            mixed_clients=8,
+            single_tokens=8,
+            single_repeats=6,
+            served=served,
+        )
+    else:
+        plan = Plan(
+            quick=False,
+            sections=SECTIONS,
+            device=device,
+            models=MODELS,
+            dtypes=DTYPES,
+            systems=SYSTEMS,
+            kernels={
+                "default": KernelPlan(batches=(1, 16, 64), new_tokens=64, cell_budget_s=6.0),
+                "350m": KernelPlan(batches=(1, 16), new_tokens=16, min_tokens=4, cell_budget_s=8.0),
+            },
+            clients=16,
+            lengths=(8, 32, 128, 512),
+            window_s=10.0,
+            max_window_s=25.0,
+            warmup_cap_s=60.0,
+            mixed_short=8,
+            mixed_long=512,
+            mixed_clients=8,
+            single_tokens=8,
+            single_repeats=20,
+            served=served,
+        )
+    changes: dict[str, Any] = {}
+    for name, text, allowed in (
+        ("sections", only, SECTIONS),
+        ("models", models, MODELS),
+        ("dtypes", dtypes, DTYPES),
+        ("systems", systems, SYSTEMS),
+    ):
+        chosen = parse_list(text, allowed, name)
+        if chosen is not None:
+            changes[name] = chosen
+    if clients is not None:
+        if clients < 1:
+            raise ValueError(f"clients must be >= 1, got {clients}")
+        changes["clients"] = clients
+    if lengths:
+        values = tuple(int(x) for x in lengths.split(",") if x.strip())
+        if not values or min(values) < 1:
+            raise ValueError(f"lengths must be positive integers, got {lengths!r}")
+        changes["lengths"] = values
+    return replace(plan, **changes)

@@ -1,0 +1,245 @@
+"""The three generators compared on static batches, behind one small interface.
+
+Each runner takes a batch of equal-length prompts (token ids), generates exactly ``new`` tokens
+for every one (the end token is banned: a bad word for the engine, ``min_new_tokens`` for
+transformers, ``min_length`` for CTranslate2) and returns how many each produced, so a
+comparison never credits a system for stopping early.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import json
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from bench.settings import SAMPLED
+from contract.options import SamplingParams
+from engine.engine import Engine, GenerationRequest, GenerationResult
+from engine.gptj import GPTJ
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.float32}
+
+
+class Runner(Protocol):
+    system: str
+    detail: str  # how this system runs the dtype, for the tables
+
+    def generate_ids(
+        self, prompts: list[list[int]], new: int, sampled: bool, seed: int
+    ) -> list[list[int]]:
+        """Generate ``new`` tokens per prompt; the tokens each really produced, in order."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def generate(
+    runner: Runner, prompts: list[list[int]], new: int, sampled: bool, seed: int
+) -> list[int]:
+    """How many tokens each prompt got (what the timing loop checks)."""
+    return [len(ids) for ids in runner.generate_ids(prompts, new, sampled, seed)]
+
+
+def engine_supports_int8() -> bool:
+    """Whether this engine's ``GPTJ.from_checkpoint`` takes ``quantize`` (added in a parallel
+    branch; detected, never assumed)."""
+    return "quantize" in inspect.signature(GPTJ.from_checkpoint).parameters
+
+
+def ct2_compute_types(device: str) -> set[str]:
+    """What CTranslate2 computes in on this device (empty when it is not installed)."""
+    try:
+        import ctranslate2
+    except ImportError:
+        return set()
+    try:
+        return set(ctranslate2.get_supported_compute_types("cuda" if "cuda" in device else "cpu"))
+    except (RuntimeError, ValueError):
+        return set()
+
+
+def unsupported(system: str, dtype: str, device: str) -> str | None:
+    """Why ``system`` cannot run ``dtype`` on ``device`` here, or None when it can."""
+    if system == "engine" and dtype == "int8" and not engine_supports_int8():
+        return "not supported (GPTJ.from_checkpoint has no quantize parameter)"
+    if system == "transformers" and dtype == "int8":
+        if device != "cpu":
+            return "not supported (torch dynamic int8 quantization is CPU-only)"
+        if not hasattr(torch.ao.quantization, "quantize_dynamic"):
+            return "not supported (this torch has no quantize_dynamic)"
+    if system == "ct2" and dtype not in ct2_compute_types(device):
+        return f"not supported (CTranslate2 has no {dtype} on this {device.split(':')[0]})"
+    return None
+
+
+class _Collect:
+    """A listener that counts one sequence's tokens and signals its end."""
+
+    def __init__(self, done: Callable[[GenerationResult], None]) -> None:
+        self._done = done
+
+    def on_token(self, token_id: int, log_prob: float) -> None:
+        pass
+
+    def on_finish(self, result: GenerationResult) -> None:
+        self._done(result)
+
+
+def engine_sampling(sampled: bool, seed: int) -> SamplingParams:
+    return SamplingParams(**SAMPLED, seed=seed) if sampled else SamplingParams()
+
+
+class EngineRunner:
+    """This project's continuous-batching engine, the whole batch submitted at once."""
+
+    system = "engine"
+
+    def __init__(
+        self, checkpoint: Path, dtype: str, device: str, max_batch_size: int, prompt_tokens: int
+    ) -> None:
+        kwargs = {"quantize": "int8"} if dtype == "int8" else {}
+        model = GPTJ.from_checkpoint(checkpoint, dtype=TORCH_DTYPES[dtype], device=device, **kwargs)
+        self.eos = model.config.eos_token_id
+        self.engine = Engine(
+            model,
+            max_batch_size=max_batch_size,
+            max_prefill_tokens=max(4096, max_batch_size * prompt_tokens),
+        ).start()
+        self.detail = f"GPTJ.from_checkpoint(dtype={dtype}{', quantize=int8' if kwargs else ''})"
+
+    def generate_ids(
+        self, prompts: list[list[int]], new: int, sampled: bool, seed: int
+    ) -> list[list[int]]:
+        results: dict[int, GenerationResult] = {}
+        lock = threading.Lock()
+        all_done = threading.Event()
+
+        def done(index: int, result: GenerationResult) -> None:
+            with lock:
+                results[index] = result
+                if len(results) == len(prompts):
+                    all_done.set()
+
+        bad = [[self.eos]] if self.eos is not None else []
+        for i, prompt in enumerate(prompts):
+            request = GenerationRequest(
+                list(prompt), new, sampling=engine_sampling(sampled, seed + i), bad_words=bad
+            )
+            self.engine.submit(request, _Collect(lambda r, i=i: done(i, r)))
+        all_done.wait()
+        errors = [r.error for r in results.values() if r.error]
+        if errors:
+            raise RuntimeError(f"engine failed: {errors[0]}")
+        return [list(results[i].output_ids) for i in range(len(prompts))]
+
+    def close(self) -> None:
+        self.engine.stop()
+        del self.engine
+        gc.collect()
+
+
+class TransformersRunner:
+    """transformers' ``GPTJForCausalLM.generate`` on the same checkpoint (a static batch)."""
+
+    system = "transformers"
+
+    def __init__(self, checkpoint: Path, dtype: str, device: str) -> None:
+        from transformers import GPTJForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()  # no per-call notes about unused generation flags
+        hf_logging.disable_progress_bar()
+        model = GPTJForCausalLM.from_pretrained(str(checkpoint), dtype=TORCH_DTYPES[dtype])
+        model = model.to(device).eval()
+        self.detail = f"GPTJForCausalLM.generate, {dtype}"
+        if dtype == "int8":
+            with warnings.catch_warnings():  # torch's own deprecation notice for qint8 tensors
+                warnings.simplefilter("ignore", UserWarning)
+                model = torch.ao.quantization.quantize_dynamic(
+                    model, {torch.nn.Linear}, dtype=torch.qint8
+                )
+            self.detail = "GPTJForCausalLM.generate, torch dynamic int8 (nn.Linear)"
+        self.model = model
+        self.device = device
+        self.eos = model.config.eos_token_id
+
+    def generate_ids(
+        self, prompts: list[list[int]], new: int, sampled: bool, seed: int
+    ) -> list[list[int]]:
+        ids = torch.tensor(prompts, device=self.device)
+        options = (
+            {"do_sample": True, **SAMPLED}
+            if sampled
+            else {"do_sample": False, "top_k": None, "top_p": None, "temperature": None}
+        )
+        torch.manual_seed(seed)
+        with torch.inference_mode():
+            out = self.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new,
+                min_new_tokens=new,
+                pad_token_id=self.eos,
+                **options,
+            )
+        return out[:, ids.shape[1] :].tolist()
+
+    def close(self) -> None:
+        del self.model
+        gc.collect()
+
+
+class CT2Runner:
+    """CTranslate2's ``Generator.generate_batch`` on a conversion of the same checkpoint."""
+
+    system = "ct2"
+
+    def __init__(self, converted: Path, dtype: str, device: str) -> None:
+        import ctranslate2
+
+        threads = torch.get_num_threads()
+        self.generator = ctranslate2.Generator(
+            str(converted),
+            device="cuda" if "cuda" in device else "cpu",
+            compute_type=dtype,
+            inter_threads=1,
+            intra_threads=threads if device == "cpu" else 0,
+        )
+        self.vocabulary = json.loads((converted / "vocabulary.json").read_text())
+        self.detail = f"Generator.generate_batch, compute_type={dtype}"
+
+    def generate_ids(
+        self, prompts: list[list[int]], new: int, sampled: bool, seed: int
+    ) -> list[list[int]]:
+        import ctranslate2
+
+        ctranslate2.set_random_seed(seed)
+        tokens = [[self.vocabulary[t] for t in prompt] for prompt in prompts]
+        options = (
+            {
+                "sampling_topk": SAMPLED["top_k"],
+                "sampling_topp": SAMPLED["top_p"],
+                "sampling_temperature": SAMPLED["temperature"],
+            }
+            if sampled
+            else {"sampling_topk": 1}
+        )
+        results = self.generator.generate_batch(
+            tokens,
+            max_length=new,
+            min_length=new,
+            include_prompt_in_result=False,
+            **options,
+        )
+        return [list(r.sequences_ids[0]) for r in results]
+
+    def close(self) -> None:
+        del self.generator
+        gc.collect()

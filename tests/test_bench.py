@@ -1,0 +1,352 @@
+"""The benchmark harness's own logic: its maths, its tables and files, and the CTranslate2
+conversion it compares against (which must generate what transformers generates)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from bench import report
+from bench.kernels import fit_tokens, measure
+from bench.load import Measurement, Record, overlap, short_latencies, windowed_rate
+from bench.machine import cpu_model, machine_label
+from bench.models import build_random_gptj, convert_ct2, describe_checkpoint, random_prompts
+from bench.server import GPTJ_CONFIG, pbtxt_parameters, served_engine_settings
+from bench.settings import KernelPlan, make_plan, parse_list
+from bench.systems import CT2Runner, EngineRunner, TransformersRunner, generate
+
+# -- maths -------------------------------------------------------------------------------------
+
+
+def test_ratio_and_verdict():
+    assert report.ratio(3.0, 2.0) == 1.5
+    assert report.ratio(None, 2.0) is None
+    assert report.ratio(1.0, 0.0) is None
+    assert report.verdict(1.10, 1.15, at_most=True) == "ok"
+    assert report.verdict(1.20, 1.15, at_most=True) == "MISSED"
+    assert report.verdict(0.95, 0.9, at_most=False) == "ok"
+    assert report.verdict(0.85, 0.9, at_most=False) == "MISSED"
+    assert report.verdict(None, 0.9, at_most=False) == "—"
+
+
+def test_overlap():
+    assert overlap(0, 10, 2, 4) == 2
+    assert overlap(0, 3, 2, 4) == 1
+    assert overlap(5, 6, 2, 4) == 0
+
+
+def test_windowed_rate_spreads_edge_requests_over_their_life():
+    records = [
+        Record(0, 10, start=0.0, end=10.0, tokens=100),  # half inside [5, 15]: 50 tokens
+        Record(1, 10, start=6.0, end=8.0, tokens=40),  # wholly inside: 40
+        Record(2, 10, start=14.0, end=24.0, tokens=100),  # a tenth inside: 10
+        Record(3, 10, start=20.0, end=21.0, tokens=30),  # outside: 0
+    ]
+    assert windowed_rate(records, 5.0, 15.0) == pytest.approx((50 + 40 + 10) / 10)
+    with pytest.raises(ValueError):
+        windowed_rate(records, 5.0, 5.0)
+
+
+def test_windowed_rate_of_a_steady_closed_loop_is_its_true_rate():
+    # 4 clients, each request 8 tokens in 0.5 s back to back, offset: 64 tokens/s in total
+    records = [
+        Record(c, 8, start=c * 0.125 + k * 0.5, end=c * 0.125 + (k + 1) * 0.5, tokens=8)
+        for c in range(4)
+        for k in range(40)
+    ]
+    assert windowed_rate(records, 3.3, 17.1) == pytest.approx(64.0)
+
+
+def test_short_latencies_take_complete_requests_started_in_the_window():
+    m = Measurement(
+        [
+            Record(0, 8, 0.5, 0.6, 8),  # before the window
+            Record(0, 8, 1.0, 1.2, 8),
+            Record(1, 512, 1.0, 3.0, 512),  # a long one
+            Record(0, 8, 1.9, 2.4, 8),  # ends after the window: still counted
+            Record(0, 8, 1.5, 1.6, 3),  # cut short (cancelled): not counted
+        ],
+        w0=1.0,
+        w1=2.0,
+    )
+    assert short_latencies(m, 8) == pytest.approx([0.2, 0.5])
+    assert m.short_of() == 1
+    assert m.short_of(512) == 0
+
+
+def test_fit_tokens_cuts_slow_cells_to_the_budget():
+    assert fit_tokens(0.4, 4, budget_s=10, wanted=64, minimum=8) == 64  # 6.4 s fits
+    assert fit_tokens(4.0, 4, budget_s=10, wanted=64, minimum=8) == 10
+    assert fit_tokens(40.0, 4, budget_s=10, wanted=64, minimum=8) == 8  # never below minimum
+
+
+class _FakeRunner:
+    """Takes ``per_token`` seconds per token; stops ``early`` tokens short when asked to."""
+
+    system = "fake"
+    detail = "fake"
+
+    def __init__(self, per_token: float, early: int = 0) -> None:
+        self.per_token, self.early, self.calls = per_token, early, []
+
+    def generate_ids(self, prompts, new, sampled, seed):
+        self.calls.append(new)
+        time.sleep(self.per_token * new)
+        return [[1] * (new - self.early) for _ in prompts]
+
+    def close(self) -> None:
+        pass
+
+
+def test_measure_probes_then_times_whole_cells():
+    kplan = KernelPlan(batches=(2,), new_tokens=10, cell_budget_s=5.0, min_cell_s=0.0)
+    runner = _FakeRunner(per_token=0.002)
+    cell = measure(runner, [[1], [2]], kplan, sampled=False, seed=0)
+    assert runner.calls == [2, 10]  # the probe, then one timed run of the full count
+    assert cell["new_tokens"] == 10 and cell["note"] == ""
+    assert cell["tokens_per_s"] == pytest.approx(2 * 10 / cell["seconds"])
+
+
+def test_a_probe_slower_than_the_budget_is_the_measurement():
+    kplan = KernelPlan(batches=(1,), new_tokens=64, cell_budget_s=0.01, min_cell_s=0.0)
+    runner = _FakeRunner(per_token=0.01)
+    cell = measure(runner, [[1]], kplan, sampled=True, seed=0)
+    assert runner.calls == [2]
+    assert cell["new_tokens"] == 2 and "probe only" in cell["note"]
+
+
+def test_measure_refuses_a_system_that_stops_early():
+    kplan = KernelPlan(batches=(1,), new_tokens=8, cell_budget_s=5.0, min_cell_s=0.0)
+    with pytest.raises(RuntimeError, match="end token was not banned"):
+        measure(_FakeRunner(per_token=0.0, early=1), [[1]], kplan, sampled=False, seed=0)
+
+
+def test_step_cost_and_comparison_ratios():
+    rows = [
+        {"model": "m", "dtype": "float32", "system": s, "batch": b, "mode": mode, "tokens_per_s": v}
+        for s, b, mode, v in [
+            ("engine", 16, "greedy", 1000.0),
+            ("engine", 16, "sampled", 800.0),
+            ("transformers", 16, "greedy", 500.0),
+            ("ct2", 16, "greedy", 2000.0),
+            ("engine", 1, "greedy", 100.0),
+            ("engine", 1, "sampled", 50.0),
+        ]
+    ]
+    rows.append(
+        {"model": "m", "dtype": "int8", "system": "engine", "batch": 16, "mode": "greedy",
+         "note": "not supported (no quantize)"}
+    )  # fmt: skip
+    comparison = {(e["dtype"], e["batch"], e["mode"]): e for e in report.kernel_comparison(rows)}
+    greedy16 = comparison[("float32", 16, "greedy")]
+    assert greedy16["engine_over_transformers"] == pytest.approx(2.0)
+    assert greedy16["engine_over_ct2"] == pytest.approx(0.5)
+    assert comparison[("int8", 16, "greedy")]["engine_over_ct2"] is None
+    steps = report.step_cost(rows, batches=(16, 64))
+    assert len(steps) == 1  # batch 1 is not asked for; int8 has no numbers
+    assert steps[0]["sampled_over_greedy_time"] == pytest.approx(1.25)
+    assert steps[0]["verdict"] == "MISSED"
+
+
+# -- tables and files --------------------------------------------------------------------------
+
+
+def test_markdown_and_text_tables():
+    md = report.markdown_table(["name", " tok/s"], [["a|b", "1,000"], ["c", "2"]])
+    assert md.splitlines() == [
+        "| name | tok/s |",
+        "|---|---:|",
+        "| a\\|b | 1,000 |",
+        "| c | 2 |",
+    ]
+    text = report.text_table(["name", " tok/s"], [["a", "1,000"], ["long name", "2"]])
+    lines = text.splitlines()
+    assert lines[0].startswith("name") and lines[0].endswith("tok/s")
+    assert lines[3].endswith("    2")  # right-justified under its header
+    assert (
+        report.fmt(None) == "—" and report.fmt(1234.5) == "1,234" and report.fmt(1.256, 2) == "1.26"
+    )
+
+
+def _results() -> dict:
+    plan = make_plan(quick=True)
+    kernels = [
+        {"model": "default", "plan_key": "default", "dtype": d, "system": s, "batch": b,
+         "mode": m, "tokens_per_s": v, "new_tokens": 16}
+        for d in ("float32", "bfloat16")
+        for s, v in (("engine", 900.0), ("transformers", 450.0), ("ct2", 1800.0))
+        for b in (1, 16)
+        for m in ("greedy", "sampled")
+    ]  # fmt: skip
+    kernels.append(
+        {"model": "default", "plan_key": "default", "dtype": "int8", "system": "engine",
+         "batch": 1, "mode": "greedy", "note": "not supported (no quantize parameter)"}
+    )  # fmt: skip
+    return {
+        "started": "2026-01-01T00:00:00",
+        "machine": {
+            "torch": "2.13.0",
+            "transformers": "5",
+            "ctranslate2": "4",
+            "tritonclient": "2",
+        },
+        "machine_label": "2 cores, Test CPU, torch threads 2",
+        "plan": plan.to_dict(),
+        "models": [{"name": "default", "description": "4 layers x 256", "path": "/x"}],
+        "notes": ["quick run"],
+        "kernels": kernels,
+        "load_settings": {"model": "default", "dtype": "float32", "max_batch_size": 64},
+        "arrivals": [
+            {
+                "length": 8,
+                "bare_tokens_per_s": 1000.0,
+                "served_tokens_per_s": 950.0,
+                "static_tokens_per_s": 900.0,
+                "served_over_bare": 0.95,
+                "continuous_over_static": 1000 / 900,
+                "windows": "3/3",
+            },
+        ],
+        "mixed": [
+            {
+                "path": "bare",
+                "alone_median_ms": 50.0,
+                "mixed_median_ms": 80.0,
+                "slowdown": 1.6,
+                "alone_samples": 10,
+                "mixed_samples": 9,
+            },
+        ],
+        "single": {
+            "bare_median_ms": 20.0,
+            "served_median_ms": 31.0,
+            "overhead_ms": 11.0,
+            "repeats": 6,
+        },
+    }
+
+
+def test_every_table_names_machine_model_and_settings():
+    results = _results()
+    tables = report.all_tables(results)
+    titles = [t[0] for t in tables]
+    assert any(t.startswith("Static batches") for t in titles)
+    assert "Engine: sampled step vs greedy step" in titles
+    assert any(t.startswith("Continuous arrivals") for t in titles)
+    for _title, context, headers, rows in tables:
+        assert "2 cores, Test CPU, torch threads 2" in context
+        assert "model" in context or "same static batches" in context
+        assert all(len(row) == len(headers) for row in rows)
+    kernels = tables[0]
+    assert "n/s" in [cell for row in kernels[3] for cell in row]  # unsupported int8 engine
+    assert "not supported (no quantize parameter)" in kernels[1]  # said once, in the context
+
+
+def test_write_all_writes_markdown_json_and_chart(tmp_path):
+    results = _results()
+    written = report.write_all(tmp_path, results)
+    assert {p.name for p in written} == {"results.json", "results.md", "chart.png"}
+    assert json.loads((tmp_path / "results.json").read_text())["single"]["overhead_ms"] == 11.0
+    md = (tmp_path / "results.md").read_text()
+    assert "## Continuous arrivals: 16 closed-loop clients" in md
+    assert "| 8 | 1,000 | 950 | 0.95 | ok |" in md
+    assert "machine: 2 cores, Test CPU, torch threads 2" in md
+    assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_empty_results_write_no_chart(tmp_path):
+    results = _results()
+    for key in ("kernels", "arrivals", "mixed", "single"):
+        results.pop(key)
+    assert report.write_chart(tmp_path / "chart.png", results) is None
+    assert "## " not in report.render_markdown(results)
+
+
+# -- settings, machine, server config ----------------------------------------------------------
+
+
+def test_quick_plan_is_smaller_and_only_selects_sections():
+    full, quick = make_plan(), make_plan(quick=True)
+    assert full.lengths == (8, 32, 128, 512) and full.clients == 16
+    assert full.kernels["default"].batches == (1, 16, 64)
+    assert len(quick.lengths) < len(full.lengths) and quick.window_s < full.window_s
+    assert quick.models == ("default",)
+    assert make_plan(only="single, kernels").sections == ("kernels", "single")
+    with pytest.raises(ValueError, match="unknown sections"):
+        make_plan(only="kernels,speed")
+    assert parse_list("", ("a",), "x") is None
+    assert make_plan(lengths="8,64", clients=4).lengths == (8, 64)
+
+
+def test_cpu_model_and_label():
+    cpuinfo = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n"
+    assert cpu_model(cpuinfo) == "AMD EPYC 7B13"
+    assert cpu_model("processor: 0\n") == "unknown CPU"
+    label = machine_label({"cores": 2, "cpu": "X", "torch_threads": 2, "gpu": None})
+    assert label == "2 cores, X, torch threads 2"
+
+
+def test_bare_engine_matches_the_served_config():
+    params = pbtxt_parameters(GPTJ_CONFIG.read_text())
+    assert params["dtype"] == "float32"
+    settings = served_engine_settings()
+    assert settings["max_batch_size"] == int(params["engine_max_batch_size"])
+    assert settings["max_prefill_tokens"] == int(params["engine_max_prefill_tokens"])
+
+
+# -- the systems on real (tiny) checkpoints ----------------------------------------------------
+
+
+def _greedy_equal_everywhere(checkpoint, tmp_path, eos: int, vocab: int) -> None:
+    """CTranslate2's conversion and our engine greedy-generate transformers' tokens, and every
+    system makes exactly the tokens asked for (the end token is banned)."""
+    prompts = random_prompts(3, 12, vocab, eos, seed=3)
+    converted = convert_ct2(checkpoint, tmp_path / "ct2", "float32", progress=lambda _: None)
+    assert (converted / "model.bin").is_file()
+    runners = [
+        TransformersRunner(checkpoint, "float32", "cpu"),
+        CT2Runner(converted, "float32", "cpu"),
+        EngineRunner(checkpoint, "float32", "cpu", max_batch_size=4, prompt_tokens=12),
+    ]
+    try:
+        outputs = [r.generate_ids(prompts, 20, sampled=False, seed=0) for r in runners]
+        assert outputs[1] == outputs[0], "CTranslate2 greedy differs from transformers"
+        assert outputs[2] == outputs[0], "engine greedy differs from transformers"
+        for runner in runners:
+            assert generate(runner, prompts, 20, sampled=True, seed=1) == [20, 20, 20]
+    finally:
+        for runner in runners:
+            runner.close()
+    # converted once: a second call reuses the folder
+    stamp = (converted / "model.bin").stat().st_mtime
+    convert_ct2(checkpoint, tmp_path / "ct2", "float32", progress=lambda _: None)
+    assert (converted / "model.bin").stat().st_mtime == stamp
+
+
+def test_ct2_conversion_of_the_tiny_checkpoint_generates_transformers_tokens(
+    tiny_checkpoint, tmp_path
+):
+    info = describe_checkpoint("default", "tiny", tiny_checkpoint)
+    assert info.parameters > 0
+    _greedy_equal_everywhere(tiny_checkpoint, tmp_path, info.eos_token_id, info.vocab_size)
+
+
+def test_random_model_with_word_level_vocabulary_converts_too(tmp_path):
+    """The 350M-shaped model's path (random GPT-J + made-up vocabulary), at a tiny shape."""
+    shape = {"vocab_size": 300, "n_positions": 128, "n_embd": 32, "n_layer": 2, "n_head": 4,
+             "rotary_dim": 4}  # fmt: skip
+    folder = build_random_gptj(tmp_path / "random", shape, eos_id=299, progress=lambda _: None)
+    info = describe_checkpoint("350m", "random", folder)
+    assert info.eos_token_id == 299 and info.vocab_size == 300
+    torch.manual_seed(0)
+    _greedy_equal_everywhere(folder, tmp_path, 299, 300)
+
+
+def test_random_prompts_never_hold_the_end_token():
+    prompts = random_prompts(8, 50, vocab_size=20, eos_id=7, seed=0)
+    assert all(len(p) == 50 for p in prompts)
+    flat = {t for p in prompts for t in p}
+    assert 7 not in flat and flat <= set(range(20)) and 19 in flat
