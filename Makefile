@@ -26,9 +26,14 @@ PROTOCOL ?= http
 HOST ?= 127.0.0.1:$(HTTP_PORT)
 QUICK ?=
 PROMETHEUS_PORT ?= 9090
+# make soak: DURATION=<s> at twice the saturation (120), SATURATION=<clients> skips the ramp,
+# HOST as above (a ready Triton there is used and never drilled; else one is started),
+# SOAK_ARGS=<more flags of python -m loadtest.soak>, e.g. "--no-drill --clients 8"
+SATURATION ?=
+SOAK_ARGS ?=
 
 .PHONY: help setup setup-dev model triton test lint format clean k8s docker-lint scan \
-	loadtest prometheus prometheus-install
+	loadtest prometheus prometheus-install soak
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -83,6 +88,10 @@ loadtest: model prometheus-install  ## Locust sweep over output lengths (~10 min
 	$(BIN)/python -m loadtest.sweep --protocol $(PROTOCOL) --host $(HOST) $(if $(QUICK),--quick) \
 		$(if $(LENGTHS),--lengths $(LENGTHS)) $(if $(USERS),--users $(USERS)) \
 		$(if $(DURATION),--duration $(DURATION))
+
+soak: model  ## bounded load + fault test at 2x saturation, drain, stub-kill drill (~5 min)
+	$(BIN)/python -m loadtest.soak --host $(HOST) $(if $(DURATION),--duration $(DURATION)) \
+		$(if $(SATURATION),--saturation $(SATURATION)) $(SOAK_ARGS)
 
 prometheus: setup prometheus-install  ## Prometheus on 127.0.0.1:9090 scraping Triton's metrics
 	$(BIN)/python -m loadtest.run_prometheus --metrics-port $(METRICS_PORT) --port $(PROMETHEUS_PORT)
