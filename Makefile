@@ -40,8 +40,14 @@ ONLY ?=
 BENCH_DEVICE ?= cpu
 BENCH_ARGS ?=
 
+# make soak: DURATION=<s> at twice the saturation (120), SATURATION=<clients> skips the ramp,
+# HOST as above (a ready Triton there is used and never drilled; else one is started),
+# SOAK_ARGS=<more flags of python -m loadtest.soak>, e.g. "--no-drill --clients 8"
+SATURATION ?=
+SOAK_ARGS ?=
+
 .PHONY: help setup setup-dev model triton test lint format clean k8s docker-lint scan \
-	loadtest prometheus prometheus-install api bench
+	loadtest prometheus prometheus-install api bench soak
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -109,6 +115,10 @@ loadtest: model prometheus-install  ## Locust sweep over output lengths (~10 min
 bench: $(VENV)/.setup-bench model  ## engine vs transformers vs CTranslate2, bare vs served (~15 min; QUICK=1 ~2 min)
 	$(BIN)/python -m bench --device $(BENCH_DEVICE) $(if $(QUICK),--quick) \
 		$(if $(ONLY),--only $(ONLY)) $(BENCH_ARGS)
+
+soak: model  ## bounded load + fault test at 2x saturation, drain, stub-kill drill (~5 min)
+	$(BIN)/python -m loadtest.soak --host $(HOST) $(if $(DURATION),--duration $(DURATION)) \
+		$(if $(SATURATION),--saturation $(SATURATION)) $(SOAK_ARGS)
 
 prometheus: setup prometheus-install  ## Prometheus on 127.0.0.1:9090 scraping Triton's metrics
 	$(BIN)/python -m loadtest.run_prometheus --metrics-port $(METRICS_PORT) --port $(PROMETHEUS_PORT)

@@ -1,0 +1,645 @@
+"""The soak's bookkeeping: every request from sent to its end, the summaries and checks drawn
+from them, and the run folder (summary.json, report.md, soak.png, requests.csv, rss.csv).
+
+Everything here is pure (no server), so ``tests/test_soak.py`` checks that the accounting adds
+up, that the flatness check and the verdicts say what they should, and that the report is
+written.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loadtest.soak_cases import (
+    ABANDONED,
+    CANCELLED,
+    CASES,
+    CATEGORIES,
+    INVALID,
+    KINDS,
+    OK,
+    QUEUE_FULL,
+    REJECTED,
+    STATUSES,
+    TIMEOUT,
+    UNANSWERED,
+    UNCLEAR,
+    VALID_KINDS,
+    VALIDATION,
+    VANISH_KINDS,
+    names_any,
+)
+
+MESSAGE_CHARS = 400  # of each error text kept per request
+PASS, FAIL, WARN, SKIP = "PASS", "FAIL", "WARN", "SKIP"
+
+# --- one request ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Record:
+    """One request from the moment it was sent to its end."""
+
+    kind: str
+    case: str  # the invalid/hostile case's name; "" for the other kinds
+    transport: str  # grpc, http, stream-grpc, stream-http, raw-http
+    phase: str  # ramp, soak, drill
+    started_s: float  # seconds since the run began
+    latency_s: float | None  # to the answer, the rejection or the client leaving
+    status: str  # ok, rejected, abandoned, unanswered
+    category: str = ""  # the error category of a rejection
+    message: str = ""  # the error text
+    expected: bool = True  # whether this end is what the kind or case must get
+
+
+def judge(kind: str, case: str, status: str, category: str, message: str) -> bool:
+    """Whether a request ended as it must.
+
+    Valid requests must be answered, or turned away for overload (queue full, queue timeout).
+    Vanishing clients may finish or leave. An invalid case, and a hostile case that expects a
+    rejection, must be rejected by a validation error naming the option; a legal hostile case
+    must be answered. Nothing may go unanswered.
+    """
+    if status == UNANSWERED:
+        return False
+    if case:
+        spec = CASES[case]
+        if spec.must_reject:
+            return status == REJECTED and category == VALIDATION and names_any(message, spec.expect)
+        return status == OK
+    if kind in VANISH_KINDS:
+        return status in (OK, ABANDONED) or category in (CANCELLED, TIMEOUT)
+    return status == OK or category in (QUEUE_FULL, TIMEOUT)
+
+
+class Ledger:
+    """Thread-safe accounting of every request: sent ones are in flight until they end, and
+    whatever is still in flight when the soak gives up waiting is counted unanswered."""
+
+    def __init__(self, started: float | None = None) -> None:
+        self.started = time.monotonic() if started is None else started
+        self.lock = threading.Lock()
+        self.records: list[Record] = []
+        self.in_flight: dict[int, tuple[str, str, str, str, float]] = {}
+        self._next = 0
+
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+    def begin(self, kind: str, case: str, transport: str, phase: str) -> int:
+        with self.lock:
+            ticket = self._next
+            self._next += 1
+            self.in_flight[ticket] = (kind, case, transport, phase, self.now())
+            return ticket
+
+    def end(self, ticket: int, status: str, category: str = "", message: str = "") -> Record:
+        """Record how a request ended (a second end of the same ticket is ignored)."""
+        with self.lock:
+            entry = self.in_flight.pop(ticket, None)
+            if entry is None:
+                return self.records[-1]
+            kind, case, transport, phase, started = entry
+            latency = None if status == UNANSWERED else self.now() - started
+            record = Record(
+                kind,
+                case,
+                transport,
+                phase,
+                round(started, 3),
+                None if latency is None else round(latency, 4),
+                status,
+                category,
+                message[:MESSAGE_CHARS],
+                judge(kind, case, status, category, message),
+            )
+            self.records.append(record)
+            return record
+
+    def close(self, reason: str) -> int:
+        """Count everything still in flight as unanswered; how many there were."""
+        with self.lock:
+            tickets = list(self.in_flight)
+        for ticket in tickets:
+            self.end(ticket, UNANSWERED, "", reason)
+        return len(tickets)
+
+    def snapshot(self) -> tuple[list[Record], int]:
+        with self.lock:
+            return list(self.records), len(self.in_flight)
+
+    @property
+    def sent(self) -> int:
+        with self.lock:
+            return self._next
+
+
+# --- summaries -----------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if values else None
+
+
+@dataclass(frozen=True)
+class KindSummary:
+    """One kind of client over a phase: every request accounted for."""
+
+    kind: str
+    sent: int
+    ok: int
+    rejected: dict[str, int]  # by error category
+    abandoned: int
+    unanswered: int
+    unexpected: int  # ended otherwise than the kind must (see judge)
+    p50_s: float | None  # latency of the accepted (ok) requests
+    p99_s: float | None
+
+    @property
+    def accounted(self) -> bool:
+        return self.sent == self.ok + sum(self.rejected.values()) + self.abandoned + self.unanswered
+
+
+def kind_summaries(records: Iterable[Record]) -> list[KindSummary]:
+    by_kind: dict[str, list[Record]] = {}
+    for record in records:
+        by_kind.setdefault(record.kind, []).append(record)
+    rows = []
+    for kind in sorted(by_kind, key=lambda k: KINDS.index(k) if k in KINDS else len(KINDS)):
+        group = by_kind[kind]
+        status = Counter(r.status for r in group)
+        latencies = [r.latency_s for r in group if r.status == OK and r.latency_s is not None]
+        rows.append(
+            KindSummary(
+                kind=kind,
+                sent=len(group),
+                ok=status[OK],
+                rejected=dict(Counter(r.category for r in group if r.status == REJECTED)),
+                abandoned=status[ABANDONED],
+                unanswered=status[UNANSWERED],
+                unexpected=sum(not r.expected for r in group),
+                p50_s=percentile(latencies, 50),
+                p99_s=percentile(latencies, 99),
+            )
+        )
+    return rows
+
+
+def total_summary(rows: Sequence[KindSummary]) -> KindSummary:
+    rejected: Counter[str] = Counter()
+    for row in rows:
+        rejected.update(row.rejected)
+    return KindSummary(
+        kind="all",
+        sent=sum(r.sent for r in rows),
+        ok=sum(r.ok for r in rows),
+        rejected=dict(rejected),
+        abandoned=sum(r.abandoned for r in rows),
+        unanswered=sum(r.unanswered for r in rows),
+        unexpected=sum(r.unexpected for r in rows),
+        p50_s=None,
+        p99_s=None,
+    )
+
+
+@dataclass(frozen=True)
+class CaseSummary:
+    """One invalid or hostile case: what it must get, what it got, and one message."""
+
+    case: str
+    kind: str
+    description: str
+    expect: str  # "answered", or "rejected naming X|Y"
+    sent: int
+    as_expected: int
+    outcomes: dict[str, int]  # "ok", "rejected/validation", ...
+    transports: list[str]
+    sample_message: str
+
+    @property
+    def passed(self) -> bool:
+        return self.sent > 0 and self.as_expected == self.sent
+
+
+def case_summaries(records: Iterable[Record]) -> list[CaseSummary]:
+    by_case: dict[str, list[Record]] = {}
+    for record in records:
+        if record.case:
+            by_case.setdefault(record.case, []).append(record)
+    rows = []
+    for name in (n for n in CASES if n in by_case):
+        group, spec = by_case[name], CASES[name]
+        outcomes = Counter(
+            r.status if r.status != REJECTED else f"{r.status}/{r.category}" for r in group
+        )
+        wrong = [r for r in group if not r.expected]
+        sample = next((r.message for r in (*wrong, *group) if r.message), "")
+        rows.append(
+            CaseSummary(
+                case=name,
+                kind=group[0].kind,
+                description=spec.description,
+                expect=f"rejected naming {'|'.join(spec.expect)}" if spec.expect else "answered",
+                sent=len(group),
+                as_expected=sum(r.expected for r in group),
+                outcomes=dict(outcomes),
+                transports=sorted({r.transport for r in group}),
+                sample_message=sample,
+            )
+        )
+    return rows
+
+
+def error_messages(records: Iterable[Record], limit: int = 30) -> list[dict[str, Any]]:
+    """The distinct error texts (numbers blurred so that one message with different values
+    counts once), most frequent first, with their category."""
+    import re
+
+    counts: Counter[tuple[str, str]] = Counter()
+    example: dict[tuple[str, str], str] = {}
+    for record in records:
+        if record.status in (REJECTED, UNANSWERED) and record.message:
+            key = (record.category or record.status, re.sub(r"\d+", "N", record.message[:160]))
+            counts[key] += 1
+            example.setdefault(key, record.message)
+    return [
+        {"category": category, "count": count, "message": example[(category, shape)]}
+        for (category, shape), count in counts.most_common(limit)
+    ]
+
+
+# --- memory --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RssSample:
+    t_s: float  # seconds since the run began
+    phase: str
+    rss_bytes: int  # tritonserver and its stubs, summed
+    processes: int
+
+
+@dataclass(frozen=True)
+class Flatness:
+    """Is the server's memory flat after warm-up? The largest RSS of the last third of the
+    samples against the largest of the first third (max, not mean: a leak raises the peaks)."""
+
+    samples: int
+    first_third_max: int | None
+    last_third_max: int | None
+    growth: float | None  # last / first - 1
+    tolerance: float
+    flat: bool | None  # None: too few samples to say
+    note: str
+
+
+def rss_flatness(samples: Sequence[int], tolerance: float, minimum: int = 6) -> Flatness:
+    """Flatness of the RSS values of the measured phase after warm-up, in time order."""
+    if len(samples) < minimum:
+        return Flatness(
+            len(samples),
+            None,
+            None,
+            None,
+            tolerance,
+            None,
+            f"too few samples after warm-up ({len(samples)} < {minimum}): run longer",
+        )
+    third = len(samples) // 3
+    first, last = max(samples[:third]), max(samples[-third:])
+    growth = last / first - 1
+    flat = growth <= tolerance
+    verb = "flat" if flat else "growing"
+    note = (
+        f"{verb}: last third max {last / 2**20:,.0f} MiB vs first third max "
+        f"{first / 2**20:,.0f} MiB ({growth:+.1%}, tolerance {tolerance:.0%})"
+    )
+    return Flatness(len(samples), first, last, growth, tolerance, flat, note)
+
+
+# --- the whole run -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # PASS, FAIL, WARN, SKIP
+    detail: str
+
+
+@dataclass
+class SoakResult:
+    """Everything summary.json holds; report.md and the console table are drawn from it."""
+
+    settings: dict[str, Any]
+    server: dict[str, Any]
+    saturation: dict[str, Any]
+    kinds: list[KindSummary]
+    total: KindSummary
+    cases: list[CaseSummary]
+    errors: list[dict[str, Any]]
+    rss: Flatness | None
+    rss_note: str
+    drain: dict[str, Any]
+    engine: dict[str, Any]
+    drill: dict[str, Any]
+    checks: list[Check] = field(default_factory=list)
+    started_at: str = ""
+    wall_s: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return any(c.status == FAIL for c in self.checks)
+
+
+def accounting_checks(total: KindSummary, kinds: Sequence[KindSummary]) -> list[Check]:
+    """The checks every soak makes on its own books."""
+    checks = [
+        Check(
+            "every request accounted for",
+            PASS if total.accounted and all(k.accounted for k in kinds) else FAIL,
+            f"sent {total.sent} = ok {total.ok} + rejected {sum(total.rejected.values())} + "
+            f"abandoned {total.abandoned} + unanswered {total.unanswered}",
+        ),
+        Check(
+            "nothing unanswered",
+            PASS if total.unanswered == 0 else FAIL,
+            f"{total.unanswered} request(s) had no answer within the deadline",
+        ),
+    ]
+    valid = [k for k in kinds if k.kind in VALID_KINDS]
+    bad_valid = sum(k.unexpected for k in valid)
+    checks.append(
+        Check(
+            "valid requests answered",
+            PASS if bad_valid == 0 else FAIL,
+            f"{sum(k.ok for k in valid)} of {sum(k.sent for k in valid)} answered; "
+            f"{bad_valid} refused for something other than overload",
+        )
+    )
+    unclear = total.rejected.get(UNCLEAR, 0)
+    checks.append(
+        Check(
+            "every error classified",
+            PASS if unclear == 0 else WARN,
+            f"{unclear} error text(s) matched no category (see the error list)",
+        )
+    )
+    return checks
+
+
+def case_check(cases: Sequence[CaseSummary], kind: str) -> Check:
+    group = [c for c in cases if c.kind == kind]
+    if not group:
+        return Check(f"{kind} requests", SKIP, "none sent (the mix gives them no weight)")
+    wrong = [c.case for c in group if not c.passed]
+    sent = sum(c.sent for c in group)
+    what = (
+        "rejected naming the option"
+        if kind == INVALID
+        else "rejected naming the option, or answered when legal"
+    )
+    return Check(
+        f"{kind} requests {what}",
+        PASS if not wrong else FAIL,
+        f"{sent} sent over {len(group)} cases" + (f"; wrong: {', '.join(wrong)}" if wrong else ""),
+    )
+
+
+# --- the run folder ------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "__dataclass_fields__"):
+        return {k: _plain(v) for k, v in asdict(value).items()}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    return value
+
+
+def write_requests(path: Path, records: Iterable[Record]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(Record.__dataclass_fields__)
+        for r in records:
+            writer.writerow(asdict(r).values())
+
+
+def write_rss(path: Path, samples: Iterable[RssSample]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(RssSample.__dataclass_fields__)
+        for s in samples:
+            writer.writerow(asdict(s).values())
+
+
+def _s(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def kinds_table(rows: Sequence[KindSummary]) -> list[str]:
+    """The accounting table: one row per kind, then the total."""
+    lines = [
+        "| kind | sent | ok | rejected | abandoned | unanswered | unexpected | p50 s | p99 s |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        rejected = ", ".join(f"{c} {r.rejected[c]}" for c in CATEGORIES if r.rejected.get(c))
+        rejected = rejected or "0"
+        lines.append(
+            f"| {r.kind} | {r.sent} | {r.ok} | {rejected} | {r.abandoned} | {r.unanswered} | "
+            f"{r.unexpected} | {_s(r.p50_s)} | {_s(r.p99_s)} |"
+        )
+    return lines
+
+
+def render_report(result: SoakResult) -> str:
+    """report.md: the checks first, then the tables that back them."""
+    s, srv = result.settings, result.server
+    lines = [
+        f"# Soak test {result.started_at}",
+        "",
+        f"Server: {srv.get('description', '?')}. Machine: {s.get('machine', '?')}. "
+        f"Wall time {result.wall_s:.0f} s.",
+        "",
+        f"Load: {s.get('clients')} closed-loop clients (2 x saturation "
+        f"{result.saturation.get('clients')}) for {s.get('duration_s'):.0f} s, "
+        f"{s.get('max_tokens')} tokens per valid request, deadline {s.get('deadline_s'):.0f} s.",
+        "",
+        "## Checks",
+        "",
+        "| check | result | detail |",
+        "|---|---|---|",
+        *(f"| {c.name} | {c.status} | {c.detail} |" for c in result.checks),
+        "",
+        "## Requests by kind (soak phase)",
+        "",
+        *kinds_table([*result.kinds, result.total]),
+        "",
+        "p50/p99: latency of the accepted requests (for streams, to the last piece).",
+        "",
+        "## Saturation",
+        "",
+        _saturation_text(result.saturation),
+        "",
+    ]
+    if result.cases:
+        lines += [
+            "## Invalid and hostile cases",
+            "",
+            "| case | kind | sent | must be | as expected | outcomes | message |",
+            "|---|---|---:|---|---:|---|---|",
+        ]
+        for c in result.cases:
+            outcomes = ", ".join(f"{k} {v}" for k, v in c.outcomes.items())
+            message = c.sample_message.replace("|", "\\|").replace("\n", " ")[:160]
+            lines.append(
+                f"| {c.case} | {c.kind} | {c.sent} | {c.expect} | {c.as_expected} | "
+                f"{outcomes} | {message} |"
+            )
+        lines.append("")
+    lines += ["## Error texts", ""]
+    if result.errors:
+        lines += ["| category | count | message |", "|---|---:|---|"]
+        for e in result.errors:
+            message = e["message"].replace("|", "\\|").replace("\n", " ")[:200]
+            lines.append(f"| {e['category']} | {e['count']} | {message} |")
+    else:
+        lines.append("None.")
+    lines += [
+        "",
+        "## Memory",
+        "",
+        result.rss.note if result.rss else result.rss_note,
+        "",
+        "## Drain and engine",
+        "",
+        *(f"- {k}: {v}" for k, v in result.drain.items()),
+        *(f"- {k}: {v}" for k, v in result.engine.items()),
+        "",
+        "## Stub-kill drill",
+        "",
+        *_drill_lines(result.drill),
+        "",
+        "![RSS and latency over time](soak.png)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _saturation_text(saturation: dict[str, Any]) -> str:
+    steps = saturation.get("steps") or []
+    if not steps:
+        return f"Given: {saturation.get('clients')} clients ({saturation.get('note', '')})."
+    rows = ["| clients | requests/s | tokens/s |", "|---:|---:|---:|"]
+    rows += [f"| {s['clients']} | {s['rps']:.2f} | {s['tokens_per_s']:.0f} |" for s in steps]
+    return "\n".join([*rows, "", saturation.get("note", "")])
+
+
+def _drill_lines(drill: dict[str, Any]) -> list[str]:
+    if not drill.get("done"):
+        return [str(drill.get("note", "not run"))]
+    lines = [str(drill.get("note", "")), ""]
+    for key in ("stub", "killed_at", "launcher_exit", "tritonserver_exit", "stub_restarted"):
+        if key in drill:
+            lines.append(f"- {key}: {drill[key]}")
+    lines += ["", "| t after kill (s) | what | became |", "|---:|---|---|"]
+    for event in drill.get("timeline", []):
+        value = str(event["value"]).replace("|", "\\|").replace("\n", " ")[:200]
+        lines.append(f"| {event['t_s']:.1f} | {event['what']} | {value} |")
+    in_flight = drill.get("in_flight", [])
+    if in_flight:
+        lines += ["", "Requests in flight when the stub died:", ""]
+        lines += [
+            f"- {r['transport']}: {r['status']} {r['category']} {r['message'][:200]}"
+            for r in in_flight
+        ]
+    return lines
+
+
+def console_table(result: SoakResult) -> str:
+    """What the soak prints at the end: the accounting table and the checks."""
+    lines = ["", *kinds_table([*result.kinds, result.total]), ""]
+    width = max((len(c.name) for c in result.checks), default=10)
+    lines += [f"  {c.status:4}  {c.name:<{width}}  {c.detail}" for c in result.checks]
+    return "\n".join(lines)
+
+
+def draw_chart(
+    path: Path,
+    samples: Sequence[RssSample],
+    records: Sequence[Record],
+    phases: Sequence[tuple[str, float, float]],
+    title: str,
+) -> Path:
+    """RSS over time above the latency of the accepted requests over time, phases shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    if samples:
+        top.plot([s.t_s for s in samples], [s.rss_bytes / 2**20 for s in samples], "-", lw=1.5)
+    top.set_ylabel("server RSS (MiB)\ntritonserver + stubs")
+    top.grid(True, alpha=0.3)
+    for kind in KINDS:
+        points = [
+            (r.started_s + (r.latency_s or 0), r.latency_s)
+            for r in records
+            if r.kind == kind and r.status == OK and r.latency_s is not None
+        ]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            bottom.scatter(xs, ys, s=6, alpha=0.6, label=kind)
+    bottom.set_ylabel("latency of accepted\nrequests (s)")
+    bottom.set_xlabel("seconds since the start of the run")
+    bottom.grid(True, alpha=0.3)
+    if bottom.get_legend_handles_labels()[0]:
+        bottom.legend(fontsize=8, markerscale=2, loc="upper left")
+    colors = {"ramp": "#fff2cc", "soak": "#e2f0d9", "drain": "#deebf7", "drill": "#f8cbad"}
+    for name, begin, end in phases:
+        for ax in (top, bottom):
+            ax.axvspan(begin, end, color=colors.get(name, "#eeeeee"), alpha=0.5, lw=0)
+        top.text(begin, 1.0, f" {name}", transform=top.get_xaxis_transform(), va="top", fontsize=8)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_run(
+    out: Path,
+    result: SoakResult,
+    records: Sequence[Record],
+    samples: Sequence[RssSample],
+    phases: Sequence[tuple[str, float, float]],
+) -> list[Path]:
+    """summary.json, report.md, soak.png, requests.csv and rss.csv into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    summary = _plain(result)
+    summary["failed"] = result.failed
+    summary["statuses"] = list(STATUSES)
+    paths = [out / "summary.json", out / "report.md", out / "requests.csv", out / "rss.csv"]
+    paths[0].write_text(json.dumps(summary, indent=2) + "\n")
+    paths[1].write_text(render_report(result))
+    write_requests(paths[2], records)
+    write_rss(paths[3], samples)
+    title = f"Soak {result.started_at}: {result.settings.get('clients')} clients"
+    paths.append(draw_chart(out / "soak.png", samples, records, phases, title))
+    return paths

@@ -1,0 +1,296 @@
+"""The soak (``make soak``): its pure parts without a server (error classification of real
+Triton error texts, the accounting, the flatness check, the report), then one very short real
+soak against the session's server (found running, so never drilled)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client.request import CompletionRequest
+from contract.options import MAX_PROMPT_BYTES, MAX_WORDS_PER_LIST
+from loadtest import soak
+from loadtest.soak_cases import (
+    ABANDONED,
+    CANCELLED,
+    CASES,
+    HOSTILE,
+    HOSTILE_CASES,
+    HOSTILE_TRANSPORTS,
+    INVALID,
+    INVALID_CASES,
+    INVALID_TRANSPORTS,
+    KINDS,
+    OK,
+    QUEUE_FULL,
+    REJECTED,
+    STREAM,
+    TIMEOUT,
+    UNANSWERED,
+    UNARY_GRPC,
+    UNAVAILABLE,
+    UNCLEAR,
+    VALIDATION,
+    VANISH_UNARY,
+    Schedule,
+    classify_error,
+    named_option,
+    parse_mix,
+    raw_tensors,
+)
+from loadtest.soak_clients import Rotation
+from loadtest.soak_results import (
+    FAIL,
+    PASS,
+    Check,
+    Ledger,
+    RssSample,
+    SoakResult,
+    accounting_checks,
+    case_check,
+    case_summaries,
+    error_messages,
+    judge,
+    kind_summaries,
+    rss_flatness,
+    total_summary,
+    write_run,
+)
+
+# Error texts as this Triton (2.51, python backend) and tritonclient really produce them.
+REAL_ERRORS = {
+    "in ensemble 'ensemble', runtime_top_p must be in [0, 1], got 1.5": (
+        VALIDATION,
+        "runtime_top_p",
+    ),
+    "in ensemble 'ensemble', INPUT_0 row 0 is an empty prompt: send text to complete": (
+        VALIDATION,
+        "INPUT_0",
+    ),
+    "in ensemble 'ensemble', prompt (163840 tokens) + request_output_len (32) = 163872 exceeds "
+    "the model's context of 512 tokens; shorten the prompt or ask for fewer tokens": (
+        VALIDATION,
+        "request_output_len",
+    ),
+    "in ensemble 'ensemble', INPUT_3 (stop words) of row 0 has 65 words, over the limit of 64": (
+        VALIDATION,
+        "INPUT_3",
+    ),
+    "beam_width=4 is not supported: this server does sampling and greedy search only "
+    "(beam_width=1)": (VALIDATION, "beam_width"),
+    "in ensemble 'ensemble', Stub process 'gptj_0_0' is not healthy.": (UNAVAILABLE, None),
+    "Exceeds maximum queue size": (QUEUE_FULL, None),
+    "Request timeout expired": (TIMEOUT, None),
+    "Deadline Exceeded": (TIMEOUT, None),
+    "cancelled: the client went away or its timeout passed": (CANCELLED, None),
+    "Locally cancelled by application!": (CANCELLED, None),
+    "no Triton server answers at grpc://127.0.0.1:1 (connection refused); start one with "
+    "`make triton` (HTTP on port 8000, gRPC on 8001) or point the client at yours": (
+        UNAVAILABLE,
+        None,
+    ),
+    "Request for unknown model: 'gptj' is not found": (UNAVAILABLE, None),
+    "the server said something new": (UNCLEAR, None),
+}
+
+
+@pytest.mark.parametrize("message", list(REAL_ERRORS))
+def test_real_error_texts_are_classified(message):
+    category, option = REAL_ERRORS[message]
+    assert classify_error(message) == category
+    if option:
+        assert named_option(message) == option
+
+
+def test_a_dead_stub_is_never_taken_for_a_bad_option():
+    message = "in ensemble 'ensemble', Stub process 'gptj_0_0' is not healthy."
+    assert classify_error(message) == UNAVAILABLE
+    assert not judge(INVALID, "top_p_1.5", REJECTED, UNAVAILABLE, message)
+
+
+def test_verdicts():
+    named = "in ensemble 'ensemble', runtime_top_p must be in [0, 1], got 1.5"
+    assert judge(INVALID, "top_p_1.5", REJECTED, VALIDATION, named)
+    assert not judge(INVALID, "top_p_1.5", OK, "", "")  # an invalid request answered
+    assert not judge(INVALID, "top_p_1.5", REJECTED, VALIDATION, "temperature must be >= 0")
+    assert judge(HOSTILE, "tiny_temperature", OK, "", "")
+    assert not judge(HOSTILE, "tiny_temperature", REJECTED, VALIDATION, "temperature ...")
+    assert judge(UNARY_GRPC, "", OK, "", "")
+    assert judge(UNARY_GRPC, "", REJECTED, QUEUE_FULL, "Exceeds maximum queue size")
+    assert not judge(UNARY_GRPC, "", REJECTED, VALIDATION, named)
+    assert judge(VANISH_UNARY, "", ABANDONED, "", "")
+    assert not judge(STREAM, "", UNANSWERED, "", "")
+
+
+def test_every_raw_case_builds_tensors_that_skip_the_client_check():
+    base = CompletionRequest("def f(x):\n", max_tokens=8)
+    for case in CASES.values():
+        tensors = raw_tensors(case, base, context=512)
+        assert set(base.tensors()) <= set(tensors)
+        for name, array in tensors.items():
+            assert array.shape == (1, 1), (case.name, name)
+            assert array.dtype == base.tensors()[name].dtype, (case.name, name)
+    cap = raw_tensors(CASES["prompt_at_byte_cap"], base, 512)["INPUT_0"][0, 0]
+    assert len(cap) == MAX_PROMPT_BYTES
+    assert np.isnan(raw_tensors(CASES["temperature_nan"], base, 512)["temperature"][0, 0])
+    too_many = raw_tensors(CASES["too_many_stop_words"], base, 512)["INPUT_3"][0, 0]
+    assert len(too_many.split(b",")) == MAX_WORDS_PER_LIST + 1
+    assert all(c.must_reject for c in INVALID_CASES)
+
+
+def test_schedule_keeps_the_mix_and_rotation_covers_every_case_and_transport():
+    mix = parse_mix("unary_grpc=5,invalid=3,hostile=2")
+    schedule = Schedule(mix)
+    picked = [schedule.next() for _ in range(100)]
+    assert picked.count(UNARY_GRPC) == 50 and picked.count(INVALID) == 30
+    assert set(picked[:10]) == {UNARY_GRPC, INVALID, HOSTILE}  # all within one cycle
+    rotation = Rotation()
+    sent = {rotation.next(INVALID) for _ in range(len(INVALID_CASES) * len(INVALID_TRANSPORTS))}
+    assert len(sent) == len(INVALID_CASES) * len(INVALID_TRANSPORTS)
+    sent = {rotation.next(HOSTILE) for _ in range(len(HOSTILE_CASES) * len(HOSTILE_TRANSPORTS))}
+    assert len(sent) == len(HOSTILE_CASES) * len(HOSTILE_TRANSPORTS)
+    with pytest.raises(ValueError, match="unknown kind"):
+        parse_mix("bogus=1")
+    with pytest.raises(ValueError, match="nothing to send"):
+        parse_mix("invalid=0")
+
+
+def ledger_with_a_run() -> Ledger:
+    ledger = Ledger()
+    ends = [
+        (UNARY_GRPC, "", OK, "", ""),
+        (UNARY_GRPC, "", REJECTED, QUEUE_FULL, "Exceeds maximum queue size"),
+        (STREAM, "", OK, "", ""),
+        (VANISH_UNARY, "", ABANDONED, "", "client timeout passed (on purpose)"),
+        (
+            INVALID,
+            "top_p_1.5",
+            REJECTED,
+            VALIDATION,
+            "in ensemble 'ensemble', runtime_top_p must be in [0, 1], got 1.5",
+        ),
+        (INVALID, "empty_prompt", OK, "", ""),  # the server accepted an invalid request
+    ]
+    for kind, case, status, category, message in ends:
+        ticket = ledger.begin(kind, case, "grpc", "soak")
+        ledger.end(ticket, status, category, message)
+    ledger.begin(UNARY_GRPC, "", "http", "soak")  # never ends
+    return ledger
+
+
+def test_every_request_is_accounted_for_and_leftovers_are_unanswered():
+    ledger = ledger_with_a_run()
+    assert ledger.close("still in flight") == 1
+    records, in_flight = ledger.snapshot()
+    assert in_flight == 0 and len(records) == ledger.sent == 7
+    kinds = kind_summaries(records)
+    total = total_summary(kinds)
+    assert all(k.accounted for k in kinds) and total.accounted
+    assert (total.ok, total.abandoned, total.unanswered) == (3, 1, 1)
+    assert total.rejected == {QUEUE_FULL: 1, VALIDATION: 1}
+    grpc = next(k for k in kinds if k.kind == UNARY_GRPC)
+    assert (grpc.sent, grpc.unanswered, grpc.unexpected) == (3, 1, 1)
+    checks = {c.name: c.status for c in accounting_checks(total, kinds)}
+    assert checks["every request accounted for"] == PASS
+    assert checks["nothing unanswered"] == FAIL
+    cases = {c.case: c for c in case_summaries(records)}
+    assert cases["top_p_1.5"].passed and not cases["empty_prompt"].passed
+    assert case_check(list(cases.values()), INVALID).status == FAIL
+    assert error_messages(records)[0]["count"] == 1
+
+
+def test_flatness_check():
+    mib = 2**20
+    flat = rss_flatness(
+        [1000 * mib, 1010 * mib, 990 * mib, 1005 * mib, 1000 * mib, 1020 * mib], 0.1
+    )
+    assert flat.flat and abs(flat.growth) < 0.02
+    leak = rss_flatness([1000 * mib + i * 50 * mib for i in range(9)], 0.1)
+    assert leak.flat is False and leak.growth > 0.1 and "growing" in leak.note
+    assert rss_flatness([mib] * 3, 0.1).flat is None
+
+
+def test_the_report_is_written(tmp_path):
+    ledger = ledger_with_a_run()
+    ledger.close("still in flight")
+    records, _ = ledger.snapshot()
+    kinds = kind_summaries(records)
+    samples = [RssSample(float(t), "soak", (500 + t) * 2**20, 4) for t in range(0, 20, 2)]
+    result = SoakResult(
+        settings={"clients": 4, "duration_s": 20.0, "max_tokens": 8, "deadline_s": 60.0},
+        server={"description": "test"},
+        saturation={"clients": 2, "steps": [], "note": "given"},
+        kinds=kinds,
+        total=total_summary(kinds),
+        cases=case_summaries(records),
+        errors=error_messages(records),
+        rss=rss_flatness([s.rss_bytes for s in samples], 0.1),
+        rss_note="",
+        drain={"ready_after_soak": "200"},
+        engine={"kv_cache_bytes": "not exported"},
+        drill={"done": False, "note": "skipped"},
+        checks=[Check("nothing unanswered", FAIL, "1 request(s)")],
+        started_at="2026-01-01T00:00:00",
+    )
+    paths = write_run(tmp_path, result, records, samples, [("soak", 0.0, 20.0)])
+    assert {p.name for p in paths} >= {"summary.json", "report.md", "soak.png", "requests.csv"}
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["failed"] is True and summary["total"]["sent"] == 7
+    report = (tmp_path / "report.md").read_text()
+    assert "| nothing unanswered | FAIL |" in report and "runtime_top_p must be" in report
+    assert (tmp_path / "soak.png").stat().st_size > 10_000
+    assert len((tmp_path / "requests.csv").read_text().splitlines()) == 8
+
+
+def test_a_short_real_soak_accounts_for_everything(server, model_repository, tmp_path: Path):
+    """Four clients for a few seconds, weighted towards the invalid and hostile cases so that
+    every one of them is sent; the server was found running, so there is no drill."""
+    out = tmp_path / "soak"
+    mix = "unary_grpc=2,unary_http=2,stream=2,vanish_stream=1,vanish_unary=2,invalid=10,hostile=9"
+    code = soak.main(
+        [
+            "--host",
+            server.http_url,
+            "--grpc-url",
+            server.grpc_url,
+            "--metrics-url",
+            server.metrics_url,
+            "--model-repository",
+            str(model_repository),
+            "--saturation",
+            "2",
+            "--duration",
+            "20",
+            "--mix",
+            mix,
+            "--max-tokens",
+            "8",
+            "--long-tokens",
+            "96",
+            "--prompt-chars",
+            "150",
+            "--rss-every",
+            "1",
+            "--progress-every",
+            "5",
+            "--out",
+            str(out),
+        ]
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    total = summary["total"]
+    assert total["unanswered"] == 0
+    assert total["sent"] == total["ok"] + sum(total["rejected"].values()) + total["abandoned"]
+    assert total["sent"] > 0
+    invalid = [c for c in summary["cases"] if c["kind"] == INVALID]
+    assert {c["case"] for c in invalid} == {c.name for c in INVALID_CASES}, "not all sent"
+    for case in invalid:
+        assert case["as_expected"] == case["sent"], case  # rejected, naming the option
+    checks = {c["name"]: c["status"] for c in summary["checks"]}
+    assert checks["stub-kill drill"] == "SKIP"  # a server the soak did not start
+    assert checks["engine idle after the drain"] == PASS
+    assert code == 0, [c for c in summary["checks"] if c["status"] == FAIL]
+    assert set(KINDS) >= {k["kind"] for k in summary["kinds"]}
