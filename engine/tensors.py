@@ -15,6 +15,7 @@ from contract.tensors import OPTION_DEFAULTS
 from contract.words import split_word_list
 from engine.engine import GenerationRequest, GenerationResult
 
+
 def _scalar(arrays: Mapping[str, np.ndarray], name: str, row: int):
     value = arrays.get(name)
     if value is None:

@@ -9,9 +9,9 @@ import torch
 from transformers import GPTJConfig as HFConfig
 from transformers import GPTJForCausalLM
 
-from engine.engine import Engine, GenerationRequest, GenerationResult
-from engine.gptj import GPTJ, KVCache
 from contract.options import InvalidRequestError, SamplingParams
+from engine.engine import Engine, GenerationRequest, GenerationResult, NullListener
+from engine.gptj import GPTJ, KVCache
 
 VOCAB = 300
 
@@ -195,6 +195,56 @@ def test_end_id_stops_and_out_of_vocabulary_end_id_falls_back(hf_model, engine):
     assert gpt2_eos.output_ids == free[: len(gpt2_eos.output_ids)]
 
 
+def test_out_of_vocabulary_end_id_ends_at_the_models_own_end_token(hf_model, tmp_path):
+    """A model whose end token is the 5th greedy token: an unknown end_id must stop there."""
+    hf, _ = hf_model
+    prompt = prompts(1, seed=19)[0]
+    free = hf_greedy(hf, prompt, 20)
+    hf.config.eos_token_id = free[4]
+    try:
+        hf.save_pretrained(tmp_path)
+    finally:
+        hf.config.eos_token_id = 0
+    eng = Engine(GPTJ.from_checkpoint(tmp_path), max_batch_size=2).start()
+    try:
+        for end_id in (50256, VOCAB, None):
+            result = eng.generate(GenerationRequest(prompt, 20, end_id=end_id))
+            assert result.finish_reason == "end_id"
+            assert result.output_ids == free[: free.index(free[4])]
+    finally:
+        eng.stop()
+
+
+def test_temperature_zero_is_greedy_and_log_probs_follow_temperature(hf_model, engine):
+    hf, _ = hf_model
+    prompt = prompts(1, seed=23)[0]
+    cold = engine.generate(
+        GenerationRequest(prompt, 12, SamplingParams(temperature=0.0, top_k=40, top_p=0.9))
+    )
+    assert cold.output_ids == hf_greedy(hf, prompt, 12)
+    hot = engine.generate(
+        GenerationRequest(prompt, 12, SamplingParams(top_k=5, temperature=2.0, seed=4))
+    )
+    tokens = list(prompt)
+    for token, log_prob in zip(hot.output_ids, hot.log_probs, strict=True):
+        logits = hf(torch.tensor([tokens])).logits[0, -1]
+        expected = torch.log_softmax(logits / 2.0, -1)[token]  # before the top-k truncation
+        assert log_prob == pytest.approx(expected.item(), abs=1e-4)
+        tokens.append(token)
+
+
+def test_a_request_with_nothing_to_generate_fails_alone(hf_model, engine):
+    hf, _ = hf_model
+    batch = prompts(4, seed=29)
+    everything = [[t] for t in range(VOCAB)]
+    requests = [GenerationRequest(p, 10) for p in batch]
+    requests[1] = GenerationRequest(batch[1], 10, SamplingParams(top_k=3), bad_words=everything)
+    results = run_concurrently(engine, requests)
+    assert results[1].finish_reason == "error" and "bans every token" in results[1].error
+    for i in (0, 2, 3):
+        assert results[i].output_ids == hf_greedy(hf, batch[i], 10)
+
+
 @pytest.mark.parametrize(
     ("request_kwargs", "message"),
     [
@@ -213,8 +263,8 @@ def test_invalid_requests_are_refused_with_the_reason(engine, request_kwargs, me
     ("params", "message"),
     [
         ({"top_p": 1.5}, "runtime_top_p must be in"),
-        ({"temperature": -1.0}, "temperature must be >= 0"),
-        ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
+        ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty must be a finite number > 0"),
         ({"top_k": -1}, "runtime_top_k must be >= 0"),
     ],
 )
@@ -252,10 +302,7 @@ def test_wait_for_room_holds_requests_until_the_batch_has_space(hf_model):
     try:
         finished = threading.Event()
 
-        class Listener:
-            def on_token(self, token_id: int, log_prob: float) -> None:
-                pass
-
+        class Listener(NullListener):
             def on_finish(self, result: GenerationResult) -> None:
                 finished.set()
 
