@@ -28,7 +28,7 @@ from contract.options import SamplingParams
 
 MASK32 = 0xFFFFFFFF
 GOLDEN = 0x9E3779B9  # odd step between consecutive counters of a row
-NUCLEUS_GUESS = 256  # candidates tried first for a nucleus without top-k; all if it falls short
+NUCLEUS_GUESS = 256  # candidates tried first for a nucleus without top-k; 16x more if short
 MIN_TEMPERATURE = 1e-5  # below this logits / T overflows; such rows are greedy in effect anyway
 
 
@@ -268,8 +268,8 @@ class Sampler:
             nucleus = torch.where((top_p > 0) & (top_p < 1), top_p, float("inf")) * mass
             if plan.may_grow and count < self.vocab_size:
                 short = (top_k == 0) & (cumulative[:, -1] < nucleus)
-                if bool(short.any()):  # some nucleus reaches past the candidates: take them all
-                    count = self.vocab_size
+                if bool(short.any()):  # some nucleus reaches past the candidates: take more
+                    count = min(16 * count, self.vocab_size)
                     continue
             break
         kept = (weights > 0) & (cumulative - weights < nucleus[:, None])  # a prefix of each row

@@ -11,7 +11,7 @@ from transformers import GPTJForCausalLM
 
 from contract.options import InvalidRequestError, SamplingParams
 from engine.engine import Engine, GenerationRequest, GenerationResult, NullListener
-from engine.gptj import GPTJ, KVCache
+from engine.gptj import GPTJ, KVCache, split_long_rows
 
 VOCAB = 300
 
@@ -95,6 +95,25 @@ def test_logits_match_transformers_for_prefill_and_decode(hf_model):
             expected = hf(prefix[None]).logits[0, -1]
             torch.testing.assert_close(logits[row], expected, atol=1e-5, rtol=1e-5)
             extended = torch.cat([prefix, torch.tensor([5 + row])])[None]
+            torch.testing.assert_close(step[row], hf(extended).logits[0, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_decode_attends_long_rows_alone_and_matches_transformers(hf_model):
+    """Rows of very different lengths: the longest are attended on their own, same logits."""
+    hf, path = hf_model
+    model = GPTJ.from_checkpoint(path)
+    lengths = [3, 150, 5, 2, 90, 4]
+    assert split_long_rows([n + 1 for n in lengths])[1]  # this batch does take rows out
+    ids = torch.randint(0, VOCAB, (len(lengths), max(lengths)))
+    cache = KVCache.empty(model.config, torch.float32)
+    cache.reserve(len(lengths), max(lengths) + 1)
+    rows = slice(0, len(lengths))
+    zeros = torch.zeros(len(lengths), dtype=torch.long)
+    with torch.inference_mode():
+        model(ids, zeros, torch.tensor(lengths) - 1, cache, rows)
+        step = model(torch.full((len(lengths), 1), 7), torch.tensor(lengths), zeros, cache, rows)
+        for row, n in enumerate(lengths):
+            extended = torch.cat([ids[row, :n], torch.tensor([7])])[None]
             torch.testing.assert_close(step[row], hf(extended).logits[0, -1], atol=1e-5, rtol=1e-5)
 
 
