@@ -254,12 +254,33 @@ class GPTJ(nn.Module):
         device: str = "cpu",
         quantize: str | None = None,
     ) -> GPTJ:
-        """Load a Hugging Face GPT-J folder (config.json + *.safetensors) onto ``device``."""
+        """Load a Hugging Face GPT-J folder (config.json + *.safetensors) onto ``device``.
+
+        ``dtype`` bfloat16 halves memory; ``quantize="int8"`` replaces every linear layer by
+        torch's dynamically quantized int8 one (weights int8, activations quantized per call;
+        float32 and CPU only).
+        """
         path = Path(path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"no checkpoint at {path}: run `make model` first")
         config = GPTJConfig.from_checkpoint(path)
-        state = fuse_qkv(load_state_dict(path), config.n_layer)
+        return cls.from_state_dict(config, load_state_dict(path), dtype, device, quantize)
+
+    @classmethod
+    def from_state_dict(
+        cls,
+        config: GPTJConfig,
+        state: dict[str, torch.Tensor],
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+        quantize: str | None = None,
+    ) -> GPTJ:
+        """Build from ``GPTJForCausalLM`` weights (see :meth:`from_checkpoint`)."""
+        if quantize not in (None, "none", "int8"):
+            raise ValueError(f"quantize must be 'none' or 'int8', got {quantize!r}")
+        if quantize == "int8" and (dtype != torch.float32 or str(device) != "cpu"):
+            raise ValueError("quantize='int8' runs on the CPU with dtype float32")
+        state = fuse_qkv(dict(state), config.n_layer)
         if "lm_head.bias" not in state:
             state["lm_head.bias"] = torch.zeros(
                 config.vocab_size, dtype=state["lm_head.weight"].dtype
@@ -268,7 +289,10 @@ class GPTJ(nn.Module):
         model.load_state_dict(state, strict=True)
         model = model.to(dtype)
         model.cos, model.sin = model.cos.float(), model.sin.float()  # angles stay float32
-        return model.to(device).eval()
+        model = model.to(device).eval()
+        if quantize == "int8":
+            model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+        return model
 
     def plan(self, start: torch.Tensor, steps: int) -> StepPlan:
         """Positions, masks and the long-row split for a pass of ``steps`` tokens per row."""
@@ -290,7 +314,7 @@ class GPTJ(nn.Module):
         self,
         tokens: torch.Tensor,
         start: torch.Tensor,
-        last: torch.Tensor,
+        last: torch.Tensor | None,
         cache: KVCache,
         rows: slice,
     ) -> torch.Tensor:
@@ -300,7 +324,8 @@ class GPTJ(nn.Module):
         device, where the batched sampling runs. Prefill passes a right-padded prompt batch with
         start 0; a decode step passes one token per row at its current length. Padding beyond a
         row's real tokens is written to the cache but never attended to: a later step overwrites
-        it before any query can see it.
+        it before any query can see it. ``last=None`` returns the logits of every step,
+        [B, T, vocab] (for quality checks).
         """
         plan = self.plan(start, tokens.shape[1])
         cos = self.cos[plan.positions][:, :, None, None, :]  # [B, T, q|k, head, rot]
@@ -308,7 +333,8 @@ class GPTJ(nn.Module):
         x = self.transformer.wte(tokens)
         for layer, block in enumerate(self.transformer.h):
             x = block(x, cos, sin, cache.keys[layer, rows], cache.values[layer, rows], plan)
-        x = x[plan.row_index[:, 0], last]
+        if last is not None:
+            x = x[plan.row_index[:, 0], last]
         return self.lm_head(self.transformer.ln_f(x)).float()
 
 

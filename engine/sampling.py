@@ -228,13 +228,13 @@ class Sampler:
                 logits[offset, last] = float("-inf")
         logits /= self.temperature[rows, None]
         norm = torch.logsumexp(logits, dim=-1)
-        chosen = logits.argmax(dim=-1)
-        if plan.count:
-            drawn = self._draw(logits, norm, rows, plan)
-            if plan.sampled is None:
-                chosen = drawn
-            else:
-                chosen.index_copy_(0, plan.sampled, drawn)
+        if plan.count == 0:
+            chosen = logits.argmax(dim=-1)
+        elif plan.sampled is None:
+            chosen = self._draw(logits, norm, rows, plan)
+        else:
+            chosen = logits.argmax(dim=-1)
+            chosen.index_copy_(0, plan.sampled, self._draw(logits, norm, rows, plan))
         log_probs = logits.gather(1, chosen[:, None])[:, 0] - norm
         return chosen, log_probs
 
@@ -277,9 +277,9 @@ class Sampler:
         target = u * cumulative.gather(1, last[:, None])[:, 0]
         index = torch.searchsorted(cumulative, target[:, None], right=True)
         index = torch.minimum(index, last[:, None])
-        drawn = order.gather(1, index)[:, 0]
-        # a row with nothing to draw from (every token banned) falls back to its argmax
-        return torch.where(torch.isfinite(best[:, 0]), drawn, logits.argmax(dim=-1))
+        # a row with nothing to draw from (every token banned) still gets a valid index here;
+        # its log-prob comes out NaN, which is how the engine tells it apart
+        return order.gather(1, index)[:, 0]
 
     def advance(self, chosen: torch.Tensor, rows: slice) -> None:
         """Record that every row in ``rows`` took its ``chosen`` token."""

@@ -341,3 +341,19 @@ def test_wait_for_room_holds_requests_until_the_batch_has_space(hf_model):
         small.wait_for_room(2)  # an idle engine always has room
     finally:
         small.stop()
+
+
+@pytest.mark.parametrize("variant", [{"dtype": torch.bfloat16}, {"quantize": "int8"}])
+def test_bfloat16_and_int8_agree_with_float32_greedily(hf_model, engine, variant):
+    """Cheaper weights, same first tokens: a broken variant would agree about 1 time in 300."""
+    lower = Engine(GPTJ.from_checkpoint(hf_model[1], **variant), max_batch_size=8).start()
+    try:
+        batch = [GenerationRequest(p, 4) for p in prompts(6, seed=31)]
+        expected = run_concurrently(engine, batch)
+        got = run_concurrently(lower, batch)
+    finally:
+        lower.stop()
+    same = [g.output_ids[:3] == e.output_ids[:3] for g, e in zip(got, expected, strict=True)]
+    assert sum(same) >= 5
+    for g, e in zip(got, expected, strict=True):
+        assert g.log_probs[0] == pytest.approx(e.log_probs[0], abs=0.05)
