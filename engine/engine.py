@@ -21,7 +21,7 @@ import torch
 
 from contract.options import InvalidRequestError, SamplingParams
 from engine.gptj import GPTJ, KVCache
-from engine.sampling import RowState, make_generator, select_tokens
+from engine.sampling import Sampler
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,16 @@ class Listener(Protocol):
     def on_finish(self, result: GenerationResult) -> None: ...
 
 
+class NullListener:
+    """A listener that ignores everything; subclass it and override what you need."""
+
+    def on_token(self, token_id: int, log_prob: float) -> None:
+        pass
+
+    def on_finish(self, result: GenerationResult) -> None:
+        pass
+
+
 class StepObserver(Protocol):
     def on_step(self, rows: int, new_tokens: int, prompt_tokens: int, seconds: float) -> None: ...
     def on_finish(self, result: GenerationResult) -> None: ...
@@ -74,13 +84,22 @@ class _Sequence:
     handle: Handle
     submitted: float
     end_id: int | None
-    state: RowState
+    tokens: list[int]  # prompt + generated so far (the sampler reads it for multi-token bad words)
+    stops: dict[int, list[tuple[int, ...]]]  # stop words by their last token
     admitted: float = 0.0
     log_probs: list[float] = field(default_factory=list)
 
     @property
     def generated(self) -> list[int]:
-        return self.state.tokens[self.state.generated_from :]
+        return self.tokens[len(self.request.prompt_ids) :]
+
+    def stopped(self, token: int) -> bool:
+        """Whether appending ``token`` completed a stop word (checks only words ending in it)."""
+        produced = len(self.tokens) - len(self.request.prompt_ids)
+        return any(
+            len(word) <= produced and tuple(self.tokens[-len(word) :]) == word
+            for word in self.stops.get(token, ())
+        )
 
 
 class Engine:
@@ -101,6 +120,10 @@ class Engine:
         weights = next(model.parameters())
         self.device = weights.device
         self.cache = KVCache.empty(model.config, weights.dtype, self.device)
+        self.sampler = Sampler(self.config.vocab_size, self.device, max_batch_size)
+        # each running row's last token and its position: the next decode step's input
+        self._last = torch.zeros(max_batch_size, dtype=torch.long, device=self.device)
+        self._position = torch.zeros(max_batch_size, dtype=torch.long, device=self.device)
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._cond = threading.Condition()
@@ -140,15 +163,13 @@ class Engine:
         end_id = request.end_id
         if end_id is None or not 0 <= end_id < self.config.vocab_size:
             end_id = self.config.eos_token_id
-        state = RowState(
-            params=request.sampling,
-            tokens=list(request.prompt_ids),
-            generated_from=len(request.prompt_ids),
-            bad_words=request.bad_words,
-            generator=None if request.sampling.greedy else make_generator(request.sampling.seed),
-        )
+        stops: dict[int, list[tuple[int, ...]]] = {}
+        for word in request.stop_words:
+            stops.setdefault(word[-1], []).append(tuple(word))
         handle = Handle()
-        seq = _Sequence(request, listener, handle, time.perf_counter(), end_id, state)
+        seq = _Sequence(
+            request, listener, handle, time.perf_counter(), end_id, list(request.prompt_ids), stops
+        )
         with self._cond:
             if self._stopping:
                 raise RuntimeError("engine is stopped")
@@ -177,10 +198,7 @@ class Engine:
         done = threading.Event()
         box: list[GenerationResult] = []
 
-        class _Wait:
-            def on_token(self, token_id: int, log_prob: float) -> None:
-                pass
-
+        class _Wait(NullListener):
             def on_finish(self, result: GenerationResult) -> None:
                 box.append(result)
                 done.set()
@@ -209,15 +227,6 @@ class Engine:
     def running(self) -> int:
         return len(self._running)
 
-    @property
-    def stopping(self) -> bool:
-        return self._stopping
-
-    @property
-    def alive(self) -> bool:
-        """Whether the worker thread is running (false before start and after stop)."""
-        return self._thread is not None and self._thread.is_alive()
-
     # -- worker -------------------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -243,6 +252,7 @@ class Engine:
                 for seq in self._running:
                     self._finish(seq, "error", error=f"generation failed: {exc}")
                 self._running.clear()
+                self.sampler = Sampler(self.config.vocab_size, self.device, self.max_batch_size)
 
     def _admit(self) -> list[_Sequence]:
         """Take waiting sequences while there are free rows and prefill budget."""
@@ -272,59 +282,72 @@ class Engine:
         for i, seq in enumerate(admitted):
             tokens[i, : lengths[i]] = torch.tensor(seq.request.prompt_ids)
             seq.admitted = started
+            self.sampler.add(seq.request.sampling, seq.tokens, seq.request.bad_words)
+        self._running.extend(admitted)  # from here a failure fails them too
+        rows = slice(first, first + len(admitted))
+        self._position[rows] = torch.tensor(lengths) - 1
         logits = self.model(
             tokens.to(self.device),
             torch.zeros(len(admitted), dtype=torch.long, device=self.device),
-            torch.tensor(lengths, device=self.device) - 1,
+            self._position[rows],
             self.cache,
-            slice(first, first + len(admitted)),
+            rows,
         )
-        self._running.extend(admitted)
-        self._advance(admitted, logits, started, prompt_tokens=sum(lengths))
+        self._advance(admitted, logits, rows, started, prompt_tokens=sum(lengths))
 
     def _decode(self) -> None:
         started = time.perf_counter()
         running = self._running
-        longest = max(len(seq.state.tokens) for seq in running)
-        self.cache.reserve(len(running), longest)
-        tokens = torch.tensor([[seq.state.tokens[-1]] for seq in running], device=self.device)
-        start = torch.tensor([len(seq.state.tokens) - 1 for seq in running], device=self.device)
+        rows = slice(0, len(running))
+        self.cache.reserve(len(running), max(len(seq.tokens) for seq in running))
         logits = self.model(
-            tokens,
-            start,
+            self._last[rows, None],
+            self._position[rows],
             torch.zeros(len(running), dtype=torch.long, device=self.device),
             self.cache,
-            slice(0, len(running)),
+            rows,
         )
-        self._advance(list(running), logits, started, prompt_tokens=0)
+        self._advance(list(running), logits, rows, started, prompt_tokens=0)
 
     def _advance(
-        self, seqs: list[_Sequence], logits: torch.Tensor, started: float, prompt_tokens: int
+        self,
+        seqs: list[_Sequence],
+        logits: torch.Tensor,
+        rows: slice,
+        started: float,
+        prompt_tokens: int,
     ) -> None:
         """Pick each sequence's next token, tell its listener, retire the finished ones."""
-        chosen, log_probs = select_tokens(logits, [seq.state for seq in seqs])
-        finished: list[tuple[_Sequence, str]] = []
-        for seq, token, log_prob in zip(seqs, chosen, log_probs, strict=True):
+        chosen, log_probs = self.sampler.select(logits, rows)
+        self.sampler.advance(chosen, rows)
+        self._last[rows] = chosen
+        self._position[rows] += 1
+        finished: list[tuple[_Sequence, str, str | None]] = []
+        for seq, token, log_prob in zip(seqs, chosen.tolist(), log_probs.tolist(), strict=True):
             if seq.handle.cancelled.is_set():
-                finished.append((seq, "cancelled"))
+                finished.append((seq, "cancelled", None))
+                continue
+            if log_prob != log_prob:  # NaN: this row's settings left no token to choose
+                error = "no token can be generated: bad_words_list bans every token"
+                finished.append((seq, "error", error))
                 continue
             if token == seq.end_id:
-                finished.append((seq, "end_id"))
+                finished.append((seq, "end_id", None))
                 continue
-            seq.state.tokens.append(token)
+            seq.tokens.append(token)
             seq.log_probs.append(log_prob)
             seq.listener.on_token(token, log_prob)
-            if _ends_with_any(seq.generated, seq.request.stop_words):
-                finished.append((seq, "stop_word"))
-            elif len(seq.generated) >= seq.request.max_new_tokens:
-                finished.append((seq, "length"))
+            if seq.stops and seq.stopped(token):
+                finished.append((seq, "stop_word", None))
+            elif len(seq.tokens) - len(seq.request.prompt_ids) >= seq.request.max_new_tokens:
+                finished.append((seq, "length", None))
         if self.observer is not None:
             self.observer.on_step(
                 len(seqs), len(seqs), prompt_tokens, time.perf_counter() - started
             )
-        for seq, reason in finished:
+        for seq, reason, error in finished:
             self._retire(seq)
-            self._finish(seq, reason)
+            self._finish(seq, reason, error)
 
     def _drop_cancelled(self) -> None:
         for seq in [s for s in self._running if s.handle.cancelled.is_set()]:
@@ -335,8 +358,12 @@ class Engine:
         """Remove a running sequence, moving the last row into its place to stay contiguous."""
         row = self._running.index(seq)
         last = self._running.pop()
+        self.sampler.remove(row)
         if last is not seq:
-            self.cache.move_row(len(self._running), row, len(last.state.tokens))
+            end = len(self._running)
+            self.cache.move_row(end, row, len(last.tokens))
+            self._last[row] = self._last[end]
+            self._position[row] = self._position[end]
             self._running[row] = last
 
     def _finish(self, seq: _Sequence, reason: str, error: str | None = None) -> None:
@@ -358,7 +385,3 @@ class Engine:
         finally:
             if self.observer is not None:
                 self.observer.on_finish(result)
-
-
-def _ends_with_any(tokens: list[int], words: Sequence[Sequence[int]]) -> bool:
-    return any(len(tokens) >= len(w) and tokens[-len(w) :] == list(w) for w in words)

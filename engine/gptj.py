@@ -5,6 +5,11 @@ GPT-J checkpoint (``codegen-350M-mono-gptj`` included) loads unchanged. What dif
 transformers implementation is the cache: one tensor per layer holding every running sequence in
 a *row*, each at its own length. A decode step for all rows is one forward pass, and rows can
 join (prefill) or leave (finish) between steps without touching the others.
+
+Per step the model does only what it needs: one fused q|k|v matmul per layer, rotary tables
+precomputed per position, in-place cache writes, and torch's scaled_dot_product_attention over
+the span the batch needs; a decode step attends the few much longer rows on their own, so a
+long request does not make every short one pay for its length.
 """
 
 from __future__ import annotations
@@ -59,21 +64,25 @@ class GPTJConfig:
         return cls.from_dict(json.loads((Path(path) / "config.json").read_text()))
 
 
-def rotary_table(config: GPTJConfig) -> torch.Tensor:
-    """sin and cos of every position, [n_positions, rotary_dim] (sin half then cos half)."""
+def rotary_tables(config: GPTJConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and signed sin of every position, [n_positions, rotary_dim], already interleaved.
+
+    GPT-J rotates pairs (x[2i], x[2i+1]); with each angle repeated for both members of its pair
+    and the sign of the first member folded into sin, a rotation is ``x*cos + swap(x)*sin``.
+    """
     dim = config.rotary_dim or config.head_dim
     inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.int64) / dim))
     angles = torch.arange(config.n_positions, dtype=torch.int64).float()[:, None] * inv_freq
-    return torch.cat((torch.sin(angles), torch.cos(angles)), dim=1)
+    sign = torch.tensor([-1.0, 1.0]).repeat(dim // 2)
+    cos = torch.cos(angles).repeat_interleave(2, dim=-1)
+    sin = torch.sin(angles).repeat_interleave(2, dim=-1) * sign
+    return cos, sin
 
 
-def apply_rotary(x: torch.Tensor, sincos: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs of x [B, T, H, R] by the angles in sincos [B, T, R]."""
-    sin, cos = sincos.to(x.dtype).chunk(2, dim=-1)
-    sin = sin.repeat_interleave(2, dim=-1)[:, :, None, :]
-    cos = cos.repeat_interleave(2, dim=-1)[:, :, None, :]
-    rotated = torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
-    return x * cos + rotated * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate the interleaved pairs of x [..., R] in place; cos/sin broadcast to x."""
+    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    x.copy_(torch.addcmul(x * cos, swapped, sin))
 
 
 @dataclass
@@ -138,37 +147,54 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+@dataclass
+class StepPlan:
+    """Index tensors one forward pass shares across its layers.
+
+    ``key_len`` is how many cache positions the batched attention reads. In a decode step the
+    rows longer than that (``long_rows``: row, length) are attended separately on their own row
+    of the cache, so one long request does not make every short one read its length.
+    """
+
+    row_index: torch.Tensor  # [B, 1]
+    positions: torch.Tensor  # [B, T]
+    key_len: int
+    mask: torch.Tensor | None  # [B, 1, T, key_len] allowed keys; None: plain causal prefill
+    long_rows: list[tuple[int, int]]
+
+
 class Attention(nn.Module):
     def __init__(self, config: GPTJConfig) -> None:
         super().__init__()
         self.config = config
-        self.q_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        self.k_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        self.v_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.qkv_proj = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)  # q|k|v fused
         self.out_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
-    def forward(self, x, sincos, layer_keys, layer_values, row_index, positions, allowed):
-        """x [B, T, C] at ``positions`` [B, T]; keys/values are written into the cache rows."""
+    def forward(self, x, cos, sin, layer_keys, layer_values, plan: StepPlan):
+        """x [B, T, C] at ``plan.positions``; keys/values are written into the cache rows."""
         cfg = self.config
         batch, steps, _ = x.shape
-        shape = (batch, steps, cfg.n_head, cfg.head_dim)
-        q, k, v = (proj(x).view(shape) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        qkv = self.qkv_proj(x).view(batch, steps, 3, cfg.n_head, cfg.head_dim)
         rot = cfg.rotary_dim or cfg.head_dim
-        q = torch.cat((apply_rotary(q[..., :rot], sincos), q[..., rot:]), dim=-1)
-        k = torch.cat((apply_rotary(k[..., :rot], sincos), k[..., rot:]), dim=-1)
+        apply_rotary(qkv[:, :, :2, :, :rot], cos, sin)  # q and k at once
+        q, k, v = qkv.unbind(2)
         # cache[row, head, position] = this step's key/value, for every (row, step) at once
-        layer_keys[row_index, :, positions] = k
-        layer_values[row_index, :, positions] = v
-        key_len = allowed.shape[-1]
-        keys = layer_keys[:, :, :key_len]
-        values = layer_values[:, :, :key_len]
-        # attention in float32, as transformers' GPT-J does
-        scores = q.transpose(1, 2).float() @ keys.float().transpose(-1, -2)
-        scores = scores / math.sqrt(cfg.head_dim)
-        scores = scores.masked_fill(~allowed[:, None], float("-inf"))
-        weights = F.softmax(scores, dim=-1).to(values.dtype)
-        out = (weights @ values).transpose(1, 2).reshape(batch, steps, cfg.n_embd)
-        return self.out_proj(out)
+        layer_keys[plan.row_index, :, plan.positions] = k
+        layer_values[plan.row_index, :, plan.positions] = v
+        q = q.transpose(1, 2)
+        keys = layer_keys[:, :, : plan.key_len]
+        values = layer_values[:, :, : plan.key_len]
+        if plan.mask is None:
+            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=plan.mask)
+        for row, length in plan.long_rows:
+            out[row : row + 1] = F.scaled_dot_product_attention(
+                q[row : row + 1],
+                layer_keys[row : row + 1, :, :length],
+                layer_values[row : row + 1, :, :length],
+            )
+        return self.out_proj(out.transpose(1, 2).reshape(batch, steps, cfg.n_embd))
 
 
 class MLP(nn.Module):
@@ -193,10 +219,11 @@ class Block(nn.Module):
         self.attn = Attention(config)
         self.mlp = MLP(config)
 
-    def forward(self, x, sincos, layer_keys, layer_values, row_index, positions, allowed):
+    def forward(self, x, cos, sin, layer_keys, layer_values, plan: StepPlan):
         h = self.ln_1(x)
-        attn = self.attn(h, sincos, layer_keys, layer_values, row_index, positions, allowed)
-        return x + attn + self.mlp(h)
+        out = self.mlp(h)
+        out += self.attn(h, cos, sin, layer_keys, layer_values, plan)
+        return out.add_(x)
 
 
 class Transformer(nn.Module):
@@ -208,25 +235,52 @@ class Transformer(nn.Module):
 
 
 class GPTJ(nn.Module):
-    """GPT-J for causal LM; state-dict keys match ``GPTJForCausalLM``."""
+    """GPT-J for causal LM, loaded from ``GPTJForCausalLM`` weights (q/k/v fused on load)."""
 
     def __init__(self, config: GPTJConfig) -> None:
         super().__init__()
         self.config = config
         self.transformer = Transformer(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size)
-        self.register_buffer("sincos", rotary_table(config), persistent=False)
+        cos, sin = rotary_tables(config)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     @classmethod
     def from_checkpoint(
-        cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+        cls,
+        path: str | Path,
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+        quantize: str | None = None,
     ) -> GPTJ:
-        """Load a Hugging Face GPT-J folder (config.json + *.safetensors) onto ``device``."""
+        """Load a Hugging Face GPT-J folder (config.json + *.safetensors) onto ``device``.
+
+        ``dtype`` bfloat16 halves memory; ``quantize="int8"`` replaces every linear layer by
+        torch's dynamically quantized int8 one (weights int8, activations quantized per call;
+        float32 and CPU only).
+        """
         path = Path(path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"no checkpoint at {path}: run `make model` first")
         config = GPTJConfig.from_checkpoint(path)
-        state = load_state_dict(path)
+        return cls.from_state_dict(config, load_state_dict(path), dtype, device, quantize)
+
+    @classmethod
+    def from_state_dict(
+        cls,
+        config: GPTJConfig,
+        state: dict[str, torch.Tensor],
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+        quantize: str | None = None,
+    ) -> GPTJ:
+        """Build from ``GPTJForCausalLM`` weights (see :meth:`from_checkpoint`)."""
+        if quantize not in (None, "none", "int8"):
+            raise ValueError(f"quantize must be 'none' or 'int8', got {quantize!r}")
+        if quantize == "int8" and (dtype != torch.float32 or str(device) != "cpu"):
+            raise ValueError("quantize='int8' runs on the CPU with dtype float32")
+        state = fuse_qkv(dict(state), config.n_layer)
         if "lm_head.bias" not in state:
             state["lm_head.bias"] = torch.zeros(
                 config.vocab_size, dtype=state["lm_head.weight"].dtype
@@ -234,43 +288,80 @@ class GPTJ(nn.Module):
         model = cls(config)
         model.load_state_dict(state, strict=True)
         model = model.to(dtype)
-        model.sincos = model.sincos.float()  # angles stay float32 whatever the weights' dtype
-        return model.to(device).eval()
+        model.cos, model.sin = model.cos.float(), model.sin.float()  # angles stay float32
+        model = model.to(device).eval()
+        if quantize == "int8":
+            model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+        return model
+
+    def plan(self, start: torch.Tensor, steps: int) -> StepPlan:
+        """Positions, masks and the long-row split for a pass of ``steps`` tokens per row."""
+        device = start.device
+        batch = start.shape[0]
+        positions = start[:, None] + torch.arange(steps, device=device)
+        row_index = torch.arange(batch, device=device)[:, None]
+        if steps > 1 and not bool(start.any()):  # prefill from position 0: plain causal
+            return StepPlan(row_index, positions, steps, None, [])
+        lengths = (positions[:, -1] + 1).tolist()
+        key_len, long_rows = max(lengths), []
+        if steps == 1 and batch > 1:
+            key_len, long_rows = split_long_rows(lengths)
+        allowed = torch.arange(key_len, device=device)[None, None, :] <= positions[:, :, None]
+        return StepPlan(row_index, positions, key_len, allowed[:, None], long_rows)
 
     @torch.inference_mode()
     def forward(
         self,
         tokens: torch.Tensor,
         start: torch.Tensor,
-        last: torch.Tensor,
+        last: torch.Tensor | None,
         cache: KVCache,
         rows: slice,
     ) -> torch.Tensor:
         """Run ``tokens`` [B, T] for cache ``rows``, the first token of each at ``start`` [B].
 
-        Returns float32 logits [B, vocab] at step ``last`` [B] of each row, on the CPU, where
-        the per-row sampling runs. Prefill passes a
-        right-padded prompt batch with start 0; a decode step passes one token per row at its
-        current length. Padding beyond a row's real tokens is written to the cache but never
-        attended to: a later step overwrites it before any query can see it.
+        Returns float32 logits [B, vocab] at step ``last`` [B] of each row, on the model's
+        device, where the batched sampling runs. Prefill passes a right-padded prompt batch with
+        start 0; a decode step passes one token per row at its current length. Padding beyond a
+        row's real tokens is written to the cache but never attended to: a later step overwrites
+        it before any query can see it. ``last=None`` returns the logits of every step,
+        [B, T, vocab] (for quality checks).
         """
-        batch, steps = tokens.shape
-        device = tokens.device
-        positions = start[:, None] + torch.arange(steps, device=device)
-        key_len = int(positions.max()) + 1
-        allowed = torch.arange(key_len, device=device)[None, None, :] <= positions[:, :, None]
-        sincos = self.sincos[positions]
-        row_index = torch.arange(batch, device=device)[:, None]
+        plan = self.plan(start, tokens.shape[1])
+        cos = self.cos[plan.positions][:, :, None, None, :]  # [B, T, q|k, head, rot]
+        sin = self.sin[plan.positions][:, :, None, None, :]
         x = self.transformer.wte(tokens)
         for layer, block in enumerate(self.transformer.h):
-            x = block(
-                x,
-                sincos,
-                cache.keys[layer, rows],
-                cache.values[layer, rows],
-                row_index,
-                positions,
-                allowed,
-            )
-        x = x[torch.arange(batch, device=device), last]
-        return self.lm_head(self.transformer.ln_f(x)).float().cpu()
+            x = block(x, cos, sin, cache.keys[layer, rows], cache.values[layer, rows], plan)
+        if last is not None:
+            x = x[plan.row_index[:, 0], last]
+        return self.lm_head(self.transformer.ln_f(x)).float()
+
+
+LONG_ROW_COST = 64  # a separate attention call costs about this many extra key positions
+MAX_LONG_ROWS = 8
+
+
+def split_long_rows(lengths: list[int]) -> tuple[int, list[tuple[int, int]]]:
+    """The batched key length and the rows attended alone, for the least keys read.
+
+    Reading ``key_len`` positions for every row costs ``rows * key_len``; each row taken out
+    costs its own length plus a call. Take out the longest rows while that lowers the total.
+    """
+    order = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)
+    best, best_cost, alone = 0, len(lengths) * lengths[order[0]], 0
+    for n in range(1, min(MAX_LONG_ROWS, len(lengths) - 1) + 1):
+        alone += lengths[order[n - 1]] + LONG_ROW_COST
+        cost = len(lengths) * lengths[order[n]] + alone
+        if cost < best_cost:
+            best, best_cost = n, cost
+    return lengths[order[best]], [(row, lengths[row]) for row in order[:best]]
+
+
+def fuse_qkv(state: dict[str, torch.Tensor], n_layer: int) -> dict[str, torch.Tensor]:
+    """Replace each layer's q/k/v projections by one [3C, C] weight: one matmul instead of 3."""
+    for layer in range(n_layer):
+        prefix = f"transformer.h.{layer}.attn."
+        parts = [state.pop(f"{prefix}{name}_proj.weight") for name in ("q", "k", "v")]
+        state[f"{prefix}qkv_proj.weight"] = torch.cat(parts, dim=0)
+    return state

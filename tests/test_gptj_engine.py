@@ -10,8 +10,8 @@ from transformers import GPTJConfig as HFConfig
 from transformers import GPTJForCausalLM
 
 from contract.options import InvalidRequestError, SamplingParams
-from engine.engine import Engine, GenerationRequest, GenerationResult
-from engine.gptj import GPTJ, KVCache
+from engine.engine import Engine, GenerationRequest, GenerationResult, NullListener
+from engine.gptj import GPTJ, KVCache, split_long_rows
 
 VOCAB = 300
 
@@ -95,6 +95,25 @@ def test_logits_match_transformers_for_prefill_and_decode(hf_model):
             expected = hf(prefix[None]).logits[0, -1]
             torch.testing.assert_close(logits[row], expected, atol=1e-5, rtol=1e-5)
             extended = torch.cat([prefix, torch.tensor([5 + row])])[None]
+            torch.testing.assert_close(step[row], hf(extended).logits[0, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_decode_attends_long_rows_alone_and_matches_transformers(hf_model):
+    """Rows of very different lengths: the longest are attended on their own, same logits."""
+    hf, path = hf_model
+    model = GPTJ.from_checkpoint(path)
+    lengths = [3, 150, 5, 2, 90, 4]
+    assert split_long_rows([n + 1 for n in lengths])[1]  # this batch does take rows out
+    ids = torch.randint(0, VOCAB, (len(lengths), max(lengths)))
+    cache = KVCache.empty(model.config, torch.float32)
+    cache.reserve(len(lengths), max(lengths) + 1)
+    rows = slice(0, len(lengths))
+    zeros = torch.zeros(len(lengths), dtype=torch.long)
+    with torch.inference_mode():
+        model(ids, zeros, torch.tensor(lengths) - 1, cache, rows)
+        step = model(torch.full((len(lengths), 1), 7), torch.tensor(lengths), zeros, cache, rows)
+        for row, n in enumerate(lengths):
+            extended = torch.cat([ids[row, :n], torch.tensor([7])])[None]
             torch.testing.assert_close(step[row], hf(extended).logits[0, -1], atol=1e-5, rtol=1e-5)
 
 
@@ -195,6 +214,56 @@ def test_end_id_stops_and_out_of_vocabulary_end_id_falls_back(hf_model, engine):
     assert gpt2_eos.output_ids == free[: len(gpt2_eos.output_ids)]
 
 
+def test_out_of_vocabulary_end_id_ends_at_the_models_own_end_token(hf_model, tmp_path):
+    """A model whose end token is the 5th greedy token: an unknown end_id must stop there."""
+    hf, _ = hf_model
+    prompt = prompts(1, seed=19)[0]
+    free = hf_greedy(hf, prompt, 20)
+    hf.config.eos_token_id = free[4]
+    try:
+        hf.save_pretrained(tmp_path)
+    finally:
+        hf.config.eos_token_id = 0
+    eng = Engine(GPTJ.from_checkpoint(tmp_path), max_batch_size=2).start()
+    try:
+        for end_id in (50256, VOCAB, None):
+            result = eng.generate(GenerationRequest(prompt, 20, end_id=end_id))
+            assert result.finish_reason == "end_id"
+            assert result.output_ids == free[: free.index(free[4])]
+    finally:
+        eng.stop()
+
+
+def test_temperature_zero_is_greedy_and_log_probs_follow_temperature(hf_model, engine):
+    hf, _ = hf_model
+    prompt = prompts(1, seed=23)[0]
+    cold = engine.generate(
+        GenerationRequest(prompt, 12, SamplingParams(temperature=0.0, top_k=40, top_p=0.9))
+    )
+    assert cold.output_ids == hf_greedy(hf, prompt, 12)
+    hot = engine.generate(
+        GenerationRequest(prompt, 12, SamplingParams(top_k=5, temperature=2.0, seed=4))
+    )
+    tokens = list(prompt)
+    for token, log_prob in zip(hot.output_ids, hot.log_probs, strict=True):
+        logits = hf(torch.tensor([tokens])).logits[0, -1]
+        expected = torch.log_softmax(logits / 2.0, -1)[token]  # before the top-k truncation
+        assert log_prob == pytest.approx(expected.item(), abs=1e-4)
+        tokens.append(token)
+
+
+def test_a_request_with_nothing_to_generate_fails_alone(hf_model, engine):
+    hf, _ = hf_model
+    batch = prompts(4, seed=29)
+    everything = [[t] for t in range(VOCAB)]
+    requests = [GenerationRequest(p, 10) for p in batch]
+    requests[1] = GenerationRequest(batch[1], 10, SamplingParams(top_k=3), bad_words=everything)
+    results = run_concurrently(engine, requests)
+    assert results[1].finish_reason == "error" and "bans every token" in results[1].error
+    for i in (0, 2, 3):
+        assert results[i].output_ids == hf_greedy(hf, batch[i], 10)
+
+
 @pytest.mark.parametrize(
     ("request_kwargs", "message"),
     [
@@ -213,8 +282,8 @@ def test_invalid_requests_are_refused_with_the_reason(engine, request_kwargs, me
     ("params", "message"),
     [
         ({"top_p": 1.5}, "runtime_top_p must be in"),
-        ({"temperature": -1.0}, "temperature must be >= 0"),
-        ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
+        ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty must be a finite number > 0"),
         ({"top_k": -1}, "runtime_top_k must be >= 0"),
     ],
 )
@@ -252,10 +321,7 @@ def test_wait_for_room_holds_requests_until_the_batch_has_space(hf_model):
     try:
         finished = threading.Event()
 
-        class Listener:
-            def on_token(self, token_id: int, log_prob: float) -> None:
-                pass
-
+        class Listener(NullListener):
             def on_finish(self, result: GenerationResult) -> None:
                 finished.set()
 
@@ -275,3 +341,19 @@ def test_wait_for_room_holds_requests_until_the_batch_has_space(hf_model):
         small.wait_for_room(2)  # an idle engine always has room
     finally:
         small.stop()
+
+
+@pytest.mark.parametrize("variant", [{"dtype": torch.bfloat16}, {"quantize": "int8"}])
+def test_bfloat16_and_int8_agree_with_float32_greedily(hf_model, engine, variant):
+    """Cheaper weights, same first tokens: a broken variant would agree about 1 time in 300."""
+    lower = Engine(GPTJ.from_checkpoint(hf_model[1], **variant), max_batch_size=8).start()
+    try:
+        batch = [GenerationRequest(p, 4) for p in prompts(6, seed=31)]
+        expected = run_concurrently(engine, batch)
+        got = run_concurrently(lower, batch)
+    finally:
+        lower.stop()
+    same = [g.output_ids[:3] == e.output_ids[:3] for g, e in zip(got, expected, strict=True)]
+    assert sum(same) >= 5
+    for g, e in zip(got, expected, strict=True):
+        assert g.log_probs[0] == pytest.approx(e.log_probs[0], abs=0.05)
