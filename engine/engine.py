@@ -111,14 +111,18 @@ class Engine:
         max_batch_size: int = 32,
         max_prefill_tokens: int = 4096,
         observer: StepObserver | None = None,
+        max_cache_tokens: int | None = None,
     ) -> None:
         self.model = model
         self.config = model.config
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
+        # rows x positions the KV cache may hold (None: rows x the context, the most it can need)
+        self.max_cache_tokens = max_cache_tokens or max_batch_size * model.config.n_positions
         self.observer = observer
         weights = next(model.parameters())
         self.device = weights.device
+        self._dtype = weights.dtype
         self.cache = KVCache.empty(model.config, weights.dtype, self.device)
         self.sampler = Sampler(self.config.vocab_size, self.device, max_batch_size)
         # each running row's last token and its position: the next decode step's input
@@ -148,6 +152,13 @@ class Engine:
                 f"prompt ({len(request.prompt_ids)} tokens) + request_output_len "
                 f"({request.max_new_tokens}) = {total} exceeds the model's context of {context} "
                 "tokens; shorten the prompt or ask for fewer tokens"
+            )
+        needed = KVCache.capacity_for(total)
+        if needed > self.max_cache_tokens:
+            raise InvalidRequestError(
+                f"prompt + request_output_len needs {needed} positions of KV cache, over this "
+                f"server's budget of {self.max_cache_tokens} (kv_cache_tokens in "
+                "gptj/config.pbtxt); ask for fewer tokens"
             )
         bad = [t for t in request.prompt_ids if not 0 <= t < vocab]
         if bad:
@@ -227,6 +238,20 @@ class Engine:
     def running(self) -> int:
         return len(self._running)
 
+    @property
+    def cache_bytes(self) -> int:
+        """Memory the KV cache holds now (released when the engine is idle)."""
+        return self.cache.nbytes
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def alive(self) -> bool:
+        """Whether the worker thread is running (false before start and after stop)."""
+        return self._thread is not None and self._thread.is_alive()
+
     # -- worker -------------------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -234,31 +259,48 @@ class Engine:
             self._serve()
 
     def _serve(self) -> None:
+        """The worker loop. Nothing escapes it: a failure fails the requests it concerns (a
+        row, a prefill, or at worst the running batch) and the loop goes on."""
         while True:
             with self._cond:
+                if not (self._waiting or self._running or self._stopping):
+                    self._release_cache()
                 while not (self._waiting or self._running or self._stopping):
                     self._cond.wait()
                 if self._stopping:
                     return
-                admitted = self._admit()
             try:
+                with self._cond:
+                    admitted = self._admit()
                 self._drop_cancelled()
                 if admitted:
                     self._prefill(admitted)
                 if self._running:
                     self._decode()
-            except Exception as exc:  # keep serving: fail what was running, not the server
+            except Exception as exc:
                 log.exception("engine step failed")
-                for seq in self._running:
-                    self._finish(seq, "error", error=f"generation failed: {exc}")
-                self._running.clear()
-                self.sampler = Sampler(self.config.vocab_size, self.device, self.max_batch_size)
+                self._fail_running(f"generation failed: {exc}")
+
+    def _fail_running(self, error: str) -> None:
+        running, self._running = self._running, []
+        for seq in running:
+            self._finish(seq, "error", error=error)
+        self.sampler = Sampler(self.config.vocab_size, self.device, self.max_batch_size)
+
+    def _release_cache(self) -> None:
+        """Give the KV cache's memory back while nothing runs; it grows again on demand."""
+        if self.cache.nbytes:
+            self.cache = KVCache.empty(self.config, self._dtype, self.device)
+            idle = getattr(self.observer, "on_idle", None)
+            if idle is not None:
+                idle()
 
     def _admit(self) -> list[_Sequence]:
         """Take waiting sequences while there are free rows and prefill budget."""
         admitted: list[_Sequence] = []
         free = self.max_batch_size - len(self._running)
         longest = 0
+        reach = max((_reach(s) for s in self._running), default=0)
         while self._waiting and len(admitted) < free:
             seq = self._waiting[0]
             if seq.handle.cancelled.is_set():
@@ -268,6 +310,10 @@ class Engine:
             length = max(longest, len(seq.request.prompt_ids))
             if admitted and length * (len(admitted) + 1) > self.max_prefill_tokens:
                 break
+            rows = len(self._running) + len(admitted) + 1
+            reach = max(reach, _reach(seq))
+            if rows * KVCache.capacity_for(reach) > self.max_cache_tokens:
+                break  # waits until finished sequences free the cache
             longest = length
             admitted.append(self._waiting.popleft())
         return admitted
@@ -276,30 +322,42 @@ class Engine:
         started = time.perf_counter()
         first = len(self._running)
         lengths = [len(seq.request.prompt_ids) for seq in admitted]
-        needed = max(len(s.request.prompt_ids) + s.request.max_new_tokens for s in admitted)
-        self.cache.reserve(first + len(admitted), needed)
-        tokens = torch.zeros((len(admitted), max(lengths)), dtype=torch.long)
-        for i, seq in enumerate(admitted):
-            tokens[i, : lengths[i]] = torch.tensor(seq.request.prompt_ids)
-            seq.admitted = started
-            self.sampler.add(seq.request.sampling, seq.tokens, seq.request.bad_words)
-        self._running.extend(admitted)  # from here a failure fails them too
-        rows = slice(first, first + len(admitted))
-        self._position[rows] = torch.tensor(lengths) - 1
-        logits = self.model(
-            tokens.to(self.device),
-            torch.zeros(len(admitted), dtype=torch.long, device=self.device),
-            self._position[rows],
-            self.cache,
-            rows,
-        )
+        self._running.extend(admitted)
+        try:
+            self._reserve()
+            tokens = torch.zeros((len(admitted), max(lengths)), dtype=torch.long)
+            for i, seq in enumerate(admitted):
+                tokens[i, : lengths[i]] = torch.tensor(seq.request.prompt_ids)
+                seq.admitted = started
+                self.sampler.add(seq.request.sampling, seq.tokens, seq.request.bad_words)
+            rows = slice(first, first + len(admitted))
+            self._position[rows] = torch.tensor(lengths) - 1
+            logits = self.model(
+                tokens.to(self.device),
+                torch.zeros(len(admitted), dtype=torch.long, device=self.device),
+                self._position[rows],
+                self.cache,
+                rows,
+            )
+        except Exception as exc:  # e.g. out of memory: fail these requests, not the batch
+            log.exception("prefill failed")
+            for seq in reversed(admitted):
+                if self.sampler.rows > len(self._running) - 1:
+                    self.sampler.remove(self.sampler.rows - 1)
+                self._running.pop()
+                self._finish(seq, "error", error=f"prefill failed: {exc}")
+            return
         self._advance(admitted, logits, rows, started, prompt_tokens=sum(lengths))
+
+    def _reserve(self) -> None:
+        """Room in the KV cache for every running sequence's whole request."""
+        self.cache.reserve(len(self._running), max(_reach(s) for s in self._running))
 
     def _decode(self) -> None:
         started = time.perf_counter()
         running = self._running
         rows = slice(0, len(running))
-        self.cache.reserve(len(running), max(len(seq.tokens) for seq in running))
+        self._reserve()
         logits = self.model(
             self._last[rows, None],
             self._position[rows],
@@ -336,7 +394,12 @@ class Engine:
                 continue
             seq.tokens.append(token)
             seq.log_probs.append(log_prob)
-            seq.listener.on_token(token, log_prob)
+            try:
+                seq.listener.on_token(token, log_prob)
+            except Exception as exc:  # its client is gone, say: end this request only
+                log.warning("a listener failed; ending its request: %r", exc)
+                finished.append((seq, "error", f"could not deliver a token: {exc}"))
+                continue
             if seq.stops and seq.stopped(token):
                 finished.append((seq, "stop_word", None))
             elif len(seq.tokens) - len(seq.request.prompt_ids) >= seq.request.max_new_tokens:
@@ -380,8 +443,15 @@ class Engine:
         with self._cond:  # a re-entrant lock: _admit calls this while holding it
             self._unfinished -= 1
             self._cond.notify_all()  # room for requests held in wait_for_room
-        try:
-            seq.listener.on_finish(result)
-        finally:
-            if self.observer is not None:
-                self.observer.on_finish(result)
+        for hook in (seq.listener.on_finish, getattr(self.observer, "on_finish", None)):
+            if hook is None:
+                continue
+            try:
+                hook(result)
+            except Exception:  # never let a listener end the worker
+                log.exception("on_finish failed")
+
+
+def _reach(seq: _Sequence) -> int:
+    """Positions a sequence can occupy: its prompt and every token it may generate."""
+    return len(seq.request.prompt_ids) + seq.request.max_new_tokens

@@ -113,17 +113,27 @@ class KVCache:
     def capacity(self) -> int:
         return self.keys.shape[3]
 
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+    @staticmethod
+    def capacity_for(length: int) -> int:
+        """Positions allocated for ``length``: powers of two, so reallocations are few."""
+        return 1 << max(6, math.ceil(math.log2(max(length, 1))))
+
     def reserve(self, rows: int, length: int) -> None:
-        """Make room for at least ``rows`` sequences of ``length`` positions."""
+        """Room for the first ``rows`` sequences (the running ones) at ``length`` positions
+        (their longest reach). A reallocation sizes the cache to exactly that, keeping those
+        rows, so it never holds more than the engine's admission allowed."""
         if rows <= self.rows and length <= self.capacity:
             return
-        new_rows = max(rows, self.rows)
-        new_len = max(length, self.capacity)
-        new_len = 1 << max(6, math.ceil(math.log2(new_len)))  # powers of two: few reallocations
+        new_len = self.capacity_for(length)
         for name in ("keys", "values"):
             old = getattr(self, name)
-            grown = old.new_zeros((old.shape[0], new_rows, old.shape[2], new_len, old.shape[4]))
-            grown[:, : old.shape[1], :, : old.shape[3]] = old
+            grown = old.new_zeros((old.shape[0], rows, old.shape[2], new_len, old.shape[4]))
+            keep_rows, keep_len = min(rows, old.shape[1]), min(new_len, old.shape[3])
+            grown[:, :keep_rows, :, :keep_len] = old[:, :keep_rows, :, :keep_len]
             setattr(self, name, grown)
 
     def move_row(self, src: int, dst: int, length: int) -> None:
