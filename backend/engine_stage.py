@@ -47,6 +47,13 @@ class EngineMetrics:
         self.m[names.ENGINE_PROMPT_TOKENS].increment(prompt_tokens)
         self.m[names.ENGINE_LAST_STEP].set(time.time())
         if self.engine is not None:
+            self.m[names.ENGINE_KV_CACHE_BYTES].set(self.engine.cache_bytes)
+
+    def on_idle(self) -> None:
+        """The engine released its cache."""
+        if self.engine is not None:
+            self.m[names.ENGINE_KV_CACHE_BYTES].set(self.engine.cache_bytes)
+        if self.engine is not None:
             self.m[names.ENGINE_RUNNING].set(self.engine.running)
 
     def on_finish(self, result: GenerationResult) -> None:
@@ -85,12 +92,16 @@ def start_engine(args: dict) -> Stage:
     checkpoint = Path(args["model_repository"]) / params["checkpoint_path"]
     dtype = getattr(torch, params.get("dtype", "float32"))
     device = resolve_device(os.environ.get("CODEGEN_DEVICE") or params.get("device", "auto"))
-    model = GPTJ.from_checkpoint(checkpoint, dtype=dtype, device=device)
+    quantize = params.get("quantize", "none")
+    model = GPTJ.from_checkpoint(
+        checkpoint, dtype=dtype, device=device, quantize=None if quantize == "none" else quantize
+    )
     metrics = EngineMetrics(args["model_name"])
     engine = Engine(
         model,
         max_batch_size=int(params.get("engine_max_batch_size", "64")),
         max_prefill_tokens=int(params.get("engine_max_prefill_tokens", "4096")),
+        max_cache_tokens=int(params.get("kv_cache_tokens", "0")) or None,
         observer=metrics,
     )
     metrics.engine = engine
@@ -99,7 +110,8 @@ def start_engine(args: dict) -> Stage:
     cfg = model.config
     pb_utils.Logger.log_info(
         f"{args['model_name']}: serving {checkpoint.resolve()} ({cfg.n_layer} layers, "
-        f"{cfg.n_embd} wide, vocab {cfg.vocab_size}, {dtype} on {device})"
+        f"{cfg.n_embd} wide, vocab {cfg.vocab_size}, {dtype}, quantize {quantize}, on {device}, "
+        f"KV-cache budget {engine.max_cache_tokens} positions)"
     )
     return Stage(engine, checkpoint, params)
 

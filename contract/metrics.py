@@ -31,6 +31,7 @@ ENGINE_PROMPT_TOKENS = "codegen_engine_prompt_tokens_total"
 ENGINE_GENERATED_TOKENS = "codegen_engine_generated_tokens_total"
 ENGINE_RUNNING = "codegen_engine_running_sequences"
 ENGINE_LAST_STEP = "codegen_engine_last_step_timestamp_seconds"
+ENGINE_KV_CACHE_BYTES = "codegen_engine_kv_cache_bytes"
 
 ENGINE_METRIC_HELP = {
     ENGINE_REQUESTS: "Sequences finished by the generation engine",
@@ -47,4 +48,5 @@ ENGINE_GAUGE_HELP = {
     ENGINE_RUNNING: "Sequences currently running in the engine",
     # time() - this, while sequences are running, is how long the engine has been stuck
     ENGINE_LAST_STEP: "Unix time at which the engine finished its last forward pass",
+    ENGINE_KV_CACHE_BYTES: "Bytes the engine's KV cache holds (0 while idle: it is released)",
 }

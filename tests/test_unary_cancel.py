@@ -1,0 +1,63 @@
+"""A unary request whose client gives up (a gRPC deadline) stops generating: the model stage
+asks Triton every few tokens whether its request was cancelled."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from client.request import CompletionRequest
+from contract import metrics as names
+from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE
+
+
+def counters(server, model: str) -> dict[str, float]:
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    found = {}
+    for name in (names.ENGINE_GENERATED_TOKENS, names.ENGINE_REQUESTS, names.ENGINE_CANCELLED):
+        match = re.search(rf'^{name}{{model="{model}"}} (\S+)$', text, re.MULTILINE)
+        found[name] = float(match.group(1)) if match else 0.0
+    return found
+
+
+def stage_inputs(prompt_ids: list[int], asked: int) -> list:
+    """The model stage's own tensors (a client of ``gptj`` itself, as a BLS caller would be)."""
+    arrays = {
+        "input_ids": np.array([prompt_ids], dtype=np.uint32),
+        "input_lengths": np.array([[len(prompt_ids)]], dtype=np.uint32),
+        "request_output_len": np.array([[asked]], dtype=np.uint32),
+    }
+    inputs = []
+    for name, array in arrays.items():
+        tensor = grpcclient.InferInput(name, list(array.shape), "UINT32")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+@pytest.mark.parametrize("model", [MODEL_STAGE, ENSEMBLE_MODEL])
+def test_a_unary_client_that_times_out_stops_its_generation(server, model):
+    asked = 500
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    if model == ENSEMBLE_MODEL:
+        inputs = CompletionRequest(("def f(x):\n",), max_tokens=asked).infer_inputs(grpcclient)
+    else:
+        inputs = stage_inputs([5, 6, 7, 8], asked)
+    before = counters(server, MODEL_STAGE)
+    with pytest.raises(InferenceServerException, match="Deadline"):
+        client.infer(model, inputs, client_timeout=0.2)
+    deadline = time.monotonic() + 60
+    while counters(server, MODEL_STAGE)[names.ENGINE_REQUESTS] == before[names.ENGINE_REQUESTS]:
+        assert time.monotonic() < deadline, "the abandoned sequence never finished"
+        time.sleep(0.1)
+    after = counters(server, MODEL_STAGE)
+    generated = after[names.ENGINE_GENERATED_TOKENS] - before[names.ENGINE_GENERATED_TOKENS]
+    assert after[names.ENGINE_CANCELLED] - before[names.ENGINE_CANCELLED] == 1
+    assert generated < asked, f"{generated:.0f} of {asked} tokens generated for nobody"
