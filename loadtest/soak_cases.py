@@ -268,7 +268,12 @@ HOSTILE_CASES: tuple[Case, ...] = (
         (),
         f"{MAX_WORDS_PER_LIST} bad words (the limit: legal)",
     ),
-    Case("tiny_temperature", _set("temperature", 1e-30, _F32), (), "temperature 1e-30 (legal)"),
+    Case(
+        "tiny_temperature",
+        _set("temperature", 1e-30, _F32),
+        ("temperature",),
+        "temperature 1e-30 (overflows the logits: refused)",
+    ),
     Case("temperature_nan", _set("temperature", np.nan, _F32), ("temperature",), "raw NaN"),
     Case("temperature_inf", _set("temperature", np.inf, _F32), ("temperature",), "raw +inf"),
     Case("top_p_nan", _set("runtime_top_p", np.nan, _F32), ("runtime_top_p",), "raw NaN"),

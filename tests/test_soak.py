@@ -116,8 +116,10 @@ def test_verdicts():
     assert judge(INVALID, "top_p_1.5", REJECTED, VALIDATION, named)
     assert not judge(INVALID, "top_p_1.5", OK, "", "")  # an invalid request answered
     assert not judge(INVALID, "top_p_1.5", REJECTED, VALIDATION, "temperature must be >= 0")
-    assert judge(HOSTILE, "tiny_temperature", OK, "", "")
-    assert not judge(HOSTILE, "tiny_temperature", REJECTED, VALIDATION, "temperature ...")
+    assert judge(HOSTILE, "many_bad_words", OK, "", "")  # legal: must be answered
+    too_small = "temperature 1e-30 is too small to sample with (it overflows the logits)"
+    assert judge(HOSTILE, "tiny_temperature", REJECTED, VALIDATION, too_small)
+    assert not judge(HOSTILE, "tiny_temperature", OK, "", "")
     assert judge(UNARY_GRPC, "", OK, "", "")
     assert judge(UNARY_GRPC, "", REJECTED, QUEUE_FULL, "Exceeds maximum queue size")
     assert not judge(UNARY_GRPC, "", REJECTED, VALIDATION, named)

@@ -1,5 +1,10 @@
 """A unary request whose client gives up (a gRPC deadline) stops generating: the model stage
-asks Triton every few tokens whether its request was cancelled."""
+asks Triton every few tokens whether its request was cancelled.
+
+Through the ``ensemble`` Triton 2.51 does not pass the cancellation on to a step already
+running (the ensemble only stops before its next step), so the model stage cannot see it there;
+the README says so. What a client of the stage itself (or of the streaming model) gets is
+tested here and in test_client.py."""
 
 from __future__ import annotations
 
@@ -12,9 +17,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from client.request import CompletionRequest
 from contract import metrics as names
-from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE
+from contract.tensors import MODEL_STAGE
 
 
 def counters(server, model: str) -> dict[str, float]:
@@ -42,17 +46,12 @@ def stage_inputs(prompt_ids: list[int], asked: int) -> list:
     return inputs
 
 
-@pytest.mark.parametrize("model", [MODEL_STAGE, ENSEMBLE_MODEL])
-def test_a_unary_client_that_times_out_stops_its_generation(server, model):
+def test_a_unary_client_that_times_out_stops_its_generation(server):
     asked = 500
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    if model == ENSEMBLE_MODEL:
-        inputs = CompletionRequest(("def f(x):\n",), max_tokens=asked).infer_inputs(grpcclient)
-    else:
-        inputs = stage_inputs([5, 6, 7, 8], asked)
     before = counters(server, MODEL_STAGE)
     with pytest.raises(InferenceServerException, match="Deadline"):
-        client.infer(model, inputs, client_timeout=0.2)
+        client.infer(MODEL_STAGE, stage_inputs([5, 6, 7, 8], asked), client_timeout=0.2)
     deadline = time.monotonic() + 60
     while counters(server, MODEL_STAGE)[names.ENGINE_REQUESTS] == before[names.ENGINE_REQUESTS]:
         assert time.monotonic() < deadline, "the abandoned sequence never finished"

@@ -1,6 +1,6 @@
 """What bfloat16 and int8 cost in quality and buy in speed, against float32 on the same prompts.
 
-    python -m engine.quality [--prompts 8] [--prompt-len 32] [--new 32] [--batch 16]
+    python -m bench.quality [--prompts 8] [--prompt-len 32] [--new 32] [--batch 16]
 
 Builds a randomly initialised GPT-J with codegen-350M's shapes (no download; needs
 transformers, a dev dependency), lets float32 generate greedily, then feeds every variant the
