@@ -46,19 +46,19 @@ class EngineMetrics:
         self.m[names.ENGINE_COMPUTE_DURATION_US].increment(seconds * 1e6)
         self.m[names.ENGINE_PROMPT_TOKENS].increment(prompt_tokens)
         self.m[names.ENGINE_LAST_STEP].set(time.time())
-        if self.engine is not None:
-            self.m[names.ENGINE_KV_CACHE_BYTES].set(self.engine.cache_bytes)
+        self._gauges()
 
     def on_idle(self) -> None:
         """The engine released its cache."""
-        if self.engine is not None:
-            self.m[names.ENGINE_KV_CACHE_BYTES].set(self.engine.cache_bytes)
+        self._gauges()
+
+    def _gauges(self) -> None:
         if self.engine is not None:
             self.m[names.ENGINE_RUNNING].set(self.engine.running)
+            self.m[names.ENGINE_KV_CACHE_BYTES].set(self.engine.cache_bytes)
 
     def on_finish(self, result: GenerationResult) -> None:
-        if self.engine is not None:
-            self.m[names.ENGINE_RUNNING].set(self.engine.running)
+        self._gauges()
         self.m[names.ENGINE_REQUESTS].increment(1)
         if result.finish_reason == "cancelled":
             self.m[names.ENGINE_CANCELLED].increment(1)
