@@ -10,26 +10,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from serving.paths import MODEL_REPOSITORY, checkpoint_dir
+from serving.process import free_ports
 from serving.triton import Ports, TritonServer
 
 GPTJ_CONFIG = MODEL_REPOSITORY / "gptj" / "config.pbtxt"
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def pbtxt_parameters(text: str) -> dict[str, str]:

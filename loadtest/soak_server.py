@@ -35,7 +35,7 @@ from loadtest.soak_results import RssSample
 from loadtest.targets import Endpoints
 from serving.paths import REPO_ROOT, checkpoint_dir
 from serving.process import ManagedServer, http_ready, port_in_use
-from serving.triton import _die_with_parent
+from serving.triton import die_with_parent
 
 log = logging.getLogger("soak")
 
@@ -88,7 +88,7 @@ class LauncherServer(ManagedServer):
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
             )
         return self
 

@@ -12,22 +12,8 @@ if command -v prometheus >/dev/null 2>&1; then
     prometheus --version 2>&1 | head -n 1
     exit 0
 fi
-if ! command -v apt-get >/dev/null 2>&1; then
-    echo "install-prometheus: no apt-get here; install Prometheus >= 2.x so that 'prometheus'" \
-        "is on PATH (https://prometheus.io/download/)" >&2
-    exit 1
-fi
-
 SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1; then
-        SUDO="sudo"
-    else
-        echo "install-prometheus: run as root or install sudo (apt-get install prometheus)" >&2
-        exit 1
-    fi
-fi
-
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 POLICY=/usr/sbin/policy-rc.d
 cleanup() { :; }
 if [ ! -e "$POLICY" ]; then
@@ -37,7 +23,5 @@ if [ ! -e "$POLICY" ]; then
 fi
 trap cleanup EXIT
 
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+bash "$(dirname "$0")/apt-install.sh" prometheus
 prometheus --version 2>&1 | head -n 1

@@ -30,9 +30,19 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now, for a private server."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports nothing listens on now (all held open until all are found)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for probe in sockets:
+            probe.bind((host, 0))
+        return [probe.getsockname()[1] for probe in sockets]
+    finally:
+        for probe in sockets:
+            probe.close()
 
 
 class ManagedServer:

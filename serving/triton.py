@@ -70,7 +70,7 @@ def server_environment() -> dict[str, str]:
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
     """Run in the child between fork and exec: the kernel kills it when its parent dies.
 
     The server runs in its own session (so Ctrl-C reaches only the launcher, which stops it
@@ -169,7 +169,7 @@ class TritonServer(ManagedServer):
             stdout=stdout,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
         )
         return self
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
 
 from modelbuild.train import BuildConfig, build
 from serving.paths import MODEL_REPOSITORY, checkpoint_dir
+from serving.process import free_ports
 from serving.triton import Ports, TritonServer
 
 TINY = BuildConfig(
@@ -26,17 +26,6 @@ TINY = BuildConfig(
     tokenizer_chars=400_000,
     eval_windows=4,
 )
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 @pytest.fixture(scope="session")

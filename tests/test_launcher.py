@@ -18,9 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from serving.process import port_in_use
+from serving.process import free_ports, port_in_use
 from serving.triton import STUB_EXIT_CODE, model_stubs
-from tests.conftest import free_ports
 
 
 def loopback(ip: str) -> bool:

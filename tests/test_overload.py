@@ -19,8 +19,8 @@ from client.request import CompletionRequest, requested_outputs
 from contract import metrics as names
 from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE
 from serving.paths import checkpoint_dir
+from serving.process import free_ports
 from serving.triton import Ports, TritonServer
-from tests.conftest import free_ports
 
 QUEUE = 2  # the model stage's max_queue_size in this test's copy of the repository
 
