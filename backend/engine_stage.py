@@ -116,7 +116,6 @@ def start_engine(args: dict) -> Stage:
     return Stage(engine, checkpoint, params)
 
 
-# request -> (its rows, whether log probs were asked for)
 def _exit_if_engine_dies(engine: Engine, every: float = 1.0) -> None:
     """An engine whose worker thread ended can answer nothing: end the stub with it, so that
     the launcher's watchdog stops the server and a supervisor starts a healthy one, rather than
@@ -128,6 +127,7 @@ def _exit_if_engine_dies(engine: Engine, every: float = 1.0) -> None:
             os._exit(70)  # EX_SOFTWARE
 
 
+# request -> (its rows, whether log probs were asked for)
 Parse = Callable[[object], tuple[list[GenerationRequest], bool]]
 # (response sender, rows, log probs?) -> one listener per row
 Listeners = Callable[[object, list[GenerationRequest], bool], Sequence[Listener]]
