@@ -16,16 +16,9 @@ import time
 
 import torch
 
+from bench.models import SHAPE_350M
 from engine.gptj import GPTJ, GPTJConfig, KVCache
 
-CODEGEN_350M = {
-    "vocab_size": 51200,
-    "n_positions": 2048,
-    "n_embd": 1024,
-    "n_layer": 20,
-    "n_head": 16,
-    "rotary_dim": 32,
-}
 VARIANTS = {
     "float32": {},
     "bfloat16": {"dtype": torch.bfloat16},
@@ -93,7 +86,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16, help="rows of the timed decode step")
     args = parser.parse_args()
 
-    config, state = random_state(CODEGEN_350M)
+    config, state = random_state(SHAPE_350M)
     gen = torch.Generator().manual_seed(1)
     prompts = torch.randint(1, config.vocab_size, (args.prompts, args.prompt_len), generator=gen)
     reference = GPTJ.from_state_dict(config, state)
