@@ -11,10 +11,8 @@ dies. A server found running is never killed, signalled or drilled.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -34,8 +32,7 @@ from loadtest.metrics import Snapshot, read_snapshot
 from loadtest.soak_results import RssSample
 from loadtest.targets import Endpoints
 from serving.paths import REPO_ROOT, checkpoint_dir
-from serving.process import ManagedServer, http_ready, port_in_use
-from serving.triton import die_with_parent
+from serving.process import ManagedServer, http_ready, port_in_use, spawn_tied
 
 log = logging.getLogger("soak")
 
@@ -80,16 +77,7 @@ class LauncherServer(ManagedServer):
     def start(self) -> LauncherServer:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with self.log_file.open("ab") as out:
-            # Its own session, so Ctrl-C reaches the soak only (which then stops it in
-            # order); killed with the soak should the soak itself be killed.
-            self.process = subprocess.Popen(
-                self.command(),
-                cwd=REPO_ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=functools.partial(die_with_parent, os.getpid()),
-            )
+            self.process = spawn_tied(self.command(), out, cwd=REPO_ROOT)
         return self
 
     @property

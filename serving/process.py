@@ -4,12 +4,16 @@ the load test also uses the probes below for servers it did not start."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import os
 import signal
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from typing import IO, Any
 
 
 def http_ready(url: str, timeout: float = 2.0) -> bool:
@@ -43,6 +47,35 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for probe in sockets:
             probe.close()
+
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def die_with_parent(parent: int) -> None:
+    """Run in the child between fork and exec: the kernel kills it when its parent dies.
+
+    Without it a server in its own session outlives a launcher killed with SIGKILL (an OOM
+    killer, a runtime's grace-period kill) and keeps answering on its ports; tritonserver's
+    python-backend stubs watch tritonserver and exit with it.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the prctl: go now
+        os._exit(1)
+
+
+def spawn_tied(command: list[str], stdout: IO[bytes] | None, **popen: Any) -> subprocess.Popen:
+    """Start a server process in its own session (Ctrl-C reaches only this process, which then
+    stops it in order) that the kernel kills should this process die, however it dies."""
+    return subprocess.Popen(
+        command,
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=functools.partial(die_with_parent, os.getpid()),
+        **popen,
+    )
 
 
 class ManagedServer:

@@ -12,8 +12,6 @@ activates) the virtual environment that has torch, transformers and this project
 from __future__ import annotations
 
 import argparse
-import ctypes
-import functools
 import os
 import shutil
 import signal
@@ -27,7 +25,7 @@ from pathlib import Path
 import psutil
 
 from serving.paths import MODEL_REPOSITORY, TRITON_WORKDIR, checkpoint_dir
-from serving.process import ManagedServer, port_in_use
+from serving.process import ManagedServer, port_in_use, spawn_tied
 
 
 def _distribution() -> tuple[Path, Path]:
@@ -65,23 +63,6 @@ def server_environment() -> dict[str, str]:
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
-
-
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
-
-def die_with_parent(parent: int) -> None:
-    """Run in the child between fork and exec: the kernel kills it when its parent dies.
-
-    The server runs in its own session (so Ctrl-C reaches only the launcher, which stops it
-    gracefully); without this, a launcher killed with SIGKILL (an OOM killer, a runtime's
-    grace-period kill) would leave tritonserver answering on its ports. Its python-backend stubs
-    watch tritonserver and exit with it.
-    """
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the parent died before the prctl: go now
-        os._exit(1)
 
 
 @dataclass
@@ -163,14 +144,7 @@ class TritonServer(ManagedServer):
                 "other ports (HTTP_PORT=, GRPC_PORT=, METRICS_PORT=)"
             )
         stdout = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115
-        self.process = subprocess.Popen(
-            self.command(),
-            env=server_environment(),
-            stdout=stdout,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=functools.partial(die_with_parent, os.getpid()),
-        )
+        self.process = spawn_tied(self.command(), stdout, env=server_environment())
         return self
 
     @property
