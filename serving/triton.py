@@ -236,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 STUB_EXIT_CODE = 3  # the launcher's exit code when a model's stub died
+STUB_DEATH_GRACE = 10.0  # seconds a server with a dead stub gets to stop before it is killed
 
 
 def model_stubs(server_pid: int) -> dict[int, str]:
@@ -291,8 +292,10 @@ def _wait_for_exit(
             )
             stopping.append(time.monotonic())
             server.process.send_signal(signal.SIGINT)
-        if stopping and time.monotonic() - stopping[0] > grace:
-            print(f"tritonserver still running {grace:.0f}s after the signal: killing it")
+        # a server with a dead stub cannot finish its in-flight requests: do not wait for them
+        limit = STUB_DEATH_GRACE if died else grace
+        if stopping and time.monotonic() - stopping[0] > limit:
+            print(f"tritonserver still running {limit:.0f}s after the signal: killing it")
             server.process.kill()
     if died:
         return STUB_EXIT_CODE
