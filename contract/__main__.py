@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from contract import options
 from contract.tensors import (
+    ENGINE_MODEL,
     ENSEMBLE_MODEL,
     ENSEMBLE_TO_PREPROCESSING,
     MODEL_IO,
@@ -18,7 +19,7 @@ from contract.tensors import (
     TensorSpec,
 )
 
-ORDER = (ENSEMBLE_MODEL, STREAM_MODEL, *STAGES)
+ORDER = (ENSEMBLE_MODEL, STREAM_MODEL, *STAGES, ENGINE_MODEL)
 NO_VALUE = {"random_seed": "a random seed", "end_id": "the model's own end token"}
 
 
