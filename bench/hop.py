@@ -8,9 +8,9 @@ a direct call to the ``gptj`` model (token ids in, token ids out), and the strea
 to its first piece and to its last. The medians show the cost of the plumbing between Triton's
 front end and the engine, which is what changes when the engine moves behind another model.
 
-The checkpoint is a short build of the default model's shapes (4 layers x 256 wide; speed
-depends on the shapes, not the weights), made once under ``build/bench/``; ``--checkpoint``
-takes another one.
+The checkpoint is a random GPT-J with the default model's shapes (4 layers x 256 wide, vocabulary
+4,096; speed depends on the shapes, not the weights) and a word-level tokenizer, made once under
+``build/bench/``; ``--checkpoint`` takes another one (e.g. the default model's folder).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
 from bench.machine import describe, machine_label
-from bench.models import CACHE
+from bench.models import CACHE, build_random_gptj
 from bench.server import running_server
 from client.client import CodegenClient
 from client.request import CompletionRequest, requested_outputs
@@ -41,18 +41,17 @@ from contract.tensors import (
     PREPROCESSING_TO_MODEL_STAGE,
 )
 
-PROMPT = "def fibonacci(n):\n    "
-CHECKPOINT = CACHE / "hop-model"
-
-
-def build_checkpoint(path: Path = CHECKPOINT) -> Path:
-    """The default model's shapes after a few training steps (a minute or two, once)."""
-    if (path / "config.json").exists():
-        return path
-    from modelbuild.train import BuildConfig, build  # bench may not import modelbuild at the top
-
-    build(path, BuildConfig(name="hop-bench", steps=20, tokenizer_chars=1_000_000, eval_windows=4))
-    return path
+# `make model`'s shapes (modelbuild.train.BuildConfig), and its end token's id
+DEFAULT_SHAPE = {
+    "vocab_size": 4096,
+    "n_positions": 1024,
+    "n_embd": 256,
+    "n_layer": 4,
+    "n_head": 8,
+    "rotary_dim": 16,
+}
+EOS = 0
+PROMPT = " ".join(f"t{i}" for i in range(100, 120))  # 20 tokens of the word-level vocabulary
 
 
 def _infer_input(name: str, array: np.ndarray) -> grpcclient.InferInput:
@@ -142,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=8, help="tokens each request generates")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
-    checkpoint = args.checkpoint or build_checkpoint()
+    checkpoint = args.checkpoint or build_random_gptj(
+        CACHE / "gptj-default-shape-random", DEFAULT_SHAPE, EOS
+    )
     machine = machine_label(describe("cpu"))
     with tempfile.TemporaryDirectory(prefix="bench-hop-") as tmp:
         log = Path(tmp) / "tritonserver.log"
