@@ -99,6 +99,14 @@ def test_a_dead_model_stub_stops_the_server_so_a_supervisor_restarts_it(model_re
     """Triton 2.51 keeps saying ready when a stub dies; the launcher must not."""
     log = tmp_path / "launcher.log"
     with launched(model_repository, log) as run:
+        # the launcher lists the stubs it watches once it has seen the server ready: kill
+        # after that, or it watches a list without the dead one (a race of the test, not of
+        # a server that dies later)
+        deadline = time.monotonic() + 60
+        while "Triton is ready" not in log.read_text():
+            assert time.monotonic() < deadline, "the launcher never said ready"
+            time.sleep(0.2)
+        time.sleep(1.0)
         stubs = model_stubs(run.server.pid)
         assert set(stubs.values()) >= {"gptj", "preprocessing", "postprocessing", ENGINE_MODEL}
         engine = next(pid for pid, model in stubs.items() if model == ENGINE_MODEL)
