@@ -17,7 +17,7 @@ import triton_python_backend_utils as pb_utils
 
 from backend.io import FINAL, error_response, model_parameters
 from contract import metrics as names
-from contract.options import InvalidRequestError
+from contract.options import DEFAULT_MAX_BEAM_WIDTH, InvalidRequestError
 from engine.engine import Engine, GenerationRequest, GenerationResult, Listener
 from engine.gptj import GPTJ
 
@@ -102,6 +102,7 @@ def start_engine(args: dict) -> Stage:
         max_batch_size=int(params.get("engine_max_batch_size", "64")),
         max_prefill_tokens=int(params.get("engine_max_prefill_tokens", "4096")),
         max_cache_tokens=int(params.get("kv_cache_tokens", "0")) or None,
+        max_beam_width=int(params.get("max_beam_width", str(DEFAULT_MAX_BEAM_WIDTH))),
         observer=metrics,
     )
     metrics.engine = engine
@@ -154,6 +155,6 @@ def submit_requests(engine: Engine, requests, parse: Parse, listeners: Listeners
             pb_utils.Logger.log_error(f"could not read a request: {exc!r}")
             sender.send(error_response(f"internal error reading the request: {exc}"), FINAL)
             continue
-        engine.wait_for_room(len(rows))
+        engine.wait_for_room(sum(row.rows for row in rows))
         for row, listener in zip(rows, listeners(sender, rows, log_probs), strict=True):
             listener.handle = engine.submit(row, listener)

@@ -68,6 +68,11 @@ def _parse(request):
     rows, log_probs = requests_from_tensors(tokenize(request, OPTION_INPUTS))
     if len(rows) != 1:
         raise InvalidRequestError(f"streaming takes one prompt per request, got {len(rows)}")
+    if rows[0].beam.width > 1:
+        raise InvalidRequestError(
+            f"beam_width={rows[0].beam.width} cannot stream: beams are ranked only once they "
+            "finish; send it to the unary `ensemble` instead"
+        )
     return rows, log_probs
 
 

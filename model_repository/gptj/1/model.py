@@ -17,10 +17,11 @@ from engine.tensors import requests_from_tensors, tensors_from_results
 class _Reply:
     """Collects the rows of one Triton request and sends its single response."""
 
-    def __init__(self, sender, rows: int, return_log_probs: bool) -> None:
+    def __init__(self, sender, rows: int, return_log_probs: bool, beam_width: int) -> None:
         self.sender = sender
         self.results: list[GenerationResult | None] = [None] * rows
         self.return_log_probs = return_log_probs
+        self.beam_width = beam_width
         self.lock = threading.Lock()
 
     def listeners(self) -> list["_Row"]:
@@ -37,7 +38,7 @@ class _Reply:
         if errors:
             self.sender.send(error_response(errors[0]), flags=FINAL)
         else:
-            outputs = tensors_from_results(self.results, self.return_log_probs)
+            outputs = tensors_from_results(self.results, self.return_log_probs, self.beam_width)
             self.sender.send(response(outputs), flags=FINAL)
 
 
@@ -65,7 +66,7 @@ def _parse(request):
 
 
 def _listeners(sender, rows, return_log_probs: bool) -> list[_Row]:
-    return _Reply(sender, len(rows), return_log_probs).listeners()
+    return _Reply(sender, len(rows), return_log_probs, rows[0].beam.width).listeners()
 
 
 class TritonPythonModel:
