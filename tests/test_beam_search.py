@@ -6,6 +6,7 @@ import threading
 
 import pytest
 import torch
+from engine_runs import run_concurrently
 from transformers import GPTJConfig as HFConfig
 from transformers import GPTJForCausalLM
 
@@ -61,20 +62,6 @@ def hf_beams(model, ids: list[int], new: int, width: int, **kwargs) -> list[list
         **kwargs,
     )
     return [row[len(ids) :].tolist() for row in out]
-
-
-def run_concurrently(engine: Engine, requests: list[GenerationRequest]) -> list[GenerationResult]:
-    results: list[GenerationResult | None] = [None] * len(requests)
-
-    def one(i: int) -> None:
-        results[i] = engine.generate(requests[i])
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(requests))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
 
 
 def beam_ids(result: GenerationResult) -> list[list[int]]:
