@@ -23,7 +23,7 @@ import triton_python_backend_utils as pb_utils
 from backend.cancel import CancelListener, CancelRegistry
 from backend.io import FINAL, error_response, model_parameters, read_inputs, response
 from contract import metrics as names
-from contract.options import InvalidRequestError
+from contract.options import DEFAULT_MAX_BEAM_WIDTH, InvalidRequestError
 from contract.tensors import ENGINE_INPUTS
 from engine.engine import Engine, GenerationRequest, GenerationResult, Listener
 from engine.gptj import GPTJ
@@ -116,6 +116,7 @@ def start_engine(args: dict) -> Stage:
         max_batch_size=int(params.get("engine_max_batch_size", "64")),
         max_prefill_tokens=int(params.get("engine_max_prefill_tokens", "4096")),
         max_cache_tokens=int(params.get("kv_cache_tokens", "0")) or None,
+        max_beam_width=int(params.get("max_beam_width", str(DEFAULT_MAX_BEAM_WIDTH))),
         observer=metrics,
     )
     metrics.engine = engine
@@ -170,6 +171,11 @@ def submit_requests(stage: Stage, requests) -> None:
                 raise InvalidRequestError(
                     f"streaming takes one prompt per request, got {len(rows)}"
                 )
+            if stream and rows[0].beam.width > 1:
+                raise InvalidRequestError(
+                    f"beam_width={rows[0].beam.width} cannot stream: beams are ranked only "
+                    "once they finish; send it to the unary `ensemble` instead"
+                )
             for row in rows:
                 engine.validate(row)
         except InvalidRequestError as exc:
@@ -184,8 +190,9 @@ def submit_requests(stage: Stage, requests) -> None:
         if stream:
             listeners: Sequence[Listener] = [_TokenStream(sender, rows[0], log_probs, done)]
         else:
-            listeners = _Reply(sender, len(rows), log_probs, done).listeners()
-        engine.wait_for_room(len(rows))
+            width = rows[0].beam.width
+            listeners = _Reply(sender, len(rows), log_probs, width, done).listeners()
+        engine.wait_for_room(sum(row.rows for row in rows))
         for row, listener in zip(rows, listeners, strict=True):
             listener.handle = engine.submit(row, listener)
             stage.cancels.track(key, listener.handle)
@@ -198,10 +205,18 @@ CHECK_EVERY = 8  # tokens between two questions to Triton whether a client went 
 class _Reply:
     """Collects the rows of one unary request and sends its single response."""
 
-    def __init__(self, sender, rows: int, return_log_probs: bool, done: Callable[[], None]):
+    def __init__(
+        self,
+        sender,
+        rows: int,
+        return_log_probs: bool,
+        beam_width: int,
+        done: Callable[[], None],
+    ) -> None:
         self.sender = sender
         self.results: list[GenerationResult | None] = [None] * rows
         self.return_log_probs = return_log_probs
+        self.beam_width = beam_width
         self.done = done
         self.lock = threading.Lock()
 
@@ -220,7 +235,7 @@ class _Reply:
         if errors:
             self.sender.send(error_response(errors[0]), flags=FINAL)
         else:
-            outputs = tensors_from_results(self.results, self.return_log_probs)
+            outputs = tensors_from_results(self.results, self.return_log_probs, self.beam_width)
             self.sender.send(response(outputs), flags=FINAL)
 
 

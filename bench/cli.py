@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from bench import report
+from bench.beams import run_beams
 from bench.kernels import run_kernels
 from bench.machine import describe, machine_label
 from bench.models import DEFAULT_CHECKPOINT, resolve_models
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"machine: {results['machine_label']}")
     traffic = [s for s in plan.sections if s in TRAFFIC_SECTIONS]
     names = tuple(plan.models) if "kernels" in plan.sections else ()
-    if traffic and "default" not in names:
+    if (traffic or "beams" in plan.sections) and "default" not in names:
         names = ("default", *names)
     try:
         models = resolve_models(names, args.checkpoint, log)
@@ -132,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         if traffic:
             default = next(m for m in models if m.key == "default")
             run_traffic(plan, default, results, out, log, save)
+        if "beams" in plan.sections:
+            default = next(m for m in models if m.key == "default")
+            results["beams"] = run_beams(plan, default, log)
+            save()
     except KeyboardInterrupt:
         log("interrupted: writing what was measured")
         results["notes"].append("interrupted before the end")

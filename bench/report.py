@@ -383,12 +383,53 @@ def single_tables(results: dict[str, Any]) -> list[Table]:
     ]
 
 
+def beam_tables(results: dict[str, Any]) -> list[Table]:
+    rows = results.get("beams")
+    if not rows:
+        return []
+    first = rows[0]
+    return [
+        (
+            "Beam search: widths side by side with transformers",
+            _context(
+                results,
+                f"default model, float32; {first['prompts']} prompts of "
+                f"{results['plan']['beam_prompt_tokens']} tokens at once, {first['new_tokens']} "
+                "new tokens each (end token banned); transformers: generate(num_beams=width) "
+                "on the same batch",
+            ),
+            [
+                " width",
+                " engine tok/s",
+                " every beam tok/s",
+                " transformers tok/s",
+                " engine / transformers",
+                " KV cache peak MiB",
+                " best beams equal",
+            ],
+            [
+                [
+                    str(row["width"]),
+                    rate(row["engine_tokens_per_s"]),
+                    rate(row["engine_beam_tokens_per_s"]),
+                    rate(row["transformers_tokens_per_s"]),
+                    fmt(row["engine_over_transformers"], 2, "x"),
+                    fmt(row["kv_cache_peak_mib"], 1),
+                    f"{row['best_beams_agree']}/{row['prompts']}",
+                ]
+                for row in rows
+            ],
+        )
+    ]
+
+
 def all_tables(results: dict[str, Any]) -> list[Table]:
     return [
         *kernel_tables(results),
         *arrival_tables(results),
         *mixed_tables(results),
         *single_tables(results),
+        *beam_tables(results),
     ]
 
 

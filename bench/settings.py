@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-SECTIONS = ("kernels", "arrivals", "mixed", "single")
+SECTIONS = ("kernels", "arrivals", "mixed", "single", "beams")
 DTYPES = ("float32", "bfloat16", "int8")
 SYSTEMS = ("engine", "transformers", "ct2")
 MODELS = ("default", "350m")
@@ -54,6 +54,10 @@ class Plan:
     served: bool  # also measure through the Triton server
     seed: int = 0
     step_batches: tuple[int, ...] = (16, 64)  # sampled/greedy step cost reported at these
+    beam_widths: tuple[int, ...] = (1, 4, 8)
+    beam_prompts: int = 4  # requests at once, each a beam search of the width
+    beam_prompt_tokens: int = 32
+    beam_tokens: int = 64
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -112,6 +116,7 @@ def make_plan(
             single_tokens=8,
             single_repeats=6,
             served=served,
+            beam_tokens=16,
         )
     else:
         plan = Plan(

@@ -53,6 +53,9 @@ FLAGS = {
     "random_seed": "--seed",
     "end_id": "--end-id",
     "start_id": "--start-id",
+    "beam_width": "--beams",
+    "len_penalty": "--len-penalty",
+    "beam_search_diversity_rate": "--diversity-rate",
     "protocol": "--protocol",
     "url": "--url",
 }
@@ -159,6 +162,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sampling.add_argument("--end-id", type=int, help="end-of-text token id (model's own)")
     sampling.add_argument("--start-id", type=int, help="start token id")
+    beams = complete.add_argument_group("beam search")
+    beams.add_argument(
+        "--beams",
+        type=int,
+        default=1,
+        metavar="K",
+        help="beam search with K beams, all printed best first (1: off; not with --stream)",
+    )
+    beams.add_argument(
+        "--len-penalty",
+        type=float,
+        help="rank finished beams by log-prob / length**this (0: log-prob alone)",
+    )
+    beams.add_argument(
+        "--diversity-rate",
+        type=float,
+        help="added x rank to each beam's next-best continuations (< 0 spreads beams out)",
+    )
     output = complete.add_argument_group("output")
     output.add_argument(
         "--stream", action="store_true", help="print the completion as it is generated"
@@ -224,6 +245,9 @@ def _request(args: argparse.Namespace, prompt: str) -> CompletionRequest:
         return_log_probs=args.log_probs,
         end_id=args.end_id,
         start_id=args.start_id,
+        beam_width=args.beams,
+        len_penalty=args.len_penalty,
+        beam_search_diversity_rate=args.diversity_rate,
     )
 
 
@@ -251,6 +275,10 @@ def _complete(args: argparse.Namespace, out: TextIO, stdin: TextIO | None) -> in
         return EXIT_SERVER_ERROR
     if args.json:
         _print_json(result.to_dict(), out)
+    elif result.beams:
+        for rank, beam in enumerate(result.beams, 1):
+            out.write(f"--- beam {rank}: log-prob {beam.cum_log_prob:.4f}\n{beam.completion}\n")
+        out.flush()
     else:
         if not args.stream:
             out.write(result.completion)

@@ -71,7 +71,9 @@ class SamplingOptions(TypedDict, total=False):
     logits; repetition_penalty: 1.0 = none; seed: same seed + same request = same output;
     stop_words / bad_words: strings that end generation / are never generated;
     return_log_probs: fill ``Completion.log_probs`` and ``cum_log_prob``; end_id / start_id:
-    token ids (the model's own end token when absent).
+    token ids (the model's own end token when absent); beam_width: > 1 is beam search, its
+    beams in ``Completion.beams`` (best first; top_k, top_p and seed are then unused);
+    len_penalty / beam_search_diversity_rate: how beams are ranked / kept apart (README).
     """
 
     top_k: int
@@ -84,6 +86,22 @@ class SamplingOptions(TypedDict, total=False):
     return_log_probs: bool
     end_id: int | None
     start_id: int | None
+    beam_width: int
+    len_penalty: float | None
+    beam_search_diversity_rate: float | None
+
+
+@dataclass(frozen=True)
+class BeamText:
+    """One beam of a beam search: the text (prompt + completion), the completion alone, its
+    token count (prompt + generated), the log-probability of what it generated (the end token
+    included) and, when asked for, each generated token's log-probability."""
+
+    text: str
+    completion: str
+    total_tokens: int
+    cum_log_prob: float
+    log_probs: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -147,7 +165,8 @@ class Completion:
     ``completion_tokens`` are known for streamed answers only (None otherwise, see the module
     docstring). ``log_probs`` (one per generated token; in a batch, zero-padded to the longest
     row) and ``cum_log_prob`` are set when log probs were asked for. ``latency_s`` is the wall
-    time of the request; ``first_piece_s`` the time to the first streamed piece.
+    time of the request; ``first_piece_s`` the time to the first streamed piece. A beam search
+    (``beam_width`` > 1) fills ``beams``, best first; the other fields are then the best beam's.
     """
 
     prompt: str
@@ -160,6 +179,7 @@ class Completion:
     log_probs: tuple[float, ...] | None = None
     latency_s: float = 0.0
     first_piece_s: float | None = None
+    beams: tuple[BeamText, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (what ``codegen complete --json`` prints)."""
@@ -481,25 +501,39 @@ class CodegenClient:
             **kwargs,
         )
         latency = time.perf_counter() - started
-        n = len(request.prompts)
-        texts = result.as_numpy("OUTPUT_0").reshape(-1)
-        lengths = result.as_numpy("sequence_length").reshape(n, -1)[:, 0]
-        cum = result.as_numpy("cum_log_probs").reshape(n, -1)[:, 0]
-        log_probs = result.as_numpy("output_log_probs").reshape(n, -1)
+        n, k = len(request.prompts), request.beam_width
+        texts = result.as_numpy("OUTPUT_0").reshape(n, k)  # flat [prompt * beam] on the wire
+        lengths = result.as_numpy("sequence_length").reshape(n, k)
+        cum = result.as_numpy("cum_log_probs").reshape(n, k)
+        log_probs = result.as_numpy("output_log_probs").reshape(n, k, -1)
+        want_log_probs = request.return_log_probs
         completions = []
         for i, prompt in enumerate(request.prompts):
-            text = texts[i].decode("utf-8", errors="replace")
+            beams = []
+            for beam in range(k):
+                text = texts[i, beam].decode("utf-8", errors="replace")
+                beams.append(
+                    BeamText(
+                        text=text,
+                        completion=split_completion(prompt, text),
+                        total_tokens=int(lengths[i, beam]),
+                        cum_log_prob=float(cum[i, beam]),
+                        log_probs=(
+                            tuple(float(x) for x in log_probs[i, beam]) if want_log_probs else None
+                        ),
+                    )
+                )
+            best = beams[0]
             completions.append(
                 Completion(
                     prompt=prompt,
-                    completion=split_completion(prompt, text),
-                    text=text,
-                    total_tokens=int(lengths[i]),
-                    cum_log_prob=float(cum[i]) if request.return_log_probs else None,
-                    log_probs=(
-                        tuple(float(x) for x in log_probs[i]) if request.return_log_probs else None
-                    ),
+                    completion=best.completion,
+                    text=best.text,
+                    total_tokens=best.total_tokens,
+                    cum_log_prob=best.cum_log_prob if want_log_probs or k > 1 else None,
+                    log_probs=best.log_probs,
                     latency_s=latency,
+                    beams=tuple(beams) if k > 1 else None,
                 )
             )
         return completions
@@ -522,6 +556,11 @@ class CodegenClient:
         if len(request.prompts) != 1:
             raise InvalidRequestError(
                 f"streaming takes one prompt per request, got {len(request.prompts)}"
+            )
+        if request.beam_width > 1:
+            raise InvalidRequestError(
+                f"beam_width={request.beam_width} cannot stream: beams are ranked only once "
+                "they finish; use complete() instead"
             )
         started = time.perf_counter()
         pieces = (

@@ -15,6 +15,7 @@ import numpy as np
 from contract.options import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_SAMPLING,
+    BeamParams,
     InvalidRequestError,
     SamplingParams,
 )
@@ -62,11 +63,13 @@ class CompletionRequest:
             raise InvalidRequestError(
                 f"max_tokens must be a positive integer, got {self.max_tokens}"
             )
-        if self.beam_width != 1:
-            raise InvalidRequestError(
-                f"beam_width={self.beam_width} is not supported: the server does sampling and "
-                "greedy search only (beam_width=1)"
-            )
+        if not isinstance(self.beam_width, int):
+            raise InvalidRequestError(f"beam_width must be an integer, got {self.beam_width!r}")
+        BeamParams(  # the server's limit on the width is its own (max_beam_width)
+            self.beam_width,
+            0.0 if self.len_penalty is None else self.len_penalty,
+            0.0 if self.beam_search_diversity_rate is None else self.beam_search_diversity_rate,
+        )
         for name in ("end_id", "start_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < 2**32:

@@ -74,6 +74,9 @@ def render() -> str:
         f"[{options.REPETITION_PENALTY_RANGE[0]}, {options.REPETITION_PENALTY_RANGE[1]}]; "
         "`random_seed` in [0, 2**64); non-finite values are refused",
         "- prompt + `request_output_len` within the model's context",
+        "- `beam_width` from 1 to the server's `max_beam_width` (engine/config.pbtxt, "
+        f"{options.DEFAULT_MAX_BEAM_WIDTH} by default), the same for every prompt of a request; "
+        "`len_penalty` and `beam_search_diversity_rate` finite",
     ]
     return "\n".join(lines) + "\n"
 

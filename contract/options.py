@@ -21,6 +21,8 @@ REPETITION_PENALTY_RANGE = (1e-2, 1e2)
 MAX_PROMPT_BYTES = 256 * 1024  # far above any model's context in text
 MAX_WORDS_PER_LIST = 64  # stop or bad words per prompt
 MAX_TOKENS_PER_WORD = 32
+# Beam search: a server's own limit (max_beam_width in engine/config.pbtxt) is at most this.
+DEFAULT_MAX_BEAM_WIDTH = 8
 
 
 class InvalidRequestError(ValueError):
@@ -71,3 +73,38 @@ class SamplingParams:
 
 
 DEFAULT_SAMPLING = SamplingParams()
+
+
+@dataclass(frozen=True)
+class BeamParams:
+    """Beam search options, FasterTransformer's: ``width`` 1 is no beam search.
+
+    ``len_penalty`` divides a finished beam's cumulative log-prob by its length (generated
+    tokens, the end token included) raised to that power; 0 ranks by the log-prob alone.
+    ``diversity_rate`` is added, times its rank, to each parent beam's 2nd, 3rd... best
+    continuation while choosing the next beams (negative values favour beams from different
+    parents); it changes which beams are kept, never the log-probs they report.
+    """
+
+    width: int = 1
+    len_penalty: float = 0.0
+    diversity_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.width < 1:
+            raise InvalidRequestError(f"beam_width must be >= 1, got {self.width}")
+        for name, value in (
+            ("len_penalty", self.len_penalty),
+            ("beam_search_diversity_rate", self.diversity_rate),
+        ):
+            if not math.isfinite(value):
+                raise InvalidRequestError(f"{name} must be finite, got {value}")
+
+    def score(self, cum_log_prob: float, length: int) -> float:
+        """The value beams are ranked by: ``cum_log_prob / length ** len_penalty``."""
+        if self.len_penalty == 0.0 or length <= 0:
+            return cum_log_prob
+        return cum_log_prob / length**self.len_penalty
+
+
+NO_BEAMS = BeamParams()

@@ -79,8 +79,8 @@ OPTION_DEFAULTS: dict[str, int | float | bool | None] = {
     "beam_width": 1,
     "start_id": None,
     "end_id": None,  # the model's own end token
-    "len_penalty": None,
-    "beam_search_diversity_rate": None,
+    "len_penalty": 0.0,
+    "beam_search_diversity_rate": 0.0,
 }
 
 ENSEMBLE_INPUTS = (

@@ -5,6 +5,10 @@ iteration it prefills newly admitted sequences, then runs one decode step for ev
 sequence, and tells each listener about its new token and, at the end, its result. Sequences join
 and leave between steps, so a short request never waits for a long one to finish. The Triton
 adapter only sees this interface; the batching strategy can change behind it.
+
+A beam search request of width k runs as k rows of the same batch (``engine.beams`` decides
+which continuations survive); its prompt is prefilled once, and after each step the rows take
+their parent beam's cache, so beams join and leave between steps like any other request.
 """
 
 from __future__ import annotations
@@ -14,12 +18,19 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
 
-from contract.options import InvalidRequestError, SamplingParams
+from contract.options import (
+    DEFAULT_MAX_BEAM_WIDTH,
+    NO_BEAMS,
+    BeamParams,
+    InvalidRequestError,
+    SamplingParams,
+)
+from engine.beams import BeamSearch, Hypothesis
 from engine.gptj import GPTJ, KVCache
 from engine.sampling import Sampler
 
@@ -34,6 +45,23 @@ class GenerationRequest:
     end_id: int | None = None  # None, or outside the vocabulary: the model's own end token
     stop_words: Sequence[Sequence[int]] = ()
     bad_words: Sequence[Sequence[int]] = ()
+    beam: BeamParams = NO_BEAMS  # width > 1: beam search (top-k, top-p and seed unused)
+
+    @property
+    def rows(self) -> int:
+        """Rows of the running batch the request takes."""
+        return self.beam.width
+
+
+@dataclass
+class Beam:
+    """One finished beam of a beam search, as ranked (``score``)."""
+
+    output_ids: list[int]  # generated tokens; the end token is not included
+    log_probs: list[float]
+    cum_log_prob: float  # of every token the beam chose, its end token included
+    score: float  # cum_log_prob / length ** len_penalty
+    finish_reason: str
 
 
 @dataclass
@@ -45,9 +73,12 @@ class GenerationResult:
     error: str | None = None
     queue_seconds: float = 0.0
     total_seconds: float = 0.0
+    beams: list[Beam] | None = None  # beam search: the beams, best first (output_ids: the best)
 
 
 class Listener(Protocol):
+    # beam search: called once per step with the best running beam's newest token, which
+    # another beam may still overtake (the result's beams are final)
     def on_token(self, token_id: int, log_prob: float) -> None: ...
     def on_finish(self, result: GenerationResult) -> None: ...
 
@@ -77,7 +108,7 @@ class Handle:
         self.cancelled.set()
 
 
-@dataclass
+@dataclass(eq=False)  # rows are told apart by identity: a beam's rows may hold equal values
 class _Sequence:
     request: GenerationRequest
     listener: Listener
@@ -88,6 +119,7 @@ class _Sequence:
     stops: dict[int, list[tuple[int, ...]]]  # stop words by their last token
     admitted: float = 0.0
     log_probs: list[float] = field(default_factory=list)
+    group: _BeamGroup | None = None  # the beam search this row is a beam of
 
     @property
     def generated(self) -> list[int]:
@@ -101,6 +133,26 @@ class _Sequence:
             for word in self.stops.get(token, ())
         )
 
+    def completes_stop(self, before: list[int], token: int) -> bool:
+        """Whether ``token`` after the tokens ``before`` completes one of the stop words."""
+        produced = len(before) + 1 - len(self.request.prompt_ids)
+        return any(
+            len(word) <= produced and tuple(before[len(before) + 1 - len(word) :]) == word[:-1]
+            for word in self.stops.get(token, ())
+        )
+
+    def beam_row(self) -> _Sequence:
+        """Another row of this request's beam search, for now a copy of this one."""
+        return replace(self, tokens=list(self.tokens), log_probs=list(self.log_probs))
+
+
+@dataclass(eq=False)
+class _BeamGroup:
+    """A beam search request's rows (``beams[0]`` answers it) and its search state."""
+
+    search: BeamSearch
+    beams: list[_Sequence]
+
 
 class Engine:
     """Runs GPT-J generation for many concurrent requests on one model."""
@@ -112,10 +164,12 @@ class Engine:
         max_prefill_tokens: int = 4096,
         observer: StepObserver | None = None,
         max_cache_tokens: int | None = None,
+        max_beam_width: int = DEFAULT_MAX_BEAM_WIDTH,
     ) -> None:
         self.model = model
         self.config = model.config
         self.max_batch_size = max_batch_size
+        self.max_beam_width = min(max_beam_width, max_batch_size)
         self.max_prefill_tokens = max_prefill_tokens
         # rows x positions the KV cache may hold (None: rows x the context, the most it can need)
         self.max_cache_tokens = max_cache_tokens or max_batch_size * model.config.n_positions
@@ -132,7 +186,7 @@ class Engine:
         self._running: list[_Sequence] = []
         self._cond = threading.Condition()
         self._stopping = False
-        self._unfinished = 0  # submitted and not yet finished (waiting, prefilling, running)
+        self._unfinished = 0  # rows submitted and not yet finished (waiting, prefilling, running)
         self._thread: threading.Thread | None = None
 
     # -- interface ----------------------------------------------------------------------------
@@ -153,12 +207,19 @@ class Engine:
                 f"({request.max_new_tokens}) = {total} exceeds the model's context of {context} "
                 "tokens; shorten the prompt or ask for fewer tokens"
             )
-        needed = KVCache.capacity_for(total)
-        if needed > self.max_cache_tokens:
+        width = request.beam.width
+        if width > self.max_beam_width:
             raise InvalidRequestError(
-                f"prompt + request_output_len needs {needed} positions of KV cache, over this "
-                f"server's budget of {self.max_cache_tokens} (kv_cache_tokens in "
-                "gptj/config.pbtxt); ask for fewer tokens"
+                f"beam_width={width} is over this server's limit of {self.max_beam_width} "
+                "(max_beam_width in engine/config.pbtxt); ask for fewer beams"
+            )
+        needed = width * KVCache.capacity_for(total)
+        if needed > self.max_cache_tokens:
+            beams = f" x {width} beams" if width > 1 else ""
+            raise InvalidRequestError(
+                f"prompt + request_output_len{beams} needs {needed} positions of KV cache, over "
+                f"this server's budget of {self.max_cache_tokens} (kv_cache_tokens in "
+                "engine/config.pbtxt); ask for fewer tokens"
             )
         bad = [t for t in request.prompt_ids if not 0 <= t < vocab]
         if bad:
@@ -178,6 +239,8 @@ class Engine:
         for word in request.stop_words:
             stops.setdefault(word[-1], []).append(tuple(word))
         handle = Handle()
+        if request.beam.width > 1:  # its rows are greedy: the beam search chooses the tokens
+            request = replace(request, sampling=replace(request.sampling, top_k=1, top_p=0.0))
         seq = _Sequence(
             request, listener, handle, time.perf_counter(), end_id, list(request.prompt_ids), stops
         )
@@ -185,7 +248,7 @@ class Engine:
             if self._stopping:
                 raise RuntimeError("engine is stopped")
             self._waiting.append(seq)
-            self._unfinished += 1
+            self._unfinished += request.rows
             self._cond.notify()
         return handle
 
@@ -229,7 +292,7 @@ class Engine:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join()
-        for seq in list(self._waiting) + self._running:
+        for seq in list(self._waiting) + _answering(self._running):
             self._finish(seq, "cancelled", error="server is shutting down")
         self._waiting.clear()
         self._running.clear()
@@ -283,7 +346,7 @@ class Engine:
 
     def _fail_running(self, error: str) -> None:
         running, self._running = self._running, []
-        for seq in running:
+        for seq in _answering(running):
             self._finish(seq, "error", error=error)
         self.sampler = Sampler(self.config.vocab_size, self.device, self.max_batch_size)
 
@@ -301,37 +364,54 @@ class Engine:
         free = self.max_batch_size - len(self._running)
         longest = 0
         reach = max((_reach(s) for s in self._running), default=0)
-        while self._waiting and len(admitted) < free:
+        taken = 0  # rows the admitted sequences take (beam searches take several)
+        while self._waiting:
             seq = self._waiting[0]
             if seq.handle.cancelled.is_set():
                 self._waiting.popleft()
                 self._finish(seq, "cancelled")
                 continue
+            if taken + seq.request.rows > free:
+                break
             length = max(longest, len(seq.request.prompt_ids))
             if admitted and length * (len(admitted) + 1) > self.max_prefill_tokens:
                 break
-            rows = len(self._running) + len(admitted) + 1
+            rows = len(self._running) + taken + seq.request.rows
             reach = max(reach, _reach(seq))
             if rows * KVCache.capacity_for(reach) > self.max_cache_tokens:
                 break  # waits until finished sequences free the cache
             longest = length
+            taken += seq.request.rows
             admitted.append(self._waiting.popleft())
         return admitted
 
     def _prefill(self, admitted: list[_Sequence]) -> None:
+        """One pass over the admitted prompts. A beam search's other beams take rows after
+        them, with no pass of their own: its first step gives them the prompt's cache."""
         started = time.perf_counter()
         first = len(self._running)
         lengths = [len(seq.request.prompt_ids) for seq in admitted]
         self._running.extend(admitted)
+        for seq in admitted:
+            if seq.request.rows > 1:
+                beams = [seq] + [seq.beam_row() for _ in range(seq.request.rows - 1)]
+                search = BeamSearch(seq.request.beam, seq.end_id, seq.request.max_new_tokens)
+                seq.group = _BeamGroup(search, beams)
+                for beam in beams:
+                    beam.group = seq.group
+                self._running.extend(beams[1:])
         try:
             self._reserve()
             tokens = torch.zeros((len(admitted), max(lengths)), dtype=torch.long)
             for i, seq in enumerate(admitted):
                 tokens[i, : lengths[i]] = torch.tensor(seq.request.prompt_ids)
+            for seq in self._running[first:]:
                 seq.admitted = started
                 self.sampler.add(seq.request.sampling, seq.tokens, seq.request.bad_words)
+            self._position[first : len(self._running)] = torch.tensor(
+                [len(seq.request.prompt_ids) - 1 for seq in self._running[first:]]
+            )
             rows = slice(first, first + len(admitted))
-            self._position[rows] = torch.tensor(lengths) - 1
             logits = self.model(
                 tokens.to(self.device),
                 torch.zeros(len(admitted), dtype=torch.long, device=self.device),
@@ -341,10 +421,11 @@ class Engine:
             )
         except Exception as exc:  # e.g. out of memory: fail these requests, not the batch
             log.exception("prefill failed")
-            for seq in reversed(admitted):
-                if self.sampler.rows > len(self._running) - 1:
+            while len(self._running) > first:
+                if self.sampler.rows == len(self._running):
                     self.sampler.remove(self.sampler.rows - 1)
                 self._running.pop()
+            for seq in admitted:
                 self._finish(seq, "error", error=f"prefill failed: {exc}")
             return
         self._advance(admitted, logits, rows, started, prompt_tokens=sum(lengths))
@@ -375,13 +456,26 @@ class Engine:
         started: float,
         prompt_tokens: int,
     ) -> None:
-        """Pick each sequence's next token, tell its listener, retire the finished ones."""
-        chosen, log_probs = self.sampler.select(logits, rows)
-        self.sampler.advance(chosen, rows)
-        self._last[rows] = chosen
-        self._position[rows] += 1
+        """Pick each sequence's next token, tell its listener, retire the finished ones.
+
+        ``rows`` are the pass's rows (``seqs``); the rows after them, if any, are the other
+        beams of beam searches that were just prefilled, which move on with them.
+        """
+        logits, norm = self.sampler.process(logits, rows)
+        chosen, log_probs = self.sampler.choose(logits, norm, rows)
+        span = slice(rows.start, len(self._running))
+        if span.stop > rows.stop:
+            chosen = torch.cat([chosen, chosen.new_zeros(span.stop - rows.stop)])
+        groups = list({id(s.group): s.group for s in self._running[span] if s.group}.values())
+        for group in groups:
+            self._step_beams(group, logits, norm, rows, chosen, span)
+        self.sampler.advance(chosen, span)
+        self._last[span] = chosen
+        self._position[span] += 1
         finished: list[tuple[_Sequence, str, str | None]] = []
-        for seq, token, log_prob in zip(seqs, chosen.tolist(), log_probs.tolist(), strict=True):
+        for seq, token, log_prob in zip(seqs, chosen.tolist(), log_probs.tolist(), strict=False):
+            if seq.group is not None:
+                continue
             if seq.handle.cancelled.is_set():
                 finished.append((seq, "cancelled", None))
                 continue
@@ -404,17 +498,84 @@ class Engine:
                 finished.append((seq, "stop_word", None))
             elif len(seq.tokens) - len(seq.request.prompt_ids) >= seq.request.max_new_tokens:
                 finished.append((seq, "length", None))
+        for group in groups:
+            outcome = self._beams_outcome(group)
+            if outcome is not None:
+                finished.append((group.beams[0], *outcome))
         if self.observer is not None:
             self.observer.on_step(
                 len(seqs), len(seqs), prompt_tokens, time.perf_counter() - started
             )
         for seq, reason, error in finished:
-            self._retire(seq)
+            for row in seq.group.beams if seq.group else (seq,):
+                self._retire(row)
             self._finish(seq, reason, error)
 
+    def _step_beams(
+        self,
+        group: _BeamGroup,
+        logits: torch.Tensor,
+        norm: torch.Tensor,
+        rows: slice,
+        chosen: torch.Tensor,
+        span: slice,
+    ) -> None:
+        """One beam search step: choose the continuations, keep the finished hypotheses, and
+        give each beam's row its parent's cache and sampler state and its new token."""
+        search, beams = group.search, group.beams
+        where = [self._running.index(beam) for beam in beams]
+        parents = [row for row in where if row < rows.stop]  # all but right after prefill
+        offsets = torch.tensor([row - rows.start for row in parents], device=logits.device)
+        step_log_probs = (logits[offsets] - norm[offsets, None]).float().cpu()
+
+        def ends(parent: int, token: int) -> bool:
+            beam = beams[parent]
+            return bool(beam.stops) and beam.completes_stop(beam.tokens, token)
+
+        choices, ended = search.step(step_log_probs, ends)
+        for hypothesis in ended:
+            parent = beams[hypothesis.parent]
+            extra = [] if hypothesis.token is None else [hypothesis.token]
+            extra_log_probs = [] if hypothesis.token is None else [hypothesis.log_prob]
+            search.add(hypothesis, parent.generated + extra, parent.log_probs + extra_log_probs)
+        if search.done:
+            return
+        histories = [
+            ([*beams[c.parent].tokens, c.token], [*beams[c.parent].log_probs, c.log_prob])
+            for c in choices
+        ]
+        sources = [where[c.parent] for c in choices]
+        self.cache.reorder(where, sources, len(beams[0].tokens))
+        self.sampler.reorder(where, sources)
+        for beam, row, choice, (tokens, log_probs) in zip(
+            beams, where, choices, histories, strict=True
+        ):
+            beam.tokens, beam.log_probs = tokens, log_probs
+            self.sampler.tokens[row] = tokens
+            chosen[row - span.start] = choice.token
+
+    def _beams_outcome(self, group: _BeamGroup) -> tuple[str, str | None] | None:
+        """(finish reason, error) once a beam search has ended, after telling its listener
+        about the step; None while it runs."""
+        leader, search = group.beams[0], group.search
+        if leader.handle.cancelled.is_set():
+            return "cancelled", None
+        if search.done:
+            if not search.finished:
+                return "error", "no token can be generated: bad_words_list bans every token"
+            return search.finished[0][0].finish_reason, None
+        try:
+            leader.listener.on_token(leader.tokens[-1], leader.log_probs[-1])
+        except Exception as exc:
+            log.warning("a listener failed; ending its request: %r", exc)
+            return "error", f"could not deliver a token: {exc}"
+        return None
+
     def _drop_cancelled(self) -> None:
-        for seq in [s for s in self._running if s.handle.cancelled.is_set()]:
+        cancelled = [s for s in self._running if s.handle.cancelled.is_set()]
+        for seq in cancelled:
             self._retire(seq)
+        for seq in _answering(cancelled):
             self._finish(seq, "cancelled")
 
     def _retire(self, seq: _Sequence) -> None:
@@ -440,8 +601,13 @@ class Engine:
             queue_seconds=(seq.admitted or now) - seq.submitted,
             total_seconds=now - seq.submitted,
         )
+        if seq.group is not None:
+            result.beams = [_beam(*entry) for entry in seq.group.search.finished]
+            if result.beams:
+                result.output_ids = list(result.beams[0].output_ids)
+                result.log_probs = list(result.beams[0].log_probs)
         with self._cond:  # a re-entrant lock: _admit calls this while holding it
-            self._unfinished -= 1
+            self._unfinished -= seq.request.rows
             self._cond.notify_all()  # room for requests held in wait_for_room
         for hook in (seq.listener.on_finish, getattr(self.observer, "on_finish", None)):
             if hook is None:
@@ -455,3 +621,14 @@ class Engine:
 def _reach(seq: _Sequence) -> int:
     """Positions a sequence can occupy: its prompt and every token it may generate."""
     return len(seq.request.prompt_ids) + seq.request.max_new_tokens
+
+
+def _answering(seqs: list[_Sequence]) -> list[_Sequence]:
+    """The rows that answer their request: all but the extra beams of a beam search."""
+    return [s for s in seqs if s.group is None or s is s.group.beams[0]]
+
+
+def _beam(hypothesis: Hypothesis, tokens: list[int], log_probs: list[float]) -> Beam:
+    return Beam(
+        tokens, log_probs, hypothesis.cum_log_prob, hypothesis.score, hypothesis.finish_reason
+    )

@@ -136,6 +136,17 @@ class KVCache:
             grown[:, :keep_rows, :, :keep_len] = old[:, :keep_rows, :, :keep_len]
             setattr(self, name, grown)
 
+    def reorder(self, dst: list[int], src: list[int], length: int) -> None:
+        """Row ``dst[i]`` takes row ``src[i]``'s first ``length`` positions (beams continuing
+        another beam); every source is read before any row is written."""
+        moved = [(d, s) for d, s in zip(dst, src, strict=True) if d != s]
+        if not moved:
+            return
+        to = torch.tensor([d for d, _ in moved], device=self.keys.device)
+        source = torch.tensor([s for _, s in moved], device=self.keys.device)
+        for tensor in (self.keys, self.values):
+            tensor[:, to, :, :length] = tensor[:, source, :, :length]
+
     def move_row(self, src: int, dst: int, length: int) -> None:
         """Copy row ``src`` into row ``dst`` (used to keep running rows contiguous)."""
         self.keys[:, dst, :, :length] = self.keys[:, src, :, :length]

@@ -213,6 +213,13 @@ class Sampler:
 
         ``logits`` (float32, one row per row of the slice) is modified in place.
         """
+        logits, norm = self.process(logits, rows)
+        return self.choose(logits, norm, rows)
+
+    def process(self, logits: torch.Tensor, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """Penalties, bans and temperature applied to ``logits`` [B, V] (in place where it
+        can), and each row's log normaliser: ``logits - norm[:, None]`` are the log-probs of
+        the distribution a row draws from (beam search reads them whole)."""
         plan = self._plan(rows)
         if self._penalized:
             penalty = self.penalty[rows, None]
@@ -227,7 +234,13 @@ class Sampler:
             if len(tokens) - self.generated_from[row] >= n and tuple(tokens[-n:]) == prefix:
                 logits[offset, last] = float("-inf")
         logits /= self.temperature[rows, None]
-        norm = torch.logsumexp(logits, dim=-1)
+        return logits, torch.logsumexp(logits, dim=-1)
+
+    def choose(
+        self, logits: torch.Tensor, norm: torch.Tensor, rows: slice
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's token (greedy or drawn) and its log-prob, from :meth:`process`'s output."""
+        plan = self._plan(rows)
         if plan.count == 0:
             chosen = logits.argmax(dim=-1)
         elif plan.sampled is None:
@@ -280,6 +293,24 @@ class Sampler:
         # a row with nothing to draw from (every token banned) still gets a valid index here;
         # its log-prob comes out NaN, which is how the engine tells it apart
         return order.gather(1, index)[:, 0]
+
+    def reorder(self, dst: list[int], src: list[int]) -> None:
+        """Row ``dst[i]`` takes row ``src[i]``'s state (beams continuing another beam); all
+        rows are read before any is written. The caller sets the rows' token lists."""
+        moved = [(d, s) for d, s in zip(dst, src, strict=True) if d != s]
+        if not moved:
+            return
+        to = torch.tensor([d for d, _ in moved], device=self.device)
+        source = torch.tensor([s for _, s in moved], device=self.device)
+        for name in (*_PER_ROW, *_MASKS):
+            tensor = getattr(self, name)
+            if tensor is not None:
+                tensor[to] = tensor[source]
+        for name in ("params", "generated_from", "multi_bad", "bans"):
+            values = getattr(self, name)
+            copied = [values[s] for _, s in moved]
+            for (d, _), value in zip(moved, copied, strict=True):
+                values[d] = value
 
     def advance(self, chosen: torch.Tensor, rows: slice) -> None:
         """Record that every row in ``rows`` took its ``chosen`` token."""

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from contract.options import InvalidRequestError, SamplingParams
+from contract.options import BeamParams, InvalidRequestError, SamplingParams
 from contract.tensors import OPTION_DEFAULTS
 from contract.words import split_word_list
 from engine.engine import GenerationRequest, GenerationResult
@@ -37,11 +37,15 @@ def requests_from_tensors(arrays: Mapping[str, np.ndarray]) -> tuple[list[Genera
     requests = []
     return_log_probs = False
     for row in range(len(input_ids)):
-        beam_width = int(_scalar(arrays, "beam_width", row))
-        if beam_width != 1:
+        beam = BeamParams(
+            width=int(_scalar(arrays, "beam_width", row)),
+            len_penalty=float(_scalar(arrays, "len_penalty", row)),
+            diversity_rate=float(_scalar(arrays, "beam_search_diversity_rate", row)),
+        )
+        if requests and beam.width != requests[0].beam.width:
             raise InvalidRequestError(
-                f"beam_width={beam_width} is not supported: this server does sampling and greedy "
-                "search only (beam_width=1)"
+                f"beam_width differs between the prompts of one request ({requests[0].beam.width}"
+                f" and {beam.width}): the outputs are [prompt, beam, ...], send one width"
             )
         if not 0 < lengths[row] <= input_ids.shape[1]:
             raise InvalidRequestError(
@@ -66,29 +70,61 @@ def requests_from_tensors(arrays: Mapping[str, np.ndarray]) -> tuple[list[Genera
                 end_id=None if end_id is None else int(end_id),
                 stop_words=split_word_list(stop[row]) if stop is not None else (),
                 bad_words=split_word_list(bad[row]) if bad is not None else (),
+                beam=beam,
             )
         )
     return requests, return_log_probs
 
 
 def tensors_from_results(
-    results: list[GenerationResult], return_log_probs: bool
+    results: list[GenerationResult], return_log_probs: bool, beam_width: int = 1
 ) -> dict[str, np.ndarray]:
-    """output_ids [N, 1, T], sequence_length [N, 1], cum_log_probs [N, 1], output_log_probs
-    [N, 1, G]: prompt + generated ids per row, padded with 0 past each row's sequence_length.
-    Log probs are zeros unless ``is_return_log_probs`` was set."""
-    sequences = [r.prompt_ids + r.output_ids for r in results]
-    width = max(len(s) for s in sequences)
-    generated = max(1, *(len(r.output_ids) for r in results))
-    output_ids = np.zeros((len(results), 1, width), dtype=np.uint32)
-    log_probs = np.zeros((len(results), 1, generated), dtype=np.float32)
-    for i, (seq, result) in enumerate(zip(sequences, results, strict=True)):
-        output_ids[i, 0, : len(seq)] = seq
-        if return_log_probs:
-            log_probs[i, 0, : len(result.log_probs)] = result.log_probs
+    """output_ids [N, beam, T], sequence_length [N, beam], cum_log_probs [N, beam],
+    output_log_probs [N, beam, G]: prompt + generated ids per beam, padded with 0 past each
+    beam's sequence_length, beams best first (beam 1 without beam search).
+
+    Log probs are zeros unless ``is_return_log_probs`` was set, except a beam search's
+    cum_log_probs, which rank its beams and are always given.
+    """
+    rows = [_beams(r) for r in results]
+    width = max(beam_width, *(len(beams) for beams in rows))
+    searched = any(r.beams is not None for r in results)
+    sequences = [
+        [r.prompt_ids + ids for ids, _, _ in beams] for r, beams in zip(results, rows, strict=True)
+    ]
+    longest = max(len(seq) for seqs in sequences for seq in seqs)
+    generated = max(1, *(len(ids) for beams in rows for ids, _, _ in beams))
+    output_ids = np.zeros((len(results), width, longest), dtype=np.uint32)
+    lengths = np.zeros((len(results), width), dtype=np.uint32)
+    cum_log_probs = np.zeros((len(results), width), dtype=np.float32)
+    log_probs = np.zeros((len(results), width, generated), dtype=np.float32)
+    for i, (result, beams) in enumerate(zip(results, rows, strict=True)):
+        # a search that ended with fewer finished beams than its width (every other token
+        # banned): the missing ones are the prompt alone, with a log prob of -inf
+        cum_log_probs[i, len(beams) :] = -np.inf if searched else 0.0
+        lengths[i, len(beams) :] = len(result.prompt_ids)
+        output_ids[i, len(beams) :, : len(result.prompt_ids)] = result.prompt_ids
+        for beam, (seq, (_, beam_log_probs, cum)) in enumerate(
+            zip(sequences[i], beams, strict=True)
+        ):
+            output_ids[i, beam, : len(seq)] = seq
+            lengths[i, beam] = len(seq)
+            if return_log_probs:
+                log_probs[i, beam, : len(beam_log_probs)] = beam_log_probs
+            if searched:
+                cum_log_probs[i, beam] = cum
+    if not searched:
+        cum_log_probs = log_probs.sum(axis=-1, dtype=np.float32)
     return {
         "output_ids": output_ids,
-        "sequence_length": np.array([[len(s)] for s in sequences], dtype=np.uint32),
-        "cum_log_probs": log_probs.sum(axis=-1, dtype=np.float32),
+        "sequence_length": lengths,
+        "cum_log_probs": cum_log_probs,
         "output_log_probs": log_probs,
     }
+
+
+def _beams(result: GenerationResult) -> list[tuple[list[int], list[float], float]]:
+    """(generated ids, their log probs, cumulative log prob) of each beam, best first."""
+    if result.beams is None:
+        return [(result.output_ids, result.log_probs, sum(result.log_probs))]
+    return [(b.output_ids, b.log_probs, b.cum_log_prob) for b in result.beams]

@@ -250,7 +250,7 @@ INVALID_CASES: tuple[Case, ...] = (
         ("repetition_penalty",),
         "repetition_penalty 0",
     ),
-    Case("beam_width_4", _set("beam_width", 4, _U32), ("beam_width",), "beam_width 4"),
+    Case("beam_width_64", _set("beam_width", 64, _U32), ("beam_width",), "beam_width 64"),
 )
 
 HOSTILE_CASES: tuple[Case, ...] = (

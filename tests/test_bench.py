@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 
 from bench import report
+from bench.beams import run_beams
 from bench.kernels import fit_tokens, measure
 from bench.load import Measurement, Record, overlap, short_latencies, windowed_rate
 from bench.machine import cpu_model, machine_label
@@ -226,6 +228,19 @@ def _results() -> dict:
             "overhead_ms": 11.0,
             "repeats": 6,
         },
+        "beams": [
+            {
+                "width": 4,
+                "prompts": 4,
+                "new_tokens": 16,
+                "engine_tokens_per_s": 220.0,
+                "engine_beam_tokens_per_s": 880.0,
+                "transformers_tokens_per_s": 190.0,
+                "engine_over_transformers": 220 / 190,
+                "kv_cache_peak_mib": 16.0,
+                "best_beams_agree": 4,
+            }
+        ],
     }
 
 
@@ -253,13 +268,14 @@ def test_write_all_writes_markdown_json_and_chart(tmp_path):
     md = (tmp_path / "results.md").read_text()
     assert "## Continuous arrivals: 16 closed-loop clients" in md
     assert "| 8 | 1,000 | 950 | 0.95 | ok |" in md
+    assert "| 4 | 220 | 880 | 190 | 1.16x | 16.0 | 4/4 |" in md
     assert "machine: 2 cores, Test CPU, torch threads 2" in md
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_empty_results_write_no_chart(tmp_path):
     results = _results()
-    for key in ("kernels", "arrivals", "mixed", "single"):
+    for key in ("kernels", "arrivals", "mixed", "single", "beams"):
         results.pop(key)
     assert report.write_chart(tmp_path / "chart.png", results) is None
     assert "## " not in report.render_markdown(results)
@@ -350,3 +366,15 @@ def test_random_prompts_never_hold_the_end_token():
     assert all(len(p) == 50 for p in prompts)
     flat = {t for p in prompts for t in p}
     assert 7 not in flat and flat <= set(range(20)) and 19 in flat
+
+
+def test_beam_section_measures_both_systems_on_the_same_beams(tiny_checkpoint):
+    plan = replace(make_plan(quick=True), beam_widths=(1, 3), beam_prompts=2, beam_tokens=6)
+    model = describe_checkpoint("default", "tiny", tiny_checkpoint)
+    rows = run_beams(plan, model, lambda message: None)
+    assert [row["width"] for row in rows] == [1, 3]
+    for row in rows:
+        assert row["best_beams_agree"] == 2  # the engine's best beams are transformers'
+        assert row["engine_tokens_per_s"] > 0 and row["transformers_tokens_per_s"] > 0
+        assert row["engine_beam_tokens_per_s"] == row["width"] * row["engine_tokens_per_s"]
+    assert rows[1]["kv_cache_peak_mib"] > rows[0]["kv_cache_peak_mib"]  # 3 rows a prompt

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 import torch
+from engine_runs import run_concurrently
 from transformers import GPTJConfig as HFConfig
 from transformers import GPTJForCausalLM
 
@@ -46,20 +47,6 @@ def prompts(count: int, seed: int = 1) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(2, 40, (count,), generator=gen).tolist()
     return [torch.randint(1, VOCAB, (n,), generator=gen).tolist() for n in lengths]
-
-
-def run_concurrently(engine: Engine, requests: list[GenerationRequest]) -> list[GenerationResult]:
-    results: list[GenerationResult | None] = [None] * len(requests)
-
-    def one(i: int) -> None:
-        results[i] = engine.generate(requests[i])
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(requests))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
 
 
 def hf_greedy(model, prompt: list[int], new: int, **kwargs) -> list[int]:

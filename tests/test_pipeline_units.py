@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from client.request import CompletionRequest
-from contract.options import MAX_PROMPT_BYTES, InvalidRequestError
+from contract.options import MAX_PROMPT_BYTES, BeamParams, InvalidRequestError
 from contract.words import decode_words, encode_words, split_word_list, word_list
-from engine.engine import GenerationResult
+from engine.engine import Beam, GenerationResult
 from engine.tensors import requests_from_tensors, tensors_from_results
 from modelbuild.__main__ import main as modelbuild_main
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
@@ -182,15 +182,38 @@ def test_model_stage_tensors_map_to_engine_requests_and_back():
     np.testing.assert_allclose(out["output_log_probs"][0, 0], [-0.5, -1.0, 0.0])
 
 
-def test_beam_search_is_refused_until_it_exists():
+def test_beam_options_reach_the_engine_and_one_width_per_request():
     arrays = {
-        "input_ids": np.array([[5]], dtype=np.uint32),
-        "input_lengths": np.array([[1]], dtype=np.uint32),
-        "request_output_len": np.array([[4]], dtype=np.uint32),
-        "beam_width": np.array([[4]], dtype=np.uint32),
+        "input_ids": np.array([[5], [6]], dtype=np.uint32),
+        "input_lengths": np.array([[1], [1]], dtype=np.uint32),
+        "request_output_len": np.array([[4], [4]], dtype=np.uint32),
+        "beam_width": np.array([[4], [4]], dtype=np.uint32),
+        "len_penalty": np.array([[1.5], [1.5]], dtype=np.float32),
+        "beam_search_diversity_rate": np.array([[-0.5], [-0.5]], dtype=np.float32),
     }
-    with pytest.raises(InvalidRequestError, match="beam_width=4 is not supported"):
+    requests, _ = requests_from_tensors(arrays)
+    assert [r.beam for r in requests] == [BeamParams(4, 1.5, -0.5)] * 2
+    arrays["beam_width"] = np.array([[4], [2]], dtype=np.uint32)
+    with pytest.raises(InvalidRequestError, match="beam_width differs between the prompts"):
         requests_from_tensors(arrays)
+    arrays["beam_width"] = np.array([[0], [0]], dtype=np.uint32)
+    with pytest.raises(InvalidRequestError, match="beam_width must be >= 1, got 0"):
+        requests_from_tensors(arrays)
+
+
+def test_beam_results_are_beam_major_best_first():
+    beams = [
+        Beam([7, 8], [-0.5, -0.25], -1.0, -1.0, "end_id"),  # the end token's log prob counts
+        Beam([9], [-1.5], -1.5, -1.5, "length"),
+    ]
+    result = GenerationResult([5], [7, 8], [-0.5, -0.25], "end_id", beams=beams)
+    out = tensors_from_results([result], return_log_probs=False, beam_width=3)
+    assert out["output_ids"].tolist() == [[[5, 7, 8], [5, 9, 0], [5, 0, 0]]]
+    assert out["sequence_length"].tolist() == [[3, 2, 1]]  # a missing beam: the prompt alone
+    assert out["cum_log_probs"].tolist() == [[-1.0, -1.5, -np.inf]]  # always, they rank beams
+    assert not out["output_log_probs"].any()  # only when asked for
+    out = tensors_from_results([result], return_log_probs=True, beam_width=3)
+    assert out["output_log_probs"][0, :, :2].tolist() == [[-0.5, -0.25], [-1.5, 0.0], [0, 0]]
 
 
 def test_client_side_validation_names_the_option():
@@ -198,8 +221,10 @@ def test_client_side_validation_names_the_option():
         CompletionRequest("x", max_tokens=-1)
     with pytest.raises(InvalidRequestError, match=r"runtime_top_p must be in \[0, 1\]"):
         CompletionRequest("x", top_p=1.5)
-    with pytest.raises(InvalidRequestError, match="beam_width=2"):
-        CompletionRequest("x", beam_width=2)
+    with pytest.raises(InvalidRequestError, match="beam_width must be >= 1, got 0"):
+        CompletionRequest("x", beam_width=0)
+    with pytest.raises(InvalidRequestError, match="len_penalty must be finite"):
+        CompletionRequest("x", beam_width=2, len_penalty=float("nan"))
     tensors = CompletionRequest(("a", "b"), max_tokens=5, stop_words=("x,y",), seed=3).tensors()
     assert tensors["INPUT_0"].shape == (2, 1) and tensors["INPUT_1"].tolist() == [[5], [5]]
     assert decode_words(tensors["INPUT_3"][0, 0].decode()) == ["x,y"]

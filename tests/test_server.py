@@ -212,7 +212,9 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(server, prot
     module = PROTOCOLS[protocol]
     good = CompletionRequest(PROMPT, max_tokens=4)
     cases = {
-        "beam_width=2 is not supported": {"beam_width": np.array([[2]], dtype=np.uint32)},
+        "beam_width=9 is over this server's limit of 8": {
+            "beam_width": np.array([[9]], dtype=np.uint32)
+        },
         "runtime_top_p must be in [0, 1]": {"runtime_top_p": np.array([[1.5]], dtype=np.float32)},
         "empty prompt": {"INPUT_0": np.array([[b""]], dtype=object)},
         "exceeds the model's context": {"INPUT_1": np.array([[100000]], dtype=np.uint32)},

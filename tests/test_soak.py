@@ -79,8 +79,8 @@ REAL_ERRORS = {
         VALIDATION,
         "INPUT_3",
     ),
-    "beam_width=4 is not supported: this server does sampling and greedy search only "
-    "(beam_width=1)": (VALIDATION, "beam_width"),
+    "in ensemble 'ensemble', beam_width=64 is over this server's limit of 8 (max_beam_width in "
+    "engine/config.pbtxt); ask for fewer beams": (VALIDATION, "beam_width"),
     "in ensemble 'ensemble', Stub process 'gptj_0_0' is not healthy.": (UNAVAILABLE, None),
     "Exceeds maximum queue size": (QUEUE_FULL, None),
     "Request timeout expired": (TIMEOUT, None),

@@ -1,0 +1,132 @@
+"""Section ``beams``: what beam search costs at widths 1, 4 and 8, next to transformers'.
+
+The same prompts (equal lengths, so transformers pays no padding) go to the engine, all at
+once, each as a beam search of the width, and to ``GPTJForCausalLM.generate(num_beams=width)``
+as one static batch; the end token is banned so that every beam runs the whole length. Reported:
+tokens/s of the best beams (what a user receives) and of every beam (what was computed), the
+engine's peak KV-cache memory, and whether both systems' best beams agree.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from bench.models import ModelInfo, random_prompts
+from bench.settings import Plan
+from contract.options import BeamParams
+from engine.engine import Engine, GenerationRequest, GenerationResult
+from engine.gptj import GPTJ
+
+Progress = Callable[[str], None]
+
+
+class _PeakCache:
+    """An engine observer that remembers the most KV-cache memory a step held."""
+
+    def __init__(self) -> None:
+        self.engine: Engine | None = None
+        self.peak = 0
+
+    def on_step(self, rows: int, new_tokens: int, prompt_tokens: int, seconds: float) -> None:
+        if self.engine is not None:
+            self.peak = max(self.peak, self.engine.cache_bytes)
+
+    def on_finish(self, result: GenerationResult) -> None:
+        pass
+
+
+def _engine_beams(
+    engine: Engine, prompts: list[list[int]], new: int, width: int, eos: int
+) -> tuple[list[list[int]], float]:
+    """Every prompt's best beam, and the seconds until the last request finished."""
+    started = time.perf_counter()
+    results: list[GenerationResult | None] = [None] * len(prompts)
+    threads = []
+    for i, prompt in enumerate(prompts):
+        request = GenerationRequest(list(prompt), new, bad_words=[[eos]], beam=BeamParams(width))
+
+        def one(i: int = i, request: GenerationRequest = request) -> None:
+            results[i] = engine.generate(request)
+
+        threads.append(threading.Thread(target=one))
+        threads[-1].start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    errors = [r.error for r in results if r is not None and r.error]
+    if errors:
+        raise RuntimeError(f"engine beam search failed: {errors[0]}")
+    return [r.output_ids for r in results if r is not None], seconds
+
+
+def _transformers_beams(
+    model, prompts: list[list[int]], new: int, width: int, eos: int, device: str
+) -> tuple[list[list[int]], float]:
+    batch = torch.tensor(prompts, device=device)
+    started = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            batch,
+            attention_mask=torch.ones_like(batch),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            num_beams=width,
+            do_sample=False,
+            length_penalty=0.0,
+            suppress_tokens=[eos],
+            renormalize_logits=True,  # bans before normalising, as the engine
+            pad_token_id=eos,
+        )
+    seconds = time.perf_counter() - started
+    return [row[len(prompts[0]) :].tolist() for row in out], seconds
+
+
+def run_beams(plan: Plan, model: ModelInfo, progress: Progress) -> list[dict[str, Any]]:
+    """One row per width: tokens/s of both systems, their ratio, peak KV cache, agreement."""
+    from transformers import GPTJForCausalLM
+
+    prompts = random_prompts(
+        plan.beam_prompts, plan.beam_prompt_tokens, model.vocab_size, model.eos_token_id, plan.seed
+    )
+    eos, new = model.eos_token_id, plan.beam_tokens
+    observer = _PeakCache()
+    engine = Engine(
+        GPTJ.from_checkpoint(model.path, device=plan.device),
+        max_batch_size=max(plan.beam_widths) * len(prompts),
+        observer=observer,
+    )
+    observer.engine = engine
+    engine.start()
+    hf = GPTJForCausalLM.from_pretrained(str(model.path), dtype=torch.float32)
+    hf = hf.to(plan.device).eval()
+    rows = []
+    try:
+        for width in plan.beam_widths:
+            progress(f"beams: width {width}, {len(prompts)} prompts x {new} tokens")
+            _engine_beams(engine, prompts[:1], 2, width, eos)  # warm-up
+            _transformers_beams(hf, prompts[:1], 2, width, eos, plan.device)
+            observer.peak = 0
+            ours, engine_s = _engine_beams(engine, prompts, new, width, eos)
+            theirs, hf_s = _transformers_beams(hf, prompts, new, width, eos, plan.device)
+            best_tokens = len(prompts) * new
+            rows.append(
+                {
+                    "width": width,
+                    "prompts": len(prompts),
+                    "new_tokens": new,
+                    "engine_tokens_per_s": best_tokens / engine_s,
+                    "engine_beam_tokens_per_s": width * best_tokens / engine_s,
+                    "transformers_tokens_per_s": best_tokens / hf_s,
+                    "engine_over_transformers": hf_s / engine_s,
+                    "kv_cache_peak_mib": observer.peak / 2**20,
+                    "best_beams_agree": sum(a == b for a, b in zip(ours, theirs, strict=True)),
+                }
+            )
+    finally:
+        engine.stop()
+    return rows
