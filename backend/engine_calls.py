@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
@@ -31,6 +33,8 @@ from postprocessing.detokenize import IncrementalDecoder, Postprocessor
 # this, execute waits and the next requests wait in the caller's own bounded Triton queue.
 MAX_IN_FLIGHT = 320
 POLL_S = 0.25  # how often the watcher asks whether a caller's client went away
+# How long a finished BLS response iterator is kept referenced from Python (see _Retired).
+KEEP_ITERATORS_S = 10.0
 
 
 class Call:
@@ -39,8 +43,8 @@ class Call:
     (a segfault in ``TRITONBACKEND_ResponseFactoryIsCancelled``), so the watcher and the final
     send take turns under a lock."""
 
-    def __init__(self, sender, key: str) -> None:
-        self.sender, self.key = sender, key
+    def __init__(self, sender, key: str, requested: frozenset[str] | None = None) -> None:
+        self.sender, self.key, self.requested = sender, key, requested
         self._lock = threading.Lock()
         self.closed = False
 
@@ -64,6 +68,43 @@ class Call:
             return not self.closed and self.sender.is_cancelled()
 
 
+class _Retired:
+    """Finished BLS response iterators, kept referenced from Python for ``keep_s``.
+
+    In python_backend r24.10 the stub also holds each decoupled BLS response iterator in a map,
+    which its own message thread (holding no GIL) clears shortly after the final response was
+    read. If Python dropped its reference first, that thread destroys the iterator and every
+    response tensor in it, freeing their numpy arrays without the GIL: with other threads
+    running Python that corrupts the stub's heap (``malloc(): unaligned fastbin chunk``), and a
+    stub whose heap is corrupt can tell the server to free a live BLS request's payload
+    (``std::bad_weak_ptr`` in tritonserver). Kept here until the stub's map let go, the last
+    reference is Python's, dropped by the watcher thread, which holds the GIL.
+    (python_backend r24.12 destroys tensors under the GIL: "Hold GIL when deleting numpy
+    array".)"""
+
+    def __init__(self, keep_s: float) -> None:
+        self.keep_s = keep_s
+        self._lock = threading.Lock()
+        self._items: deque[tuple[float, object]] = deque()
+
+    def add(self, iterator) -> None:
+        with self._lock:
+            self._items.append((time.monotonic() + self.keep_s, iterator))
+
+    def release_due(self) -> int:
+        """Drop the iterators kept long enough; returns how many."""
+        now, due = time.monotonic(), []
+        with self._lock:
+            while self._items and self._items[0][0] <= now:
+                due.append(self._items.popleft())
+        count = len(due)
+        del due  # the iterators are destroyed here, in a Python thread, under the GIL
+        return count
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 class EngineCalls:
     """A caller model's engine requests in flight, their threads, and their cancellation."""
 
@@ -72,24 +113,28 @@ class EngineCalls:
         engine_model: str = ENGINE_MODEL,
         max_in_flight: int = MAX_IN_FLIGHT,
         poll_s: float = POLL_S,
+        keep_iterators_s: float = KEEP_ITERATORS_S,
     ) -> None:
         self.engine_model = engine_model
         self.slots = threading.BoundedSemaphore(max_in_flight)
         self.pool = ThreadPoolExecutor(max_in_flight, thread_name_prefix="engine-call")
         self.cancels = CancelSender(engine_model)
         self.poll_s = poll_s
+        self.retired = _Retired(keep_iterators_s)
         self._lock = threading.Lock()
         self._watched: dict[str, Call] = {}
         self._stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="engine-cancels", daemon=True)
         self._watcher.start()
 
-    def start(self, sender, work: Callable[[Call], None]) -> None:
+    def start(
+        self, sender, work: Callable[[Call], None], requested: frozenset[str] | None = None
+    ) -> None:
         """Run ``work(call)`` in a worker thread; ``call.key`` names its engine request.
         Blocks while ``max_in_flight`` calls run. ``work`` answers through ``call``; if it
         raises, the request gets the error (and the log says why)."""
         self.slots.acquire()
-        call = Call(sender, new_key())
+        call = Call(sender, new_key(), requested)
         with self._lock:
             self._watched[call.key] = call
         try:
@@ -124,6 +169,7 @@ class EngineCalls:
 
     def _watch(self) -> None:
         while not self._stopping.wait(self.poll_s):
+            self.retired.release_due()
             with self._lock:
                 watched = list(self._watched.values())
             for call in watched:
@@ -135,16 +181,29 @@ class EngineCalls:
                     self.cancel(call)
 
     def responses(self, call: Call, arrays: Mapping[str, np.ndarray], stream: bool) -> Iterator:
-        """The engine's responses to one request (model-stage tensors), as they come."""
+        """The engine's responses to one request (model-stage tensors), as they come. The
+        caller reads them to the end (the final response); the iterator is then kept alive a
+        while (``_Retired`` says why)."""
         inputs = [pb_utils.Tensor(name, array) for name, array in arrays.items()]
         if stream:
             inputs.append(pb_utils.Tensor("stream", np.array([[True]])))
-        return pb_utils.InferenceRequest(
+        replies = pb_utils.InferenceRequest(
             model_name=self.engine_model,
             inputs=inputs,
             requested_output_names=[spec.name for spec in ENGINE_OUTPUTS],
             request_id=call.key,
         ).exec(decoupled=True)
+        finished = False
+        try:
+            yield from replies
+            finished = True
+        finally:
+            if not finished:  # the caller stopped early (a bug): stop the engine, read on
+                self.cancel(call)
+                for _ in replies:
+                    pass
+            self.retired.add(replies)
+            del replies
 
     def stop(self) -> None:
         self._stopping.set()
@@ -158,8 +217,14 @@ def copied(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {name: np.array(array, copy=True) for name, array in arrays.items()}
 
 
-def forward_final(calls: EngineCalls, sender, arrays: Mapping[str, np.ndarray]) -> None:
-    """The unary model stage: the engine's one final response, passed on as it is."""
+def forward_final(
+    calls: EngineCalls,
+    sender,
+    arrays: Mapping[str, np.ndarray],
+    requested: frozenset[str] | None = None,
+) -> None:
+    """The unary model stage: the engine's one final response, passed on (the outputs the
+    request asked for)."""
 
     def work(call: Call) -> None:
         answer = error_response("internal error: the engine sent no response")
@@ -167,10 +232,15 @@ def forward_final(calls: EngineCalls, sender, arrays: Mapping[str, np.ndarray]) 
             if reply.has_error():
                 answer = error_response(reply.error().message())
             elif reply.output_tensors():
-                answer = pb_utils.InferenceResponse(output_tensors=reply.output_tensors())
+                tensors = [
+                    tensor
+                    for tensor in reply.output_tensors()
+                    if requested is None or tensor.name() in requested
+                ]
+                answer = pb_utils.InferenceResponse(output_tensors=tensors)
         call.final(answer)
 
-    calls.start(sender, work)
+    calls.start(sender, work, requested)
 
 
 class _Pieces:
@@ -195,7 +265,7 @@ class _Pieces:
                                       dtype=np.float32),
             "output_log_probs": np.array([log_probs], dtype=np.float32),
         }  # fmt: skip
-        return response(outputs)
+        return response(outputs, self.call.requested)
 
     def push(self, token_id: int, log_prob: float) -> bool:
         """Add a token; send a piece if it completes one. False: the client went away."""
@@ -215,7 +285,11 @@ class _Pieces:
 
 
 def stream_pieces(
-    calls: EngineCalls, postprocessor: Postprocessor, sender, arrays: Mapping[str, np.ndarray]
+    calls: EngineCalls,
+    postprocessor: Postprocessor,
+    sender,
+    arrays: Mapping[str, np.ndarray],
+    requested: frozenset[str] | None = None,
 ) -> None:
     """The streaming model: tokenize (BLS to ``preprocessing``), stream the engine's tokens
     (BLS to ``engine``), send text pieces as they complete."""
@@ -236,7 +310,8 @@ def stream_pieces(
                     call.final(error_response(reply.error().message()))
                 else:
                     call.final()  # close the request; nobody reads it
-                return
+                wanted = False
+                continue  # an error is the final response: read to the end
             tokens = pb_utils.get_output_tensor_by_name(reply, "output_ids")
             if tokens is None or not wanted:
                 continue  # the final response carries nothing; or a cancelled stream drains
@@ -253,4 +328,4 @@ def stream_pieces(
         else:
             call.final()
 
-    calls.start(sender, work)
+    calls.start(sender, work, requested)

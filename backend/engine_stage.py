@@ -21,7 +21,14 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from backend.cancel import CancelListener, CancelRegistry
-from backend.io import FINAL, error_response, model_parameters, read_inputs, response
+from backend.io import (
+    FINAL,
+    error_response,
+    model_parameters,
+    read_inputs,
+    requested_outputs,
+    response,
+)
 from contract import metrics as names
 from contract.options import DEFAULT_MAX_BEAM_WIDTH, InvalidRequestError
 from contract.tensors import ENGINE_INPUTS
@@ -187,11 +194,14 @@ def submit_requests(stage: Stage, requests) -> None:
             continue
         key = _request_key(request)
         done = functools.partial(stage.cancels.forget, key)
+        requested = requested_outputs(request)
         if stream:
-            listeners: Sequence[Listener] = [_TokenStream(sender, rows[0], log_probs, done)]
+            listeners: Sequence[Listener] = [
+                _TokenStream(sender, rows[0], log_probs, done, requested)
+            ]
         else:
             width = rows[0].beam.width
-            listeners = _Reply(sender, len(rows), log_probs, width, done).listeners()
+            listeners = _Reply(sender, len(rows), log_probs, width, done, requested).listeners()
         engine.wait_for_room(sum(row.rows for row in rows))
         for row, listener in zip(rows, listeners, strict=True):
             listener.handle = engine.submit(row, listener)
@@ -212,8 +222,10 @@ class _Reply:
         return_log_probs: bool,
         beam_width: int,
         done: Callable[[], None],
+        requested: frozenset[str] | None = None,
     ) -> None:
         self.sender = sender
+        self.requested = requested
         self.results: list[GenerationResult | None] = [None] * rows
         self.return_log_probs = return_log_probs
         self.beam_width = beam_width
@@ -236,7 +248,7 @@ class _Reply:
             self.sender.send(error_response(errors[0]), flags=FINAL)
         else:
             outputs = tensors_from_results(self.results, self.return_log_probs, self.beam_width)
-            self.sender.send(response(outputs), flags=FINAL)
+            self.sender.send(response(outputs, self.requested), flags=FINAL)
 
 
 class _Row:
@@ -261,8 +273,16 @@ class _TokenStream:
     """One streamed prompt: a response per generated token (that token, the length so far),
     then a final response (an error, or none)."""
 
-    def __init__(self, sender, row: GenerationRequest, log_probs: bool, done: Callable[[], None]):
+    def __init__(
+        self,
+        sender,
+        row: GenerationRequest,
+        log_probs: bool,
+        done: Callable[[], None],
+        requested: frozenset[str] | None = None,
+    ):
         self.sender, self.done, self.handle = sender, done, None
+        self.requested = requested
         self.length = len(row.prompt_ids)
         self.want_log_probs = log_probs
         self.cumulative = 0.0
@@ -281,7 +301,7 @@ class _TokenStream:
             "cum_log_probs": np.array([[self.cumulative]], dtype=np.float32),
             "output_log_probs": np.array([[[log_prob]]], dtype=np.float32),
         }
-        self.sender.send(response(outputs))
+        self.sender.send(response(outputs, self.requested))
 
     def on_finish(self, result: GenerationResult) -> None:
         self.done()

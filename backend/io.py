@@ -35,8 +35,24 @@ def read_inputs(request, specs: Iterable[TensorSpec]) -> dict[str, np.ndarray]:
     return arrays
 
 
-def response(outputs: Mapping[str, np.ndarray]):
-    return pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()])
+def requested_outputs(request) -> frozenset[str] | None:
+    """The outputs a request asked for (None: all). A response must carry no others: the
+    r24.10 stub drops unrequested tensors inside ``send`` without holding the GIL, which frees
+    their numpy arrays unlocked and corrupts the stub's heap while other threads run Python
+    (fixed in python_backend r24.12, "Hold GIL when deleting numpy array")."""
+    try:
+        names = request.requested_output_names()
+    except Exception:
+        return None
+    return frozenset(names) or None
+
+
+def response(outputs: Mapping[str, np.ndarray], requested: frozenset[str] | None = None):
+    """A response with ``outputs``, less those the request did not ask for (see
+    ``requested_outputs``)."""
+    return pb_utils.InferenceResponse(
+        [pb_utils.Tensor(k, v) for k, v in outputs.items() if requested is None or k in requested]
+    )
 
 
 def error_response(message: str):

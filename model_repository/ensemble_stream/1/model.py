@@ -11,7 +11,7 @@ its next step. The logic is in backend/engine_calls.py.
 from pathlib import Path
 
 from backend.engine_calls import EngineCalls, copied, stream_pieces
-from backend.io import model_parameters, read_inputs
+from backend.io import model_parameters, read_inputs, requested_outputs
 from contract.tensors import ENSEMBLE_INPUTS
 from postprocessing.detokenize import Postprocessor
 
@@ -25,7 +25,13 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             arrays = copied(read_inputs(request, ENSEMBLE_INPUTS))
-            stream_pieces(self.calls, self.postprocessor, request.get_response_sender(), arrays)
+            stream_pieces(
+                self.calls,
+                self.postprocessor,
+                request.get_response_sender(),
+                arrays,
+                requested_outputs(request),
+            )
         return None
 
     def finalize(self):

@@ -7,7 +7,7 @@ requests overlap and batch in the engine; backend/engine_calls.py has the logic.
 """
 
 from backend.engine_calls import EngineCalls, copied, forward_final
-from backend.io import read_inputs
+from backend.io import read_inputs, requested_outputs
 from contract.tensors import MODEL_STAGE_INPUTS
 
 
@@ -18,7 +18,9 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             arrays = copied(read_inputs(request, MODEL_STAGE_INPUTS))
-            forward_final(self.calls, request.get_response_sender(), arrays)
+            forward_final(
+                self.calls, request.get_response_sender(), arrays, requested_outputs(request)
+            )
         return None
 
     def finalize(self):
