@@ -152,3 +152,34 @@ def test_a_cancel_datagram_reaches_the_listener_of_its_server_and_model():
 @pytest.mark.parametrize("count", [1000])
 def test_keys_are_unique(count):
     assert len({new_key() for _ in range(count)}) == count
+
+
+def test_a_stream_that_asks_for_one_output_gets_only_that_output(server):
+    """Responses carry only the requested outputs: the python backend r24.10 stub would drop
+    the others in ``send`` without holding the GIL (README, "Python backend r24.10 and
+    threads")."""
+    answers: queue.Queue = queue.Queue()
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    grpc.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        request = CompletionRequest(PROMPT, max_tokens=8)
+        grpc.async_stream_infer(
+            "ensemble_stream",
+            request.infer_inputs(grpcclient),
+            outputs=[grpcclient.InferRequestedOutput("OUTPUT_0")],
+            enable_empty_final_response=True,
+        )
+        pieces = []
+        while True:
+            result, error = answers.get(timeout=60)
+            assert error is None, error
+            response = result.get_response()
+            names_sent = {output.name for output in response.outputs}
+            assert names_sent <= {"OUTPUT_0"}, names_sent
+            if names_sent:
+                pieces.append(result.as_numpy("OUTPUT_0").reshape(-1)[0].decode())
+            if response.parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        grpc.stop_stream()
+    assert pieces and "".join(pieces)
