@@ -31,7 +31,7 @@ from contract.options import (
     SamplingParams,
 )
 from engine.beams import BeamSearch, Hypothesis
-from engine.gptj import GPTJ, KVCache
+from engine.gptj import GPTJ, KVCache, Segment
 from engine.sampling import Sampler
 
 log = logging.getLogger(__name__)
@@ -336,10 +336,8 @@ class Engine:
                 with self._cond:
                     admitted = self._admit()
                 self._drop_cancelled()
-                if admitted:
-                    self._prefill(admitted)
-                if self._running:
-                    self._decode()
+                if admitted or self._running:
+                    self._step(admitted)
             except Exception as exc:
                 log.exception("engine step failed")
                 self._fail_running(f"generation failed: {exc}")
@@ -385,10 +383,44 @@ class Engine:
             admitted.append(self._waiting.popleft())
         return admitted
 
-    def _prefill(self, admitted: list[_Sequence]) -> None:
-        """One pass over the admitted prompts. A beam search's other beams take rows after
-        them, with no pass of their own: its first step gives them the prompt's cache."""
+    def _step(self, admitted: list[_Sequence]) -> None:
+        """One forward pass: the next token of every running sequence and the first of every
+        admitted one, whose prompts are prefilled in the same pass (the weights are read once
+        for both). If that pass fails, the admitted requests fail ("prefill failed") and the
+        running ones take their step alone; only a failure of that step fails them."""
         started = time.perf_counter()
+        decoding = len(self._running)
+        segments = []
+        if decoding:
+            segments.append(
+                Segment(
+                    self._last[:decoding, None],
+                    self._position[:decoding],
+                    torch.zeros(decoding, dtype=torch.long, device=self.device),
+                    slice(0, decoding),
+                )
+            )
+        prompt_tokens = sum(len(seq.request.prompt_ids) for seq in admitted)
+        if admitted:
+            try:
+                segments.append(self._join(admitted, started))
+                logits = self.model.step(segments, self.cache)
+            except Exception as exc:  # e.g. out of memory: fail these requests, not the batch
+                log.exception("prefill failed")
+                self._leave(decoding, admitted, f"prefill failed: {exc}")
+                if not decoding:
+                    return
+                segments, admitted, prompt_tokens = segments[:1], [], 0
+        if not admitted:
+            self._reserve()
+            logits = self.model.step(segments, self.cache)
+        rows = slice(0, decoding + len(admitted))
+        self._advance(self._running[: rows.stop], logits, rows, started, prompt_tokens)
+
+    def _join(self, admitted: list[_Sequence], started: float) -> Segment:
+        """Give the admitted sequences their rows, after the running ones (a beam search's other
+        beams take rows after them, with no prefill of their own: its first step gives them the
+        prompt's cache). Returns the segment that prefills their prompts."""
         first = len(self._running)
         lengths = [len(seq.request.prompt_ids) for seq in admitted]
         self._running.extend(admitted)
@@ -400,53 +432,36 @@ class Engine:
                 for beam in beams:
                     beam.group = seq.group
                 self._running.extend(beams[1:])
-        try:
-            self._reserve()
-            tokens = torch.zeros((len(admitted), max(lengths)), dtype=torch.long)
-            for i, seq in enumerate(admitted):
-                tokens[i, : lengths[i]] = torch.tensor(seq.request.prompt_ids)
-            for seq in self._running[first:]:
-                seq.admitted = started
-                self.sampler.add(seq.request.sampling, seq.tokens, seq.request.bad_words)
-            self._position[first : len(self._running)] = torch.tensor(
-                [len(seq.request.prompt_ids) - 1 for seq in self._running[first:]]
-            )
-            rows = slice(first, first + len(admitted))
-            logits = self.model(
-                tokens.to(self.device),
-                torch.zeros(len(admitted), dtype=torch.long, device=self.device),
-                self._position[rows],
-                self.cache,
-                rows,
-            )
-        except Exception as exc:  # e.g. out of memory: fail these requests, not the batch
-            log.exception("prefill failed")
-            while len(self._running) > first:
-                if self.sampler.rows == len(self._running):
-                    self.sampler.remove(self.sampler.rows - 1)
-                self._running.pop()
-            for seq in admitted:
-                self._finish(seq, "error", error=f"prefill failed: {exc}")
-            return
-        self._advance(admitted, logits, rows, started, prompt_tokens=sum(lengths))
+        self._reserve()
+        tokens = torch.zeros((len(admitted), max(lengths)), dtype=torch.long)
+        for i, seq in enumerate(admitted):
+            tokens[i, : lengths[i]] = torch.tensor(seq.request.prompt_ids)
+        for seq in self._running[first:]:
+            seq.admitted = started
+            self.sampler.add(seq.request.sampling, seq.tokens, seq.request.bad_words)
+        self._position[first : len(self._running)] = torch.tensor(
+            [len(seq.request.prompt_ids) - 1 for seq in self._running[first:]]
+        )
+        rows = slice(first, first + len(admitted))
+        return Segment(
+            tokens.to(self.device),
+            torch.zeros(len(admitted), dtype=torch.long, device=self.device),
+            self._position[rows],
+            rows,
+        )
+
+    def _leave(self, first: int, admitted: list[_Sequence], error: str) -> None:
+        """Undo :meth:`_join` (rows from ``first`` on) and answer the admitted requests."""
+        while len(self._running) > first:
+            if self.sampler.rows == len(self._running):
+                self.sampler.remove(self.sampler.rows - 1)
+            self._running.pop()
+        for seq in admitted:
+            self._finish(seq, "error", error=error)
 
     def _reserve(self) -> None:
         """Room in the KV cache for every running sequence's whole request."""
         self.cache.reserve(len(self._running), max(_reach(s) for s in self._running))
-
-    def _decode(self) -> None:
-        started = time.perf_counter()
-        running = self._running
-        rows = slice(0, len(running))
-        self._reserve()
-        logits = self.model(
-            self._last[rows, None],
-            self._position[rows],
-            torch.zeros(len(running), dtype=torch.long, device=self.device),
-            self.cache,
-            rows,
-        )
-        self._advance(list(running), logits, rows, started, prompt_tokens=0)
 
     def _advance(
         self,

@@ -4,7 +4,9 @@ The weights and their names are those of transformers' ``GPTJForCausalLM``, so a
 GPT-J checkpoint (``codegen-350M-mono-gptj`` included) loads unchanged. What differs from the
 transformers implementation is the cache: one tensor per layer holding every running sequence in
 a *row*, each at its own length. A decode step for all rows is one forward pass, and rows can
-join (prefill) or leave (finish) between steps without touching the others.
+join (prefill) or leave (finish) between steps without touching the others. A pass may hold
+several segments (the decode rows and the prompts joining them): the linear layers run once over
+all their tokens, flattened, and each segment attends on its own rows.
 
 Per step the model does only what it needs: one fused q|k|v matmul per layer, rotary tables
 precomputed per position, in-place cache writes, and torch's scaled_dot_product_attention over
@@ -169,8 +171,19 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 @dataclass
+class Segment:
+    """Rows of one forward pass that take the same number of tokens each: the decode rows (one
+    token) or the prompts being prefilled (right-padded). ``rows`` are their cache rows."""
+
+    tokens: torch.Tensor  # [B, T]
+    start: torch.Tensor  # [B] position of each row's first token
+    last: torch.Tensor | None  # [B] the step whose logits are wanted; None: every step
+    rows: slice
+
+
+@dataclass
 class StepPlan:
-    """Index tensors one forward pass shares across its layers.
+    """Index tensors one segment of a forward pass shares across its layers.
 
     ``key_len`` is how many cache positions the batched attention reads. In a decode step the
     rows longer than that (``long_rows``: row, length) are attended separately on their own row
@@ -182,6 +195,13 @@ class StepPlan:
     key_len: int
     mask: torch.Tensor | None  # [B, 1, T, key_len] allowed keys; None: plain causal prefill
     long_rows: list[tuple[int, int]]
+    rows: slice  # the segment's cache rows
+    cos: torch.Tensor  # [B, T, 1, 1, rot] rotary tables at ``positions``
+    sin: torch.Tensor
+
+    @property
+    def tokens(self) -> int:
+        return self.positions.numel()
 
 
 class Attention(nn.Module):
@@ -191,14 +211,26 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)  # q|k|v fused
         self.out_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
-    def forward(self, x, cos, sin, layer_keys, layer_values, plan: StepPlan):
-        """x [B, T, C] at ``plan.positions``; keys/values are written into the cache rows."""
+    def forward(self, x, cache_keys, cache_values, plans: list[StepPlan]):
+        """x [N, C]: the tokens of every segment, one after another. Each segment's keys and
+        values are written into its cache rows and it attends only to those rows."""
+        qkv = self.qkv_proj(x)  # one matmul for every token of the pass
+        outs, offset = [], 0
+        for plan in plans:
+            outs.append(
+                self._attend(qkv[offset : offset + plan.tokens], cache_keys, cache_values, plan)
+            )
+            offset += plan.tokens
+        return self.out_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
+
+    def _attend(self, qkv, cache_keys, cache_values, plan: StepPlan) -> torch.Tensor:
         cfg = self.config
-        batch, steps, _ = x.shape
-        qkv = self.qkv_proj(x).view(batch, steps, 3, cfg.n_head, cfg.head_dim)
+        batch, steps = plan.positions.shape
+        qkv = qkv.view(batch, steps, 3, cfg.n_head, cfg.head_dim)
         rot = cfg.rotary_dim or cfg.head_dim
-        apply_rotary(qkv[:, :, :2, :, :rot], cos, sin)  # q and k at once
+        apply_rotary(qkv[:, :, :2, :, :rot], plan.cos, plan.sin)  # q and k at once
         q, k, v = qkv.unbind(2)
+        layer_keys, layer_values = cache_keys[plan.rows], cache_values[plan.rows]
         # cache[row, head, position] = this step's key/value, for every (row, step) at once
         layer_keys[plan.row_index, :, plan.positions] = k
         layer_values[plan.row_index, :, plan.positions] = v
@@ -215,7 +247,7 @@ class Attention(nn.Module):
                 layer_keys[row : row + 1, :, :length],
                 layer_values[row : row + 1, :, :length],
             )
-        return self.out_proj(out.transpose(1, 2).reshape(batch, steps, cfg.n_embd))
+        return out.transpose(1, 2).reshape(batch * steps, cfg.n_embd)
 
 
 class MLP(nn.Module):
@@ -240,10 +272,10 @@ class Block(nn.Module):
         self.attn = Attention(config)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, layer_keys, layer_values, plan: StepPlan):
+    def forward(self, x, cache_keys, cache_values, plans: list[StepPlan]):
         h = self.ln_1(x)
         out = self.mlp(h)
-        out += self.attn(h, cos, sin, layer_keys, layer_values, plan)
+        out += self.attn(h, cache_keys, cache_values, plans)
         return out.add_(x)
 
 
@@ -315,22 +347,24 @@ class GPTJ(nn.Module):
             model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
         return model
 
-    def plan(self, start: torch.Tensor, steps: int) -> StepPlan:
-        """Positions, masks and the long-row split for a pass of ``steps`` tokens per row."""
+    def plan(self, start: torch.Tensor, steps: int, rows: slice = slice(None)) -> StepPlan:
+        """Positions, masks, rotary tables and the long-row split for a segment of ``steps``
+        tokens per row, starting at ``start`` [B], in cache ``rows``."""
         device = start.device
         batch = start.shape[0]
         positions = start[:, None] + torch.arange(steps, device=device)
         row_index = torch.arange(batch, device=device)[:, None]
+        cos = self.cos[positions][:, :, None, None, :]  # [B, T, q|k, head, rot]
+        sin = self.sin[positions][:, :, None, None, :]
         if steps > 1 and not bool(start.any()):  # prefill from position 0: plain causal
-            return StepPlan(row_index, positions, steps, None, [])
+            return StepPlan(row_index, positions, steps, None, [], rows, cos, sin)
         lengths = (positions[:, -1] + 1).tolist()
         key_len, long_rows = max(lengths), []
         if steps == 1 and batch > 1:
             key_len, long_rows = split_long_rows(lengths)
         allowed = torch.arange(key_len, device=device)[None, None, :] <= positions[:, :, None]
-        return StepPlan(row_index, positions, key_len, allowed[:, None], long_rows)
+        return StepPlan(row_index, positions, key_len, allowed[:, None], long_rows, rows, cos, sin)
 
-    @torch.inference_mode()
     def forward(
         self,
         tokens: torch.Tensor,
@@ -348,14 +382,29 @@ class GPTJ(nn.Module):
         it before any query can see it. ``last=None`` returns the logits of every step,
         [B, T, vocab] (for quality checks).
         """
-        plan = self.plan(start, tokens.shape[1])
-        cos = self.cos[plan.positions][:, :, None, None, :]  # [B, T, q|k, head, rot]
-        sin = self.sin[plan.positions][:, :, None, None, :]
-        x = self.transformer.wte(tokens)
+        logits = self.step([Segment(tokens, start, last, rows)], cache)
+        return logits if last is not None else logits.view(*tokens.shape, -1)
+
+    @torch.inference_mode()
+    def step(self, segments: list[Segment], cache: KVCache) -> torch.Tensor:
+        """One forward pass over several segments (decode rows and prompts to prefill, say):
+        every linear layer runs once over all their tokens, so the weights are read once, and
+        each segment attends on its own cache rows. Returns the logits of each segment's rows
+        at ``last`` (or at every step where ``last`` is None), one after another."""
+        plans = [self.plan(seg.start, seg.tokens.shape[1], seg.rows) for seg in segments]
+        tokens = [seg.tokens.reshape(-1) for seg in segments]
+        x = self.transformer.wte(tokens[0] if len(tokens) == 1 else torch.cat(tokens))
         for layer, block in enumerate(self.transformer.h):
-            x = block(x, cos, sin, cache.keys[layer, rows], cache.values[layer, rows], plan)
-        if last is not None:
-            x = x[plan.row_index[:, 0], last]
+            x = block(x, cache.keys[layer], cache.values[layer], plans)
+        picked, offset = [], 0
+        for seg, plan in zip(segments, plans, strict=True):
+            if seg.last is None:
+                picked.append(torch.arange(offset, offset + plan.tokens, device=x.device))
+            else:
+                steps = seg.tokens.shape[1]
+                picked.append(offset + plan.row_index[:, 0] * steps + seg.last)
+            offset += plan.tokens
+        x = x[picked[0] if len(picked) == 1 else torch.cat(picked)]
         return self.lm_head(self.transformer.ln_f(x)).float()
 
 

@@ -91,14 +91,15 @@ def test_a_failed_prefill_answers_its_requests_and_frees_their_room(engine, monk
     engine.submit(request(120), running)
     while not engine.running:
         time.sleep(0.001)
-    forward = engine.model.forward
+    step = engine.model.step
 
-    def out_of_memory(tokens, *args, **kwargs):
-        if tokens.shape[1] > 1 and 299 in tokens[:, 0].tolist():  # only the poisoned prefill
+    def out_of_memory(segments, cache):
+        prompts = [seg.tokens for seg in segments if seg.tokens.shape[1] > 1]
+        if any(299 in tokens[:, 0].tolist() for tokens in prompts):  # the poisoned prefill
             raise RuntimeError("out of memory (simulated)")
-        return forward(tokens, *args, **kwargs)
+        return step(segments, cache)
 
-    monkeypatch.setattr(engine.model, "forward", out_of_memory)
+    monkeypatch.setattr(engine.model, "step", out_of_memory)
     failed = engine.generate(request(8, prompt=[299, 1, 2]))
     assert failed.finish_reason == "error" and "prefill failed" in failed.error
     assert "out of memory (simulated)" in failed.error
