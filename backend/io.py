@@ -35,23 +35,39 @@ def read_inputs(request, specs: Iterable[TensorSpec]) -> dict[str, np.ndarray]:
     return arrays
 
 
-def response(outputs: Mapping[str, np.ndarray]):
-    return pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in outputs.items()])
+def requested_outputs(request) -> frozenset[str] | None:
+    """The outputs a request asked for (None: all). A response must carry no others: the
+    r24.10 stub drops unrequested tensors inside ``send`` without holding the GIL, which frees
+    their numpy arrays unlocked and corrupts the stub's heap while other threads run Python
+    (fixed in python_backend r24.12, "Hold GIL when deleting numpy array")."""
+    try:
+        names = request.requested_output_names()
+    except Exception:
+        return None
+    return frozenset(names) or None
+
+
+def response(outputs: Mapping[str, np.ndarray], requested: frozenset[str] | None = None):
+    """A response with ``outputs``, less those the request did not ask for (see
+    ``requested_outputs``)."""
+    return pb_utils.InferenceResponse(
+        [pb_utils.Tensor(k, v) for k, v in outputs.items() if requested is None or k in requested]
+    )
 
 
 def error_response(message: str):
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
 
-def tokenize(request, option_specs: Iterable[TensorSpec]) -> dict[str, np.ndarray]:
-    """The model-stage tensors of an ensemble-shaped request: its text tokenized by the
-    ``preprocessing`` model (a BLS call, wired as the ensemble wires it), plus its options."""
+def tokenize(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model-stage tensors of an ensemble-shaped request (its tensors by name): its text
+    tokenized by the ``preprocessing`` model (a BLS call, wired as the ensemble wires it), plus
+    its options under their own names."""
     inputs = []
     for stage_name, name in ENSEMBLE_TO_PREPROCESSING.items():
-        tensor = pb_utils.get_input_tensor_by_name(request, name)
-        if tensor is None:
+        if name not in arrays:
             raise InvalidRequestError(f"input {name} is required")
-        inputs.append(pb_utils.Tensor(stage_name, tensor.as_numpy()))
+        inputs.append(pb_utils.Tensor(stage_name, arrays[name]))
     answer = pb_utils.InferenceRequest(
         model_name=PREPROCESSING_MODEL,
         requested_output_names=list(PREPROCESSING_TO_MODEL_STAGE),
@@ -59,9 +75,9 @@ def tokenize(request, option_specs: Iterable[TensorSpec]) -> dict[str, np.ndarra
     ).exec()
     if answer.has_error():
         raise InvalidRequestError(answer.error().message())
-    arrays = {
+    tokenized = {
         stage: pb_utils.get_output_tensor_by_name(answer, name).as_numpy()
         for name, stage in PREPROCESSING_TO_MODEL_STAGE.items()
     }
-    arrays.update(read_inputs(request, option_specs))
-    return arrays
+    options = {k: v for k, v in arrays.items() if k not in ENSEMBLE_TO_PREPROCESSING.values()}
+    return {**tokenized, **options}

@@ -18,7 +18,7 @@ from serving.paths import MODEL_REPOSITORY, checkpoint_dir
 from serving.process import free_ports
 from serving.triton import Ports, TritonServer
 
-GPTJ_CONFIG = MODEL_REPOSITORY / "gptj" / "config.pbtxt"
+GPTJ_CONFIG = MODEL_REPOSITORY / "engine" / "config.pbtxt"  # the engine model holds them
 
 
 def pbtxt_parameters(text: str) -> dict[str, str]:

@@ -2,7 +2,7 @@
 server.
 
 Everything bare runs first, in this process, with the engine configured as the served one
-(``model_repository/gptj/config.pbtxt``: dtype, batch size, prefill budget); the engine is then
+(``model_repository/engine/config.pbtxt``: dtype, batch size, prefill budget); the engine is then
 stopped and Triton started on a copy of the repository, so the two never share the CPU.
 """
 

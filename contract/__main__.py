@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from contract import options
 from contract.tensors import (
+    ENGINE_MODEL,
     ENSEMBLE_MODEL,
     ENSEMBLE_TO_PREPROCESSING,
     MODEL_IO,
@@ -18,7 +19,7 @@ from contract.tensors import (
     TensorSpec,
 )
 
-ORDER = (ENSEMBLE_MODEL, STREAM_MODEL, *STAGES)
+ORDER = (ENSEMBLE_MODEL, STREAM_MODEL, *STAGES, ENGINE_MODEL)
 NO_VALUE = {"random_seed": "a random seed", "end_id": "the model's own end token"}
 
 
@@ -73,7 +74,7 @@ def render() -> str:
         f"[{options.REPETITION_PENALTY_RANGE[0]}, {options.REPETITION_PENALTY_RANGE[1]}]; "
         "`random_seed` in [0, 2**64); non-finite values are refused",
         "- prompt + `request_output_len` within the model's context",
-        "- `beam_width` from 1 to the server's `max_beam_width` (gptj/config.pbtxt, "
+        "- `beam_width` from 1 to the server's `max_beam_width` (engine/config.pbtxt, "
         f"{options.DEFAULT_MAX_BEAM_WIDTH} by default), the same for every prompt of a request; "
         "`len_penalty` and `beam_search_diversity_rate` finite",
     ]

@@ -1,10 +1,11 @@
 """Names of every metric the project reads or exports: Triton's own and the engine's.
 
-The model stage answers requests asynchronously (its ``execute`` returns at once and the engine
-responds later), so Triton's ``nv_inference_compute_infer_duration_us`` for that stage counts only
-admission. The engine therefore exports its own counters through the python backend's custom
-metrics; they appear on Triton's metrics port next to the ``nv_*`` families. This is the one
-place that explains it; the load test, the dashboards and the tests take the names from here.
+The engine model answers requests asynchronously (its ``execute`` returns at once and the engine
+responds later), and so do ``gptj`` and ``ensemble_stream``, which pass requests on to it, so
+Triton's ``nv_inference_compute_infer_duration_us`` for those models counts only admission. The
+engine therefore exports its own counters through the python backend's custom metrics; they
+appear on Triton's metrics port next to the ``nv_*`` families. This is the one place that
+explains it; the load test, the dashboards and the tests take the names from here.
 """
 
 # Triton's per-model counters (labels: model, version); all cumulative since start.
@@ -19,7 +20,7 @@ COMPUTE_INFER_DURATION_US = "nv_inference_compute_infer_duration_us"
 COMPUTE_OUTPUT_DURATION_US = "nv_inference_compute_output_duration_us"
 PENDING_REQUEST_COUNT = "nv_inference_pending_request_count"
 
-# The engine's counters (label: model), exported by the gptj stage.
+# The engine's counters (label: model), exported by the engine model (the server's one engine).
 ENGINE_REQUESTS = "codegen_engine_requests_total"
 ENGINE_CANCELLED = "codegen_engine_cancelled_total"
 ENGINE_REQUEST_DURATION_US = "codegen_engine_request_duration_us_total"

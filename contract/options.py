@@ -21,7 +21,7 @@ REPETITION_PENALTY_RANGE = (1e-2, 1e2)
 MAX_PROMPT_BYTES = 256 * 1024  # far above any model's context in text
 MAX_WORDS_PER_LIST = 64  # stop or bad words per prompt
 MAX_TOKENS_PER_WORD = 32
-# Beam search: a server's own limit (max_beam_width in gptj/config.pbtxt) is at most this.
+# Beam search: a server's own limit (max_beam_width in engine/config.pbtxt) is at most this.
 DEFAULT_MAX_BEAM_WIDTH = 8
 
 

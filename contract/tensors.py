@@ -165,3 +165,12 @@ MODEL_IO = {
     POSTPROCESSING_MODEL: (POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS),
 }
 INPUT_SPECS = {spec.name: spec for spec in ENSEMBLE_INPUTS}
+
+# The one model that hosts the engine (decoupled): `gptj` and `ensemble_stream` call it (BLS),
+# so both paths share one copy of the weights and one running batch. It takes the model stage's
+# inputs and answers in its layout; with `stream` true (one prompt) it sends a response per
+# generated token instead, whose outputs hold only that response's new tokens, then a final one.
+ENGINE_MODEL = "engine"
+ENGINE_INPUTS = (*MODEL_STAGE_INPUTS, _scalar("stream", "TYPE_BOOL"))
+ENGINE_OUTPUTS = MODEL_STAGE_OUTPUTS
+MODEL_IO[ENGINE_MODEL] = (ENGINE_INPUTS, ENGINE_OUTPUTS)

@@ -211,7 +211,7 @@ class Engine:
         if width > self.max_beam_width:
             raise InvalidRequestError(
                 f"beam_width={width} is over this server's limit of {self.max_beam_width} "
-                "(max_beam_width in gptj/config.pbtxt); ask for fewer beams"
+                "(max_beam_width in engine/config.pbtxt); ask for fewer beams"
             )
         needed = width * KVCache.capacity_for(total)
         if needed > self.max_cache_tokens:
@@ -219,7 +219,7 @@ class Engine:
             raise InvalidRequestError(
                 f"prompt + request_output_len{beams} needs {needed} positions of KV cache, over "
                 f"this server's budget of {self.max_cache_tokens} (kv_cache_tokens in "
-                "gptj/config.pbtxt); ask for fewer tokens"
+                "engine/config.pbtxt); ask for fewer tokens"
             )
         bad = [t for t in request.prompt_ids if not 0 <= t < vocab]
         if bad:

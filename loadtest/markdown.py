@@ -12,7 +12,13 @@ from pathlib import Path
 from string import Template
 
 from contract import metrics as names
-from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE, POSTPROCESSING_MODEL, PREPROCESSING_MODEL
+from contract.tensors import (
+    ENGINE_MODEL,
+    ENSEMBLE_MODEL,
+    MODEL_STAGE,
+    POSTPROCESSING_MODEL,
+    PREPROCESSING_MODEL,
+)
 from loadtest.metrics import MODELS, sample_name
 from loadtest.results import (
     RPS_LATENCY_CHART,
@@ -105,7 +111,7 @@ def _machine_lines(m: MachineInfo, model: ModelInfo) -> list[str]:
         )
     if model.stage_parameters:
         lines.append(
-            f"- Model stage `{MODEL_STAGE}`: continuous-batching engine, "
+            f"- Engine (model `{ENGINE_MODEL}`, behind `{MODEL_STAGE}`): continuous batching, "
             + ", ".join(
                 f"{k}={v}"
                 for k, v in sorted(model.stage_parameters.items())
@@ -150,8 +156,8 @@ def _metric_listing(row: LengthResult) -> list[str]:
         names.ENGINE_STEP_ROWS,
         names.ENGINE_GENERATED_TOKENS,
     ):
-        value = row.increase(sample_name(metric), MODEL_STAGE)
-        lines.append(f'{metric}{{model="{MODEL_STAGE}"}} {value:.0f}')
+        value = row.increase(sample_name(metric), ENGINE_MODEL)
+        lines.append(f'{metric}{{model="{ENGINE_MODEL}"}} {value:.0f}')
     return lines
 
 

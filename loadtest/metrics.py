@@ -19,7 +19,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from contract import metrics as names
-from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE, STAGES
+from contract.tensors import ENGINE_MODEL, ENSEMBLE_MODEL, MODEL_STAGE, STAGES
 from loadtest.results import Increases, WindowFigures
 
 PREPROCESSING, POSTPROCESSING = STAGES[0], STAGES[-1]
@@ -161,18 +161,21 @@ def window_figures(d: Deltas, models: Iterable[str] = MODELS) -> WindowFigures:
     window = d.window_s
     ensemble = ENSEMBLE_MODEL
     requests = d.get(names.INFERENCE_COUNT, ensemble)
-    engine_compute = d.get(names.ENGINE_COMPUTE_DURATION_US, MODEL_STAGE)
+    engine_compute = d.get(names.ENGINE_COMPUTE_DURATION_US, ENGINE_MODEL)
     compute = {
         PREPROCESSING: d.get(names.COMPUTE_INFER_DURATION_US, PREPROCESSING),
         "model": engine_compute,
         POSTPROCESSING: d.get(names.COMPUTE_INFER_DURATION_US, POSTPROCESSING),
     }
     queue = {stage: d.get(names.QUEUE_DURATION_US, stage) for stage in STAGES} | {
-        "engine": d.get(names.ENGINE_QUEUE_DURATION_US, MODEL_STAGE)
+        # the engine model's Triton queue (where requests wait while the engine is full)
+        # and the engine's own wait before prefill
+        "engine": d.get(names.QUEUE_DURATION_US, ENGINE_MODEL)
+        + d.get(names.ENGINE_QUEUE_DURATION_US, ENGINE_MODEL)
     }
     request_us = d.get(names.REQUEST_DURATION_US, ensemble)
-    generated = d.get(names.ENGINE_GENERATED_TOKENS, MODEL_STAGE)
-    engine_requests = d.get(names.ENGINE_REQUESTS, MODEL_STAGE)
+    generated = d.get(names.ENGINE_GENERATED_TOKENS, ENGINE_MODEL)
+    engine_requests = d.get(names.ENGINE_REQUESTS, ENGINE_MODEL)
     return WindowFigures(
         window_s=window,
         requests=requests,
@@ -181,7 +184,7 @@ def window_figures(d: Deltas, models: Iterable[str] = MODELS) -> WindowFigures:
         mean_request_ms=_ratio(request_us / 1000, requests),
         tokens_per_s=_ratio(generated, window),
         generated_tokens=generated,
-        prompt_tokens=d.get(names.ENGINE_PROMPT_TOKENS, MODEL_STAGE),
+        prompt_tokens=d.get(names.ENGINE_PROMPT_TOKENS, ENGINE_MODEL),
         tokens_per_request=_ratio(generated, engine_requests),
         counts={m: d.get(names.INFERENCE_COUNT, m) for m in models},
         engine_requests=engine_requests,
@@ -189,7 +192,7 @@ def window_figures(d: Deltas, models: Iterable[str] = MODELS) -> WindowFigures:
             m: _ratio(d.get(names.INFERENCE_COUNT, m), d.get(names.EXEC_COUNT, m)) for m in models
         },
         engine_batch_size=_ratio(
-            d.get(names.ENGINE_STEP_ROWS, MODEL_STAGE), d.get(names.ENGINE_STEPS, MODEL_STAGE)
+            d.get(names.ENGINE_STEP_ROWS, ENGINE_MODEL), d.get(names.ENGINE_STEPS, ENGINE_MODEL)
         ),
         compute_us=compute,
         triton_model_compute_infer_us=d.get(names.COMPUTE_INFER_DURATION_US, MODEL_STAGE),

@@ -11,7 +11,8 @@
    mid-stream and mid-request, invalid and hostile requests. Every request is accounted for
    (:class:`~loadtest.soak_results.Ledger`); the server's RSS is sampled throughout.
 4. Drain: waits until the engine is idle, reads its running-sequences and KV-cache gauges.
-5. The stub-kill drill, on a server the soak started only: SIGKILL the ``gptj`` stub and watch
+5. The stub-kill drill, on a server the soak started only: SIGKILL the stub of the ``engine``
+   model (the one engine, behind ``gptj`` and ``ensemble_stream``) and watch
    readiness, requests and the launcher for 60 s.
 
 Writes ``loadtest/results/soak-<time>/`` (summary.json, report.md, soak.png, requests.csv,
@@ -37,7 +38,7 @@ from typing import Any
 
 import psutil
 
-from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE, STREAM_MODEL
+from contract.tensors import ENGINE_MODEL, ENSEMBLE_MODEL, STREAM_MODEL
 from loadtest.prompts import code_prompts
 from loadtest.soak_cases import (
     DEFAULT_MIX,
@@ -271,7 +272,7 @@ def generated_tokens(metrics_url: str) -> float | None:
     from loadtest.metrics import read_snapshot
 
     with contextlib.suppress(OSError, ValueError):
-        return read_snapshot(metrics_url).value(names.ENGINE_GENERATED_TOKENS, model=MODEL_STAGE)
+        return read_snapshot(metrics_url).value(names.ENGINE_GENERATED_TOKENS, model=ENGINE_MODEL)
     return None
 
 
@@ -423,8 +424,9 @@ def run_soak(
 def stub_kill_drill(
     settings: SoakSettings, handle: ServerHandle, params: ClientParams
 ) -> dict[str, Any]:
-    """SIGKILL the gptj stub of a server this soak started, with requests in flight, and
-    watch for 60 s: readiness, fresh requests, the launcher and tritonserver."""
+    """SIGKILL the stub of the engine model (the server's one engine) of a server this soak
+    started, with requests in flight, and watch for 60 s: readiness, fresh requests, the
+    launcher and tritonserver."""
     if not settings.drill:
         return {"done": False, "note": "skipped (--no-drill)"}
     if not handle.started or handle.launcher is None or handle.launcher.process is None:
@@ -436,13 +438,13 @@ def stub_kill_drill(
     server = handle.tritonserver()
     stub = find_stub(server) if server else None
     if stub is None:
-        return {"done": False, "note": f"skipped: no {MODEL_STAGE} python-backend stub found"}
+        return {"done": False, "note": f"skipped: no {ENGINE_MODEL} python-backend stub found"}
     launcher = handle.launcher.process
     http = settings.endpoints.http_url
     urls = {
         "live": f"{http}/v2/health/live",
         "ready": f"{http}/v2/health/ready",
-        f"{MODEL_STAGE} ready": f"{http}/v2/models/{MODEL_STAGE}/ready",
+        f"{ENGINE_MODEL} ready": f"{http}/v2/models/{ENGINE_MODEL}/ready",
         f"{ENSEMBLE_MODEL} ready": f"{http}/v2/models/{ENSEMBLE_MODEL}/ready",
         f"{STREAM_MODEL} ready": f"{http}/v2/models/{STREAM_MODEL}/ready",
     }
@@ -465,7 +467,7 @@ def stub_kill_drill(
         thread.start()
 
     stub_info = {"pid": stub.pid, "cmdline": " ".join(stub.cmdline())[:300]}
-    log.info(f"drill: requests in flight, then SIGKILL to the {MODEL_STAGE} stub pid {stub.pid}")
+    log.info(f"drill: requests in flight, then SIGKILL to the {ENGINE_MODEL} stub pid {stub.pid}")
     for kind, transport in ((UNARY_GRPC, "grpc"), (UNARY_HTTP, "http"), ("stream", "stream-grpc")):
         launch(kind, transport)
     time.sleep(1.0)
@@ -490,7 +492,7 @@ def stub_kill_drill(
         note("launcher", "running" if code is None else f"exited with code {code}")
         note("tritonserver", "running" if server.is_running() else "exited")
         new_stub = find_stub(server) if server.is_running() else None
-        note(f"{MODEL_STAGE} stub", f"pid {new_stub.pid}" if new_stub else "none")
+        note(f"{ENGINE_MODEL} stub", f"pid {new_stub.pid}" if new_stub else "none")
         if code is not None and launcher_gone is None:
             launcher_gone = time.monotonic()
         if launcher_gone is not None and time.monotonic() - launcher_gone > 3.0:
@@ -511,20 +513,24 @@ def stub_kill_drill(
         (e["t_s"] for e in timeline if e["what"] == "ready" and e["value"] != "200"), None
     )
     stage_false = next(
-        (e["t_s"] for e in timeline if e["what"] == f"{MODEL_STAGE} ready" and e["value"] != "200"),
+        (
+            e["t_s"]
+            for e in timeline
+            if e["what"] == f"{ENGINE_MODEL} ready" and e["value"] != "200"
+        ),
         None,
     )
     launcher_code = launcher.poll()
     exited_at = next(
         (e["t_s"] for e in timeline if e["what"] == "launcher" and e["value"] != "running"), None
     )
-    stubs = [e["value"] for e in timeline if e["what"] == f"{MODEL_STAGE} stub"]
+    stubs = [e["value"] for e in timeline if e["what"] == f"{ENGINE_MODEL} stub"]
     restarted = any(v not in ("none", f"pid {stub.pid}") for v in stubs)
     failed = [r for r in (*in_flight, *probes_done) if r["status"] != OK]
     clear = [r for r in failed if r["category"] not in ("", "unclear")]
     summary = {
         "done": True,
-        "note": f"SIGKILL to the {MODEL_STAGE} stub of the server this soak started; watched "
+        "note": f"SIGKILL to the {ENGINE_MODEL} stub of the server this soak started; watched "
         f"{min(DRILL_WINDOW_S, time.monotonic() - killed):.0f} s",
         "stub": stub_info,
         "killed_at": killed_at,
@@ -559,7 +565,7 @@ def drill_check(drill: dict[str, Any]) -> Check:
 
     detail = (
         f"/v2/health/ready {turned('server_ready_turned_false_after_s')}, "
-        f"/v2/models/{MODEL_STAGE}/ready {turned('stage_ready_turned_false_after_s')}; "
+        f"/v2/models/{ENGINE_MODEL}/ready {turned('stage_ready_turned_false_after_s')}; "
         f"launcher {drill['launcher_exit']}; {drill['requests_failed']} of "
         f"{drill['requests']} requests failed, {drill['requests_failed_clearly']} with a clear "
         f"error; stub restarted: {drill['stub_restarted']}"

@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 
 from contract import metrics as names
-from contract.tensors import MODEL_STAGE
+from contract.tensors import ENGINE_MODEL
 from loadtest.metrics import Snapshot, read_snapshot
 from loadtest.soak_results import RssSample
 from loadtest.targets import Endpoints
@@ -171,7 +171,7 @@ def open_server(endpoints: Endpoints, model_repository: Path, out: Path) -> Serv
     with contextlib.suppress(Exception):
         handle.info["triton_version"] = _get_json(f"{endpoints.http_url}/v2")["version"]
     with contextlib.suppress(Exception):
-        config = _get_json(f"{endpoints.http_url}/v2/models/{MODEL_STAGE}/config")
+        config = _get_json(f"{endpoints.http_url}/v2/models/{ENGINE_MODEL}/config")
         handle.info["stage_parameters"] = {
             k: v.get("string_value") for k, v in config.get("parameters", {}).items()
         }
@@ -293,7 +293,7 @@ def wait_for_drain(metrics_url: str, timeout: float) -> tuple[EngineState | None
 # --- the stub-kill drill -------------------------------------------------------------------
 
 
-def find_stub(server: psutil.Process, model: str = MODEL_STAGE) -> psutil.Process | None:
+def find_stub(server: psutil.Process, model: str = ENGINE_MODEL) -> psutil.Process | None:
     """The python-backend stub serving ``model``: a child of tritonserver whose command line
     runs ``triton_python_backend_stub <repository>/<model>/<version>/model.py ... <model>_0_0``.
     """

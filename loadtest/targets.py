@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from contract.tensors import MODEL_STAGE
+from contract.tensors import ENGINE_MODEL
 from loadtest.prom import PromSource
 from loadtest.results import CheckpointInfo, ModelInfo
 from loadtest.run_prometheus import INSTALL_HINT, PrometheusServer, find_binary
@@ -199,7 +199,7 @@ class TritonTarget:
         server: dict[str, Any] = {}
         try:
             server["triton_version"] = _get_json(f"{self.endpoints.http_url}/v2")["version"]
-            config = _get_json(f"{self.endpoints.http_url}/v2/models/{MODEL_STAGE}/config")
+            config = _get_json(f"{self.endpoints.http_url}/v2/models/{ENGINE_MODEL}/config")
             parameters = config.get("parameters", {})
             server["stage_parameters"] = {k: v.get("string_value") for k, v in parameters.items()}
             server["dynamic_batching"] = config.get("dynamic_batching")

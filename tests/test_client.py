@@ -24,7 +24,7 @@ from client import (
 )
 from client.request import generate_body
 from contract import metrics as names
-from contract.tensors import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS
+from contract.tensors import ENGINE_MODEL, ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS
 
 PROMPT = "def fib(n):\n"
 PROTOCOLS = ["grpc", "http"]
@@ -289,7 +289,8 @@ def test_health_and_metadata(codegen):
     assert health.url == codegen.url
     assert health.server_version
     served = {m.name for m in health.models if m.state == "READY"}
-    assert {"ensemble", "ensemble_stream", "preprocessing", "gptj", "postprocessing"} <= served
+    models = {"ensemble", "ensemble_stream", "preprocessing", "gptj", "postprocessing", "engine"}
+    assert models <= served
     metadata = codegen.model_metadata()
     assert {i["name"] for i in metadata["inputs"]} == {s.name for s in ENSEMBLE_INPUTS}
     assert {o["name"] for o in metadata["outputs"]} == {s.name for s in ENSEMBLE_OUTPUTS}
@@ -297,12 +298,13 @@ def test_health_and_metadata(codegen):
 
 
 def engine_counters(server) -> dict[str, float]:
-    """The streaming engine's counters on Triton's metrics endpoint."""
+    """The engine's counters on Triton's metrics endpoint (the one engine, which the streaming
+    model calls)."""
     with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
         text = response.read().decode()
     found = {}
     for name in (names.ENGINE_GENERATED_TOKENS, names.ENGINE_REQUESTS, names.ENGINE_CANCELLED):
-        match = re.search(rf'^{name}{{model="ensemble_stream"}} (\S+)$', text, re.MULTILINE)
+        match = re.search(rf'^{name}{{model="{ENGINE_MODEL}"}} (\S+)$', text, re.MULTILINE)
         assert match, f"{name} missing from the metrics"
         found[name] = float(match.group(1))
     return found

@@ -12,6 +12,7 @@ from tritonclient.grpc import model_config_pb2
 
 from contract.options import InvalidRequestError, SamplingParams
 from contract.tensors import (
+    ENGINE_MODEL,
     ENSEMBLE_MODEL,
     ENSEMBLE_TO_PREPROCESSING,
     MODEL_IO,
@@ -21,7 +22,7 @@ from contract.tensors import (
     STREAM_MODEL,
     TensorSpec,
 )
-from serving.paths import MODEL_REPOSITORY, REPO_ROOT
+from serving.paths import MODEL_REPOSITORY, REPO_ROOT, checkpoint_dir
 
 
 def load_config(name: str) -> model_config_pb2.ModelConfig:
@@ -76,15 +77,28 @@ def test_ensemble_steps_wire_the_stages_as_the_contract_says():
 
 
 def test_stages_run_on_cpu_with_dynamic_batching_and_name_their_checkpoint():
-    for name in STAGES:
+    for name in (*STAGES, ENGINE_MODEL):
         config = load_config(name)
         assert config.HasField("dynamic_batching"), name
         kinds = {g.kind for g in config.instance_group}
         assert kinds == {model_config_pb2.ModelInstanceGroup.KIND_CPU}, name
-    assert load_config(MODEL_STAGE).parameters["checkpoint_path"].string_value == "1/checkpoint"
-    stream = load_config(STREAM_MODEL)
-    assert stream.model_transaction_policy.decoupled
-    assert stream.parameters["checkpoint_path"].string_value == "../gptj/1/checkpoint"
+    assert not load_config(MODEL_STAGE).model_transaction_policy.decoupled  # HTTP needs that
+    assert load_config(STREAM_MODEL).model_transaction_policy.decoupled
+
+
+def test_one_model_loads_the_checkpoint_and_every_engine_user_calls_it():
+    """One engine per server: only the engine model names a checkpoint to load; the model
+    stage and the streaming model hold no engine parameters of their own."""
+    engine = load_config(ENGINE_MODEL)
+    assert engine.model_transaction_policy.decoupled
+    path = engine.parameters["checkpoint_path"].string_value
+    assert path == "../gptj/1/checkpoint"
+    assert (MODEL_REPOSITORY / ENGINE_MODEL / path).resolve() == checkpoint_dir().resolve()
+    loaders = [
+        name for name in MODEL_IO
+        if (MODEL_REPOSITORY / name / "config.pbtxt").read_text().count("engine_max_batch_size")
+    ]  # fmt: skip
+    assert loaders == [ENGINE_MODEL]
 
 
 @pytest.mark.parametrize(
@@ -108,7 +122,7 @@ def test_values_that_would_overflow_are_refused(option, value, message):
         SamplingParams(**{option: value})
 
 
-@pytest.mark.parametrize("model", [*STAGES, STREAM_MODEL])
+@pytest.mark.parametrize("model", [*STAGES, STREAM_MODEL, ENGINE_MODEL])
 def test_every_queue_is_bounded_and_rejects_when_full(model):
     policy = load_config(model).dynamic_batching.default_queue_policy
     assert policy.max_queue_size > 0

@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from contract.tensors import ENGINE_MODEL
 from serving.process import free_ports, port_in_use
 from serving.triton import STUB_EXIT_CODE, model_stubs
 
@@ -98,11 +99,19 @@ def test_a_dead_model_stub_stops_the_server_so_a_supervisor_restarts_it(model_re
     """Triton 2.51 keeps saying ready when a stub dies; the launcher must not."""
     log = tmp_path / "launcher.log"
     with launched(model_repository, log) as run:
+        # the launcher lists the stubs it watches once it has seen the server ready: kill
+        # after that, or it watches a list without the dead one (a race of the test, not of
+        # a server that dies later)
+        deadline = time.monotonic() + 60
+        while "Triton is ready" not in log.read_text():
+            assert time.monotonic() < deadline, "the launcher never said ready"
+            time.sleep(0.2)
+        time.sleep(1.0)
         stubs = model_stubs(run.server.pid)
-        assert set(stubs.values()) >= {"gptj", "preprocessing", "postprocessing"}, stubs
-        gptj = next(pid for pid, model in stubs.items() if model == "gptj")
+        assert set(stubs.values()) >= {"gptj", "preprocessing", "postprocessing", ENGINE_MODEL}
+        engine = next(pid for pid, model in stubs.items() if model == ENGINE_MODEL)
 
-        os.kill(gptj, signal.SIGKILL)
+        os.kill(engine, signal.SIGKILL)  # the stub that holds the engine
         assert run.launcher.wait(timeout=120) == STUB_EXIT_CODE
-        assert "the 'gptj' model's python-backend stub died" in log.read_text()
+        assert f"the '{ENGINE_MODEL}' model's python-backend stub died" in log.read_text()
         run.assert_all_gone(timeout=30)

@@ -1,7 +1,7 @@
 """The load test's metric arithmetic on recorded Triton metric text (no server needed).
 
 The texts below were recorded from the project's Triton (tiny model) during a sweep, trimmed
-to the families the load test reads, with the engine's counters as the gptj stage exports them.
+to the families the load test reads, with the engine's counters as the engine model exports them.
 """
 
 from __future__ import annotations
@@ -68,30 +68,30 @@ nv_inference_compute_infer_duration_us{{model="postprocessing",version="1"}} {po
 nv_inference_compute_infer_duration_us{{model="preprocessing",version="1"}} {pre_infer}
 # HELP codegen_engine_requests_total Sequences finished by the generation engine
 # TYPE codegen_engine_requests_total counter
-codegen_engine_requests_total{{model="gptj"}} {engine_requests}
-codegen_engine_requests_total{{model="gptj_stream"}} 7
+codegen_engine_requests_total{{model="engine"}} {engine_requests}
+codegen_engine_requests_total{{model="gptj"}} 7
 # HELP codegen_engine_queue_duration_us_total Microseconds sequences waited in the engine
 # TYPE codegen_engine_queue_duration_us_total counter
-codegen_engine_queue_duration_us_total{{model="gptj"}} {engine_queue}
+codegen_engine_queue_duration_us_total{{model="engine"}} {engine_queue}
 # HELP codegen_engine_compute_duration_us_total Microseconds the engine spent computing
 # TYPE codegen_engine_compute_duration_us_total counter
-codegen_engine_compute_duration_us_total{{model="gptj"}} {engine_compute}
-codegen_engine_compute_duration_us_total{{model="gptj_stream"}} 999999
+codegen_engine_compute_duration_us_total{{model="engine"}} {engine_compute}
+codegen_engine_compute_duration_us_total{{model="gptj"}} 999999
 # HELP codegen_engine_steps_total Forward passes run by the engine (prefill and decode)
 # TYPE codegen_engine_steps_total counter
-codegen_engine_steps_total{{model="gptj"}} {steps}
+codegen_engine_steps_total{{model="engine"}} {steps}
 # HELP codegen_engine_step_rows_total Sequences processed summed over forward passes
 # TYPE codegen_engine_step_rows_total counter
-codegen_engine_step_rows_total{{model="gptj"}} {rows}
+codegen_engine_step_rows_total{{model="engine"}} {rows}
 # HELP codegen_engine_generated_tokens_total Tokens generated
 # TYPE codegen_engine_generated_tokens_total counter
-codegen_engine_generated_tokens_total{{model="gptj"}} {tokens}
+codegen_engine_generated_tokens_total{{model="engine"}} {tokens}
 # HELP nv_inference_pending_request_count Instantaneous number of pending requests per-model.
 # TYPE nv_inference_pending_request_count gauge
 nv_inference_pending_request_count{{model="ensemble",version="1"}} {pending}
 # HELP codegen_engine_running_sequences Sequences currently running in the engine
 # TYPE codegen_engine_running_sequences gauge
-codegen_engine_running_sequences{{model="gptj"}} {running}
+codegen_engine_running_sequences{{model="engine"}} {running}
 """
 
 START = dict(
@@ -129,7 +129,7 @@ def test_parse_reads_counters_under_their_exposed_names_and_gauges():
     assert sample_name("codegen_engine_running_sequences") == "codegen_engine_running_sequences"
     assert s.value("nv_inference_count", model="gptj") == 333
     assert s.value("nv_inference_exec_count", model="preprocessing") == 294
-    assert s.value("codegen_engine_steps_total", model="gptj") == 1742
+    assert s.value("codegen_engine_steps_total", model="engine") == 1742
     assert s.value("nv_inference_pending_request_count", model="ensemble") == 0
     assert s.value("codegen_engine_running_sequences") == 4
     # Summed over the labels not asked for (reason, version) and over models when none given.
@@ -143,8 +143,8 @@ def test_deltas_are_per_model_increases_and_skip_gauges(window):
     assert window.get("nv_inference_count", "ensemble") == 200
     assert window.get("nv_inference_exec_count", "gptj") == 50
     assert window.get("nv_inference_request_failure", "ensemble") == 2  # OTHER +1, BACKEND +1
-    assert window.get("codegen_engine_compute_duration_us_total", "gptj") == pytest.approx(8e6)
-    assert window.get("codegen_engine_compute_duration_us_total", "gptj_stream") == 0
+    assert window.get("codegen_engine_compute_duration_us_total", "engine") == pytest.approx(8e6)
+    assert window.get("codegen_engine_compute_duration_us_total", "gptj") == 0
     assert not any(metric.startswith("nv_inference_pending") for metric, _ in window.values)
     assert not any("running_sequences" in metric for metric, _ in window.values)
     assert json.dumps(window.as_dict())  # serialisable for summary.json
@@ -164,7 +164,7 @@ def test_a_server_restart_inside_the_window_is_a_counter_reset():
     )  # fmt: skip
     d = snapshot_deltas(snapshot(START, 0.0), snapshot(restarted, 10.0))
     assert d.get("nv_inference_count", "ensemble") == 12
-    assert d.get("codegen_engine_steps_total", "gptj") == 30
+    assert d.get("codegen_engine_steps_total", "engine") == 30
     # a counter that did not go down is still an ordinary difference
     assert d.get("nv_inference_request_failure", "ensemble") == 0
     figures = window_figures(d)
@@ -218,7 +218,7 @@ def test_the_original_reports_figures_come_out_of_the_same_arithmetic():
         ("nv_inference_exec_count_total", "postprocessing"): 391768.0,
         ("nv_inference_compute_infer_duration_us_total", "preprocessing"): 168281250.0,
         ("nv_inference_compute_infer_duration_us_total", "postprocessing"): 51508744.0,
-        ("codegen_engine_compute_duration_us_total", model): 6148437063.0,
+        ("codegen_engine_compute_duration_us_total", "engine"): 6148437063.0,
     }
     f = window_figures(Deltas(values, 228.4))
     assert f.rps == pytest.approx(1715, rel=0.01)

@@ -119,7 +119,8 @@ def greedy(api: ApiServer, prompt: str = PROMPT, max_tokens: int = 24, **extra):
 
 
 def engine_counters(server) -> dict[str, float]:
-    """The streaming engine's own counters on Triton's metrics port."""
+    """The engine's own counters on Triton's metrics port (the one engine, which the
+    streaming model calls)."""
     with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
         text = response.read().decode()
     found = {}
@@ -128,7 +129,7 @@ def engine_counters(server) -> dict[str, float]:
         "codegen_engine_cancelled_total",
         "codegen_engine_generated_tokens_total",
     ):
-        match = re.search(rf'^{name}{{model="ensemble_stream"}} (\S+)$', text, re.MULTILINE)
+        match = re.search(rf'^{name}{{model="engine"}} (\S+)$', text, re.MULTILINE)
         assert match, f"{name} missing from the metrics"
         found[name] = float(match.group(1))
     return found

@@ -1,5 +1,6 @@
-"""Overload gets a fast, clear rejection: with the engine full and the model stage's queue at
-its bound, the next request is refused at once instead of waiting without end."""
+"""Overload gets a fast, clear rejection: with the engine full and the engine model's queue at
+its bound, the next request is refused at once instead of waiting without end (the model stage
+passes each request straight on to the engine model, whose queue is where overload waits)."""
 
 from __future__ import annotations
 
@@ -17,17 +18,17 @@ from transformers import GPTJConfig, GPTJForCausalLM
 
 from client.request import CompletionRequest, requested_outputs
 from contract import metrics as names
-from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE
+from contract.tensors import ENGINE_MODEL, ENSEMBLE_MODEL
 from serving.paths import checkpoint_dir
 from serving.process import free_ports
 from serving.triton import Ports, TritonServer
 
-QUEUE = 2  # the model stage's max_queue_size in this test's copy of the repository
+QUEUE = 2  # the engine model's max_queue_size in this test's copy of the repository
 
 
 @pytest.fixture(scope="module")
 def small_server(model_repository, tmp_path_factory):
-    """The project's repository with one engine row and a queue of two for the model stage,
+    """The project's repository with one engine row and a queue of two for the engine model,
     serving a random model wide and long enough that one request keeps the engine busy for
     seconds (the tiny test model would finish before the queue fills)."""
     repo = tmp_path_factory.mktemp("overload") / "model_repository"
@@ -42,7 +43,7 @@ def small_server(model_repository, tmp_path_factory):
     for weights in checkpoint.glob("*.safetensors"):
         weights.unlink()
     GPTJForCausalLM(slow).save_pretrained(checkpoint)  # beside the tiny model's tokenizer
-    config = repo / MODEL_STAGE / "config.pbtxt"
+    config = repo / ENGINE_MODEL / "config.pbtxt"
     text = config.read_text()
     text = re.sub(r'("engine_max_batch_size" value: \{ string_value: )"\d+"', r'\1"1"', text)
     text = re.sub(r"max_queue_size: \d+", f"max_queue_size: {QUEUE}", text)
@@ -61,7 +62,7 @@ def small_server(model_repository, tmp_path_factory):
 def running(server) -> float:
     with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
         text = response.read().decode()
-    match = re.search(rf'^{names.ENGINE_RUNNING}{{model="gptj"}} (\S+)$', text, re.MULTILINE)
+    match = re.search(rf'^{names.ENGINE_RUNNING}{{model="{ENGINE_MODEL}"}} (\S+)$', text, re.M)
     return float(match.group(1)) if match else 0.0
 
 
@@ -83,7 +84,7 @@ def test_a_full_queue_rejects_at_once_and_the_server_keeps_serving(small_server)
     while running(small_server) < 1:
         assert time.monotonic() < deadline, f"the first request never started: {answers.queue}"
         time.sleep(0.05)
-    send("waiting for room", 4)  # the stage's execute waits for engine room
+    send("waiting for room", 4)  # the engine model's execute waits for engine room
     time.sleep(0.5)
     for i in range(QUEUE):  # then the queue fills
         send(f"queued {i}", 4)

@@ -80,7 +80,7 @@ REAL_ERRORS = {
         "INPUT_3",
     ),
     "in ensemble 'ensemble', beam_width=64 is over this server's limit of 8 (max_beam_width in "
-    "gptj/config.pbtxt); ask for fewer beams": (VALIDATION, "beam_width"),
+    "engine/config.pbtxt); ask for fewer beams": (VALIDATION, "beam_width"),
     "in ensemble 'ensemble', Stub process 'gptj_0_0' is not healthy.": (UNAVAILABLE, None),
     "Exceeds maximum queue size": (QUEUE_FULL, None),
     "Request timeout expired": (TIMEOUT, None),

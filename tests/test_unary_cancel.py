@@ -1,5 +1,6 @@
 """A unary request whose client gives up (a gRPC deadline) stops generating: the model stage
-asks Triton every few tokens whether its request was cancelled.
+asks Triton every quarter second whether its request was cancelled and, if so, tells the engine
+model to drop it (backend/cancel.py: a BLS request cannot be cancelled in Triton 2.51).
 
 Through the ``ensemble`` Triton 2.51 does not pass the cancellation on to a step already
 running (the ensemble only stops before its next step), so the model stage cannot see it there;
@@ -18,7 +19,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from contract import metrics as names
-from contract.tensors import MODEL_STAGE
+from contract.tensors import ENGINE_MODEL, MODEL_STAGE
 
 
 def counters(server, model: str) -> dict[str, float]:
@@ -49,14 +50,14 @@ def stage_inputs(prompt_ids: list[int], asked: int) -> list:
 def test_a_unary_client_that_times_out_stops_its_generation(server):
     asked = 500
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    before = counters(server, MODEL_STAGE)
+    before = counters(server, ENGINE_MODEL)
     with pytest.raises(InferenceServerException, match="Deadline"):
         client.infer(MODEL_STAGE, stage_inputs([5, 6, 7, 8], asked), client_timeout=0.2)
     deadline = time.monotonic() + 60
-    while counters(server, MODEL_STAGE)[names.ENGINE_REQUESTS] == before[names.ENGINE_REQUESTS]:
+    while counters(server, ENGINE_MODEL)[names.ENGINE_REQUESTS] == before[names.ENGINE_REQUESTS]:
         assert time.monotonic() < deadline, "the abandoned sequence never finished"
         time.sleep(0.1)
-    after = counters(server, MODEL_STAGE)
+    after = counters(server, ENGINE_MODEL)
     generated = after[names.ENGINE_GENERATED_TOKENS] - before[names.ENGINE_GENERATED_TOKENS]
     assert after[names.ENGINE_CANCELLED] - before[names.ENGINE_CANCELLED] == 1
     assert generated < asked, f"{generated:.0f} of {asked} tokens generated for nobody"

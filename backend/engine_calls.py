@@ -1,0 +1,331 @@
+"""Calling the one engine (the ``engine`` model) from the models clients reach.
+
+``gptj`` (the unary ensemble's model stage, also called directly) and ``ensemble_stream`` hold
+no engine of their own: each Triton request they get becomes one BLS request to the ``engine``
+model, run in a worker thread so that ``execute`` returns at once and requests overlap in the
+engine's running batch, as they did when each model had its engine in-process.
+
+Because a BLS request cannot be cancelled in Triton 2.51 (see backend/cancel.py), a watcher
+asks Triton every ``poll_s`` whether each caller's client went away (a gRPC cancel or deadline,
+a closed stream) and, if so, sends the engine the request's key; a stream also asks before
+each piece it sends, which stops it within a token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from backend.cancel import CancelSender, new_key
+from backend.io import FINAL, error_response, response, tokenize
+from contract.options import InvalidRequestError
+from contract.tensors import ENGINE_MODEL, ENGINE_OUTPUTS
+from postprocessing.detokenize import IncrementalDecoder, Postprocessor
+
+# Requests a caller runs at once: the engine's queue (256) and batch (64) hold no more. Past
+# this, execute waits and the next requests wait in the caller's own bounded Triton queue.
+MAX_IN_FLIGHT = 320
+POLL_S = 0.25  # how often the watcher asks whether a caller's client went away
+# How long a finished BLS response iterator is kept referenced from Python (see _Retired).
+KEEP_ITERATORS_S = 10.0
+
+
+class Call:
+    """One caller request's answer, sent only through here: once its final response is sent
+    Triton frees the request, and asking it then whether it was cancelled crashes the server
+    (a segfault in ``TRITONBACKEND_ResponseFactoryIsCancelled``), so the watcher and the final
+    send take turns under a lock."""
+
+    def __init__(self, sender, key: str, requested: frozenset[str] | None = None) -> None:
+        self.sender, self.key, self.requested = sender, key, requested
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def send(self, answer) -> None:
+        self.sender.send(answer)
+
+    def final(self, answer=None) -> None:
+        """The last response (or only the final flag); later calls do nothing."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            if answer is None:
+                self.sender.send(flags=FINAL)
+            else:
+                self.sender.send(answer, flags=FINAL)
+
+    def client_gone(self) -> bool:
+        """Whether Triton marked the request cancelled (False once it is answered)."""
+        with self._lock:
+            return not self.closed and self.sender.is_cancelled()
+
+
+class _Retired:
+    """Finished BLS response iterators, kept referenced from Python for ``keep_s``.
+
+    In python_backend r24.10 the stub also holds each decoupled BLS response iterator in a map,
+    which its own message thread (holding no GIL) clears shortly after the final response was
+    read. If Python dropped its reference first, that thread destroys the iterator and every
+    response tensor in it, freeing their numpy arrays without the GIL: with other threads
+    running Python that corrupts the stub's heap (``malloc(): unaligned fastbin chunk``), and a
+    stub whose heap is corrupt can tell the server to free a live BLS request's payload
+    (``std::bad_weak_ptr`` in tritonserver). Kept here until the stub's map let go, the last
+    reference is Python's, dropped by the watcher thread, which holds the GIL.
+    (python_backend r24.12 destroys tensors under the GIL: "Hold GIL when deleting numpy
+    array".)"""
+
+    def __init__(self, keep_s: float) -> None:
+        self.keep_s = keep_s
+        self._lock = threading.Lock()
+        self._items: deque[tuple[float, object]] = deque()
+
+    def add(self, iterator) -> None:
+        with self._lock:
+            self._items.append((time.monotonic() + self.keep_s, iterator))
+
+    def release_due(self) -> int:
+        """Drop the iterators kept long enough; returns how many."""
+        now, due = time.monotonic(), []
+        with self._lock:
+            while self._items and self._items[0][0] <= now:
+                due.append(self._items.popleft())
+        count = len(due)
+        del due  # the iterators are destroyed here, in a Python thread, under the GIL
+        return count
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class EngineCalls:
+    """A caller model's engine requests in flight, their threads, and their cancellation."""
+
+    def __init__(
+        self,
+        engine_model: str = ENGINE_MODEL,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        poll_s: float = POLL_S,
+        keep_iterators_s: float = KEEP_ITERATORS_S,
+    ) -> None:
+        self.engine_model = engine_model
+        self.slots = threading.BoundedSemaphore(max_in_flight)
+        self.pool = ThreadPoolExecutor(max_in_flight, thread_name_prefix="engine-call")
+        self.cancels = CancelSender(engine_model)
+        self.poll_s = poll_s
+        self.retired = _Retired(keep_iterators_s)
+        self._lock = threading.Lock()
+        self._watched: dict[str, Call] = {}
+        self._stopping = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="engine-cancels", daemon=True)
+        self._watcher.start()
+
+    def start(
+        self, sender, work: Callable[[Call], None], requested: frozenset[str] | None = None
+    ) -> None:
+        """Run ``work(call)`` in a worker thread; ``call.key`` names its engine request.
+        Blocks while ``max_in_flight`` calls run. ``work`` answers through ``call``; if it
+        raises, the request gets the error (and the log says why)."""
+        self.slots.acquire()
+        call = Call(sender, new_key(), requested)
+        with self._lock:
+            self._watched[call.key] = call
+        try:
+            self.pool.submit(self._run, call, work)
+        except BaseException:
+            self._done(call)
+            raise
+
+    def _run(self, call: Call, work: Callable[[Call], None]) -> None:
+        try:
+            work(call)
+        except Exception as exc:  # a bug: fail this request only, and say so in the log
+            pb_utils.Logger.log_error(f"engine call failed: {exc!r}")
+            with contextlib.suppress(Exception):
+                call.final(error_response(f"internal error: {exc}"))
+        finally:
+            with contextlib.suppress(Exception):
+                call.final()  # never leave a request unanswered
+            self._done(call)
+
+    def _done(self, call: Call) -> None:
+        with self._lock:
+            self._watched.pop(call.key, None)
+        self.slots.release()
+
+    def cancel(self, call: Call) -> None:
+        """Tell the engine to drop the call's rows (once)."""
+        with self._lock:
+            if self._watched.pop(call.key, None) is None:
+                return
+        self.cancels.cancel(call.key)
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(self.poll_s):
+            self.retired.release_due()
+            with self._lock:
+                watched = list(self._watched.values())
+            for call in watched:
+                try:
+                    gone = call.client_gone()
+                except Exception:
+                    continue
+                if gone:
+                    self.cancel(call)
+
+    def responses(self, call: Call, arrays: Mapping[str, np.ndarray], stream: bool) -> Iterator:
+        """The engine's responses to one request (model-stage tensors), as they come. The
+        caller reads them to the end (the final response); the iterator is then kept alive a
+        while (``_Retired`` says why)."""
+        inputs = [pb_utils.Tensor(name, array) for name, array in arrays.items()]
+        if stream:
+            inputs.append(pb_utils.Tensor("stream", np.array([[True]])))
+        replies = pb_utils.InferenceRequest(
+            model_name=self.engine_model,
+            inputs=inputs,
+            requested_output_names=[spec.name for spec in ENGINE_OUTPUTS],
+            request_id=call.key,
+        ).exec(decoupled=True)
+        finished = False
+        try:
+            yield from replies
+            finished = True
+        finally:
+            if not finished:  # the caller stopped early (a bug): stop the engine, read on
+                self.cancel(call)
+                for _ in replies:
+                    pass
+            self.retired.add(replies)
+            del replies
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.cancels.close()
+
+
+def copied(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Arrays owned by this process: a request's tensors are read in ``execute`` and used in a
+    worker thread after it returned."""
+    return {name: np.array(array, copy=True) for name, array in arrays.items()}
+
+
+def forward_final(
+    calls: EngineCalls,
+    sender,
+    arrays: Mapping[str, np.ndarray],
+    requested: frozenset[str] | None = None,
+) -> None:
+    """The unary model stage: the engine's one final response, passed on (the outputs the
+    request asked for)."""
+
+    def work(call: Call) -> None:
+        answer = error_response("internal error: the engine sent no response")
+        for reply in calls.responses(call, arrays, stream=False):
+            if reply.has_error():
+                answer = error_response(reply.error().message())
+            elif reply.output_tensors():
+                tensors = [
+                    tensor
+                    for tensor in reply.output_tensors()
+                    if requested is None or tensor.name() in requested
+                ]
+                answer = pb_utils.InferenceResponse(output_tensors=tensors)
+        call.final(answer)
+
+    calls.start(sender, work, requested)
+
+
+class _Pieces:
+    """A stream's answer: text pieces (never a split character), each with the log probs of
+    the tokens it carries, then a final response."""
+
+    def __init__(self, call: Call, decoder: IncrementalDecoder, prompt_len: int, log_probs: bool):
+        self.call = call
+        self.decoder = decoder
+        self.length = prompt_len
+        self.want_log_probs = log_probs
+        self.pending: list[float] = []  # log probs of tokens not yet sent
+        self.cumulative = 0.0
+
+    def _response(self, piece: str):
+        log_probs = self.pending if self.want_log_probs else [0.0] * len(self.pending)
+        self.pending = []
+        outputs = {
+            "OUTPUT_0": np.array([[piece.encode("utf-8")]], dtype=np.object_),
+            "sequence_length": np.array([[self.length]], dtype=np.uint32),
+            "cum_log_probs": np.array([[self.cumulative if self.want_log_probs else 0.0]],
+                                      dtype=np.float32),
+            "output_log_probs": np.array([log_probs], dtype=np.float32),
+        }  # fmt: skip
+        return response(outputs, self.call.requested)
+
+    def push(self, token_id: int, log_prob: float) -> bool:
+        """Add a token; send a piece if it completes one. False: the client went away."""
+        self.length += 1
+        self.cumulative += log_prob
+        self.pending.append(log_prob)
+        piece = self.decoder.push(token_id)
+        if not piece:
+            return True
+        if self.call.client_gone():
+            return False
+        self.call.send(self._response(piece))
+        return True
+
+    def finish(self) -> None:
+        self.call.final(self._response(self.decoder.flush()))
+
+
+def stream_pieces(
+    calls: EngineCalls,
+    postprocessor: Postprocessor,
+    sender,
+    arrays: Mapping[str, np.ndarray],
+    requested: frozenset[str] | None = None,
+) -> None:
+    """The streaming model: tokenize (BLS to ``preprocessing``), stream the engine's tokens
+    (BLS to ``engine``), send text pieces as they complete."""
+
+    def work(call: Call) -> None:
+        try:
+            stage = tokenize(arrays)
+        except InvalidRequestError as exc:
+            call.final(error_response(str(exc)))
+            return
+        prompt = stage["input_ids"][0, : int(stage["input_lengths"].reshape(-1)[0])].tolist()
+        log_probs = bool(np.asarray(stage.get("is_return_log_probs", False)).any())
+        pieces = _Pieces(call, IncrementalDecoder(postprocessor, prompt), len(prompt), log_probs)
+        wanted = True
+        for reply in calls.responses(call, stage, stream=True):
+            if reply.has_error():
+                if wanted and not call.client_gone():
+                    call.final(error_response(reply.error().message()))
+                else:
+                    call.final()  # close the request; nobody reads it
+                wanted = False
+                continue  # an error is the final response: read to the end
+            tokens = pb_utils.get_output_tensor_by_name(reply, "output_ids")
+            if tokens is None or not wanted:
+                continue  # the final response carries nothing; or a cancelled stream drains
+            chosen = pb_utils.get_output_tensor_by_name(reply, "output_log_probs").as_numpy()
+            for token, log_prob in zip(
+                tokens.as_numpy().reshape(-1).tolist(), chosen.reshape(-1).tolist(), strict=True
+            ):
+                if not pieces.push(token, log_prob):
+                    wanted = False
+                    calls.cancel(call)  # the engine drops the row at its next step
+                    break
+        if wanted:
+            pieces.finish()
+        else:
+            call.final()
+
+    calls.start(sender, work, requested)
