@@ -8,9 +8,9 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
+from server_metrics import engine_counters
 
 from client import (
     CodegenClient,
@@ -24,7 +24,7 @@ from client import (
 )
 from client.request import generate_body
 from contract import metrics as names
-from contract.tensors import ENGINE_MODEL, ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS
+from contract.tensors import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS
 
 PROMPT = "def fib(n):\n"
 PROTOCOLS = ["grpc", "http"]
@@ -295,19 +295,6 @@ def test_health_and_metadata(codegen):
     assert {i["name"] for i in metadata["inputs"]} == {s.name for s in ENSEMBLE_INPUTS}
     assert {o["name"] for o in metadata["outputs"]} == {s.name for s in ENSEMBLE_OUTPUTS}
     assert health.to_dict()["streaming"] is True
-
-
-def engine_counters(server) -> dict[str, float]:
-    """The engine's counters on Triton's metrics endpoint (the one engine, which the streaming
-    model calls)."""
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    found = {}
-    for name in (names.ENGINE_GENERATED_TOKENS, names.ENGINE_REQUESTS, names.ENGINE_CANCELLED):
-        match = re.search(rf'^{name}{{model="{ENGINE_MODEL}"}} (\S+)$', text, re.MULTILINE)
-        assert match, f"{name} missing from the metrics"
-        found[name] = float(match.group(1))
-    return found
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

@@ -8,11 +8,11 @@ from __future__ import annotations
 import queue
 import re
 import threading
-import urllib.request
 
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
+from server_metrics import sample, scrape, settled_scrape
 
 from backend.cancel import CancelListener, CancelRegistry, CancelSender, new_key
 from client.client import CodegenClient
@@ -24,15 +24,10 @@ from serving.triton import model_stubs
 PROMPT = "def add(a, b):\n"
 
 
-def scrape(server) -> str:
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
-        return response.read().decode()
-
-
 def engine_metric(text: str, name: str) -> float:
-    match = re.search(rf'^{name}{{model="{ENGINE_MODEL}"}} (\S+)$', text, re.MULTILINE)
-    assert match, f"{name} for {ENGINE_MODEL} not in the metrics"
-    return float(match.group(1))
+    value = sample(text, name, ENGINE_MODEL)
+    assert value is not None, f"{name} for {ENGINE_MODEL} not in the metrics"
+    return value
 
 
 def test_the_checkpoint_is_loaded_once_by_the_engine_model(server):
@@ -59,7 +54,7 @@ def test_a_unary_and_a_streamed_request_share_the_running_batch(server):
     unary = CompletionRequest(PROMPT, max_tokens=32)
     tries = []
     for _ in range(3):
-        before = scrape(server)
+        before = settled_scrape(server)
         answered: queue.Queue = queue.Queue()
         codegen = CodegenClient(server.grpc_url, "grpc", timeout=60)
         with codegen, codegen.stream("x = 1\n", max_tokens=480) as stream:
@@ -74,7 +69,7 @@ def test_a_unary_and_a_streamed_request_share_the_running_batch(server):
         result, error = answered.get(timeout=60)
         assert error is None, error
         assert result.as_numpy("OUTPUT_0").reshape(-1)[0].decode().startswith(PROMPT)
-        after = scrape(server)
+        after = settled_scrape(server)
 
         def delta(name: str, after=after, before=before) -> float:
             return engine_metric(after, name) - engine_metric(before, name)

@@ -11,7 +11,6 @@ import shutil
 import socket
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from server_metrics import engine_counters
 
 from client import CodegenClient
 from openai_api import Settings, create_app
@@ -116,23 +116,6 @@ def greedy(api: ApiServer, prompt: str = PROMPT, max_tokens: int = 24, **extra):
     return openai_client(api).completions.create(
         model="ensemble", prompt=prompt, max_tokens=max_tokens, temperature=0, **extra
     )
-
-
-def engine_counters(server) -> dict[str, float]:
-    """The engine's own counters on Triton's metrics port (the one engine, which the
-    streaming model calls)."""
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    found = {}
-    for name in (
-        "codegen_engine_requests_total",
-        "codegen_engine_cancelled_total",
-        "codegen_engine_generated_tokens_total",
-    ):
-        match = re.search(rf'^{name}{{model="engine"}} (\S+)$', text, re.MULTILINE)
-        assert match, f"{name} missing from the metrics"
-        found[name] = float(match.group(1))
-    return found
 
 
 # -- the official OpenAI client -----------------------------------------------------------------

@@ -9,11 +9,11 @@ import queue
 import re
 import shutil
 import time
-import urllib.request
 
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
+from server_metrics import sample, scrape
 from transformers import GPTJConfig, GPTJForCausalLM
 
 from client.request import CompletionRequest, requested_outputs
@@ -60,10 +60,7 @@ def small_server(model_repository, tmp_path_factory):
 
 
 def running(server) -> float:
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    match = re.search(rf'^{names.ENGINE_RUNNING}{{model="{ENGINE_MODEL}"}} (\S+)$', text, re.M)
-    return float(match.group(1)) if match else 0.0
+    return sample(scrape(server), names.ENGINE_RUNNING, ENGINE_MODEL) or 0.0
 
 
 def test_a_full_queue_rejects_at_once_and_the_server_keeps_serving(small_server):

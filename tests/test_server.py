@@ -12,6 +12,7 @@ import pytest
 import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from server_metrics import sample, scrape, settled_scrape
 from transformers import GPTJForCausalLM, PreTrainedTokenizerFast
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
@@ -227,23 +228,17 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(server, prot
     assert texts(infer(server, protocol, good))[0].startswith(PROMPT)
 
 
-def scrape(server) -> str:
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
-        return response.read().decode()
-
-
 def metric(text: str, name: str, model: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + "{") and f'model="{model}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} for {model} not in the metrics")
+    value = sample(text, name, model)
+    assert value is not None, f"{name} for {model} not in the metrics"
+    return value
 
 
 def test_burst_of_mixed_lengths_is_batched_and_each_gets_what_it_asked(server, reference):
     """24 concurrent requests, 4 to 32 tokens each, over both protocols: each gets exactly its
     own greedy continuation (ending early only at the model's end token)."""
     tokenizer, _ = reference
-    before = scrape(server)
+    before = settled_scrape(server)
     prompts = [f"def f{i}(x):\n" + "    y = x\n" * (i % 4) for i in range(24)]
     lengths = [4 + (7 * i) % 29 for i in range(24)]
 
@@ -266,7 +261,7 @@ def test_burst_of_mixed_lengths_is_batched_and_each_gets_what_it_asked(server, r
         assert result.as_numpy("sequence_length").reshape(-1)[0] == length
         assert texts(result)[0] == text
         expected_tokens += length - len(tokenizer.encode(prompt))
-    after = scrape(server)
+    after = settled_scrape(server)
     for stage in ("ensemble", "preprocessing", "gptj", "postprocessing", "engine"):
         delta = metric(after, names.INFERENCE_COUNT, stage) - metric(
             before, names.INFERENCE_COUNT, stage

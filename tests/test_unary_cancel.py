@@ -9,27 +9,16 @@ tested here and in test_client.py."""
 
 from __future__ import annotations
 
-import re
 import time
-import urllib.request
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from server_metrics import engine_counters
 from tritonclient.utils import InferenceServerException
 
 from contract import metrics as names
-from contract.tensors import ENGINE_MODEL, MODEL_STAGE
-
-
-def counters(server, model: str) -> dict[str, float]:
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    found = {}
-    for name in (names.ENGINE_GENERATED_TOKENS, names.ENGINE_REQUESTS, names.ENGINE_CANCELLED):
-        match = re.search(rf'^{name}{{model="{model}"}} (\S+)$', text, re.MULTILINE)
-        found[name] = float(match.group(1)) if match else 0.0
-    return found
+from contract.tensors import MODEL_STAGE
 
 
 def stage_inputs(prompt_ids: list[int], asked: int) -> list:
@@ -50,14 +39,14 @@ def stage_inputs(prompt_ids: list[int], asked: int) -> list:
 def test_a_unary_client_that_times_out_stops_its_generation(server):
     asked = 500
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    before = counters(server, ENGINE_MODEL)
+    before = engine_counters(server)
     with pytest.raises(InferenceServerException, match="Deadline"):
         client.infer(MODEL_STAGE, stage_inputs([5, 6, 7, 8], asked), client_timeout=0.2)
     deadline = time.monotonic() + 60
-    while counters(server, ENGINE_MODEL)[names.ENGINE_REQUESTS] == before[names.ENGINE_REQUESTS]:
+    while engine_counters(server)[names.ENGINE_REQUESTS] == before[names.ENGINE_REQUESTS]:
         assert time.monotonic() < deadline, "the abandoned sequence never finished"
         time.sleep(0.1)
-    after = counters(server, ENGINE_MODEL)
+    after = engine_counters(server)
     generated = after[names.ENGINE_GENERATED_TOKENS] - before[names.ENGINE_GENERATED_TOKENS]
     assert after[names.ENGINE_CANCELLED] - before[names.ENGINE_CANCELLED] == 1
     assert generated < asked, f"{generated:.0f} of {asked} tokens generated for nobody"
