@@ -9,17 +9,21 @@ prompt and seed chosen by its index, and bans the end token so it makes every to
 from __future__ import annotations
 
 import itertools
+import random
 import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from bench.models import END_OF_TEXT
 from bench.settings import SAMPLED
 from client import CodegenClient
 from contract.options import SamplingParams
 from engine.engine import Engine, GenerationRequest, GenerationResult, Handle
+from engine.gptj import GPTJ, KVCache, Segment
 
 Progress = Callable[[str], None]
 
@@ -300,3 +304,40 @@ def short_latencies(measurement: Measurement, wanted: int) -> list[float]:
         for r in measurement.records
         if r.wanted == wanted and measurement.w0 <= r.start < measurement.w1 and r.tokens >= wanted
     ]
+
+
+def forward_ceiling(
+    model: GPTJ,
+    prompt_lengths: Sequence[int],
+    rows: int,
+    length: int,
+    repeats: int = 30,
+    seed: int = 0,
+) -> float:
+    """Tokens/s of the model's decode forward pass alone, ``rows`` rows at the positions a
+    closed loop of ``length``-token requests holds (a prompt's length plus a uniform share of
+    ``length``): no sampling, no prefill, no serving. No scheduler can beat it, so it says
+    how far a throughput target is from what the model itself does on this machine."""
+    rng = random.Random(seed)
+    positions = [rng.choice(prompt_lengths) + rng.randrange(length) for _ in range(rows)]
+    device = next(model.parameters()).device
+    cache = KVCache.empty(model.config, next(model.parameters()).dtype, device)
+    cache.reserve(rows, max(positions) + 1)
+    segment = Segment(
+        torch.tensor(
+            [[rng.randrange(model.config.vocab_size)] for _ in range(rows)], device=device
+        ),
+        torch.tensor(positions, device=device),
+        torch.zeros(rows, dtype=torch.long, device=device),
+        slice(0, rows),
+    )
+    for _ in range(3):
+        model.step([segment], cache)
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model.step([segment], cache)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
+    return rows / statistics.median(seconds)

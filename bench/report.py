@@ -17,6 +17,8 @@ SERVED_OVER_BARE_MIN = 0.9  # served tokens/s over bare, every output length
 CONTINUOUS_OVER_STATIC_MIN = 1.0  # continuous arrivals at least as fast as static batches
 MIXED_SLOWDOWN_MAX = 2.0  # short requests' median latency next to long ones over alone
 SERVED_OVERHEAD_MAX_MS = 15.0  # one request alone, served minus bare
+# 16 clients at output 128: 4x the engine's tokens/s before the work of issue 11 (about 615)
+THROUGHPUT_TARGET_LENGTH, THROUGHPUT_TARGET = 128, 4 * 615.0
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -272,6 +274,13 @@ def _load_context(results: dict[str, Any], extra: str) -> str:
     )
 
 
+def throughput_verdict(row: dict[str, Any]) -> str:
+    """The bare engine's tokens/s against the throughput target, at the target's length."""
+    if row["length"] != THROUGHPUT_TARGET_LENGTH:
+        return "—"
+    return verdict(row.get("bare_tokens_per_s"), THROUGHPUT_TARGET, at_most=False)
+
+
 def arrival_tables(results: dict[str, Any]) -> list[Table]:
     rows = results.get("arrivals") or []
     if not rows:
@@ -282,7 +291,9 @@ def arrival_tables(results: dict[str, Any]) -> list[Table]:
         body.append(
             [
                 str(r["length"]),
+                rate(r.get("forward_ceiling_tokens_per_s")),
                 rate(r.get("bare_tokens_per_s")),
+                throughput_verdict(r),
                 rate(r.get("served_tokens_per_s")),
                 fmt(r.get("served_over_bare"), 2),
                 verdict(r.get("served_over_bare"), SERVED_OVER_BARE_MIN, at_most=False),
@@ -299,12 +310,17 @@ def arrival_tables(results: dict[str, Any]) -> list[Table]:
                 results,
                 f"bare = threads submitting to an in-process Engine; served = CodegenClient over "
                 f"gRPC to Triton's ensemble; static = {clients} submitted at once, wait for all, "
-                f"repeat; targets served/bare >= {SERVED_OVER_BARE_MIN}, continuous/static >= "
-                f"{CONTINUOUS_OVER_STATIC_MIN}",
+                f"repeat; forward ceiling = {clients} rows / one decode forward pass at the "
+                f"positions the clients hold (no sampling, prefill or serving: no scheduler "
+                f"beats it); targets bare >= {THROUGHPUT_TARGET:,.0f} tok/s at output "
+                f"{THROUGHPUT_TARGET_LENGTH}, served/bare >= {SERVED_OVER_BARE_MIN}, "
+                f"continuous/static >= {CONTINUOUS_OVER_STATIC_MIN}",
             ),
             [
                 " output tokens",
+                " forward ceiling tok/s",
                 " bare tok/s",
+                "target",
                 " served tok/s",
                 " served/bare",
                 "target",
@@ -520,6 +536,20 @@ def write_chart(path: Path, results: dict[str, Any]) -> Path | None:
             for i, (label, key, color) in enumerate(series):
                 xs = [x + (i - 1) * width for x in range(len(rows))]
                 ax.bar(xs, [r.get(key) or 0 for r in rows], width, label=label, color=color)
+            ceilings = [
+                (x, r["forward_ceiling_tokens_per_s"])
+                for x, r in enumerate(rows)
+                if r.get("forward_ceiling_tokens_per_s")
+            ]
+            for n, (x, ceiling) in enumerate(ceilings):
+                ax.hlines(
+                    ceiling,
+                    x - 0.45,
+                    x + 0.45,
+                    colors="black",
+                    linestyles="dashed",
+                    label="forward-pass ceiling" if n == 0 else None,
+                )
             ax.set_xticks(range(len(rows)), [f"{r['length']} tokens" for r in rows])
             ax.set_ylabel("generated tokens/s")
             ax.set_title(

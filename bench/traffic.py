@@ -18,6 +18,7 @@ from bench.load import (
     Measurement,
     ServedTarget,
     closed_loop,
+    forward_ceiling,
     latencies,
     median_ms,
     short_latencies,
@@ -95,6 +96,10 @@ def _drive(
                     f"arrivals static {length} tokens: {rate:,.0f} tok/s ({rounds} rounds of "
                     f"{plan.clients}{f', {short} SHORT' if short else ''})"
                 )
+                lengths = [len(ids) for ids in target.prompts]
+                ceiling = forward_ceiling(target.engine.model, lengths, plan.clients, length)
+                row["forward_ceiling_tokens_per_s"] = ceiling
+                progress(f"arrivals forward ceiling {length} tokens: {ceiling:,.0f} tok/s")
     if "mixed" in plan.sections:
         short, long = plan.mixed_short, plan.mixed_long
         progress(

@@ -13,12 +13,20 @@ import torch
 from bench import report
 from bench.beams import run_beams
 from bench.kernels import fit_tokens, measure
-from bench.load import Measurement, Record, overlap, short_latencies, windowed_rate
+from bench.load import (
+    Measurement,
+    Record,
+    forward_ceiling,
+    overlap,
+    short_latencies,
+    windowed_rate,
+)
 from bench.machine import cpu_model, machine_label
 from bench.models import build_random_gptj, convert_ct2, describe_checkpoint, random_prompts
 from bench.server import GPTJ_CONFIG, pbtxt_parameters, served_engine_settings
 from bench.settings import KernelPlan, make_plan, parse_list
 from bench.systems import CT2Runner, EngineRunner, TransformersRunner, generate
+from engine.gptj import GPTJ
 
 # -- maths -------------------------------------------------------------------------------------
 
@@ -204,6 +212,7 @@ def _results() -> dict:
         "arrivals": [
             {
                 "length": 8,
+                "forward_ceiling_tokens_per_s": 1500.0,
                 "bare_tokens_per_s": 1000.0,
                 "served_tokens_per_s": 950.0,
                 "static_tokens_per_s": 900.0,
@@ -267,7 +276,7 @@ def test_write_all_writes_markdown_json_and_chart(tmp_path):
     assert json.loads((tmp_path / "results.json").read_text())["single"]["overhead_ms"] == 11.0
     md = (tmp_path / "results.md").read_text()
     assert "## Continuous arrivals: 16 closed-loop clients" in md
-    assert "| 8 | 1,000 | 950 | 0.95 | ok |" in md
+    assert "| 8 | 1,500 | 1,000 | — | 950 | 0.95 | ok |" in md
     assert "| 4 | 220 | 880 | 190 | 1.16x | 16.0 | 4/4 |" in md
     assert "machine: 2 cores, Test CPU, torch threads 2" in md
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -359,6 +368,31 @@ def test_random_model_with_word_level_vocabulary_converts_too(tmp_path):
     assert info.eos_token_id == 299 and info.vocab_size == 300
     torch.manual_seed(0)
     _greedy_equal_everywhere(folder, tmp_path, 299, 300)
+
+
+def test_forward_ceiling_times_decode_passes_at_the_closed_loops_positions(tiny_checkpoint):
+    model = GPTJ.from_checkpoint(tiny_checkpoint)
+    passes = []
+    step = model.step
+
+    def recorded(segments, cache):
+        passes.append(segments)
+        return step(segments, cache)
+
+    model.step = recorded
+    ceiling = forward_ceiling(model, [5, 9, 30], rows=6, length=40, repeats=4)
+    assert ceiling > 0
+    assert len(passes) == 3 + 4  # warm-up passes, then the timed ones
+    for (segment,) in passes:
+        assert segment.tokens.shape == (6, 1)  # one decode token per row, no prefill
+        positions = segment.start.tolist()
+        assert all(5 <= p < 30 + 40 for p in positions) and len(set(positions)) > 1
+
+
+def test_throughput_target_is_judged_at_its_length_only():
+    assert report.throughput_verdict({"length": 8, "bare_tokens_per_s": 10.0}) == "—"
+    assert report.throughput_verdict({"length": 128, "bare_tokens_per_s": 2000.0}) == "MISSED"
+    assert report.throughput_verdict({"length": 128, "bare_tokens_per_s": 2500.0}) == "ok"
 
 
 def test_random_prompts_never_hold_the_end_token():
