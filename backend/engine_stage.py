@@ -35,6 +35,7 @@ from contract.tensors import ENGINE_INPUTS
 from engine.engine import Engine, GenerationRequest, GenerationResult, Listener
 from engine.gptj import GPTJ
 from engine.tensors import requests_from_tensors, tensors_from_results
+from engine.threads import in_passing_thread
 
 
 class EngineMetrics:
@@ -114,8 +115,10 @@ def start_engine(args: dict) -> Stage:
     dtype = getattr(torch, params.get("dtype", "float32"))
     device = resolve_device(os.environ.get("CODEGEN_DEVICE") or params.get("device", "auto"))
     quantize = params.get("quantize", "none")
-    model = GPTJ.from_checkpoint(
-        checkpoint, dtype=dtype, device=device, quantize=None if quantize == "none" else quantize
+    quantization = None if quantize == "none" else quantize
+    # loaded in a thread that ends, so the engine's thread is the stub's only OpenMP pool
+    model = in_passing_thread(
+        lambda: GPTJ.from_checkpoint(checkpoint, dtype=dtype, device=device, quantize=quantization)
     )
     metrics = EngineMetrics(args["model_name"])
     engine = Engine(

@@ -21,6 +21,7 @@ from bench.settings import Plan
 from contract.options import BeamParams
 from engine.engine import Engine, GenerationRequest, GenerationResult
 from engine.gptj import GPTJ
+from engine.threads import in_passing_thread
 
 Progress = Callable[[str], None]
 
@@ -88,45 +89,60 @@ def _transformers_beams(
 
 def run_beams(plan: Plan, model: ModelInfo, progress: Progress) -> list[dict[str, Any]]:
     """One row per width: tokens/s of both systems, their ratio, peak KV cache, agreement."""
-    from transformers import GPTJForCausalLM
-
     prompts = random_prompts(
         plan.beam_prompts, plan.beam_prompt_tokens, model.vocab_size, model.eos_token_id, plan.seed
     )
     eos, new = model.eos_token_id, plan.beam_tokens
     observer = _PeakCache()
     engine = Engine(
-        GPTJ.from_checkpoint(model.path, device=plan.device),
+        in_passing_thread(lambda: GPTJ.from_checkpoint(model.path, device=plan.device)),
         max_batch_size=max(plan.beam_widths) * len(prompts),
         observer=observer,
     )
     observer.engine = engine
     engine.start()
-    hf = GPTJForCausalLM.from_pretrained(str(model.path), dtype=torch.float32)
-    hf = hf.to(plan.device).eval()
-    rows = []
-    try:
+    ours: dict[int, tuple[list[list[int]], float, float]] = {}  # width: beams, seconds, peak
+    try:  # the engine alone first, then transformers alone: never two OpenMP pools at once
         for width in plan.beam_widths:
-            progress(f"beams: width {width}, {len(prompts)} prompts x {new} tokens")
+            progress(f"beams: engine, width {width}, {len(prompts)} prompts x {new} tokens")
             _engine_beams(engine, prompts[:1], 2, width, eos)  # warm-up
-            _transformers_beams(hf, prompts[:1], 2, width, eos, plan.device)
             observer.peak = 0
-            ours, engine_s = _engine_beams(engine, prompts, new, width, eos)
-            theirs, hf_s = _transformers_beams(hf, prompts, new, width, eos, plan.device)
-            best_tokens = len(prompts) * new
-            rows.append(
-                {
-                    "width": width,
-                    "prompts": len(prompts),
-                    "new_tokens": new,
-                    "engine_tokens_per_s": best_tokens / engine_s,
-                    "engine_beam_tokens_per_s": width * best_tokens / engine_s,
-                    "transformers_tokens_per_s": best_tokens / hf_s,
-                    "engine_over_transformers": hf_s / engine_s,
-                    "kv_cache_peak_mib": observer.peak / 2**20,
-                    "best_beams_agree": sum(a == b for a, b in zip(ours, theirs, strict=True)),
-                }
-            )
+            ids, seconds = _engine_beams(engine, prompts, new, width, eos)
+            ours[width] = (ids, seconds, observer.peak)
     finally:
         engine.stop()
+    theirs = in_passing_thread(lambda: _transformers_widths(model, plan, prompts, progress))
+    rows = []
+    best_tokens = len(prompts) * new
+    for width in plan.beam_widths:
+        (engine_ids, engine_s, peak), (hf_ids, hf_s) = ours[width], theirs[width]
+        rows.append(
+            {
+                "width": width,
+                "prompts": len(prompts),
+                "new_tokens": new,
+                "engine_tokens_per_s": best_tokens / engine_s,
+                "engine_beam_tokens_per_s": width * best_tokens / engine_s,
+                "transformers_tokens_per_s": best_tokens / hf_s,
+                "engine_over_transformers": hf_s / engine_s,
+                "kv_cache_peak_mib": peak / 2**20,
+                "best_beams_agree": sum(a == b for a, b in zip(engine_ids, hf_ids, strict=True)),
+            }
+        )
     return rows
+
+
+def _transformers_widths(
+    model: ModelInfo, plan: Plan, prompts: list[list[int]], progress: Progress
+) -> dict[int, tuple[list[list[int]], float]]:
+    """transformers' beams at every width: width: (best beams, seconds)."""
+    from transformers import GPTJForCausalLM
+
+    hf = GPTJForCausalLM.from_pretrained(str(model.path), dtype=torch.float32)
+    hf = hf.to(plan.device).eval()
+    eos, new, found = model.eos_token_id, plan.beam_tokens, {}
+    for width in plan.beam_widths:
+        progress(f"beams: transformers, width {width}, {len(prompts)} prompts x {new} tokens")
+        _transformers_beams(hf, prompts[:1], 2, width, eos, plan.device)  # warm-up
+        found[width] = _transformers_beams(hf, prompts, new, width, eos, plan.device)
+    return found

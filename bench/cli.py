@@ -27,6 +27,7 @@ from bench.machine import describe, machine_label
 from bench.models import DEFAULT_CHECKPOINT, resolve_models
 from bench.settings import SECTIONS, make_plan
 from bench.traffic import TRAFFIC_SECTIONS, run_traffic
+from engine.threads import in_passing_thread
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -110,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     if (traffic or "beams" in plan.sections) and "default" not in names:
         names = ("default", *names)
     try:
-        models = resolve_models(names, args.checkpoint, log)
+        # building a model runs torch: in a thread that ends (engine/threads.py)
+        models = in_passing_thread(lambda: resolve_models(names, args.checkpoint, log))
     except FileNotFoundError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2

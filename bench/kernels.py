@@ -23,6 +23,7 @@ from bench.systems import (
     generate,
     unsupported,
 )
+from engine.threads import in_passing_thread
 
 Progress = Callable[[str], None]
 PROBE_TOKENS = 2
@@ -117,6 +118,55 @@ def run_kernels(
         for m in models
     )
     done = 0
+
+    def one_system(model: ModelInfo, prompts: list[list[int]], dtype: str, system: str) -> None:
+        """Load one system, run its cells, close it: all in a thread that then ends, so the
+        next system does not share the CPU with its OpenMP pool (engine/threads.py)."""
+        nonlocal done
+        kplan = plan.kernels[model.key]
+        base = {"model": model.name, "plan_key": model.key, "dtype": dtype, "system": system}
+        reason = unsupported(system, dtype, plan.device)
+        if reason is None:
+            started = time.perf_counter()
+            try:
+                runner = _runner(system, model, dtype, plan, progress)
+            except Exception as exc:  # a load failure is a result, not the end of the run
+                reason = f"failed to load: {type(exc).__name__}: {exc}"[:200]
+            else:
+                progress(
+                    f"{model.name} {dtype} {system}: loaded in "
+                    f"{time.perf_counter() - started:.1f}s ({runner.detail})"
+                )
+        if reason is not None:
+            for batch in kplan.batches:
+                for mode in MODES:
+                    rows.append({**base, "batch": batch, "mode": mode, "note": reason})
+                    done += 1
+            progress(f"[kernels {done}/{total}] {model.name} {dtype} {system}: {reason}")
+            return
+        try:
+            for batch in kplan.batches:
+                for mode in MODES:
+                    try:
+                        cell = measure(runner, prompts[:batch], kplan, mode == "sampled", plan.seed)
+                    except Exception as exc:  # recorded; the other cells still run
+                        note = f"failed: {type(exc).__name__}: {exc}"[:200]
+                        rows.append({**base, "batch": batch, "mode": mode, "note": note})
+                        done += 1
+                        progress(f"[kernels {done}/{total}] {base} batch {batch}: {note}")
+                        continue
+                    rows.append({**base, "batch": batch, "mode": mode, **cell})
+                    done += 1
+                    progress(
+                        f"[kernels {done}/{total}] {model.name} {dtype} {system} "
+                        f"batch {batch} {mode}: {report.rate(cell['tokens_per_s'])} tok/s "
+                        f"({cell['new_tokens']} tokens x {cell['repeats']}, "
+                        f"{cell['seconds']:.2f}s)"
+                    )
+        finally:
+            runner.close()
+        on_rows(rows)
+
     for model in models:
         kplan = plan.kernels[model.key]
         prompts = random_prompts(
@@ -124,53 +174,7 @@ def run_kernels(
         )
         for dtype in plan.dtypes:
             for system in plan.systems:
-                base = {
-                    "model": model.name,
-                    "plan_key": model.key,
-                    "dtype": dtype,
-                    "system": system,
-                }
-                reason = unsupported(system, dtype, plan.device)
-                if reason is None:
-                    started = time.perf_counter()
-                    try:
-                        runner = _runner(system, model, dtype, plan, progress)
-                    except Exception as exc:  # a load failure is a result, not the end of the run
-                        reason = f"failed to load: {type(exc).__name__}: {exc}"[:200]
-                    else:
-                        progress(
-                            f"{model.name} {dtype} {system}: loaded in "
-                            f"{time.perf_counter() - started:.1f}s ({runner.detail})"
-                        )
-                if reason is not None:
-                    for batch in kplan.batches:
-                        for mode in MODES:
-                            rows.append({**base, "batch": batch, "mode": mode, "note": reason})
-                            done += 1
-                    progress(f"[kernels {done}/{total}] {model.name} {dtype} {system}: {reason}")
-                    continue
-                try:
-                    for batch in kplan.batches:
-                        for mode in MODES:
-                            try:
-                                cell = measure(
-                                    runner, prompts[:batch], kplan, mode == "sampled", plan.seed
-                                )
-                            except Exception as exc:  # recorded; the other cells still run
-                                note = f"failed: {type(exc).__name__}: {exc}"[:200]
-                                rows.append({**base, "batch": batch, "mode": mode, "note": note})
-                                done += 1
-                                progress(f"[kernels {done}/{total}] {base} batch {batch}: {note}")
-                                continue
-                            rows.append({**base, "batch": batch, "mode": mode, **cell})
-                            done += 1
-                            progress(
-                                f"[kernels {done}/{total}] {model.name} {dtype} {system} "
-                                f"batch {batch} {mode}: {report.rate(cell['tokens_per_s'])} tok/s "
-                                f"({cell['new_tokens']} tokens x {cell['repeats']}, "
-                                f"{cell['seconds']:.2f}s)"
-                            )
-                finally:
-                    runner.close()
-                on_rows(rows)
+                in_passing_thread(
+                    lambda m=model, p=prompts, d=dtype, s=system: one_system(m, p, d, s)
+                )
     return rows

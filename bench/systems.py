@@ -23,6 +23,7 @@ from bench.settings import SAMPLED
 from contract.options import SamplingParams
 from engine.engine import Engine, GenerationRequest, GenerationResult
 from engine.gptj import GPTJ
+from engine.threads import in_passing_thread
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.float32}
 
@@ -105,7 +106,11 @@ class EngineRunner:
         self, checkpoint: Path, dtype: str, device: str, max_batch_size: int, prompt_tokens: int
     ) -> None:
         kwargs = {"quantize": "int8"} if dtype == "int8" else {}
-        model = GPTJ.from_checkpoint(checkpoint, dtype=TORCH_DTYPES[dtype], device=device, **kwargs)
+        model = in_passing_thread(  # so the engine's thread holds the only OpenMP pool
+            lambda: GPTJ.from_checkpoint(
+                checkpoint, dtype=TORCH_DTYPES[dtype], device=device, **kwargs
+            )
+        )
         self.eos = model.config.eos_token_id
         self.engine = Engine(
             model,

@@ -31,6 +31,7 @@ from bench.settings import Plan
 from bench.systems import TORCH_DTYPES
 from engine.engine import Engine
 from engine.gptj import GPTJ
+from engine.threads import in_passing_thread
 from loadtest.prompts import code_prompts
 
 Progress = Callable[[str], None]
@@ -67,6 +68,23 @@ def _mixed_row(
     return row
 
 
+def _forward_ceilings(
+    weights: GPTJ,
+    prompt_lengths: list[int],
+    plan: Plan,
+    arrivals: dict[int, dict[str, Any]],
+    progress: Progress,
+) -> None:
+    """Each arrivals row's forward-pass ceiling, measured once the engine has stopped (a second
+    thread running torch beside the engine's would slow both; see engine/threads.py)."""
+    for length in plan.lengths:
+        ceiling = in_passing_thread(
+            lambda length=length: forward_ceiling(weights, prompt_lengths, plan.clients, length)
+        )
+        arrivals.setdefault(length, {"length": length})["forward_ceiling_tokens_per_s"] = ceiling
+        progress(f"arrivals forward ceiling {length} tokens: {ceiling:,.0f} tok/s")
+
+
 def _drive(
     target: BareTarget | ServedTarget,
     plan: Plan,
@@ -96,10 +114,6 @@ def _drive(
                     f"arrivals static {length} tokens: {rate:,.0f} tok/s ({rounds} rounds of "
                     f"{plan.clients}{f', {short} SHORT' if short else ''})"
                 )
-                lengths = [len(ids) for ids in target.prompts]
-                ceiling = forward_ceiling(target.engine.model, lengths, plan.clients, length)
-                row["forward_ceiling_tokens_per_s"] = ceiling
-                progress(f"arrivals forward ceiling {length} tokens: {ceiling:,.0f} tok/s")
     if "mixed" in plan.sections:
         short, long = plan.mixed_short, plan.mixed_long
         progress(
@@ -183,7 +197,9 @@ def run_traffic(
         save()
 
     started = time.perf_counter()
-    weights = GPTJ.from_checkpoint(model.path, dtype=TORCH_DTYPES[dtype], device=plan.device)
+    weights = in_passing_thread(  # the engine's thread is then the only OpenMP pool
+        lambda: GPTJ.from_checkpoint(model.path, dtype=TORCH_DTYPES[dtype], device=plan.device)
+    )
     engine = Engine(
         weights,
         max_batch_size=int(settings["max_batch_size"]),
@@ -194,7 +210,10 @@ def run_traffic(
         _drive(BareTarget(engine, ids, model.eos_token_id), plan, arrivals, mixed, single, progress)
     finally:
         engine.stop()
-        del engine, weights
+        del engine
+    if "arrivals" in plan.sections:
+        _forward_ceilings(weights, [len(i) for i in ids], plan, arrivals, progress)
+    del weights
     publish()
     if not plan.served:
         return

@@ -13,6 +13,7 @@ from transformers import GPTJForCausalLM
 from contract.options import InvalidRequestError, SamplingParams
 from engine.engine import Engine, GenerationRequest, GenerationResult, NullListener
 from engine.gptj import GPTJ, KVCache, split_long_rows
+from engine.threads import in_passing_thread
 
 VOCAB = 300
 
@@ -344,3 +345,16 @@ def test_bfloat16_and_int8_agree_with_float32_greedily(hf_model, engine, variant
     assert sum(same) >= 5
     for g, e in zip(got, expected, strict=True):
         assert g.log_probs[0] == pytest.approx(e.log_probs[0], abs=0.05)
+
+
+def test_work_in_a_passing_thread_returns_or_raises_and_its_thread_ends():
+    seen = []
+
+    def work():
+        seen.append(threading.current_thread())
+        return torch.ones(3).sum().item()
+
+    assert in_passing_thread(work) == 3.0
+    assert seen[0] is not threading.current_thread() and not seen[0].is_alive()
+    with pytest.raises(FileNotFoundError, match="make model"):
+        in_passing_thread(lambda: GPTJ.from_checkpoint("/nonexistent"))
