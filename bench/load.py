@@ -311,7 +311,7 @@ def forward_ceiling(
     prompt_lengths: Sequence[int],
     rows: int,
     length: int,
-    repeats: int = 30,
+    repeats: int = 100,
     seed: int = 0,
 ) -> float:
     """Tokens/s of the model's decode forward pass alone, ``rows`` rows at the positions a
