@@ -27,7 +27,7 @@ from backend.cancel import CancelSender, new_key
 from backend.io import FINAL, error_response, response, tokenize
 from contract import metrics as names
 from contract.options import InvalidRequestError
-from contract.tensors import ENGINE_MODEL, ENGINE_OUTPUTS
+from contract.tensors import ENGINE_ERROR, ENGINE_MODEL, ENGINE_OUTPUTS
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
 
 # Requests a caller runs at once: the engine's queue (256) and batch (64) hold no more. Past
@@ -108,10 +108,16 @@ class _Retired:
 
 class CallerMetrics:
     """A caller model's cancellations passed on and calls in flight, on Triton's metrics port:
-    what shows that abandoned requests are let go of (and when they are not)."""
+    what shows that abandoned requests are let go of (and when they are not).
+
+    One lock around every metric call: in python_backend r24.10 a metric's update writes the
+    metric's own shared-memory message, so two threads updating one metric at once hand the
+    server a freed message (a segfault in ``Metric::LoadFromSharedMemory`` in tritonserver,
+    found by loadtest/stress.py)."""
 
     def __init__(self, model_name: str) -> None:
         labels = {"model": model_name}
+        self._lock = threading.Lock()
         self.families = []  # a family must outlive its metrics
         self.m = {}
         kinds = [
@@ -125,10 +131,12 @@ class CallerMetrics:
                 self.m[name] = family.Metric(labels=labels)
 
     def cancel_sent(self) -> None:
-        self.m[names.CANCELS_SENT].increment(1)
+        with self._lock:
+            self.m[names.CANCELS_SENT].increment(1)
 
     def in_flight(self, count: int) -> None:
-        self.m[names.CALLS_IN_FLIGHT].set(count)
+        with self._lock:
+            self.m[names.CALLS_IN_FLIGHT].set(count)
 
 
 class EngineCalls:
@@ -245,6 +253,17 @@ class EngineCalls:
         self.cancels.close()
 
 
+def engine_error(reply) -> str | None:
+    """The error an engine response carries: an error response (the first response of a
+    request), or the ``error`` output that ends a stream (contract/tensors.py says why)."""
+    if reply.has_error():
+        return reply.error().message()
+    tensor = pb_utils.get_output_tensor_by_name(reply, ENGINE_ERROR.name)
+    if tensor is None:
+        return None
+    return tensor.as_numpy().reshape(-1)[0].decode("utf-8", errors="replace")
+
+
 def copied(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Arrays owned by this process: a request's tensors are read in ``execute`` and used in a
     worker thread after it returned."""
@@ -263,8 +282,8 @@ def forward_final(
     def work(call: Call) -> None:
         answer = error_response("internal error: the engine sent no response")
         for reply in calls.responses(call, arrays, stream=False):
-            if reply.has_error():
-                answer = error_response(reply.error().message())
+            if (error := engine_error(reply)) is not None:
+                answer = error_response(error)
             elif reply.output_tensors():
                 tensors = [
                     tensor
@@ -339,13 +358,13 @@ def stream_pieces(
         pieces = _Pieces(call, IncrementalDecoder(postprocessor, prompt), len(prompt), log_probs)
         wanted = True
         for reply in calls.responses(call, stage, stream=True):
-            if reply.has_error():
+            if (error := engine_error(reply)) is not None:
                 if wanted and not call.client_gone():
-                    call.final(error_response(reply.error().message()))
+                    call.final(error_response(error))
                 else:
                     call.final()  # close the request; nobody reads it
                 wanted = False
-                continue  # an error is the final response: read to the end
+                continue  # an error is the last response: read to the end
             tokens = pb_utils.get_output_tensor_by_name(reply, "output_ids")
             if tokens is None or not wanted:
                 continue  # the final response carries nothing; or a cancelled stream drains
