@@ -25,6 +25,7 @@ import triton_python_backend_utils as pb_utils
 
 from backend.cancel import CancelSender, new_key
 from backend.io import FINAL, error_response, response, tokenize
+from contract import metrics as names
 from contract.options import InvalidRequestError
 from contract.tensors import ENGINE_MODEL, ENGINE_OUTPUTS
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
@@ -105,17 +106,44 @@ class _Retired:
         return len(self._items)
 
 
+class CallerMetrics:
+    """A caller model's cancellations passed on and calls in flight, on Triton's metrics port:
+    what shows that abandoned requests are let go of (and when they are not)."""
+
+    def __init__(self, model_name: str) -> None:
+        labels = {"model": model_name}
+        self.families = []  # a family must outlive its metrics
+        self.m = {}
+        kinds = [
+            (names.CALLER_METRIC_HELP, pb_utils.MetricFamily.COUNTER),
+            (names.CALLER_GAUGE_HELP, pb_utils.MetricFamily.GAUGE),
+        ]
+        for helps, kind in kinds:
+            for name, description in helps.items():
+                family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
+                self.families.append(family)
+                self.m[name] = family.Metric(labels=labels)
+
+    def cancel_sent(self) -> None:
+        self.m[names.CANCELS_SENT].increment(1)
+
+    def in_flight(self, count: int) -> None:
+        self.m[names.CALLS_IN_FLIGHT].set(count)
+
+
 class EngineCalls:
     """A caller model's engine requests in flight, their threads, and their cancellation."""
 
     def __init__(
         self,
+        model_name: str,
         engine_model: str = ENGINE_MODEL,
         max_in_flight: int = MAX_IN_FLIGHT,
         poll_s: float = POLL_S,
         keep_iterators_s: float = KEEP_ITERATORS_S,
     ) -> None:
         self.engine_model = engine_model
+        self.metrics = CallerMetrics(model_name)
         self.slots = threading.BoundedSemaphore(max_in_flight)
         self.pool = ThreadPoolExecutor(max_in_flight, thread_name_prefix="engine-call")
         self.cancels = CancelSender(engine_model)
@@ -123,6 +151,7 @@ class EngineCalls:
         self.retired = _Retired(keep_iterators_s)
         self._lock = threading.Lock()
         self._watched: dict[str, Call] = {}
+        self._in_flight = 0
         self._stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="engine-cancels", daemon=True)
         self._watcher.start()
@@ -137,6 +166,8 @@ class EngineCalls:
         call = Call(sender, new_key(), requested)
         with self._lock:
             self._watched[call.key] = call
+            self._in_flight += 1
+            self.metrics.in_flight(self._in_flight)
         try:
             self.pool.submit(self._run, call, work)
         except BaseException:
@@ -158,6 +189,8 @@ class EngineCalls:
     def _done(self, call: Call) -> None:
         with self._lock:
             self._watched.pop(call.key, None)
+            self._in_flight -= 1
+            self.metrics.in_flight(self._in_flight)
         self.slots.release()
 
     def cancel(self, call: Call) -> None:
@@ -165,7 +198,8 @@ class EngineCalls:
         with self._lock:
             if self._watched.pop(call.key, None) is None:
                 return
-        self.cancels.cancel(call.key)
+        if self.cancels.cancel(call.key):
+            self.metrics.cancel_sent()
 
     def _watch(self) -> None:
         while not self._stopping.wait(self.poll_s):
