@@ -55,6 +55,7 @@ class EngineMetrics:
                 self.families.append(family)
                 self.m[name] = family.Metric(labels=labels)
         self.engine: Engine | None = None
+        self.after_step: Callable[[], None] = lambda: None
 
     def on_step(self, rows: int, new_tokens: int, prompt_tokens: int, seconds: float) -> None:
         self.m[names.ENGINE_STEPS].increment(1)
@@ -63,6 +64,7 @@ class EngineMetrics:
         self.m[names.ENGINE_PROMPT_TOKENS].increment(prompt_tokens)
         self.m[names.ENGINE_LAST_STEP].set(time.time())
         self._gauges()
+        self.after_step()  # the engine's thread: a held engine (EngineHold) waits here
 
     def on_idle(self) -> None:
         """The engine released its cache."""
@@ -92,6 +94,35 @@ def resolve_device(name: str) -> str:
     return name
 
 
+class EngineHold:
+    """A test hook (config parameter ``test_hooks``): hold the engine still, from the control
+    datagrams ``hold`` and ``release`` on the cancel channel. While held, the engine's thread
+    waits once its current step ends and new requests wait before they are submitted, inside
+    the stub (a stub stopped by a signal is called unhealthy by Triton within a second). Tests use it to make a
+    condition true by construction (a request still running when its cancellation arrives, a
+    burst that joins one batch) instead of depending on the machine's speed."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._running = threading.Event()
+        self._running.set()
+
+    def wait(self) -> None:
+        if self.enabled:
+            self._running.wait()
+
+    def control(self, word: str) -> str:
+        if not self.enabled:
+            return "refused: test_hooks is off in the engine model's config"
+        if word == "hold":
+            self._running.clear()
+            return "held"
+        if word == "release":
+            self._running.set()
+            return "released"
+        return f"refused: unknown control {word!r}"
+
+
 @dataclass
 class Stage:
     engine: Engine
@@ -99,6 +130,7 @@ class Stage:
     params: dict[str, str]
     cancels: CancelRegistry
     listener: CancelListener
+    hold: EngineHold
 
     def stop(self) -> None:
         self.listener.close()
@@ -131,7 +163,9 @@ def start_engine(args: dict) -> Stage:
     )
     metrics.engine = engine
     cancels = CancelRegistry()
-    listener = CancelListener(args["model_name"], cancels.cancel)
+    hold = EngineHold(params.get("test_hooks", "false") == "true")
+    metrics.after_step = hold.wait
+    listener = CancelListener(args["model_name"], cancels.cancel, on_control=hold.control)
     engine.start()
     threading.Thread(target=_exit_if_engine_dies, args=(engine,), daemon=True).start()
     cfg = model.config
@@ -140,7 +174,7 @@ def start_engine(args: dict) -> Stage:
         f"{cfg.n_embd} wide, vocab {cfg.vocab_size}, {dtype}, quantize {quantize}, on {device}, "
         f"KV-cache budget {engine.max_cache_tokens} positions)"
     )
-    return Stage(engine, checkpoint, params, cancels, listener)
+    return Stage(engine, checkpoint, params, cancels, listener, hold)
 
 
 def _exit_if_engine_dies(engine: Engine, every: float = 1.0) -> None:
@@ -205,6 +239,7 @@ def submit_requests(stage: Stage, requests) -> None:
         else:
             width = rows[0].beam.width
             listeners = _Reply(sender, len(rows), log_probs, width, done, requested).listeners()
+        stage.hold.wait()
         engine.wait_for_room(sum(row.rows for row in rows))
         for row, listener in zip(rows, listeners, strict=True):
             listener.handle = engine.submit(row, listener)

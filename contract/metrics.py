@@ -36,7 +36,7 @@ ENGINE_KV_CACHE_BYTES = "codegen_engine_kv_cache_bytes"
 
 # Exported by the models that call the engine (label: model = gptj or ensemble_stream).
 CANCELS_SENT = "codegen_cancels_sent_total"
-CALLS_IN_FLIGHT = "codegen_engine_calls_in_flight"
+CALLS_IN_FLIGHT = "codegen_calls_in_flight"
 CALLER_METRIC_HELP = {
     CANCELS_SENT: "Engine requests whose client went away, cancelled through the cancel channel",
 }

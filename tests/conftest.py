@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from contract.tensors import ENGINE_MODEL
 from modelbuild.train import BuildConfig, build
 from serving.paths import MODEL_REPOSITORY, checkpoint_dir
 from serving.process import free_ports
@@ -42,6 +43,10 @@ def model_repository(tmp_path_factory, tiny_checkpoint) -> Path:
     repo = tmp_path_factory.mktemp("serving") / "model_repository"
     shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("checkpoint"))
     shutil.copytree(tiny_checkpoint, checkpoint_dir(repo))
+    config = repo / ENGINE_MODEL / "config.pbtxt"
+    hooks = '"test_hooks" value: { string_value: "false" }'
+    assert hooks in config.read_text()
+    config.write_text(config.read_text().replace(hooks, hooks.replace("false", "true")))
     return repo
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import queue
 
 import tritonclient.grpc as grpcclient
+from engine_hold import engine_held, wait_for
 from server_metrics import engine_counters, sample, scrape
-from test_unary_cancel import cancels_sent, engine_paused, wait_for
+from test_unary_cancel import cancels_sent
 
 from client.request import CompletionRequest, requested_outputs
 from contract import metrics as names
@@ -25,8 +26,8 @@ def calls_in_flight(server, model: str) -> float:
 
 
 def test_a_stream_its_grpc_client_cancels_gives_its_slot_back(server):
-    """By construction: the engine is held still (SIGSTOP) from the first piece until the
-    cancellation has been passed on, so the engine certainly ends the stream as cancelled."""
+    """By construction: the engine is held still (tests/engine_hold.py) from the first piece
+    until the cancellation has been passed on, so the engine certainly ends the stream as cancelled."""
     before = engine_counters(server)
     sent_before = cancels_sent(server, STREAM_MODEL)
     request = CompletionRequest(("def f(x):\n",), max_tokens=400)
@@ -38,7 +39,7 @@ def test_a_stream_its_grpc_client_cancels_gives_its_slot_back(server):
     )
     _, error = answers.get(timeout=120)
     assert error is None, error
-    with engine_paused(server):
+    with engine_held(server):
         client.stop_stream(cancel_requests=True)
         wait_for(
             lambda: cancels_sent(server, STREAM_MODEL) > sent_before,

@@ -13,8 +13,8 @@ import time
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
+from engine_hold import engine_held, wait_for
 from server_metrics import sample, scrape
-from test_unary_cancel import engine_paused, wait_for
 from transformers import GPTJConfig, GPTJForCausalLM
 
 from client.request import CompletionRequest, requested_outputs
@@ -69,8 +69,8 @@ def running(server) -> float:
 
 
 def test_a_full_queue_rejects_at_once_and_the_server_keeps_serving(small_server):
-    """By construction, not by timing: once the first request runs, the engine model's stub is
-    stopped (SIGSTOP), so nothing ahead of the queue can move. The request over the queue's
+    """By construction, not by timing: once the first request runs, the engine is held still
+    (tests/engine_hold.py), so nothing ahead of the queue can move. The request over the queue's
     bound must be refused while everything is still held (it waited for nothing); once the
     engine goes on, every request that was let in is answered."""
     client = grpcclient.InferenceServerClient(small_server.grpc_url)
@@ -91,7 +91,7 @@ def test_a_full_queue_rejects_at_once_and_the_server_keeps_serving(small_server)
         assert time.monotonic() < deadline, f"the first request never started: {answers.queue}"
         time.sleep(0.05)
     let_in = ["running"]
-    with engine_paused(small_server):
+    with engine_held(small_server):
         # one request is taken into the engine model's (held) instance, the next ones wait in
         # its queue; each is sent once the one before has reached the engine model
         while pending(small_server) < QUEUE:
@@ -108,7 +108,7 @@ def test_a_full_queue_rejects_at_once_and_the_server_keeps_serving(small_server)
                 # loop sends one more)
                 wait_for(lambda q=queued: pending(small_server) >= q, "", timeout=10, fail=False)
         send("over", 4)
-        tag, _, error = answers.get(timeout=60)  # the engine is stopped: nothing else can end
+        tag, _, error = answers.get(timeout=60)  # the engine is held: nothing else can end
         assert tag == "over", f"{tag} answered first"
         assert error is not None and "Exceeds maximum queue size" in str(error), error
         assert answers.empty()

@@ -9,20 +9,15 @@ tested here and in test_client.py."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import time
-
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from engine_hold import engine_held, wait_for
 from server_metrics import engine_counters, sample, scrape
 from tritonclient.utils import InferenceServerException
 
 from contract import metrics as names
-from contract.tensors import ENGINE_MODEL, MODEL_STAGE
-from serving.watchdog import model_stubs
+from contract.tensors import MODEL_STAGE
 
 
 def stage_inputs(prompt_ids: list[int], asked: int) -> list:
@@ -40,33 +35,8 @@ def stage_inputs(prompt_ids: list[int], asked: int) -> list:
     return inputs
 
 
-@contextlib.contextmanager
-def engine_paused(server):
-    """The engine model's stub stopped (SIGSTOP) and resumed on exit: while it is stopped no
-    request of the engine advances, whatever the machine's speed, so a cancellation sent in
-    the meantime is certain to arrive before the generation could have ended."""
-    stub = next(pid for pid, model in model_stubs(server.process.pid).items()
-                if model == ENGINE_MODEL)  # fmt: skip
-    os.kill(stub, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(stub, signal.SIGCONT)
-
-
 def cancels_sent(server, model: str) -> float:
     return sample(scrape(server), names.CANCELS_SENT, model) or 0.0
-
-
-def wait_for(condition, what: str, timeout: float = 60, fail: bool = True) -> bool:
-    """Poll ``condition`` until it holds (True) or ``timeout`` passes (a failure, or False)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            assert not fail, what
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def test_a_unary_client_that_times_out_stops_its_generation(server):
@@ -77,7 +47,7 @@ def test_a_unary_client_that_times_out_stops_its_generation(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     before = engine_counters(server)
     sent_before = cancels_sent(server, MODEL_STAGE)
-    with engine_paused(server):
+    with engine_held(server):
         with pytest.raises(InferenceServerException, match="Deadline"):
             client.infer(MODEL_STAGE, stage_inputs([5, 6, 7, 8], asked), client_timeout=0.2)
         wait_for(
