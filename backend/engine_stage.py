@@ -98,9 +98,9 @@ class EngineHold:
     """A test hook (config parameter ``test_hooks``): hold the engine still, from the control
     datagrams ``hold`` and ``release`` on the cancel channel. While held, the engine's thread
     waits once its current step ends and new requests wait before they are submitted, inside
-    the stub (a stub stopped by a signal is called unhealthy by Triton within a second). Tests use it to make a
-    condition true by construction (a request still running when its cancellation arrives, a
-    burst that joins one batch) instead of depending on the machine's speed."""
+    the stub (a stub stopped by a signal is called unhealthy by Triton within a second). Tests
+    use it to make a condition true by construction (a request still running when its
+    cancellation arrives, a burst that joins one batch), not by the machine's speed."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled

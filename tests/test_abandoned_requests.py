@@ -27,7 +27,8 @@ def calls_in_flight(server, model: str) -> float:
 
 def test_a_stream_its_grpc_client_cancels_gives_its_slot_back(server):
     """By construction: the engine is held still (tests/engine_hold.py) from the first piece
-    until the cancellation has been passed on, so the engine certainly ends the stream as cancelled."""
+    until the cancellation has been passed on: the engine certainly ends the stream as
+    cancelled, after it sent tokens."""
     before = engine_counters(server)
     sent_before = cancels_sent(server, STREAM_MODEL)
     request = CompletionRequest(("def f(x):\n",), max_tokens=400)
