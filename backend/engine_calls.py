@@ -14,6 +14,7 @@ each piece it sends, which stops it within a token.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections import deque
@@ -34,6 +35,9 @@ from postprocessing.detokenize import IncrementalDecoder, Postprocessor
 # this, execute waits and the next requests wait in the caller's own bounded Triton queue.
 MAX_IN_FLIGHT = 320
 POLL_S = 0.25  # how often the watcher asks whether a caller's client went away
+# All slots taken and none freed for this long means the calls wait for what never comes (the
+# engine's queue rejects what waits 120 s): the stub exits rather than look healthy.
+WEDGED_AFTER_S = 300.0
 # How long a finished BLS response iterator is kept referenced from Python (see _Retired).
 KEEP_ITERATORS_S = 10.0
 
@@ -152,6 +156,7 @@ class EngineCalls:
     ) -> None:
         self.engine_model = engine_model
         self.metrics = CallerMetrics(model_name)
+        self.max_in_flight = max_in_flight
         self.slots = threading.BoundedSemaphore(max_in_flight)
         self.pool = ThreadPoolExecutor(max_in_flight, thread_name_prefix="engine-call")
         self.cancels = CancelSender(engine_model)
@@ -170,7 +175,14 @@ class EngineCalls:
         """Run ``work(call)`` in a worker thread; ``call.key`` names its engine request.
         Blocks while ``max_in_flight`` calls run. ``work`` answers through ``call``; if it
         raises, the request gets the error (and the log says why)."""
-        self.slots.acquire()
+        if not self.slots.acquire(timeout=WEDGED_AFTER_S):
+            # no call ended for that long: the calls in flight wait for something that will
+            # never come; a stub that can serve nothing must not keep looking healthy
+            pb_utils.Logger.log_error(
+                f"no engine call ended in {WEDGED_AFTER_S:.0f} s with all {self.max_in_flight} "
+                "slots taken: exiting this stub so that the launcher restarts the server"
+            )
+            os._exit(70)  # EX_SOFTWARE; the launcher's watchdog sees the dead stub
         call = Call(sender, new_key(), requested)
         with self._lock:
             self._watched[call.key] = call
