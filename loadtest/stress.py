@@ -161,8 +161,8 @@ def http_abandon(address: str, rng: random.Random, tally: Tally) -> None:
             events = 0
             for line in answer.iter_lines():
                 if line.startswith(b"data:"):
-                    if b'"error"' in line:
-                        tally.error("http-abandon", line.decode(errors="replace"))
+                    if (error := _event_error(line)) is not None:
+                        tally.error("http-abandon", error)
                         return
                     events += 1
                     if events >= keep:
@@ -220,8 +220,8 @@ def api_abandon(api: str, rng: random.Random, tally: Tally) -> None:
             events = 0
             for line in r.iter_lines():
                 if line.startswith(b"data:"):
-                    if b'"error"' in line:
-                        tally.error("api-abandon", line.decode(errors="replace"))
+                    if (error := _event_error(line)) is not None:
+                        tally.error("api-abandon", error)
                         return
                     events += 1
                     if events >= keep:
@@ -234,6 +234,15 @@ def api_abandon(api: str, rng: random.Random, tally: Tally) -> None:
         tally.error("api-abandon", repr(exc))
     finally:
         tally.end(f"api {'finished' if finished else 'left'}", completed=finished)
+
+
+def _event_error(line: bytes) -> str | None:
+    """The error a server-sent event carries (not the word "error" inside generated text)."""
+    try:
+        data = json.loads(line.removeprefix(b"data:").strip())
+    except ValueError:
+        return None
+    return str(data["error"]) if isinstance(data, dict) and "error" in data else None
 
 
 def _worker(job: Callable[[random.Random], None], seed: int, until: float, limit: int) -> None:
