@@ -7,6 +7,7 @@
 # transformers' processors then fails: "operator torchvision::nms does not exist"). The export
 # uses neither vision nor processors, so optimum-intel is installed here without its dependency
 # list, and its other dependencies are named below. The OpenVINO pins match pyproject.toml's.
+# TORCH_INDEX_URL=<index> installs torch from there first (the CPU build: docker/Dockerfile.cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -26,6 +27,9 @@ REQUIREMENTS=(
 )
 if [ ! -f "$STAMP" ] || [ "$0" -nt "$STAMP" ]; then
     [ -x .venv-export/bin/python ] || "$PYTHON" -m venv .venv-export
+    if [ -n "${TORCH_INDEX_URL:-}" ]; then
+        .venv-export/bin/pip install --quiet "torch==2.13.0" --index-url "$TORCH_INDEX_URL"
+    fi
     .venv-export/bin/pip install --quiet --disable-pip-version-check "${REQUIREMENTS[@]}"
     .venv-export/bin/pip install --quiet --disable-pip-version-check --no-deps "optimum-intel==2.2.0"
     touch "$STAMP"

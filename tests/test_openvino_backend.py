@@ -401,3 +401,25 @@ def test_a_stale_or_missing_export_names_what_to_run(hf_model, tmp_path):
     assert export_problem(copy) is None
     (copy / "config.json").write_text((copy / "config.json").read_text().replace("300", "301"))
     assert "stale" in export_problem(copy)
+
+
+def test_a_dead_owner_thread_shows_as_not_alive_and_not_stopping(hf_model):
+    """What the engine stub watches to exit (backend/engine_stage.py): the thread ended while
+    nobody stopped it."""
+    eng = backend(hf_model[1], max_batch_size=2)
+    real = eng.pipe
+
+    class Dies:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def step(self):
+            raise SystemExit("the owner thread ends")  # not an Exception: escapes the loop
+
+    try:
+        eng.pipe = Dies()
+        eng.submit(GenerationRequest([1, 2, 3], 10), Collect())
+        eng._thread.join(30)
+        assert not eng.alive and not eng.stopping
+    finally:
+        eng.stop()
