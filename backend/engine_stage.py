@@ -150,8 +150,8 @@ def start_engine(args: dict) -> Stage:
     engine.start()
     threading.Thread(target=_exit_if_engine_dies, args=(engine,), daemon=True).start()
     pb_utils.Logger.log_info(
-        f"{args['model_name']}: serving {checkpoint.resolve()} on the {kind} backend "
-        f"({described}, KV-cache budget {engine.max_cache_tokens} positions)"
+        f"{args['model_name']}: serving {checkpoint.resolve()} ({kind} backend, "
+        f"{described}, KV-cache budget {engine.max_cache_tokens} positions)"
     )
     return Stage(engine, checkpoint, params, cancels, listener)
 

@@ -271,7 +271,7 @@ class OpenVINOBackend:
 
     @property
     def running(self) -> int:
-        return sum(entry.request.rows for entry in self._running.values())
+        return sum(entry.request.rows for entry in list(self._running.values()))
 
     @property
     def cache_bytes(self) -> int:

@@ -30,7 +30,7 @@ def complete(server, protocol: str = "grpc", **options):
 
 def test_the_engine_model_says_which_backend_it_runs(openvino_server):
     log = openvino_server.log_file.read_text()
-    assert re.search(r"engine: serving \S+ on the openvino backend \(.*prefix cache on", log)
+    assert re.search(r"engine: serving \S+ \(openvino backend, .*prefix cache on", log)
 
 
 def test_greedy_answers_equal_the_torch_backends(server, openvino_server):
