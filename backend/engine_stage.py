@@ -31,7 +31,7 @@ from backend.io import (
 )
 from contract import metrics as names
 from contract.options import DEFAULT_MAX_BEAM_WIDTH, InvalidRequestError
-from contract.tensors import ENGINE_INPUTS
+from contract.tensors import ENGINE_ERROR, ENGINE_INPUTS
 from engine.engine import Engine
 from engine.gptj import GPTJ
 from engine.interface import GenerationBackend, GenerationRequest, GenerationResult, Listener
@@ -57,6 +57,7 @@ class EngineMetrics:
                 self.families.append(family)
                 self.m[name] = family.Metric(labels=labels)
         self.engine: GenerationBackend | None = None
+        self.after_step: Callable[[], None] = lambda: None
 
     def on_step(self, rows: int, new_tokens: int, prompt_tokens: int, seconds: float) -> None:
         self.m[names.ENGINE_STEPS].increment(1)
@@ -65,6 +66,7 @@ class EngineMetrics:
         self.m[names.ENGINE_PROMPT_TOKENS].increment(prompt_tokens)
         self.m[names.ENGINE_LAST_STEP].set(time.time())
         self._gauges()
+        self.after_step()  # the engine's thread: a held engine (EngineHold) waits here
 
     def on_idle(self) -> None:
         """The engine released its cache."""
@@ -95,6 +97,35 @@ def resolve_device(name: str) -> str:
     return name
 
 
+class EngineHold:
+    """A test hook (config parameter ``test_hooks``): hold the engine still, from the control
+    datagrams ``hold`` and ``release`` on the cancel channel. While held, the engine's thread
+    waits once its current step ends and new requests wait before they are submitted, inside
+    the stub (a stub stopped by a signal is called unhealthy by Triton within a second). Tests
+    use it to make a condition true by construction (a request still running when its
+    cancellation arrives, a burst that joins one batch), not by the machine's speed."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._running = threading.Event()
+        self._running.set()
+
+    def wait(self) -> None:
+        if self.enabled:
+            self._running.wait()
+
+    def control(self, word: str) -> str:
+        if not self.enabled:
+            return "refused: test_hooks is off in the engine model's config"
+        if word == "hold":
+            self._running.clear()
+            return "held"
+        if word == "release":
+            self._running.set()
+            return "released"
+        return f"refused: unknown control {word!r}"
+
+
 @dataclass
 class Stage:
     engine: GenerationBackend
@@ -102,6 +133,7 @@ class Stage:
     params: dict[str, str]
     cancels: CancelRegistry
     listener: CancelListener
+    hold: EngineHold
 
     def stop(self) -> None:
         self.listener.close()
@@ -146,14 +178,16 @@ def start_engine(args: dict) -> Stage:
         engine, described = _torch(checkpoint, params, threads, device, limits)
     metrics.engine = engine
     cancels = CancelRegistry()
-    listener = CancelListener(args["model_name"], cancels.cancel)
+    hold = EngineHold(params.get("test_hooks", "false") == "true")
+    metrics.after_step = hold.wait
+    listener = CancelListener(args["model_name"], cancels.cancel, on_control=hold.control)
     engine.start()
     threading.Thread(target=_exit_if_engine_dies, args=(engine,), daemon=True).start()
     pb_utils.Logger.log_info(
         f"{args['model_name']}: serving {checkpoint.resolve()} ({kind} backend, "
         f"{described}, KV-cache budget {engine.max_cache_tokens} positions)"
     )
-    return Stage(engine, checkpoint, params, cancels, listener)
+    return Stage(engine, checkpoint, params, cancels, listener, hold)
 
 
 def _torch(
@@ -259,6 +293,7 @@ def submit_requests(stage: Stage, requests) -> None:
         else:
             width = rows[0].beam.width
             listeners = _Reply(sender, len(rows), log_probs, width, done, requested).listeners()
+        stage.hold.wait()
         engine.wait_for_room(sum(row.rows for row in rows))
         for row, listener in zip(rows, listeners, strict=True):
             listener.handle = engine.submit(row, listener)
@@ -362,9 +397,11 @@ class _TokenStream:
 
     def on_finish(self, result: GenerationResult) -> None:
         self.done()
-        if result.error:
-            self.sender.send(error_response(result.error), flags=FINAL)
-        elif result.finish_reason == "cancelled":
-            self.sender.send(error_response(CANCELLED), flags=FINAL)
-        else:
+        message = result.error or (CANCELLED if result.finish_reason == "cancelled" else None)
+        if message is None:
             self.sender.send(flags=FINAL)
+        elif self.requested is None or ENGINE_ERROR.name in self.requested:
+            error = np.array([[message.encode()]], dtype=np.object_)
+            self.sender.send(response({ENGINE_ERROR.name: error}, self.requested), flags=FINAL)
+        else:  # a direct gRPC client that did not ask for the error output
+            self.sender.send(error_response(message), flags=FINAL)

@@ -9,6 +9,7 @@ comparison never credits a system for stopping early.
 from __future__ import annotations
 
 import gc
+import importlib.util
 import inspect
 import json
 import threading
@@ -75,6 +76,11 @@ def unsupported(system: str, dtype: str, device: str) -> str | None:
             return "not supported (torch dynamic int8 quantization is CPU-only)"
         if not hasattr(torch.ao.quantization, "quantize_dynamic"):
             return "not supported (this torch has no quantize_dynamic)"
+    if system == "ct2" and importlib.util.find_spec("ctranslate2") is None:
+        return (
+            "not run: CTranslate2 is not installed (pip install ctranslate2, or "
+            "`make setup-dev`, which installs the project's dev extras)"
+        )
     if system == "ct2" and dtype not in ct2_compute_types(device):
         return f"not supported (CTranslate2 has no {dtype} on this {device.split(':')[0]})"
     return None

@@ -203,20 +203,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        """Ready when Triton serves the completion ensemble (503 otherwise, saying why)."""
+        """Ready when Triton says so and a one-token completion goes through both paths (503
+        otherwise, saying why)."""
         try:
             state = await call(backend.health)
         except OpenAIError as exc:
             return error_response(exc)
+        problem = await run_in_threadpool(backend.serves) if state.serving else "not ready"
         body = {
-            "status": "ok" if state.serving else "unavailable",
+            "status": "ok" if problem is None else "unavailable",
             "triton": state.url,
             "triton_version": state.server_version,
             "models": {m.name: m.state for m in state.models},
             "streaming": state.model_ready(STREAM_MODEL),
             "prompt_token_count": backend.counter.state,
         }
-        return JSONResponse(body, status_code=200 if state.serving else 503)
+        if problem is not None:
+            body["reason"] = problem
+        return JSONResponse(body, status_code=200 if problem is None else 503)
 
     @app.get("/health/live", include_in_schema=False)
     async def live() -> dict[str, str]:

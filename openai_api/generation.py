@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,10 @@ from client import (
 log = logging.getLogger("openai_api")
 
 PROBE_PROMPT = 'def probe(x):\n    """Ünïcode ✓ and\ttabs."""\n    return x  # 1234\n'
+# /health completes one token through both paths, at most every PROBE_EVERY_S seconds: a
+# model can say READY and still serve nothing (a wedged stub), and readiness must see that.
+PROBE_EVERY_S = 5.0
+PROBE_TIMEOUT_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -244,6 +249,9 @@ class Backend:
         self.timeout_s = timeout_s
         self.counter = PromptCounter(checkpoint)
         self._local = threading.local()
+        self._probe_lock = threading.Lock()
+        self._probed_at = -PROBE_EVERY_S
+        self._probe_problem: str | None = None
 
     def client(self) -> CodegenClient:
         client = getattr(self._local, "client", None)
@@ -254,6 +262,27 @@ class Backend:
 
     def health(self) -> Health:
         return self.client().health()
+
+    def serves(self) -> str | None:
+        """None when one greedy token came back through the unary ensemble and the stream
+        within PROBE_TIMEOUT_S (probed at most every PROBE_EVERY_S; concurrent callers share
+        the answer), else why not."""
+        with self._probe_lock:
+            now = time.monotonic()
+            if now - self._probed_at < PROBE_EVERY_S:
+                return self._probe_problem
+            request = CompletionRequest((PROBE_PROMPT,), max_tokens=1, temperature=0.0)
+            problem = None
+            try:
+                with CodegenClient(self.triton_url, "grpc", timeout=PROBE_TIMEOUT_S) as client:
+                    client.send(request)
+                    with client.open_stream(request) as stream:
+                        for _ in stream:
+                            pass
+            except CodegenError as exc:
+                problem = f"a one-token completion failed: {exc}"
+            self._probed_at, self._probe_problem = time.monotonic(), problem
+            return problem
 
     def open_stream(self, request: CompletionRequest, stops: Sequence[str]) -> ChoiceStream:
         return ChoiceStream(self.client().open_stream(request), stops, request.max_tokens)

@@ -413,3 +413,18 @@ def test_beam_section_measures_both_systems_on_the_same_beams(tiny_checkpoint):
         every_beam = row["width"] * row["engine_tokens_per_s"]
         assert row["engine_beam_tokens_per_s"] == pytest.approx(every_beam)
     assert rows[1]["kv_cache_peak_mib"] > rows[0]["kv_cache_peak_mib"]  # 3 rows a prompt
+
+
+def test_a_missing_ctranslate2_is_reported_as_not_installed(monkeypatch):
+    """Not as "no float32 on this cpu": the run says what is missing and how to install it."""
+    from bench import systems
+
+    real = systems.importlib.util.find_spec
+    monkeypatch.setattr(
+        systems.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "ctranslate2" else real(name, *a),
+    )
+    reason = systems.unsupported("ct2", "float32", "cpu")
+    assert reason is not None and "not installed" in reason and "pip install ctranslate2" in reason
+    assert systems.unsupported("engine", "float32", "cpu") is None

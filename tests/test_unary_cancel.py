@@ -9,12 +9,11 @@ tested here and in test_client.py."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from server_metrics import engine_counters
+from engine_hold import engine_held, wait_for
+from server_metrics import engine_counters, sample, scrape
 from tritonclient.utils import InferenceServerException
 
 from contract import metrics as names
@@ -36,16 +35,29 @@ def stage_inputs(prompt_ids: list[int], asked: int) -> list:
     return inputs
 
 
+def cancels_sent(server, model: str) -> float:
+    return sample(scrape(server), names.CANCELS_SENT, model) or 0.0
+
+
 def test_a_unary_client_that_times_out_stops_its_generation(server):
+    """By construction: the engine is held still until the model stage has passed the
+    client's deadline on (its cancellations counter moved), so the generation of 500 tokens
+    cannot have finished first, on however fast a machine."""
     asked = 500
     client = grpcclient.InferenceServerClient(server.grpc_url)
     before = engine_counters(server)
-    with pytest.raises(InferenceServerException, match="Deadline"):
-        client.infer(MODEL_STAGE, stage_inputs([5, 6, 7, 8], asked), client_timeout=0.2)
-    deadline = time.monotonic() + 60
-    while engine_counters(server)[names.ENGINE_REQUESTS] == before[names.ENGINE_REQUESTS]:
-        assert time.monotonic() < deadline, "the abandoned sequence never finished"
-        time.sleep(0.1)
+    sent_before = cancels_sent(server, MODEL_STAGE)
+    with engine_held(server):
+        with pytest.raises(InferenceServerException, match="Deadline"):
+            client.infer(MODEL_STAGE, stage_inputs([5, 6, 7, 8], asked), client_timeout=0.2)
+        wait_for(
+            lambda: cancels_sent(server, MODEL_STAGE) > sent_before,
+            "the model stage never passed the client's deadline on to the engine",
+        )
+    wait_for(
+        lambda: engine_counters(server)[names.ENGINE_REQUESTS] > before[names.ENGINE_REQUESTS],
+        "the abandoned sequence never finished",
+    )
     after = engine_counters(server)
     generated = after[names.ENGINE_GENERATED_TOKENS] - before[names.ENGINE_GENERATED_TOKENS]
     assert after[names.ENGINE_CANCELLED] - before[names.ENGINE_CANCELLED] == 1

@@ -1,0 +1,49 @@
+"""Holding the engine still, so that a test's condition is true by construction rather than by
+the machine's speed: the engine model's ``EngineHold`` (backend/engine_stage.py, on in the test
+repository's config) is told through its cancel channel to hold, and answers once it holds.
+While held, the engine's thread waits after its current step and new requests wait before they
+reach the engine, however fast the machine is."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+import uuid
+
+from backend.cancel import CONTROL_PREFIX, channel_address
+from contract.tensors import ENGINE_MODEL
+
+
+def _control(server, word: str) -> str:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(f"\0codegen-test-{os.getpid()}-{uuid.uuid4().hex}")
+        sock.settimeout(30)
+        sock.sendto(
+            (CONTROL_PREFIX + word).encode(), channel_address(ENGINE_MODEL, server.process.pid)
+        )
+        return sock.recv(256).decode()
+
+
+@contextlib.contextmanager
+def engine_held(server):
+    """The engine held still inside this block, and going on after it."""
+    answer = _control(server, "hold")
+    assert answer == "held", answer
+    try:
+        yield
+    finally:
+        answer = _control(server, "release")
+        assert answer == "released", answer
+
+
+def wait_for(condition, what: str, timeout: float = 60, fail: bool = True) -> bool:
+    """Poll ``condition`` until it holds (True) or ``timeout`` passes (a failure, or False)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            assert not fail, what
+            return False
+        time.sleep(0.1)
+    return True
