@@ -55,8 +55,9 @@ help:  ## list the targets
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.setup: pyproject.toml | $(BIN)/activate
+$(VENV)/.setup: pyproject.toml scripts/setup-export-venv.sh | $(BIN)/activate
 	$(BIN)/pip install --disable-pip-version-check -e .
+	PYTHON=$(PYTHON) bash scripts/setup-export-venv.sh
 	touch $@
 
 $(VENV)/.setup-bench: $(VENV)/.setup
@@ -70,16 +71,17 @@ $(VENV)/.setup-dev: $(VENV)/.setup
 	bash scripts/install-chromium.sh
 	touch $@
 
-setup: $(VENV)/.setup  ## virtual environment in .venv with the server, engine and client
+setup: $(VENV)/.setup  ## .venv with the server, engines and client; .venv-export for the OpenVINO export
 
 setup-dev: $(VENV)/.setup-dev  ## setup + test and lint tools
 
-model: setup  ## train the default model (~5 min) unless one is present; see MODEL=, ENGINE=
+model: setup  ## train the default model (~5 min) unless one is present, export it to OpenVINO; see MODEL=, ENGINE=
 ifneq ($(MODEL),)
 	$(BIN)/python -m modelbuild.deploy_cli import "$(MODEL)" $(if $(FORCE),--force)
 else
 	$(BIN)/python -m modelbuild build $(if $(STEPS),--steps $(STEPS)) $(if $(FORCE),--force)
 endif
+	$(BIN)/python -m modelbuild.openvino_export model_repository/gptj/1/checkpoint
 ifeq ($(ENGINE),fastertransformer)
 	$(BIN)/python -m modelbuild.deploy_cli export-ft --tp $(TP) --dtype $(DTYPE) \
 		--out build/ft_model_repository
@@ -138,4 +140,4 @@ scan: setup-dev k8s  ## checkov static security scan of the manifests and Docker
 	.venv-scan/bin/checkov -d docker --framework dockerfile --skip-download --compact --quiet
 
 clean:  ## remove the environment, the server runtime copy and caches (not the model)
-	rm -rf $(VENV) .venv-scan .triton .pytest_cache .ruff_cache build
+	rm -rf $(VENV) .venv-scan .venv-export .triton .pytest_cache .ruff_cache build

@@ -32,8 +32,10 @@ from backend.io import (
 from contract import metrics as names
 from contract.options import DEFAULT_MAX_BEAM_WIDTH, InvalidRequestError
 from contract.tensors import ENGINE_ERROR, ENGINE_INPUTS
-from engine.engine import Engine, GenerationRequest, GenerationResult, Listener
+from engine.engine import Engine
 from engine.gptj import GPTJ
+from engine.interface import GenerationBackend, GenerationRequest, GenerationResult, Listener
+from engine.openvino_model import ModelShape, require_export
 from engine.tensors import requests_from_tensors, tensors_from_results
 from engine.threads import in_passing_thread
 
@@ -54,7 +56,7 @@ class EngineMetrics:
                 family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
                 self.families.append(family)
                 self.m[name] = family.Metric(labels=labels)
-        self.engine: Engine | None = None
+        self.engine: GenerationBackend | None = None
         self.after_step: Callable[[], None] = lambda: None
 
     def on_step(self, rows: int, new_tokens: int, prompt_tokens: int, seconds: float) -> None:
@@ -81,6 +83,7 @@ class EngineMetrics:
         if result.finish_reason == "cancelled":
             self.m[names.ENGINE_CANCELLED].increment(1)
         self.m[names.ENGINE_GENERATED_TOKENS].increment(len(result.output_ids))
+        self.m[names.ENGINE_PROMPT_TOKENS_REUSED].increment(result.reused_prompt_tokens)
         self.m[names.ENGINE_REQUEST_DURATION_US].increment(result.total_seconds * 1e6)
         self.m[names.ENGINE_QUEUE_DURATION_US].increment(result.queue_seconds * 1e6)
 
@@ -125,7 +128,7 @@ class EngineHold:
 
 @dataclass
 class Stage:
-    engine: Engine
+    engine: GenerationBackend
     checkpoint: Path
     params: dict[str, str]
     cancels: CancelRegistry
@@ -137,30 +140,42 @@ class Stage:
         self.engine.stop()
 
 
+BACKENDS = ("auto", "openvino", "torch")
+
+
+def resolve_backend(name: str, device: str) -> str:
+    """ "auto" is OpenVINO on the CPU and the torch engine on a CUDA GPU; CODEGEN_BACKEND
+    overrides config. OpenVINO runs on the CPU only here."""
+    if name not in BACKENDS:
+        raise ValueError(f"backend {name!r} is not one of {BACKENDS} (engine/config.pbtxt)")
+    if name == "auto":
+        return "torch" if device.startswith("cuda") else "openvino"
+    if name == "openvino" and device != "cpu":
+        raise RuntimeError(f"backend openvino runs on the CPU, but device {device!r} was asked for")
+    return name
+
+
 def start_engine(args: dict) -> Stage:
-    """Load the checkpoint named in the model config and start an engine on it."""
+    """Load the checkpoint named in the model config and start the configured backend on it."""
     params = model_parameters(args)
     threads = int(params.get("num_threads", "0"))
-    if threads > 0:
-        torch.set_num_threads(threads)
     checkpoint = Path(args["model_repository"]) / params["checkpoint_path"]
-    dtype = getattr(torch, params.get("dtype", "float32"))
     device = resolve_device(os.environ.get("CODEGEN_DEVICE") or params.get("device", "auto"))
-    quantize = params.get("quantize", "none")
-    quantization = None if quantize == "none" else quantize
-    # loaded in a thread that ends, so the engine's thread is the stub's only OpenMP pool
-    model = in_passing_thread(
-        lambda: GPTJ.from_checkpoint(checkpoint, dtype=dtype, device=device, quantize=quantization)
+    kind = resolve_backend(
+        os.environ.get("CODEGEN_BACKEND") or params.get("backend", "auto"), device
     )
     metrics = EngineMetrics(args["model_name"])
-    engine = Engine(
-        model,
-        max_batch_size=int(params.get("engine_max_batch_size", "64")),
-        max_prefill_tokens=int(params.get("engine_max_prefill_tokens", "4096")),
-        max_cache_tokens=int(params.get("kv_cache_tokens", "0")) or None,
-        max_beam_width=int(params.get("max_beam_width", str(DEFAULT_MAX_BEAM_WIDTH))),
-        observer=metrics,
-    )
+    limits = {
+        "max_batch_size": int(params.get("engine_max_batch_size", "64")),
+        "max_prefill_tokens": int(params.get("engine_max_prefill_tokens", "4096")),
+        "max_cache_tokens": int(params.get("kv_cache_tokens", "0")) or None,
+        "max_beam_width": int(params.get("max_beam_width", str(DEFAULT_MAX_BEAM_WIDTH))),
+        "observer": metrics,
+    }
+    if kind == "openvino":
+        engine, described = _openvino(checkpoint, params, threads, limits)
+    else:
+        engine, described = _torch(checkpoint, params, threads, device, limits)
     metrics.engine = engine
     cancels = CancelRegistry()
     hold = EngineHold(params.get("test_hooks", "false") == "true")
@@ -168,16 +183,55 @@ def start_engine(args: dict) -> Stage:
     listener = CancelListener(args["model_name"], cancels.cancel, on_control=hold.control)
     engine.start()
     threading.Thread(target=_exit_if_engine_dies, args=(engine,), daemon=True).start()
-    cfg = model.config
     pb_utils.Logger.log_info(
-        f"{args['model_name']}: serving {checkpoint.resolve()} ({cfg.n_layer} layers, "
-        f"{cfg.n_embd} wide, vocab {cfg.vocab_size}, {dtype}, quantize {quantize}, on {device}, "
-        f"KV-cache budget {engine.max_cache_tokens} positions)"
+        f"{args['model_name']}: serving {checkpoint.resolve()} ({kind} backend, "
+        f"{described}, KV-cache budget {engine.max_cache_tokens} positions)"
     )
     return Stage(engine, checkpoint, params, cancels, listener, hold)
 
 
-def _exit_if_engine_dies(engine: Engine, every: float = 1.0) -> None:
+def _torch(
+    checkpoint: Path, params: dict[str, str], threads: int, device: str, limits: dict
+) -> tuple[Engine, str]:
+    if threads > 0:
+        torch.set_num_threads(threads)
+    dtype = getattr(torch, params.get("dtype", "float32"))
+    quantize = params.get("quantize", "none")
+    quantization = None if quantize == "none" else quantize
+    # loaded in a thread that ends, so the engine's thread is the stub's only OpenMP pool
+    model = in_passing_thread(
+        lambda: GPTJ.from_checkpoint(checkpoint, dtype=dtype, device=device, quantize=quantization)
+    )
+    cfg = model.config
+    described = (
+        f"{cfg.n_layer} layers, {cfg.n_embd} wide, vocab {cfg.vocab_size}, {dtype}, "
+        f"quantize {quantize}, on {device}"
+    )
+    return Engine(model, **limits), described
+
+
+def _openvino(
+    checkpoint: Path, params: dict[str, str], threads: int, limits: dict
+) -> tuple[GenerationBackend, str]:
+    from engine.openvino_backend import OpenVINOBackend  # imports openvino_genai
+
+    if params.get("quantize", "none") != "none":
+        raise ValueError("quantize applies to the torch backend only; set it to none")
+    shape = ModelShape.read(checkpoint)
+    dtype = params.get("dtype", "float32")
+    caching = params.get("prefix_caching", "true").lower() in ("1", "true", "yes", "on")
+    engine = OpenVINOBackend(
+        require_export(checkpoint), shape, dtype=dtype, prefix_caching=caching, threads=threads,
+        **limits,
+    )  # fmt: skip
+    described = (
+        f"{shape.n_layer} layers, {shape.n_embd} wide, vocab {shape.vocab_size}, {dtype}, "
+        f"prefix cache {'on' if caching else 'off'}, on CPU"
+    )
+    return engine, described
+
+
+def _exit_if_engine_dies(engine: GenerationBackend, every: float = 1.0) -> None:
     """An engine whose worker thread ended can answer nothing: end the stub with it, so that
     the launcher's watchdog stops the server and a supervisor starts a healthy one, rather than
     leave a server that says ready and hangs every request."""

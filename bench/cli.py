@@ -25,6 +25,7 @@ from bench.beams import run_beams
 from bench.kernels import run_kernels
 from bench.machine import describe, machine_label
 from bench.models import DEFAULT_CHECKPOINT, resolve_models
+from bench.prefix import run_prefix
 from bench.settings import SECTIONS, make_plan
 from bench.traffic import TRAFFIC_SECTIONS, run_traffic
 from engine.threads import in_passing_thread
@@ -138,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         if "beams" in plan.sections:
             default = next(m for m in models if m.key == "default")
             results["beams"] = run_beams(plan, default, log)
+            save()
+        if "prefix" in plan.sections:
+            repeats = 1 if plan.quick else 3
+            results["prefix"] = run_prefix(list(plan.models), args.checkpoint, repeats, 16, log)
             save()
     except KeyboardInterrupt:
         log("interrupted: writing what was measured")

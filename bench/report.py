@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.prefix import prefix_table
+
 # Targets from issue 11; each check row says which it is held to.
 STEP_COST_MAX = 1.15  # sampled-step time over greedy-step time, engine, batch 16 and 64
 SERVED_OVER_BARE_MIN = 0.9  # served tokens/s over bare, every output length
@@ -446,6 +448,7 @@ def all_tables(results: dict[str, Any]) -> list[Table]:
         *mixed_tables(results),
         *single_tables(results),
         *beam_tables(results),
+        *([prefix_table(results["prefix"])] if results.get("prefix") else []),
     ]
 
 

@@ -39,16 +39,17 @@ def served_engine_settings(config: Path = GPTJ_CONFIG) -> dict[str, str | int]:
 
 @contextmanager
 def running_server(
-    checkpoint: Path, workdir: Path, log_file: Path, device: str
+    checkpoint: Path, workdir: Path, log_file: Path, device: str, backend: str = "torch"
 ) -> Iterator[TritonServer]:
     """Triton serving ``checkpoint`` from a fresh repository copy under ``workdir``; stopped
-    on exit. The device goes to the model stage through CODEGEN_DEVICE."""
+    on exit. The device and the backend (the torch engine, which the bare side measures) go
+    to the engine model through CODEGEN_DEVICE and CODEGEN_BACKEND."""
     repo = workdir / "model_repository"
     shutil.rmtree(repo, ignore_errors=True)
     shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("checkpoint"))
     shutil.copytree(checkpoint, checkpoint_dir(repo))
-    previous = os.environ.get("CODEGEN_DEVICE")
-    os.environ["CODEGEN_DEVICE"] = device
+    previous = {name: os.environ.get(name) for name in ("CODEGEN_DEVICE", "CODEGEN_BACKEND")}
+    os.environ.update(CODEGEN_DEVICE=device, CODEGEN_BACKEND=backend)
     server = TritonServer(repo, Ports(*free_ports(3)), log_file=log_file)
     try:
         server.start()
@@ -60,7 +61,8 @@ def running_server(
         yield server
     finally:
         server.stop()
-        if previous is None:
-            os.environ.pop("CODEGEN_DEVICE", None)
-        else:
-            os.environ["CODEGEN_DEVICE"] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-SECTIONS = ("kernels", "arrivals", "mixed", "single", "beams")
+SECTIONS = ("kernels", "arrivals", "mixed", "single", "beams", "prefix")
 DTYPES = ("float32", "bfloat16", "int8")
 SYSTEMS = ("engine", "transformers", "ct2")
 MODELS = ("default", "350m")

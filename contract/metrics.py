@@ -29,6 +29,7 @@ ENGINE_COMPUTE_DURATION_US = "codegen_engine_compute_duration_us_total"
 ENGINE_STEPS = "codegen_engine_steps_total"
 ENGINE_STEP_ROWS = "codegen_engine_step_rows_total"
 ENGINE_PROMPT_TOKENS = "codegen_engine_prompt_tokens_total"
+ENGINE_PROMPT_TOKENS_REUSED = "codegen_engine_prompt_tokens_reused_total"
 ENGINE_GENERATED_TOKENS = "codegen_engine_generated_tokens_total"
 ENGINE_RUNNING = "codegen_engine_running_sequences"
 ENGINE_LAST_STEP = "codegen_engine_last_step_timestamp_seconds"
@@ -53,6 +54,9 @@ ENGINE_METRIC_HELP = {
     ENGINE_STEPS: "Forward passes run by the engine (prefill and decode)",
     ENGINE_STEP_ROWS: "Sequences processed summed over forward passes (mean batch = rows/steps)",
     ENGINE_PROMPT_TOKENS: "Prompt tokens prefilled",
+    # the openvino backend's prefix cache: whole KV blocks of the prompt that earlier requests
+    # computed (counted by the backend's own index of them; the pipeline reports no reuse)
+    ENGINE_PROMPT_TOKENS_REUSED: "Prompt tokens whose KV blocks the prefix cache held",
     ENGINE_GENERATED_TOKENS: "Tokens generated",
 }
 ENGINE_GAUGE_HELP = {

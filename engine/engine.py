@@ -17,95 +17,25 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 import torch
 
-from contract.options import (
-    DEFAULT_MAX_BEAM_WIDTH,
-    NO_BEAMS,
-    BeamParams,
-    InvalidRequestError,
-    SamplingParams,
-)
+from contract.options import DEFAULT_MAX_BEAM_WIDTH, InvalidRequestError
 from engine.beams import BeamSearch, Hypothesis
 from engine.gptj import GPTJ, KVCache, Segment
+from engine.interface import (  # re-exported: callers import the data types from here too
+    Beam,
+    GenerationRequest,
+    GenerationResult,
+    Handle,
+    Listener,
+    NullListener,
+    StepObserver,
+)
 from engine.sampling import Sampler
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GenerationRequest:
-    prompt_ids: list[int]
-    max_new_tokens: int
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    end_id: int | None = None  # None, or outside the vocabulary: the model's own end token
-    stop_words: Sequence[Sequence[int]] = ()
-    bad_words: Sequence[Sequence[int]] = ()
-    beam: BeamParams = NO_BEAMS  # width > 1: beam search (top-k, top-p and seed unused)
-
-    @property
-    def rows(self) -> int:
-        """Rows of the running batch the request takes."""
-        return self.beam.width
-
-
-@dataclass
-class Beam:
-    """One finished beam of a beam search, as ranked (``score``)."""
-
-    output_ids: list[int]  # generated tokens; the end token is not included
-    log_probs: list[float]
-    cum_log_prob: float  # of every token the beam chose, its end token included
-    score: float  # cum_log_prob / length ** len_penalty
-    finish_reason: str
-
-
-@dataclass
-class GenerationResult:
-    prompt_ids: list[int]
-    output_ids: list[int]  # generated tokens only; the end token is not included
-    log_probs: list[float]
-    finish_reason: str  # "length" | "end_id" | "stop_word" | "cancelled" | "error"
-    error: str | None = None
-    queue_seconds: float = 0.0
-    total_seconds: float = 0.0
-    beams: list[Beam] | None = None  # beam search: the beams, best first (output_ids: the best)
-
-
-class Listener(Protocol):
-    # beam search: called once per step with the best running beam's newest token, which
-    # another beam may still overtake (the result's beams are final)
-    def on_token(self, token_id: int, log_prob: float) -> None: ...
-    def on_finish(self, result: GenerationResult) -> None: ...
-
-
-class NullListener:
-    """A listener that ignores everything; subclass it and override what you need."""
-
-    def on_token(self, token_id: int, log_prob: float) -> None:
-        pass
-
-    def on_finish(self, result: GenerationResult) -> None:
-        pass
-
-
-class StepObserver(Protocol):
-    def on_step(self, rows: int, new_tokens: int, prompt_tokens: int, seconds: float) -> None: ...
-    def on_finish(self, result: GenerationResult) -> None: ...
-
-
-class Handle:
-    """What ``submit`` returns: lets the caller cancel (e.g. a client went away)."""
-
-    def __init__(self) -> None:
-        self.cancelled = threading.Event()
-
-    def cancel(self) -> None:
-        self.cancelled.set()
 
 
 @dataclass(eq=False)  # rows are told apart by identity: a beam's rows may hold equal values
@@ -154,8 +84,20 @@ class _BeamGroup:
     beams: list[_Sequence]
 
 
+__all__ = [
+    "Beam",
+    "Engine",
+    "GenerationRequest",
+    "GenerationResult",
+    "Handle",
+    "Listener",
+    "NullListener",
+    "StepObserver",
+]
+
+
 class Engine:
-    """Runs GPT-J generation for many concurrent requests on one model."""
+    """Runs GPT-J generation for many concurrent requests on one model (a GenerationBackend)."""
 
     def __init__(
         self,

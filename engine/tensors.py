@@ -78,6 +78,8 @@ def requests_from_tensors(arrays: Mapping[str, np.ndarray]) -> tuple[list[Genera
                 beam=beam,
             )
         )
+    for request in requests:
+        request.return_log_probs = return_log_probs
     return requests, return_log_probs
 
 

@@ -146,7 +146,7 @@ ALLOWED: dict[str, set[str]] = {
     "modelbuild": {"contract", "engine", "preprocessing", "postprocessing", "serving"},
     "loadtest": {"contract", "client", "serving", "openai_api"},
     "openai_api": {"contract", "client", "serving"},
-    "bench": {"contract", "engine", "client", "serving", "loadtest"},
+    "bench": {"contract", "engine", "client", "serving", "loadtest", "modelbuild"},
 }
 FORBIDDEN: dict[str, set[str]] = {
     "contract": {"torch", "triton_python_backend_utils", "tritonclient", "transformers"},

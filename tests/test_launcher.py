@@ -95,10 +95,13 @@ def test_sigkilled_launcher_leaves_no_server_and_frees_its_ports(model_repositor
         run.assert_all_gone(timeout=60)
 
 
-def test_a_dead_model_stub_stops_the_server_so_a_supervisor_restarts_it(model_repository, tmp_path):
-    """Triton 2.51 keeps saying ready when a stub dies; the launcher must not."""
+@pytest.mark.parametrize("repository", ["model_repository", "openvino_model_repository"])
+def test_a_dead_model_stub_stops_the_server_so_a_supervisor_restarts_it(
+    repository, request, tmp_path
+):
+    """Triton 2.51 keeps saying ready when a stub dies; the launcher must not (either backend)."""
     log = tmp_path / "launcher.log"
-    with launched(model_repository, log) as run:
+    with launched(request.getfixturevalue(repository), log) as run:
         # the launcher lists the stubs it watches once it has seen the server ready: kill
         # after that, or it watches a list without the dead one (a race of the test, not of
         # a server that dies later)

@@ -1,0 +1,150 @@
+"""What every generation backend offers the Triton stage: requests, results, listeners, handles.
+
+The engine model (backend/engine_stage.py) talks to its backend only through
+:class:`GenerationBackend`: the torch engine (engine/engine.py) and OpenVINO GenAI's
+continuous-batching pipeline (engine/openvino_backend.py) both implement it, so the callers
+(``gptj``, ``ensemble_stream``), the cancel channel, validation and the metrics see no
+difference between them. Plain data and protocols only: no torch, no OpenVINO.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from contract.options import NO_BEAMS, BeamParams, SamplingParams
+
+
+@dataclass
+class GenerationRequest:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    end_id: int | None = None  # None, or outside the vocabulary: the model's own end token
+    stop_words: Sequence[Sequence[int]] = ()
+    bad_words: Sequence[Sequence[int]] = ()
+    beam: BeamParams = NO_BEAMS  # width > 1: beam search (top-k, top-p and seed unused)
+    # whether the caller reads the result's log probs (is_return_log_probs); the torch engine
+    # computes them always, a backend that cannot give the contract's refuses only when asked
+    return_log_probs: bool = True
+
+    @property
+    def rows(self) -> int:
+        """Rows of the running batch the request takes."""
+        return self.beam.width
+
+
+@dataclass
+class Beam:
+    """One finished beam of a beam search, as ranked (``score``)."""
+
+    output_ids: list[int]  # generated tokens; the end token is not included
+    log_probs: list[float]
+    cum_log_prob: float  # of every token the beam chose, its end token included
+    score: float  # cum_log_prob / length ** len_penalty
+    finish_reason: str
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: list[int]
+    output_ids: list[int]  # generated tokens only; the end token is not included
+    log_probs: list[float]
+    finish_reason: str  # "length" | "end_id" | "stop_word" | "cancelled" | "error"
+    error: str | None = None
+    queue_seconds: float = 0.0
+    total_seconds: float = 0.0
+    beams: list[Beam] | None = None  # beam search: the beams, best first (output_ids: the best)
+    reused_prompt_tokens: int = 0  # prompt tokens a prefix cache served without recomputing
+
+
+class Listener(Protocol):
+    # beam search: called once per step with the best running beam's newest token, which
+    # another beam may still overtake (the result's beams are final)
+    def on_token(self, token_id: int, log_prob: float) -> None: ...
+    def on_finish(self, result: GenerationResult) -> None: ...
+
+
+class NullListener:
+    """A listener that ignores everything; subclass it and override what you need."""
+
+    def on_token(self, token_id: int, log_prob: float) -> None:
+        pass
+
+    def on_finish(self, result: GenerationResult) -> None:
+        pass
+
+
+class StepObserver(Protocol):
+    """Told about every forward pass and every finished request (the engine's metrics)."""
+
+    def on_step(self, rows: int, new_tokens: int, prompt_tokens: int, seconds: float) -> None: ...
+    def on_finish(self, result: GenerationResult) -> None: ...
+
+
+class Handle:
+    """What ``submit`` returns: lets the caller cancel (e.g. a client went away)."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    """One continuous batch on one copy of the weights, fed from any thread.
+
+    ``submit`` returns at once; the backend's own thread calls the listener's ``on_token`` per
+    generated token and ``on_finish`` exactly once, also for a cancelled or failed request.
+    """
+
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise contract.options.InvalidRequestError, naming the option, for a request this
+        backend cannot run (or cannot honour exactly)."""
+        ...
+
+    def submit(self, request: GenerationRequest, listener: Listener) -> Handle:
+        """Queue a (valid) request; the handle cancels it within one step."""
+        ...
+
+    def wait_for_room(self, rows: int) -> None:
+        """Block until ``rows`` more rows fit in the running batch (backpressure into
+        Triton's queue); return at once when stopping."""
+        ...
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Submit and wait for the result."""
+        ...
+
+    def start(self) -> GenerationBackend: ...
+
+    def stop(self) -> None:
+        """End the worker; requests still queued or running finish as cancelled."""
+        ...
+
+    @property
+    def running(self) -> int:
+        """Rows generating now."""
+        ...
+
+    @property
+    def cache_bytes(self) -> int:
+        """Memory the KV cache holds now."""
+        ...
+
+    @property
+    def max_cache_tokens(self) -> int:
+        """The KV-cache budget in positions (rows x positions)."""
+        ...
+
+    @property
+    def alive(self) -> bool:
+        """Whether the worker thread runs (false before start and after stop or a crash)."""
+        ...
+
+    @property
+    def stopping(self) -> bool: ...

@@ -1,0 +1,491 @@
+"""The engine interface on OpenVINO GenAI's ContinuousBatchingPipeline (the CPU default).
+
+One owner thread adds the submitted requests to the pipeline, calls ``step()`` and reads each
+request's new tokens after every step, so listeners hear exactly what the torch engine tells
+them: ``on_token`` per generated token, ``on_finish`` once. What the pipeline does not decide
+the FasterTransformer way is done here or refused (:meth:`OpenVINOBackend.validate`):
+
+- stop words are matched on the generated tokens here, and the request is stopped before the
+  next step, so nothing past the word is produced or reported;
+- the end token: the pipeline reports it as the last generated token; it is dropped here;
+- ``bad_words_list`` (the pipeline has no such list), ``beam_search_diversity_rate`` (the
+  pipeline's diversity is between beam groups, not FasterTransformer's rank penalty), stop words
+  with beam search, and log probs under a temperature or repetition penalty (the pipeline
+  reports the model's own log probs, before them) are refused with what to send instead.
+
+Float32 compiles with float32 inference and a float32 KV cache (the CPU plugin's defaults on
+this kind of CPU are bfloat16 and a u8 cache), so greedy output equals transformers' token for
+token. The prefix cache keeps the KV blocks of earlier requests; :class:`PrefixIndex` counts the
+prompt tokens it can serve, since the pipeline reports no per-request reuse.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from contract.options import DEFAULT_MAX_BEAM_WIDTH, InvalidRequestError
+from engine.interface import (
+    Beam,
+    GenerationRequest,
+    GenerationResult,
+    Handle,
+    Listener,
+    NullListener,
+    StepObserver,
+)
+from engine.openvino_model import BLOCK_SIZE, ModelShape, compile_properties
+
+log = logging.getLogger(__name__)
+
+
+class PrefixIndex:
+    """Which whole KV blocks of a prompt earlier requests computed: the prefix cache's rule
+    (a block is found by all the tokens up to its end), with its capacity and LRU eviction.
+
+    The pipeline does not report per-request reuse, so this counts it the same way: an upper
+    bound (under memory pressure the pipeline may evict blocks still listed here).
+    """
+
+    def __init__(self, blocks: int, block_size: int = BLOCK_SIZE) -> None:
+        self.blocks, self.block_size = blocks, block_size
+        self._seen: OrderedDict[tuple[int, ...], None] = OrderedDict()
+
+    def reusable(self, prompt: list[int]) -> int:
+        """Prompt tokens found (whole blocks; the last prompt token is always computed)."""
+        found = 0
+        for end in range(self.block_size, len(prompt), self.block_size):
+            key = tuple(prompt[:end])
+            if key not in self._seen:
+                break
+            self._seen.move_to_end(key)
+            found = end
+        return found
+
+    def add(self, tokens: list[int]) -> None:
+        for end in range(self.block_size, len(tokens) + 1, self.block_size):
+            self._seen[tuple(tokens[:end])] = None
+            self._seen.move_to_end(tuple(tokens[:end]))
+        while len(self._seen) > self.blocks:
+            self._seen.popitem(last=False)
+
+
+@dataclass(eq=False)
+class _Request:
+    request: GenerationRequest
+    listener: Listener
+    handle: Handle
+    submitted: float
+    end_id: int
+    stops: dict[int, list[tuple[int, ...]]]
+    ov_handle: object = None
+    admitted: float = 0.0
+    reused: int = 0
+    tokens: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+
+    def stopped(self) -> bool:
+        """Whether the newest generated token completed a stop word."""
+        words = self.stops.get(self.tokens[-1], ()) if self.tokens else ()
+        return any(tuple(self.tokens[-len(w) :]) == w for w in words if len(w) <= len(self.tokens))
+
+
+class OpenVINOBackend:
+    """A GenerationBackend on ``openvino_genai.ContinuousBatchingPipeline`` (CPU)."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        shape: ModelShape,
+        dtype: str = "float32",
+        max_batch_size: int = 64,
+        max_prefill_tokens: int = 4096,
+        max_cache_tokens: int | None = None,
+        max_beam_width: int = DEFAULT_MAX_BEAM_WIDTH,
+        prefix_caching: bool = True,
+        threads: int = 0,
+        observer: StepObserver | None = None,
+        device: str = "CPU",
+    ) -> None:
+        import openvino_genai
+
+        self.shape = shape
+        self.max_batch_size = max_batch_size
+        self.max_beam_width = min(max_beam_width, max_batch_size)
+        cache_tokens = max_cache_tokens or max_batch_size * shape.context
+        self.blocks = -(-cache_tokens // BLOCK_SIZE)
+        self.max_cache_tokens = self.blocks * BLOCK_SIZE
+        self.prefix_caching = prefix_caching
+        self.observer = observer
+        scheduler = openvino_genai.SchedulerConfig()
+        scheduler.num_kv_blocks = self.blocks
+        scheduler.max_num_seqs = max_batch_size
+        scheduler.max_num_batched_tokens = max(max_prefill_tokens, max_batch_size)
+        scheduler.dynamic_split_fuse = True
+        scheduler.enable_prefix_caching = prefix_caching
+        self.pipe = openvino_genai.ContinuousBatchingPipeline(
+            str(model_dir), scheduler, device, compile_properties(dtype, threads)
+        )
+        self.index = PrefixIndex(self.blocks)
+        self._waiting: list[_Request] = []
+        self._running: dict[int, _Request] = {}
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._unfinished = 0  # rows submitted and not yet finished
+        self._next_id = 0
+        self._thread: threading.Thread | None = None
+
+    # -- interface ----------------------------------------------------------------------------
+
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise InvalidRequestError, naming the option, for what cannot run or be honoured."""
+        vocab, context = self.shape.vocab_size, self.shape.context
+        if not request.prompt_ids:
+            raise InvalidRequestError("the prompt is empty: send at least one character of text")
+        if request.max_new_tokens < 1:
+            raise InvalidRequestError(
+                f"request_output_len must be >= 1, got {request.max_new_tokens}"
+            )
+        total = len(request.prompt_ids) + request.max_new_tokens
+        if total > context:
+            raise InvalidRequestError(
+                f"prompt ({len(request.prompt_ids)} tokens) + request_output_len "
+                f"({request.max_new_tokens}) = {total} exceeds the model's context of {context} "
+                "tokens; shorten the prompt or ask for fewer tokens"
+            )
+        width = request.beam.width
+        if width > self.max_beam_width:
+            raise InvalidRequestError(
+                f"beam_width={width} is over this server's limit of {self.max_beam_width} "
+                "(max_beam_width in engine/config.pbtxt); ask for fewer beams"
+            )
+        needed = width * -(-total // BLOCK_SIZE) * BLOCK_SIZE
+        if needed > self.max_cache_tokens:
+            beams = f" x {width} beams" if width > 1 else ""
+            raise InvalidRequestError(
+                f"prompt + request_output_len{beams} needs {needed} positions of KV cache, over "
+                f"this server's budget of {self.max_cache_tokens} (kv_cache_tokens in "
+                "engine/config.pbtxt); ask for fewer tokens"
+            )
+        bad = [t for t in request.prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary")
+        for kind, words in (("stop", request.stop_words), ("bad", request.bad_words)):
+            for word in words:
+                if not word or any(not 0 <= t < vocab for t in word):
+                    raise InvalidRequestError(f"{kind} word {list(word)} has invalid token ids")
+        self._refuse_what_cannot_be_honoured(request)
+
+    def _refuse_what_cannot_be_honoured(self, request: GenerationRequest) -> None:
+        elsewhere = "or serve with backend torch (engine/config.pbtxt)"
+        if request.bad_words:
+            raise InvalidRequestError(
+                "bad_words_list is not supported by the openvino backend (OpenVINO GenAI has no "
+                f"banned-token list): send the request without bad words, {elsewhere}"
+            )
+        if request.beam.diversity_rate != 0.0:
+            raise InvalidRequestError(
+                "beam_search_diversity_rate is not supported by the openvino backend (its "
+                "diversity is between beam groups, not FasterTransformer's rank penalty): send "
+                f"0, {elsewhere}"
+            )
+        if request.beam.width > 1 and request.stop_words:
+            raise InvalidRequestError(
+                "stop words with beam_width > 1 are not supported by the openvino backend: send "
+                f"the beam search without stop words, {elsewhere}"
+            )
+        sampling = request.sampling
+        if request.return_log_probs and (
+            sampling.temperature != 1.0 or sampling.repetition_penalty != 1.0
+        ):
+            raise InvalidRequestError(
+                "is_return_log_probs with temperature or repetition_penalty other than 1.0 is "
+                "not supported by the openvino backend (it reports the model's own log probs, "
+                "before temperature and penalties): ask with temperature 1 and "
+                f"repetition_penalty 1, or without log probs, {elsewhere}"
+            )
+
+    def submit(self, request: GenerationRequest, listener: Listener) -> Handle:
+        """Queue a request; the listener hears each token and then the result."""
+        self.validate(request)
+        end_id = request.end_id
+        if end_id is None or not 0 <= end_id < self.shape.vocab_size:
+            end_id = self.shape.eos_token_id
+        stops: dict[int, list[tuple[int, ...]]] = {}
+        for word in request.stop_words:
+            stops.setdefault(word[-1], []).append(tuple(word))
+        handle = Handle()
+        entry = _Request(request, listener, handle, time.perf_counter(), end_id, stops)
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("engine is stopped")
+            self._waiting.append(entry)
+            self._unfinished += request.rows
+            self._cond.notify_all()
+        return handle
+
+    def wait_for_room(self, rows: int) -> None:
+        """Block until ``rows`` more rows fit in the running batch (see Engine.wait_for_room)."""
+        with self._cond:
+            while self._unfinished > 0 and self._unfinished + rows > self.max_batch_size:
+                if self._stopping:
+                    return
+                self._cond.wait()
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Blocking convenience: submit and wait for the result."""
+        done = threading.Event()
+        box: list[GenerationResult] = []
+
+        class _Wait(NullListener):
+            def on_finish(self, result: GenerationResult) -> None:
+                box.append(result)
+                done.set()
+
+        self.submit(request, _Wait())
+        done.wait()
+        return box[0]
+
+    def start(self) -> OpenVINOBackend:
+        self._thread = threading.Thread(target=self._serve, name="openvino-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        for entry in self._waiting + list(self._running.values()):
+            self._finish(entry, "cancelled", error="server is shutting down")
+        self._waiting.clear()
+        self._running.clear()
+
+    @property
+    def running(self) -> int:
+        return sum(entry.request.rows for entry in list(self._running.values()))
+
+    @property
+    def cache_bytes(self) -> int:
+        """Memory the pipeline's KV cache holds (it keeps it, for the prefix cache)."""
+        return int(self.pipe.get_metrics().kv_cache_size_in_bytes)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- worker -------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        """The owner thread: nothing escapes it; a failed step fails the running requests."""
+        while True:
+            with self._cond:
+                while not (self._waiting or self._running or self._stopping):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                waiting, self._waiting = self._waiting, []
+            try:
+                self._add(waiting)
+                self._drop_cancelled()
+                if self._running or self.pipe.has_non_finished_requests():
+                    self._step()
+            except Exception as exc:
+                log.exception("openvino step failed")
+                for entry in list(self._running.values()):
+                    self._end(entry, "error", f"generation failed: {exc}")
+
+    def _add(self, entries: list[_Request]) -> None:
+        for entry in entries:
+            if entry.handle.cancelled.is_set():
+                self._finish(entry, "cancelled")
+                continue
+            try:
+                ids = np.array([entry.request.prompt_ids], dtype=np.int64)
+                entry.ov_handle = self.pipe.add_request(
+                    self._next_id, _tensor(ids), self._config(entry)
+                )
+            except Exception as exc:  # a request the pipeline refuses fails alone
+                log.exception("add_request failed")
+                self._finish(entry, "error", f"could not start generation: {exc}")
+                continue
+            if self.prefix_caching:
+                entry.reused = self.index.reusable(entry.request.prompt_ids)
+                self.index.add(entry.request.prompt_ids)
+            self._running[self._next_id] = entry
+            self._next_id += 1
+
+    def _config(self, entry: _Request):
+        import openvino_genai
+
+        request, sampling = entry.request, entry.request.sampling
+        config = openvino_genai.GenerationConfig()
+        config.max_new_tokens = request.max_new_tokens
+        config.set_eos_token_id(entry.end_id)
+        config.stop_token_ids = {entry.end_id}
+        if request.beam.width > 1:
+            config.num_beams = config.num_return_sequences = request.beam.width
+            config.length_penalty = request.beam.len_penalty
+            config.do_sample = False
+        elif not sampling.greedy:
+            config.do_sample = True
+            config.temperature = sampling.temperature
+            if sampling.top_k > 0:
+                config.top_k = sampling.top_k
+            config.top_p = sampling.top_p if sampling.top_p > 0 else 1.0
+            seed = sampling.seed if sampling.seed is not None else secrets.randbits(64)
+            config.rng_seed = seed
+        if sampling.repetition_penalty != 1.0:
+            config.repetition_penalty = sampling.repetition_penalty
+        if request.return_log_probs:
+            config.logprobs = 1
+        return config
+
+    def _drop_cancelled(self) -> None:
+        for entry in list(self._running.values()):
+            if entry.handle.cancelled.is_set():
+                self._end(entry, "cancelled")
+
+    def _step(self) -> None:
+        started = time.perf_counter()
+        self.pipe.step()
+        seconds = time.perf_counter() - started
+        rows = new_tokens = prompt_tokens = 0
+        for entry in list(self._running.values()):
+            handle = entry.ov_handle
+            if entry.request.beam.width > 1:
+                rows += entry.request.rows
+                if _finished(handle):
+                    self._finish_beams(entry, started)
+                continue
+            if handle.can_read():
+                if not entry.admitted:
+                    entry.admitted = started
+                    prompt_tokens += len(entry.request.prompt_ids)
+                outputs = list(handle.read().values())
+                rows += 1
+                new_tokens += self._take(entry, outputs[0] if outputs else None)
+            elif _finished(handle):
+                self._end(entry, "error", "the pipeline ended the request without an answer")
+        if self.observer is not None and rows:
+            self.observer.on_step(rows, new_tokens, prompt_tokens, seconds)
+
+    def _take(self, entry: _Request, output) -> int:
+        """Tell the listener about the new tokens; end the request when it is done."""
+        if output is None:
+            return 0
+        ids = list(output.generated_ids)
+        log_probs = list(output.generated_log_probs) or [0.0] * len(ids)
+        for token, log_prob in zip(ids, log_probs, strict=False):
+            if token == entry.end_id:
+                self._end(entry, "end_id")
+                return len(ids)
+            entry.tokens.append(token)
+            entry.log_probs.append(log_prob if entry.request.return_log_probs else 0.0)
+            try:
+                entry.listener.on_token(token, entry.log_probs[-1])
+            except Exception as exc:  # its client is gone, say: end this request only
+                log.warning("a listener failed; ending its request: %r", exc)
+                self._end(entry, "error", f"could not deliver a token: {exc}")
+                return len(ids)
+            if entry.stops and entry.stopped():
+                self._end(entry, "stop_word")
+                return len(ids)
+            if len(entry.tokens) >= entry.request.max_new_tokens:
+                self._end(entry, "length")
+                return len(ids)
+        if _finished(entry.ov_handle):
+            self._end(entry, "length")
+        return len(ids)
+
+    def _finish_beams(self, entry: _Request, started: float) -> None:
+        """A beam search answers once, at its end, with every beam ranked by its score."""
+        entry.admitted = entry.admitted or started
+        outputs = list(entry.ov_handle.read_all()) if entry.ov_handle.can_read() else []
+        beams = []
+        for output in sorted(outputs, key=lambda o: -o.score):
+            ids, log_probs = list(output.generated_ids), list(output.generated_log_probs)
+            reason = "length"
+            if ids and ids[-1] == entry.end_id:
+                ids, reason = ids[:-1], "end_id"
+            cum = float(sum(log_probs))
+            kept = log_probs[: len(ids)] if entry.request.return_log_probs else [0.0] * len(ids)
+            beams.append(Beam(ids, kept, cum, float(output.score), reason))
+        if not beams:
+            self._end(entry, "error", "the beam search ended without a beam")
+            return
+        entry.tokens, entry.log_probs = list(beams[0].output_ids), list(beams[0].log_probs)
+        self._end(entry, beams[0].finish_reason, beams=beams)
+
+    def _end(
+        self,
+        entry: _Request,
+        reason: str,
+        error: str | None = None,
+        beams: list[Beam] | None = None,
+    ) -> None:
+        """Take a running request out of the pipeline (at once: before the next step) and
+        answer it."""
+        for key, value in list(self._running.items()):
+            if value is entry:
+                del self._running[key]
+        handle = entry.ov_handle
+        if handle is not None and not _finished(handle):
+            handle.cancel() if reason == "cancelled" else handle.stop()
+        if self.prefix_caching and reason not in ("cancelled", "error"):
+            self.index.add(entry.request.prompt_ids + entry.tokens)
+        self._finish(entry, reason, error, beams)
+
+    def _finish(
+        self,
+        entry: _Request,
+        reason: str,
+        error: str | None = None,
+        beams: list[Beam] | None = None,
+    ) -> None:
+        now = time.perf_counter()
+        result = GenerationResult(
+            prompt_ids=list(entry.request.prompt_ids),
+            output_ids=list(entry.tokens),
+            log_probs=list(entry.log_probs),
+            finish_reason=reason,
+            error=error,
+            queue_seconds=(entry.admitted or now) - entry.submitted,
+            total_seconds=now - entry.submitted,
+            beams=beams,
+            reused_prompt_tokens=entry.reused,
+        )
+        with self._cond:
+            self._unfinished -= entry.request.rows
+            self._cond.notify_all()  # room for requests held in wait_for_room
+        for hook in (entry.listener.on_finish, getattr(self.observer, "on_finish", None)):
+            if hook is None:
+                continue
+            try:
+                hook(result)
+            except Exception:  # never let a listener end the worker
+                log.exception("on_finish failed")
+
+
+def _finished(handle) -> bool:
+    import openvino_genai
+
+    return handle.get_status() != openvino_genai.GenerationStatus.RUNNING
+
+
+def _tensor(ids: np.ndarray):
+    import openvino
+
+    return openvino.Tensor(ids)

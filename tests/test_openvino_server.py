@@ -1,0 +1,105 @@
+"""The engine model on the openvino backend, through the real Triton server: the same answers as
+the torch backend, streaming, stop words, the refusals, the metrics and the prefix-cache reuse.
+Tests that apply to both backends run on both servers."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from server_metrics import sample, scrape, settled_scrape
+
+from client.client import CodegenClient, CodegenError
+from contract import metrics as names
+from contract.tensors import ENGINE_MODEL
+
+PROMPT = "def add(a, b):\n"
+
+
+@pytest.fixture(params=["torch", "openvino"])
+def any_server(request):
+    """Each backend's server (the torch one is the session's ``server``)."""
+    return request.getfixturevalue("server" if request.param == "torch" else "openvino_server")
+
+
+def complete(server, protocol: str = "grpc", **options):
+    prompt = options.pop("prompt", PROMPT)
+    with CodegenClient(server.grpc_url if protocol == "grpc" else server.http_url, protocol) as c:
+        return c.complete(prompt, **options)
+
+
+def test_the_engine_model_says_which_backend_it_runs(openvino_server):
+    log = openvino_server.log_file.read_text()
+    assert re.search(r"engine: serving \S+ \(openvino backend, .*prefix cache on", log)
+
+
+def test_greedy_answers_equal_the_torch_backends(server, openvino_server):
+    for prompt in (PROMPT, "import os\n\n\ndef list_files(path):\n", "class Stack:\n"):
+        torch_text = complete(server, prompt=prompt, max_tokens=24).completion
+        assert complete(openvino_server, prompt=prompt, max_tokens=24).completion == torch_text
+
+
+def test_a_stream_gives_the_unary_text_piece_by_piece(any_server):
+    unary = complete(any_server, max_tokens=20).completion
+    with CodegenClient(any_server.grpc_url, "grpc") as codegen:
+        pieces = list(codegen.stream(PROMPT, max_tokens=20))
+    assert len(pieces) > 1 and "".join(pieces) == unary
+
+
+def test_stop_words_end_generation_on_both_backends(any_server):
+    free = complete(any_server, max_tokens=30).completion
+    word = free[4:7]
+    stopped = complete(any_server, max_tokens=30, stop_words=(word, "zzzq")).completion
+    assert word in stopped and free.startswith(stopped) and len(stopped) < len(free)
+
+
+def test_seeded_sampling_repeats_and_log_probs_sum(any_server):
+    options = {"max_tokens": 16, "top_k": 8, "seed": 5, "return_log_probs": True}
+    first, again = complete(any_server, **options), complete(any_server, "http", **options)
+    assert first.completion == again.completion
+    assert first.cum_log_prob == pytest.approx(sum(first.log_probs), abs=1e-3)
+    assert all(lp < 0 for lp in first.log_probs)
+
+
+def test_bad_words_are_refused_with_what_to_do(openvino_server):
+    with pytest.raises(CodegenError, match="bad_words_list is not supported by the openvino"):
+        complete(openvino_server, max_tokens=8, bad_words=("return",))
+    assert complete(openvino_server, max_tokens=8).completion  # and it keeps serving
+
+
+def test_log_probs_under_a_temperature_are_refused_not_changed(openvino_server):
+    with pytest.raises(CodegenError, match="temperature 1 and repetition_penalty 1"):
+        complete(openvino_server, max_tokens=8, top_k=4, temperature=0.7, return_log_probs=True)
+    assert complete(openvino_server, max_tokens=8, top_k=4, temperature=0.7, seed=1).completion
+
+
+def test_beam_search_answers_every_beam(any_server):
+    completion = complete(any_server, max_tokens=12, beam_width=3, len_penalty=1.0)
+    assert len(completion.beams) == 3
+    assert completion.completion == completion.beams[0].completion
+
+
+def test_a_resent_prompt_is_counted_as_reused_and_answers_the_same(openvino_server):
+    """An editor resending the file with a few more characters: the prefix cache's blocks."""
+    prompt = "import os\nimport sys\n\n\ndef main(argv):\n" * 12
+    first = complete(openvino_server, prompt=prompt, max_tokens=8).completion
+    before = settled_scrape(openvino_server)
+    again = complete(openvino_server, prompt=prompt, max_tokens=8).completion
+    complete(openvino_server, prompt=prompt + "    x = 1\n", max_tokens=8)
+    after = settled_scrape(openvino_server)
+    assert again == first
+
+    def delta(name: str) -> float:
+        return sample(after, name, ENGINE_MODEL) - sample(before, name, ENGINE_MODEL)
+
+    received = delta(names.ENGINE_PROMPT_TOKENS)
+    reused = delta(names.ENGINE_PROMPT_TOKENS_REUSED)
+    assert received > 0 and 0.5 * received < reused < received
+
+
+def test_the_engine_gauges_are_exported(openvino_server):
+    complete(openvino_server, max_tokens=4)
+    text = scrape(openvino_server)
+    assert sample(text, names.ENGINE_KV_CACHE_BYTES, ENGINE_MODEL) > 0  # kept for the prefix cache
+    assert sample(text, names.ENGINE_RUNNING, ENGINE_MODEL) is not None
+    assert sample(text, names.ENGINE_LAST_STEP, ENGINE_MODEL) > 0
