@@ -264,3 +264,29 @@ def test_the_infill_benchmark_masks_whole_lines_of_held_out_files():
         assert prefix + line + "\n" + suffix in texts  # the file, cut around one line
         assert prefix == "" or prefix.endswith("\n")
         assert "\n" not in line and len(line.strip()) >= MIN_CHARS
+
+
+def test_fim_cost_compares_with_the_twin_built_without_fim(tmp_path):
+    import json
+    from dataclasses import asdict, replace
+
+    from modelbuild.fim_cost import main as fim_cost
+    from modelbuild.train import BuildConfig
+
+    def write(path: Path, config: BuildConfig, ltr: float, middle: float) -> None:
+        path.mkdir()
+        facts = {"held_out_loss": ltr, "held_out_middle_loss": middle, "build": asdict(config)}
+        (path / "build.json").write_text(json.dumps(facts))
+        (path / "MODEL_CARD.md").write_text("# card\n")
+
+    config = BuildConfig(bf16=False)
+    write(tmp_path / "fim", config, 4.2, 3.1)
+    write(tmp_path / "plain", replace(config, fim_rate=0.0), 4.1, 5.0)  # the twin, already built
+    fim_cost(["--checkpoint", str(tmp_path / "fim"), "--baseline", str(tmp_path / "plain")])
+    card = (tmp_path / "fim" / "MODEL_CARD.md").read_text()
+    assert card.startswith("# card\n\n## What fill-in-the-middle costs")
+    assert "| 0 | 4.100 | 5.000 |" in card and "| 0.5 | 4.200 | 3.100 |" in card
+    assert "FIM costs +0.100 nats/token" in card
+    # run again: the section is replaced, not added twice
+    fim_cost(["--checkpoint", str(tmp_path / "fim"), "--baseline", str(tmp_path / "plain")])
+    assert (tmp_path / "fim" / "MODEL_CARD.md").read_text().count("## What fill") == 1
