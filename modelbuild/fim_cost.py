@@ -56,6 +56,15 @@ def section(facts: dict, plain: dict) -> str:
         f"Left to right, FIM costs {cost:+.3f} nats/token at this size and budget.",
         "",
     ]
+    curves = [dict(f.get("held_out_curve", [])) for f in (plain, facts)]
+    steps = [step for step in curves[0] if step in curves[1]]
+    if steps:
+        rows += ["| step | left-to-right loss, rate 0 | rate " + f"{rate} | difference |"]
+        rows += ["|---:|---:|---:|---:|"]
+        for step in steps:
+            a, b = curves[0][step], curves[1][step]
+            rows.append(f"| {step} | {a:.3f} | {b:.3f} | {b - a:+.3f} |")
+        rows.append("")
     return "\n".join(rows)
 
 

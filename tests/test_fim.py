@@ -276,6 +276,7 @@ def test_fim_cost_compares_with_the_twin_built_without_fim(tmp_path):
     def write(path: Path, config: BuildConfig, ltr: float, middle: float) -> None:
         path.mkdir()
         facts = {"held_out_loss": ltr, "held_out_middle_loss": middle, "build": asdict(config)}
+        facts["held_out_curve"] = [[62, ltr + 1], [250, ltr]]
         (path / "build.json").write_text(json.dumps(facts))
         (path / "MODEL_CARD.md").write_text("# card\n")
 
@@ -287,6 +288,7 @@ def test_fim_cost_compares_with_the_twin_built_without_fim(tmp_path):
     assert card.startswith("# card\n\n## What fill-in-the-middle costs")
     assert "| 0 | 4.100 | 5.000 |" in card and "| 0.5 | 4.200 | 3.100 |" in card
     assert "FIM costs +0.100 nats/token" in card
+    assert "| 62 | 5.100 | 5.200 | +0.100 |" in card
     # run again: the section is replaced, not added twice
     fim_cost(["--checkpoint", str(tmp_path / "fim"), "--baseline", str(tmp_path / "plain")])
     assert (tmp_path / "fim" / "MODEL_CARD.md").read_text().count("## What fill") == 1
