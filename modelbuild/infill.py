@@ -14,6 +14,7 @@ It runs the serving engine itself, as the server would, on this machine's CPU.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import platform
@@ -37,18 +38,19 @@ NEW_TOKENS = 32
 
 
 def masked_lines(count: int, seed: int) -> list[tuple[str, str, str]]:
-    """(prefix, line, suffix) for ``count`` random lines of the held-out files."""
+    """(prefix, line, suffix) for ``count`` random lines of the held-out files (the whole text
+    before and after the line; only the drawn lines are cut out, so memory stays one copy)."""
     _, held_out = split()
-    candidates = []
-    for text in read_texts(held_out):
-        lines = text.splitlines(keepends=True)
+    texts = list(read_texts(held_out))
+    candidates = []  # (file, start, end) of each line long enough
+    for index, text in enumerate(texts):
         start = 0
-        for line in lines:
-            body = line.rstrip("\n")
-            if len(body.strip()) >= MIN_CHARS and line.endswith("\n"):
-                candidates.append((text[:start], body, text[start + len(line) :]))
+        for line in text.splitlines(keepends=True):
+            if len(line.strip()) >= MIN_CHARS and line.endswith("\n"):
+                candidates.append((index, start, start + len(line)))
             start += len(line)
-    return random.Random(seed).sample(candidates, min(count, len(candidates)))
+    drawn = random.Random(seed).sample(candidates, min(count, len(candidates)))
+    return [(texts[i][:a], texts[i][a : b - 1], texts[i][b:]) for i, a, b in drawn]
 
 
 def _run(engine: Engine, requests: list[GenerationRequest]) -> list[GenerationResult]:
@@ -73,8 +75,9 @@ def _run(engine: Engine, requests: list[GenerationRequest]) -> list[GenerationRe
 def evaluate(checkpoint: Path, count: int, seed: int) -> dict:
     pre, post = Preprocessor(checkpoint), Postprocessor(checkpoint)
     cases = masked_lines(count, seed)
-    prefixes = pre.encode_all([p for p, _, _ in cases])
-    suffixes = pre.encode_all([s for _, _, s in cases])
+    # enough characters for the tokens kept (code has at least one character per token)
+    prefixes = pre.encode_all([p[-8 * PREFIX_TOKENS :] for p, _, _ in cases])
+    suffixes = pre.encode_all([s[: 8 * SUFFIX_TOKENS] for _, _, s in cases])
     plain = [
         GenerationRequest(p[-PREFIX_TOKENS:] or [pre.tokenizer.eos_token_id], NEW_TOKENS)
         for p in prefixes
@@ -92,10 +95,18 @@ def evaluate(checkpoint: Path, count: int, seed: int) -> dict:
             started = time.perf_counter()
             results = _run(engine, requests)
             texts = [post.decode(r.output_ids).split("\n", 1)[0] for r in results]
-            hits = sum(t == line for t, (_, line, _) in zip(texts, cases, strict=True))
+            lines = [line for _, line, _ in cases]
+            hits = sum(t == line for t, line in zip(texts, lines, strict=True))
+            # how close a miss came: difflib's ratio, 1 = the same line (the "edit similarity"
+            # code-completion benchmarks report next to exact match)
+            similar = [
+                difflib.SequenceMatcher(None, t, line).ratio()
+                for t, line in zip(texts, lines, strict=True)
+            ]
             report[name] = {
                 "exact_match": round(hits / len(cases), 4),
                 "hits": hits,
+                "similarity": round(sum(similar) / len(similar), 4),
                 "seconds": round(time.perf_counter() - started, 1),
             }
     finally:
@@ -133,13 +144,14 @@ def main(argv: list[str] | None = None) -> int:
         f"prefix {PREFIX_TOKENS} / suffix {SUFFIX_TOKENS} tokens, {report['checkpoint']}"
     )
     print(f"machine: {report['machine']}")
-    print("| condition | exact match | lines | seconds |")
-    print("|---|---:|---:|---:|")
+    print("| condition | exact match | lines | mean similarity | seconds |")
+    print("|---|---:|---:|---:|---:|")
     for name in ("without suffix", "with suffix"):
         if name in report:
             row = report[name]
             print(
                 f"| {name} | {row['exact_match']:.1%} | {row['hits']}/{report['lines']} | "
+                f"{row['similarity']:.3f} | "
                 f"{row['seconds']} |"
             )
     if "with suffix" not in report:

@@ -307,8 +307,9 @@ def model_card(facts: dict, completions: list[tuple[str, str]]) -> str:
         f"(perplexity {math.exp(facts['held_out_loss']):.1f}) on stdlib files never trained on, "
         "left to right |",
         f"| fill-in-the-middle | StarCoder sentinels `<fim_prefix>` `<fim_suffix>` `<fim_middle>`;"
-        f" {build['fim_rate']:.0%} of training documents made FIM examples "
-        f"({build['fim_spm_rate']:.0%} of those in SPM order, the rest PSM); held-out loss of "
+        f" each document (or piece of one) in a training window made a FIM example with "
+        f"probability {build['fim_rate']:.0%} ({build['fim_spm_rate']:.0%} of those in SPM "
+        "order, the rest PSM; `modelbuild/fim.py`); held-out loss of "
         f"a middle given its prefix and suffix {facts['held_out_middle_loss']:.3f} nats/token |",
         "",
         "## Greedy completions (40 tokens, the serving engine, no penalties)",
