@@ -11,6 +11,7 @@ import triton_python_backend_utils as pb_utils
 from contract.options import InvalidRequestError
 from contract.tensors import (
     ENSEMBLE_TO_PREPROCESSING,
+    INPUT_SPECS,
     PREPROCESSING_MODEL,
     PREPROCESSING_TO_MODEL_STAGE,
     TensorSpec,
@@ -66,6 +67,8 @@ def tokenize(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     inputs = []
     for stage_name, name in ENSEMBLE_TO_PREPROCESSING.items():
         if name not in arrays:
+            if INPUT_SPECS[name].optional:
+                continue
             raise InvalidRequestError(f"input {name} is required")
         inputs.append(pb_utils.Tensor(stage_name, arrays[name]))
     answer = pb_utils.InferenceRequest(

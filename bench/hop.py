@@ -67,7 +67,9 @@ def stage_inputs(
     and the prompt's length in tokens."""
     tensors = request.tensors()
     inputs = [
-        _infer_input(stage, tensors[name]) for stage, name in ENSEMBLE_TO_PREPROCESSING.items()
+        _infer_input(stage, tensors[name])
+        for stage, name in ENSEMBLE_TO_PREPROCESSING.items()
+        if name in tensors  # an optional input the request leaves out (suffix)
     ]
     answer = client.infer(PREPROCESSING_MODEL, inputs)
     stage = [

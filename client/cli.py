@@ -3,6 +3,7 @@
     codegen complete "def fib(n):" --max-tokens 64
     codegen complete --stream "def fib(n):"          # print pieces as they are generated
     codegen complete --file script.py >> script.py   # complete at the end of a file
+    codegen complete --suffix "    return a" "def f(a):\n"  # fill in the middle
     echo "import numpy as np" | codegen complete --json
     codegen health
 
@@ -112,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     source.add_argument(
         "--file", "-f", metavar="PATH", help="complete at the end of this file (its whole text)"
+    )
+    source.add_argument(
+        "--suffix",
+        metavar="TEXT",
+        default="",
+        help="the text after the cursor: fill in the middle between the prompt and it (the "
+        "prompt may then be empty); needs a model trained for it, as the default one is",
     )
     sampling = complete.add_argument_group("generation")
     sampling.add_argument(
@@ -248,6 +256,7 @@ def _request(args: argparse.Namespace, prompt: str) -> CompletionRequest:
         beam_width=args.beams,
         len_penalty=args.len_penalty,
         beam_search_diversity_rate=args.diversity_rate,
+        suffix=args.suffix,
     )
 
 

@@ -73,7 +73,9 @@ class SamplingOptions(TypedDict, total=False):
     return_log_probs: fill ``Completion.log_probs`` and ``cum_log_prob``; end_id / start_id:
     token ids (the model's own end token when absent); beam_width: > 1 is beam search, its
     beams in ``Completion.beams`` (best first; top_k, top_p and seed are then unused);
-    len_penalty / beam_search_diversity_rate: how beams are ranked / kept apart (README).
+    len_penalty / beam_search_diversity_rate: how beams are ranked / kept apart (README);
+    suffix: the text after the cursor, to fill in the middle (``completion`` is then the
+    middle, ``text`` the prompt and the middle).
     """
 
     top_k: int
@@ -89,6 +91,7 @@ class SamplingOptions(TypedDict, total=False):
     beam_width: int
     len_penalty: float | None
     beam_search_diversity_rate: float | None
+    suffix: str | None
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,12 @@ from contract.words import encode_words
 
 @dataclass(frozen=True)
 class CompletionRequest:
-    """One request to the ensemble: one or more prompts sharing the same options."""
+    """One request to the ensemble: one or more prompts sharing the same options.
+
+    ``suffix``: the text after the cursor, for fill-in-the-middle (the prompt is then the text
+    before it, and may be empty); one string for one prompt, or one per prompt. The completion
+    is what goes between them, and the whole text the server returns is prompt + middle.
+    """
 
     prompts: tuple[str, ...]
     max_tokens: int = DEFAULT_MAX_TOKENS
@@ -42,6 +47,7 @@ class CompletionRequest:
     start_id: int | None = None
     len_penalty: float | None = None
     beam_search_diversity_rate: float | None = None
+    suffix: str | tuple[str, ...] | None = None
     sampling: SamplingParams = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -50,14 +56,25 @@ class CompletionRequest:
         object.__setattr__(self, "prompts", tuple(self.prompts))
         object.__setattr__(self, "stop_words", tuple(self.stop_words))
         object.__setattr__(self, "bad_words", tuple(self.bad_words))
+        if isinstance(self.suffix, str):
+            object.__setattr__(self, "suffix", (self.suffix,))
+        elif self.suffix is not None:
+            object.__setattr__(self, "suffix", tuple(self.suffix))
         self.validate()
 
     def validate(self) -> None:
         """Refuse, before anything is sent, an option the server would refuse."""
         if not self.prompts:
             raise InvalidRequestError("no prompt given")
-        for i, prompt in enumerate(self.prompts):
-            if not isinstance(prompt, str) or not prompt:
+        suffixes = self.suffixes
+        if len(suffixes) != len(self.prompts):
+            raise InvalidRequestError(
+                f"{len(suffixes)} suffixes for {len(self.prompts)} prompts: give one per prompt"
+            )
+        for i, (prompt, suffix) in enumerate(zip(self.prompts, suffixes, strict=True)):
+            if not isinstance(suffix, str):
+                raise InvalidRequestError(f"suffix {i} must be text, got {suffix!r}")
+            if not isinstance(prompt, str) or not (prompt or suffix):
                 raise InvalidRequestError(f"prompt {i} is empty: give some text to complete")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequestError(
@@ -85,6 +102,12 @@ class CompletionRequest:
                 seed=self.seed,
             ),
         )
+
+    @property
+    def suffixes(self) -> tuple[str, ...]:
+        """One suffix per prompt ("" where none: no fill-in-the-middle)."""
+        assert not isinstance(self.suffix, str)  # made a tuple in __post_init__
+        return self.suffix if self.suffix is not None else ("",) * len(self.prompts)
 
     def tensors(self) -> dict[str, np.ndarray]:
         """The request's tensors by input name, shaped [batch, ...] as the ensemble expects."""
@@ -115,6 +138,8 @@ class CompletionRequest:
         for name, (value, dtype) in optional.items():
             if value is not None:
                 tensors[name] = column(value, dtype)
+        if any(self.suffixes):  # absent otherwise: a server without the input still answers
+            tensors["suffix"] = np.array([[s.encode()] for s in self.suffixes], dtype=np.object_)
         return tensors
 
     def infer_inputs(self, protocol: ModuleType) -> list:

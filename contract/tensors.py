@@ -89,6 +89,9 @@ ENSEMBLE_INPUTS = (
     TensorSpec("INPUT_2", "TYPE_STRING", (-1,)),  # bad words, one CSV string
     TensorSpec("INPUT_3", "TYPE_STRING", (-1,)),  # stop words, one CSV string
     *OPTION_INPUTS,
+    # Not in the FasterTransformer contract: the text after the cursor. Present and not empty,
+    # the prompt (INPUT_0) is the text before it and the model fills the gap (contract/fim.py).
+    TensorSpec("suffix", "TYPE_STRING", (-1,), optional=True),
 )
 ENSEMBLE_OUTPUTS = (
     TensorSpec("OUTPUT_0", "TYPE_STRING", (-1, -1)),  # prompt + completion, flat [batch * beam]
@@ -110,6 +113,7 @@ PREPROCESSING_INPUTS = (
     TensorSpec("REQUEST_OUTPUT_LEN", "TYPE_UINT32", (-1,)),
     TensorSpec("BAD_WORDS_DICT", "TYPE_STRING", (-1,)),
     TensorSpec("STOP_WORDS_DICT", "TYPE_STRING", (-1,)),
+    TensorSpec("suffix", "TYPE_STRING", (-1,), optional=True),
 )
 PREPROCESSING_OUTPUTS = (
     TensorSpec("INPUT_ID", "TYPE_UINT32", (-1,)),
@@ -147,6 +151,7 @@ ENSEMBLE_TO_PREPROCESSING = {
     "REQUEST_OUTPUT_LEN": "INPUT_1",
     "BAD_WORDS_DICT": "INPUT_2",
     "STOP_WORDS_DICT": "INPUT_3",
+    "suffix": "suffix",
 }
 PREPROCESSING_TO_MODEL_STAGE = {
     "INPUT_ID": "input_ids",

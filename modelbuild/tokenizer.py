@@ -1,4 +1,8 @@
-"""A byte-level BPE tokenizer (GPT-2 style, so any text round-trips) trained on the corpus."""
+"""A byte-level BPE tokenizer (GPT-2 style, so any text round-trips) trained on the corpus.
+
+Its special tokens are the end of text and, with ``fim``, StarCoder's fill-in-the-middle
+sentinels (``contract.fim``), so a model trained with it can be asked to fill a gap.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +11,21 @@ from collections.abc import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from contract.fim import STARCODER_TOKENS
+
 END_OF_TEXT = "<|endoftext|>"
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int, fim: bool = True
+) -> PreTrainedTokenizerFast:
+    fim_tokens = list(STARCODER_TOKENS) if fim else []
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[END_OF_TEXT],
+        special_tokens=[END_OF_TEXT, *fim_tokens],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -25,5 +34,6 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
         tokenizer_object=tokenizer,
         bos_token=END_OF_TEXT,
         eos_token=END_OF_TEXT,
+        additional_special_tokens=fim_tokens,
         clean_up_tokenization_spaces=False,
     )

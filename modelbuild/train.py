@@ -20,6 +20,7 @@ from transformers import GPTJConfig as HFGPTJConfig
 from transformers import GPTJForCausalLM
 
 from modelbuild.corpus import read_texts, split
+from modelbuild.fim import FimTransform, middle_windows
 from modelbuild.tokenizer import END_OF_TEXT, train_tokenizer
 
 CARD_PROMPTS = (
@@ -51,6 +52,11 @@ class BuildConfig:
     eval_windows: int = 32
     eval_points: int = 4  # held-out loss measured this many times during training
     bf16: bool | None = None  # bfloat16 autocast; None: only where the CPU does it natively
+    # Share of training documents turned into fill-in-the-middle examples (modelbuild/fim.py),
+    # half of them in SPM order: SantaCoder's and StarCoder's rates. The model card states what
+    # it costs in left-to-right loss (python -m modelbuild.fim_cost measures it).
+    fim_rate: float = 0.5
+    fim_spm_rate: float = 0.5
 
     @property
     def train_tokens(self) -> int:
@@ -91,9 +97,17 @@ def _lr(config: BuildConfig, step: int) -> float:
     return config.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _batch(data: np.ndarray, rng: np.random.Generator, config: BuildConfig) -> torch.Tensor:
+def _batch(
+    data: np.ndarray, rng: np.random.Generator, config: BuildConfig, fim: FimTransform
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, labels) of one step: random windows, some of their documents made FIM."""
     starts = rng.integers(0, len(data) - config.block_size - 1, size=config.batch_size)
-    return torch.from_numpy(np.stack([data[s : s + config.block_size] for s in starts]))
+    windows = [data[s : s + config.block_size] for s in starts]
+    if config.fim_rate > 0:
+        pairs = [fim.window(w) for w in windows]
+        return tuple(torch.from_numpy(np.stack(column)) for column in zip(*pairs, strict=True))
+    batch = torch.from_numpy(np.stack(windows))
+    return batch, batch
 
 
 @torch.no_grad()
@@ -106,6 +120,20 @@ def evaluate(model: GPTJForCausalLM, data: np.ndarray, config: BuildConfig) -> f
         window = torch.from_numpy(data[i * config.block_size : (i + 1) * config.block_size])[None]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
             losses.append(model(window, labels=window).loss.float().item())
+    model.train()
+    return float(np.mean(losses))
+
+
+@torch.no_grad()
+def evaluate_middles(model: GPTJForCausalLM, windows, config: BuildConfig) -> float:
+    """Mean cross-entropy (nats) of the middles of held-out FIM examples, given their prefix
+    and suffix (``modelbuild.fim.middle_windows``)."""
+    model.eval()
+    losses = []
+    for tokens, labels in windows:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+            out = model(torch.from_numpy(tokens)[None], labels=torch.from_numpy(labels)[None])
+        losses.append(out.loss.float().item())
     model.train()
     return float(np.mean(losses))
 
@@ -182,15 +210,16 @@ def build(out_dir: Path, config: BuildConfig = BuildConfig()) -> dict:
         betas=(0.9, 0.95),
     )
     rng = np.random.default_rng(config.seed)
+    fim = FimTransform(tokenizer, config.fim_rate, config.fim_spm_rate, random.Random(config.seed))
     train_started = time.perf_counter()
     loss_value = float("nan")
     curve: list[tuple[int, float]] = []
     for step in range(config.steps):
         for group in optimizer.param_groups:
             group["lr"] = _lr(config, step)
-        batch = _batch(train_data, rng, config)
+        batch, labels = _batch(train_data, rng, config, fim)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
-            loss = model(batch, labels=batch).loss
+            loss = model(batch, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -211,6 +240,11 @@ def build(out_dir: Path, config: BuildConfig = BuildConfig()) -> dict:
     held_out = evaluate(model, valid_data, config)
     curve.append((config.steps, round(held_out, 4)))
     _progress(f"held-out loss {held_out:.3f} (perplexity {math.exp(held_out):.1f})")
+    middles = middle_windows(
+        tokenizer, valid_data, config.block_size, config.eval_windows, config.seed
+    )
+    middle_loss = evaluate_middles(model, middles, config)
+    _progress(f"held-out fill-in-the-middle loss (middles only) {middle_loss:.3f}")
 
     out_dir.mkdir(parents=True, exist_ok=True)
     model.eval()
@@ -224,6 +258,7 @@ def build(out_dir: Path, config: BuildConfig = BuildConfig()) -> dict:
         "train_seconds": round(train_seconds, 1),
         "held_out_loss": round(held_out, 4),
         "held_out_curve": curve,
+        "held_out_middle_loss": round(middle_loss, 4),
         "build": asdict(config),
     }
     (out_dir / "build.json").write_text(json.dumps(facts, indent=2) + "\n")
@@ -269,7 +304,13 @@ def model_card(facts: dict, completions: list[tuple[str, str]]) -> str:
         f"tokens = {facts['training_tokens']:,} tokens, {facts['train_seconds']:.0f}s, "
         f"seed {build['seed']} |",
         f"| held-out loss | {facts['held_out_loss']:.3f} nats/token "
-        f"(perplexity {math.exp(facts['held_out_loss']):.1f}) on stdlib files never trained on |",
+        f"(perplexity {math.exp(facts['held_out_loss']):.1f}) on stdlib files never trained on, "
+        "left to right |",
+        f"| fill-in-the-middle | StarCoder sentinels `<fim_prefix>` `<fim_suffix>` `<fim_middle>`;"
+        f" each document (or piece of one) in a training window made a FIM example with "
+        f"probability {build['fim_rate']:.0%} ({build['fim_spm_rate']:.0%} of those in SPM "
+        "order, the rest PSM; `modelbuild/fim.py`); held-out loss of "
+        f"a middle given its prefix and suffix {facts['held_out_middle_loss']:.3f} nats/token |",
         "",
         "## Greedy completions (40 tokens, the serving engine, no penalties)",
         "",

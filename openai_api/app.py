@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 from client import ENSEMBLE_MODEL, STREAM_MODEL
 from openai_api.errors import OpenAIError, from_client_error
 from openai_api.generation import Backend, ChoiceResult, ChoiceStream
-from openai_api.request import CompletionJob, parse_completion
+from openai_api.request import MODEL_ALIASES, MODEL_NAME, CompletionJob, parse_completion
 from openai_api.settings import API_KEY_VARIABLE, Settings
 
 
@@ -229,23 +229,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
-        """Every model Triton reports READY; ``ensemble`` and ``ensemble_stream`` complete."""
+        """The one model that completes, under one name (``aliases``: the other names it
+        answers to), once Triton serves the completion ensemble: a client that takes the first
+        model listed can complete with it. Triton's other models (the stages, the engine) are
+        not models a client can ask for; ``/health`` lists them."""
         check_key(request)
         state = await call(backend.health)
+        ready = state.model_ready(ENSEMBLE_MODEL)
+        entry = {"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "codegen"}
         return {
             "object": "list",
-            "data": [
-                {
-                    "id": m.name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "triton",
-                    "version": m.version,
-                    "completions": m.name in (ENSEMBLE_MODEL, STREAM_MODEL),
-                }
-                for m in state.models
-                if m.state == "READY"
-            ],
+            "data": [{**entry, "aliases": list(MODEL_ALIASES)}] if ready else [],
         }
 
     async def completions(request: Request, path_model: str | None) -> Response:

@@ -289,10 +289,11 @@ class Backend:
 
     def complete(self, request: CompletionRequest, stops: Sequence[str]) -> ChoiceResult:
         """One choice, whole: unary when prompt tokens can be counted exactly and no stop
-        sequence is asked for; else streamed, which stops at a stop sequence found in the text
-        even where the engine's token match misses it."""
+        sequence or suffix is asked for; else streamed, which stops at a stop sequence found in
+        the text even where the engine's token match misses it."""
         client = self.client()
-        if stops or not self.counter.usable(client):
+        # a FIM prompt's tokens are the server's to count (its sentinels): streamed
+        if stops or any(request.suffixes) or not self.counter.usable(client):
             return self.open_stream(request, stops).drain()
         (done,) = client.send(request)
         prompt_tokens = self.counter.count(request.prompts[0])

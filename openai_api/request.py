@@ -14,7 +14,11 @@ from client import ENSEMBLE_MODEL, STREAM_MODEL, CompletionRequest, InvalidReque
 from contract.tensors import ENSEMBLE_INPUTS
 from openai_api.errors import CONTRACT_TO_OPENAI, OpenAIError, bad_option, from_invalid_request
 
-COMPLETION_MODELS = (ENSEMBLE_MODEL, STREAM_MODEL)
+# The one name GET /v1/models lists (clients that pick the first model get it), and the names
+# it also answers to: Triton's own names for the two completion pipelines.
+MODEL_NAME = "codegen"
+MODEL_ALIASES = (ENSEMBLE_MODEL, STREAM_MODEL)
+COMPLETION_MODELS = (MODEL_NAME, *MODEL_ALIASES)
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default
 # The contract's options (as the ensemble and the client library name them) that this API reads
 # under the same name; every other one it refuses by name instead of ignoring it, so an option
@@ -35,6 +39,7 @@ class CompletionJob:
 
     model: str
     prompts: tuple[str, ...]
+    suffix: str
     n: int
     requests: tuple[CompletionRequest, ...]
     stops: tuple[str, ...]
@@ -109,10 +114,6 @@ def _refuse_unless_neutral(body: dict[str, Any]) -> None:
             )
     if body.get("logit_bias"):
         raise bad_option("logit_bias", "logit_bias is not supported; leave it out")
-    if body.get("suffix"):
-        raise bad_option(
-            "suffix", "suffix (fill in the middle) is not supported by this model; leave it out"
-        )
 
 
 def parse_completion(
@@ -126,18 +127,20 @@ def parse_completion(
     if path_model is not None:
         # Copilot-style plugins name their own engine (e.g. copilot-codex): any engine in the
         # path means the completion ensemble
-        model = path_model if path_model in COMPLETION_MODELS else ENSEMBLE_MODEL
+        model = path_model if path_model in COMPLETION_MODELS else MODEL_NAME
     else:
-        model = _option(body, "model", (str,), "a string", ENSEMBLE_MODEL)
+        model = _option(body, "model", (str,), "a string", MODEL_NAME)
     if model not in COMPLETION_MODELS:
         raise OpenAIError(
             404,
             f"the model {model!r} does not exist or does not complete text: use "
-            f"{ENSEMBLE_MODEL!r} (GET /v1/models lists what Triton serves)",
+            f"{MODEL_NAME!r} (GET /v1/models lists it)",
             param="model",
             code="model_not_found",
         )
     prompts = _prompts(body)
+    # fill in the middle: the text after the cursor, the same for every prompt ("" = none)
+    suffix = _option(body, "suffix", (str,), "a string (the text after the cursor)", "")
     n = _option(body, "n", (int,), "a positive integer", 1)
     if n < 1 or n * len(prompts) > max_choices:
         raise bad_option(
@@ -188,6 +191,7 @@ def parse_completion(
                 seed=None if seed is None else (seed + i) % 2**64 if seed >= 0 else seed,
                 stop_words=stops,
                 return_log_probs=logprobs is not None,
+                suffix=suffix,
                 **sampling,
             )
             for prompt in prompts
@@ -198,6 +202,7 @@ def parse_completion(
     return CompletionJob(
         model=model,
         prompts=prompts,
+        suffix=suffix,
         n=n,
         requests=requests,
         stops=stops,

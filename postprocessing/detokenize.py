@@ -1,4 +1,10 @@
-"""Token ids back to text, whole (unary) or piece by piece (streaming)."""
+"""Token ids back to text, whole (unary) or piece by piece (streaming).
+
+A fill-in-the-middle sequence (the checkpoint's layout, ``contract.fim``) reads as its prefix
+then the generated middle: the FasterTransformer contract returns prompt + completion, and the
+text before the cursor plus what goes at the cursor is its analogue. No FIM sentinel is ever
+part of a text, whole or streamed.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +14,27 @@ from pathlib import Path
 import numpy as np
 from transformers import PreTrainedTokenizerFast
 
+from contract.fim import tokenizer_layout
+
 
 class Postprocessor:
     def __init__(self, tokenizer_path: str | Path) -> None:
         self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_path))
+        self.fim = tokenizer_layout(self.tokenizer)
+        self.hidden = self.fim.sentinels if self.fim else frozenset()
 
     def decode(self, ids: list[int]) -> str:
+        if self.hidden:
+            ids = [i for i in ids if i not in self.hidden]
         return self.tokenizer.decode(
             ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
         )
 
     def decode_many(self, sequences: Sequence[list[int]]) -> list[str]:
-        """Many sequences in one call of the (Rust) tokenizer."""
+        """Many whole sequences in one call of the (Rust) tokenizer (a FIM one as its prefix
+        and middle)."""
+        if self.fim is not None:
+            sequences = [self.fim.visible(seq) for seq in sequences]
         return self.tokenizer.batch_decode(
             list(sequences), skip_special_tokens=True, clean_up_tokenization_spaces=False
         )

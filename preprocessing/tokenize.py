@@ -2,6 +2,10 @@
 
 A whole ``execute`` batch is tokenized in one call of the (Rust, multi-threaded) tokenizer, and
 every request gets its own answer: a bad request gets its error, the others their tensors.
+
+A row with a non-empty ``suffix`` asks for fill-in-the-middle: its prompt is the text before
+the cursor (it may then be empty), and the model gets both in the checkpoint's own FIM layout
+(``contract.fim``), each side tokenized on its own so that no token straddles the cursor.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from transformers import PreTrainedTokenizerFast
 
+from contract.fim import NO_FIM, FimLayout, tokenizer_layout
 from contract.options import (
     MAX_PROMPT_BYTES,
     MAX_TOKENS_PER_WORD,
@@ -45,11 +50,21 @@ def _column(array: np.ndarray) -> list:
 class _Texts:
     """One request's texts, read and checked, waiting for token ids."""
 
-    def __init__(self, inputs: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, inputs: Mapping[str, np.ndarray], fim: FimLayout | None) -> None:
         self.inputs = inputs
         self.prompts = [_text(q, "INPUT_0", i) for i, q in enumerate(_column(inputs["QUERY"]))]
+        self.suffixes = [""] * len(self.prompts)
+        if "suffix" in inputs:
+            self.suffixes = [_text(v, "suffix", i) for i, v in enumerate(_column(inputs["suffix"]))]
+            if len(self.suffixes) != len(self.prompts):
+                raise InvalidRequestError(
+                    f"suffix has {len(self.suffixes)} rows for {len(self.prompts)} prompts in "
+                    "INPUT_0: send one suffix per prompt (an empty one for no fill-in-the-middle)"
+                )
+            if fim is None and any(self.suffixes):
+                raise InvalidRequestError(NO_FIM)
         for i, prompt in enumerate(self.prompts):
-            if not prompt:
+            if not prompt and not self.suffixes[i]:
                 raise InvalidRequestError(
                     f"INPUT_0 row {i} is an empty prompt: send text to complete"
                 )
@@ -66,7 +81,7 @@ class _Texts:
 
     def texts(self) -> list[str]:
         words = [w for rows in self.words.values() for row in rows for w in row]
-        return [*self.prompts, *words]
+        return [*self.prompts, *self.suffixes, *words]
 
 
 class Preprocessor:
@@ -74,6 +89,7 @@ class Preprocessor:
 
     def __init__(self, tokenizer_path: str | Path) -> None:
         self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_path))
+        self.fim = tokenizer_layout(self.tokenizer)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -95,7 +111,7 @@ class Preprocessor:
         checked: list[_Texts | Exception] = []
         for inputs in requests:
             try:
-                checked.append(_Texts(inputs))
+                checked.append(_Texts(inputs, self.fim))
             except InvalidRequestError as exc:
                 checked.append(exc)
         good = [c for c in checked if isinstance(c, _Texts)]
@@ -106,10 +122,14 @@ class Preprocessor:
                 answers.append(item)
                 continue
             prompts = [next(ids) for _ in item.prompts]
+            suffixes = [next(ids) for _ in item.suffixes]
             words = {
                 name: [[next(ids) for _ in row] for row in rows]
                 for name, rows in item.words.items()
             }
+            for i, text in enumerate(item.suffixes):
+                if text and self.fim is not None:
+                    prompts[i] = self.fim.prompt(prompts[i], suffixes[i])
             try:
                 answers.append(self._tensors(item, prompts, words))
             except InvalidRequestError as exc:
@@ -132,6 +152,11 @@ class Preprocessor:
                             f"{WORD_INPUTS[name]} of row {i}: the word {text[:40]!r} is "
                             f"{len(word)} tokens, over the limit of {MAX_TOKENS_PER_WORD}"
                         )
+        if self.fim is not None and self.fim.stop:  # CodeGen2 ends a middle with <eom>
+            stops = words["STOP_WORDS_DICT"]
+            for i, suffix in enumerate(item.suffixes):
+                if suffix:
+                    stops[i] = [*stops[i], self.fim.stop]
         ids = np.zeros((len(prompts), max(len(r) for r in prompts)), dtype=np.uint32)
         for i, row in enumerate(prompts):
             ids[i, : len(row)] = row

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from client import CodegenClient
+from client import CodegenClient, CompletionRequest
 from client.cli import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -73,6 +73,18 @@ def test_stream_prints_the_same_text(server, expected, protocol):
     run = codegen("complete", "--stream", PROMPT, "-n", "16", "--url", url)
     assert run.returncode == EXIT_OK, run.stderr
     assert run.stdout == expected
+
+
+@pytest.mark.parametrize("stream", [[], ["--stream"]])
+def test_suffix_fills_in_the_middle(server, stream):
+    request = CompletionRequest("def f(a):\n", 12, suffix="    return a\n")
+    middle = CodegenClient(server.grpc_url).send(request)[0].completion
+    run = codegen(
+        "complete", "def f(a):\n", *stream, "-n", "12", "--suffix", "    return a\n",
+        "--url", server.grpc_url,
+    )  # fmt: skip
+    assert run.returncode == EXIT_OK, run.stderr
+    assert run.stdout == middle
 
 
 def test_file_is_completed_at_its_end(server, tmp_path):

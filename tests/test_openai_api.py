@@ -234,8 +234,8 @@ def test_echo_and_logprobs(api):
 
 def test_models_and_health(api):
     models = openai_client(api).models.list()
-    ids = {m.id for m in models.data}
-    assert {"ensemble", "ensemble_stream", "preprocessing", "gptj", "postprocessing"} <= ids
+    assert [m.id for m in models.data] == ["codegen"]  # only what completes (more in
+    # tests/test_editor_clients.py); Triton's own models are in /health
     health = httpx.get(f"{api.url}/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert health.json()["streaming"] is True
