@@ -98,7 +98,7 @@ def code_prompt(rng: random.Random, chars: int) -> str:
     return text[start : start + chars]
 
 
-PROMPT_CHARS = (800, 2000)  # long file prefixes that fit the default model's 1,024 tokens
+PROMPT_CHARS = (800, 1600)  # long file prefixes that fit the default model's 1,024 tokens
 PROMPT_CHARS_NOW = list(PROMPT_CHARS)  # this run's (--prompt-chars)
 
 
