@@ -29,6 +29,8 @@ from backend.io import FINAL, error_response, response, tokenize
 from contract import metrics as names
 from contract.options import InvalidRequestError
 from contract.tensors import ENGINE_ERROR, ENGINE_MODEL, ENGINE_OUTPUTS
+from engine.interface import ModelLimits
+from engine.tensors import parse_request
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
 
 # Requests a caller runs at once: the engine's queue (256) and batch (64) hold no more. Past
@@ -149,12 +151,14 @@ class EngineCalls:
     def __init__(
         self,
         model_name: str,
+        limits: ModelLimits,
         engine_model: str = ENGINE_MODEL,
         max_in_flight: int = MAX_IN_FLIGHT,
         poll_s: float = POLL_S,
         keep_iterators_s: float = KEEP_ITERATORS_S,
     ) -> None:
         self.engine_model = engine_model
+        self.limits = limits
         self.metrics = CallerMetrics(model_name)
         self.max_in_flight = max_in_flight
         self.slots = threading.BoundedSemaphore(max_in_flight)
@@ -212,6 +216,14 @@ class EngineCalls:
             self._in_flight -= 1
             self.metrics.in_flight(self._in_flight)
         self.slots.release()
+
+    def check(self, arrays: Mapping[str, np.ndarray], stream: bool) -> None:
+        """Raise InvalidRequestError for a request the engine would refuse for its options or
+        size, so that it is refused here at once rather than after waiting in the engine's
+        queue behind valid work (under overload that wait can outlast its queue timeout)."""
+        rows, _ = parse_request(arrays, stream)
+        for row in rows:
+            self.limits.check(row)
 
     def cancel(self, call: Call) -> None:
         """Tell the engine to drop the call's rows (once)."""
@@ -289,7 +301,12 @@ def forward_final(
     requested: frozenset[str] | None = None,
 ) -> None:
     """The unary model stage: the engine's one final response, passed on (the outputs the
-    request asked for)."""
+    request asked for). An invalid request is answered at once, in ``execute``."""
+    try:
+        calls.check(arrays, stream=False)
+    except InvalidRequestError as exc:
+        sender.send(error_response(str(exc)), flags=FINAL)
+        return
 
     def work(call: Call) -> None:
         answer = error_response("internal error: the engine sent no response")
@@ -362,6 +379,11 @@ def stream_pieces(
     def work(call: Call) -> None:
         try:
             stage = tokenize(arrays)
+        except InvalidRequestError as exc:
+            call.final(error_response(str(exc)))
+            return
+        try:
+            calls.check(stage, stream=True)
         except InvalidRequestError as exc:
             call.final(error_response(str(exc)))
             return

@@ -36,7 +36,7 @@ from engine.engine import Engine
 from engine.gptj import GPTJ
 from engine.interface import GenerationBackend, GenerationRequest, GenerationResult, Listener
 from engine.openvino_model import ModelShape, require_export
-from engine.tensors import requests_from_tensors, tensors_from_results
+from engine.tensors import parse_request, tensors_from_results
 from engine.threads import in_passing_thread
 
 
@@ -264,16 +264,7 @@ def submit_requests(stage: Stage, requests) -> None:
         try:
             arrays = read_inputs(request, ENGINE_INPUTS)
             stream = "stream" in arrays and bool(np.asarray(arrays.pop("stream")).any())
-            rows, log_probs = requests_from_tensors(arrays)
-            if stream and len(rows) != 1:
-                raise InvalidRequestError(
-                    f"streaming takes one prompt per request, got {len(rows)}"
-                )
-            if stream and rows[0].beam.width > 1:
-                raise InvalidRequestError(
-                    f"beam_width={rows[0].beam.width} cannot stream: beams are ranked only "
-                    "once they finish; send it to the unary `ensemble` instead"
-                )
+            rows, log_probs = parse_request(arrays, stream)
             for row in rows:
                 engine.validate(row)
         except InvalidRequestError as exc:

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from contract.options import InvalidRequestError
+from contract.options import DEFAULT_MAX_BEAM_WIDTH, InvalidRequestError
 from contract.tensors import (
+    ENGINE_MODEL,
     ENSEMBLE_TO_PREPROCESSING,
     INPUT_SPECS,
     PREPROCESSING_MODEL,
     PREPROCESSING_TO_MODEL_STAGE,
     TensorSpec,
 )
+from engine.interface import ModelLimits
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -24,6 +28,24 @@ def model_parameters(args: dict) -> dict[str, str]:
     """The ``parameters`` of the model's config.pbtxt, as strings."""
     config = json.loads(args["model_config"])
     return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+
+
+_PARAMETER = re.compile(r'key:\s*"([^"]+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"')
+
+
+def engine_limits(args: dict) -> ModelLimits:
+    """What every request must fit (the served model's vocabulary and context, the widest beam
+    search), read where the engine model reads it: its config.pbtxt's ``checkpoint_path`` and
+    ``max_beam_width``, and the checkpoint's config.json. The models that call the engine
+    check requests against it before they can wait behind valid work in the engine's queue."""
+    engine_dir = Path(args["model_repository"]).parent / ENGINE_MODEL
+    params = dict(_PARAMETER.findall((engine_dir / "config.pbtxt").read_text()))
+    config = json.loads((engine_dir / params["checkpoint_path"] / "config.json").read_text())
+    return ModelLimits(
+        vocab_size=config["vocab_size"],
+        context=config.get("n_positions") or config["max_position_embeddings"],
+        max_beam_width=int(params.get("max_beam_width", DEFAULT_MAX_BEAM_WIDTH)),
+    )
 
 
 def read_inputs(request, specs: Iterable[TensorSpec]) -> dict[str, np.ndarray]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from contract.options import DEFAULT_MAX_BEAM_WIDTH, InvalidRequestError
+from contract.options import DEFAULT_MAX_BEAM_WIDTH
 from engine.beams import BeamSearch, Hypothesis
 from engine.gptj import GPTJ, KVCache, Segment
 from engine.interface import (  # re-exported: callers import the data types from here too
@@ -30,8 +30,10 @@ from engine.interface import (  # re-exported: callers import the data types fro
     GenerationResult,
     Handle,
     Listener,
+    ModelLimits,
     NullListener,
     StepObserver,
+    check_cache_budget,
 )
 from engine.sampling import Sampler
 
@@ -135,41 +137,14 @@ class Engine:
 
     def validate(self, request: GenerationRequest) -> None:
         """Raise InvalidRequestError, naming the option, for a request that cannot run."""
-        vocab, context = self.config.vocab_size, self.config.n_positions
-        if not request.prompt_ids:
-            raise InvalidRequestError("the prompt is empty: send at least one character of text")
-        if request.max_new_tokens < 1:
-            raise InvalidRequestError(
-                f"request_output_len must be >= 1, got {request.max_new_tokens}"
-            )
+        self.limits.check(request)
         total = len(request.prompt_ids) + request.max_new_tokens
-        if total > context:
-            raise InvalidRequestError(
-                f"prompt ({len(request.prompt_ids)} tokens) + request_output_len "
-                f"({request.max_new_tokens}) = {total} exceeds the model's context of {context} "
-                "tokens; shorten the prompt or ask for fewer tokens"
-            )
-        width = request.beam.width
-        if width > self.max_beam_width:
-            raise InvalidRequestError(
-                f"beam_width={width} is over this server's limit of {self.max_beam_width} "
-                "(max_beam_width in engine/config.pbtxt); ask for fewer beams"
-            )
-        needed = width * KVCache.capacity_for(total)
-        if needed > self.max_cache_tokens:
-            beams = f" x {width} beams" if width > 1 else ""
-            raise InvalidRequestError(
-                f"prompt + request_output_len{beams} needs {needed} positions of KV cache, over "
-                f"this server's budget of {self.max_cache_tokens} (kv_cache_tokens in "
-                "engine/config.pbtxt); ask for fewer tokens"
-            )
-        bad = [t for t in request.prompt_ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary")
-        for kind, words in (("stop", request.stop_words), ("bad", request.bad_words)):
-            for word in words:
-                if not word or any(not 0 <= t < vocab for t in word):
-                    raise InvalidRequestError(f"{kind} word {list(word)} has invalid token ids")
+        needed = request.beam.width * KVCache.capacity_for(total)
+        check_cache_budget(request, needed, self.max_cache_tokens)
+
+    @property
+    def limits(self) -> ModelLimits:
+        return ModelLimits(self.config.vocab_size, self.config.n_positions, self.max_beam_width)
 
     def submit(self, request: GenerationRequest, listener: Listener) -> Handle:
         """Queue a request; the listener hears each token and then the result."""

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from contract.options import NO_BEAMS, BeamParams, SamplingParams
+from contract.options import NO_BEAMS, BeamParams, InvalidRequestError, SamplingParams
 
 
 @dataclass
@@ -34,6 +34,59 @@ class GenerationRequest:
     def rows(self) -> int:
         """Rows of the running batch the request takes."""
         return self.beam.width
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What a request must fit whatever backend runs it: the model's vocabulary and context,
+    and the server's widest beam search. Every backend checks these first, and so do the
+    models that call the engine, before a request can wait in a queue behind valid work."""
+
+    vocab_size: int
+    context: int
+    max_beam_width: int
+
+    def check(self, request: GenerationRequest) -> None:
+        """Raise InvalidRequestError, naming the option, for a request that cannot run."""
+        vocab, context = self.vocab_size, self.context
+        if not request.prompt_ids:
+            raise InvalidRequestError("the prompt is empty: send at least one character of text")
+        if request.max_new_tokens < 1:
+            raise InvalidRequestError(
+                f"request_output_len must be >= 1, got {request.max_new_tokens}"
+            )
+        total = len(request.prompt_ids) + request.max_new_tokens
+        if total > context:
+            raise InvalidRequestError(
+                f"prompt ({len(request.prompt_ids)} tokens) + request_output_len "
+                f"({request.max_new_tokens}) = {total} exceeds the model's context of {context} "
+                "tokens; shorten the prompt or ask for fewer tokens"
+            )
+        width = request.beam.width
+        if width > self.max_beam_width:
+            raise InvalidRequestError(
+                f"beam_width={width} is over this server's limit of {self.max_beam_width} "
+                "(max_beam_width in engine/config.pbtxt); ask for fewer beams"
+            )
+        bad = [t for t in request.prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary")
+        for kind, words in (("stop", request.stop_words), ("bad", request.bad_words)):
+            for word in words:
+                if not word or any(not 0 <= t < vocab for t in word):
+                    raise InvalidRequestError(f"{kind} word {list(word)} has invalid token ids")
+
+
+def check_cache_budget(request: GenerationRequest, needed: int, budget: int) -> None:
+    """Refuse a request whose KV cache (``needed`` positions, as the backend allocates them)
+    could never fit the server's budget."""
+    if needed > budget:
+        beams = f" x {request.beam.width} beams" if request.beam.width > 1 else ""
+        raise InvalidRequestError(
+            f"prompt + request_output_len{beams} needs {needed} positions of KV cache, over "
+            f"this server's budget of {budget} (kv_cache_tokens in engine/config.pbtxt); ask "
+            "for fewer tokens"
+        )
 
 
 @dataclass

@@ -13,7 +13,7 @@ import numpy as np
 from contract.options import BeamParams, InvalidRequestError, SamplingParams
 from contract.tensors import OPTION_DEFAULTS
 from contract.words import split_word_list
-from engine.engine import GenerationRequest, GenerationResult
+from engine.interface import GenerationRequest, GenerationResult  # no torch: callers parse too
 
 # Option inputs the engine takes and has no use for, named so that they are told apart from one
 # it forgot (tests/test_options_written_once.py). FasterTransformer's start_id begins generation
@@ -81,6 +81,22 @@ def requests_from_tensors(arrays: Mapping[str, np.ndarray]) -> tuple[list[Genera
     for request in requests:
         request.return_log_probs = return_log_probs
     return requests, return_log_probs
+
+
+def parse_request(
+    arrays: Mapping[str, np.ndarray], stream: bool
+) -> tuple[list[GenerationRequest], bool]:
+    """``requests_from_tensors`` plus what streaming allows: one prompt, no beams. The engine
+    model and the models that call it both parse a request with this."""
+    rows, log_probs = requests_from_tensors(arrays)
+    if stream and len(rows) != 1:
+        raise InvalidRequestError(f"streaming takes one prompt per request, got {len(rows)}")
+    if stream and rows[0].beam.width > 1:
+        raise InvalidRequestError(
+            f"beam_width={rows[0].beam.width} cannot stream: beams are ranked only once they "
+            "finish; send it to the unary `ensemble` instead"
+        )
+    return rows, log_probs
 
 
 def tensors_from_results(

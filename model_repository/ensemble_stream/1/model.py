@@ -11,7 +11,7 @@ its next step. The logic is in backend/engine_calls.py.
 from pathlib import Path
 
 from backend.engine_calls import EngineCalls, copied, stream_pieces
-from backend.io import model_parameters, read_inputs, requested_outputs
+from backend.io import engine_limits, model_parameters, read_inputs, requested_outputs
 from contract.tensors import ENSEMBLE_INPUTS
 from postprocessing.detokenize import Postprocessor
 
@@ -20,7 +20,7 @@ class TritonPythonModel:
     def initialize(self, args):
         path = model_parameters(args)["tokenizer_path"]
         self.postprocessor = Postprocessor(Path(args["model_repository"]) / path)
-        self.calls = EngineCalls(args["model_name"])
+        self.calls = EngineCalls(args["model_name"], engine_limits(args))
 
     def execute(self, requests):
         for request in requests:

@@ -7,13 +7,13 @@ requests overlap and batch in the engine; backend/engine_calls.py has the logic.
 """
 
 from backend.engine_calls import EngineCalls, copied, forward_final
-from backend.io import read_inputs, requested_outputs
+from backend.io import engine_limits, read_inputs, requested_outputs
 from contract.tensors import MODEL_STAGE_INPUTS
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.calls = EngineCalls(args["model_name"])
+        self.calls = EngineCalls(args["model_name"], engine_limits(args))
 
     def execute(self, requests):
         for request in requests:
