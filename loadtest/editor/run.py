@@ -67,6 +67,12 @@ def parser() -> argparse.ArgumentParser:
         "--no-suffix", action="store_true", help="send prefixes only (default: with suffixes)"
     )
     p.add_argument("--suffix-share", type=float, default=0.25, help="of the prompt budget (0.25)")
+    p.add_argument(
+        "--pause",
+        type=_pair,
+        default=TypingStyle().pause_s,
+        help="a pause's shortest and longest seconds, MIN,MAX (%(default)s)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help=f"a short run: {QUICK}")
     p.add_argument("--progress-every", type=float, help="seconds between progress lines")
@@ -75,6 +81,16 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
     return p
+
+
+def _pair(text: str) -> tuple[float, float]:
+    try:
+        low, high = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX seconds, got {text!r}") from None
+    if not 0 < low <= high:
+        raise argparse.ArgumentTypeError(f"expected 0 < MIN <= MAX, got {text!r}")
+    return low, high
 
 
 def _console() -> None:
@@ -123,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         args.max_tokens,
         args.suffix_share,
     )
-    style = TypingStyle()
+    style = TypingStyle(pause_s=args.pause)
     started = time.time()
     with ExitStack() as stack:
         target = OpenAITarget if args.protocol == "openai" else TARGETS["grpc"].server
