@@ -42,6 +42,7 @@ from loadtest.soak_cases import (
     raw_tensors,
 )
 from loadtest.soak_clients import Rotation
+from loadtest.soak_report import write_run
 from loadtest.soak_results import (
     FAIL,
     PASS,
@@ -57,7 +58,6 @@ from loadtest.soak_results import (
     kind_summaries,
     rss_flatness,
     total_summary,
-    write_run,
 )
 
 # Error texts as this Triton (2.51, python backend) and tritonclient really produce them.
