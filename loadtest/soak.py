@@ -41,6 +41,7 @@ from loadtest.soak_cases import (
 )
 from loadtest.soak_clients import ClientParams
 from loadtest.soak_drill import drill_check, stub_kill_drill
+from loadtest.soak_editor import editor_check, run_editor_phase
 from loadtest.soak_phases import find_saturation, run_soak
 from loadtest.soak_report import console_table, write_run
 from loadtest.soak_results import (
@@ -70,6 +71,7 @@ from loadtest.soak_server import (
     wait_for_drain,
 )
 from loadtest.soak_settings import SoakSettings, parse_args
+from loadtest.soak_stall import longest_stall, stall_check
 
 # --- the run -------------------------------------------------------------------------------
 
@@ -135,13 +137,21 @@ def main(argv: list[str] | None = None) -> int:
             f"still in flight {settings.deadline_s:.0f}s after the soak ended"
         )
         phases.append(("soak", begin, ledger.now()))
+        editor_begin, editor_end, editor = run_editor_phase(settings, ledger, sampler)
+        editor_left = ledger.close("still in flight after the editor phase ended")
+        if editor.get("done"):
+            phases.append(("editor", editor_begin, ledger.now()))
         ready_after = http_status(f"{settings.endpoints.http_url}/v2/health/ready")
         sampler.phase = "drain"
         t_drain = ledger.now()
         after, drain_s = wait_for_drain(settings.endpoints.metrics_url, settings.drain_timeout_s)
         phases.append(("drain", t_drain, ledger.now()))
         records, _ = ledger.snapshot()
-        soak_records = [r for r in records if r.phase == "soak"]
+        soak_records = [r for r in records if r.phase in ("soak", "editor")]
+        stalls = [longest_stall("soak", [r for r in records if r.phase == "soak"], begin, end)]
+        if editor.get("done"):
+            editor_records = [r for r in records if r.phase == "editor"]
+            stalls.append(longest_stall("editor", editor_records, editor_begin, editor_end))
         warm = [
             s.rss_bytes
             for s in sampler.samples
@@ -182,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{after.pending if after else '?'} after {drain_s:.1f}s",
         ),
         kv_check(idle_state, after),
+        editor_check(editor),
+        stall_check(stalls, settings.max_stall_s),
     ]
     if flatness is None:
         checks.append(Check("RSS flat after warm-up", SKIP, "server process not found"))
@@ -205,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             "seed": settings.seed,
             "machine": machine(),
             "stuck_client_threads": stuck,
-            "unanswered_at_close": unanswered_left,
+            "unanswered_at_close": unanswered_left + editor_left,
+            "max_stall_s": settings.max_stall_s,
         },
         server={
             "description": handle.description,
@@ -236,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             "clients_abandoned_during_soak": abandoned,
         },
         drill=drill,
+        editor=editor,
+        stalls=stalls,
         checks=checks,
         started_at=started_at,
         wall_s=time.monotonic() - wall,

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from loadtest.soak_cases import (
+    ALL_KINDS,
     CATEGORIES,
-    KINDS,
     OK,
     STATUSES,
 )
@@ -135,6 +135,22 @@ def render_report(result: SoakResult) -> str:
         "",
         result.rss.note if result.rss else result.rss_note,
         "",
+        "## Editor phase",
+        "",
+        *_editor_lines(result.editor),
+        "",
+        "## Stalls",
+        "",
+        "The longest time, per phase, with requests in flight and none answered in full or "
+        f"streaming its first text (bound {result.settings.get('max_stall_s', '?')} s):",
+        "",
+        *(
+            f"- {_get(s, 'phase')}: {_get(s, 'seconds')} s"
+            + (f" from t={_get(s, 'at_s')} s" if _get(s, "at_s") is not None else "")
+            + f", {_get(s, 'progress_events')} progress events"
+            for s in result.stalls
+        ),
+        "",
         "## Drain and engine",
         "",
         *(f"- {k}: {v}" for k, v in result.drain.items()),
@@ -148,6 +164,33 @@ def render_report(result: SoakResult) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _get(item: Any, key: str) -> Any:
+    return item[key] if isinstance(item, dict) else getattr(item, key)
+
+
+def _editor_lines(editor: dict[str, Any]) -> list[str]:
+    """The editor phase: what the typists did (loadtest.soak_editor)."""
+    if not editor.get("done"):
+        return [str(editor.get("error") or editor.get("note") or "not run")]
+    f, suffix = editor["figures"], editor["suffix"]
+    lines = [
+        f"{editor['typists']} typists for {editor['duration_s']:.0f} s through the OpenAI API "
+        f"(SSE), {editor['max_tokens']} tokens per completion, prompts up to "
+        f"{editor['prompt_budget_tokens']} tokens; each request abandoned at the next keystroke.",
+        "",
+        f"- requests {f['requests']}: answered {f['answered']}, abandoned {f['abandoned']}, "
+        f"errors {f['errors']}",
+        f"- first token p50 / p95 (answered): {_s(f['first_token_ms']['p50'], 0)} / "
+        f"{_s(f['first_token_ms']['p95'], 0)} ms; latency p50 / p95: "
+        f"{_s(f['latency_ms']['p50'], 0)} / {_s(f['latency_ms']['p95'], 0)} ms",
+        f"- prompt tokens sent per request: {_s(f['prompt_tokens_sent'], 0)}",
+        f"- suffix: {suffix['note']}",
+    ]
+    if not suffix["send"] and suffix["requested"]:
+        lines.insert(0, f"**{suffix['note']}**\n")
+    return lines
 
 
 def _saturation_text(saturation: dict[str, Any]) -> str:
@@ -206,7 +249,7 @@ def draw_chart(
         top.plot([s.t_s for s in samples], [s.rss_bytes / 2**20 for s in samples], "-", lw=1.5)
     top.set_ylabel("server RSS (MiB)\ntritonserver + stubs")
     top.grid(True, alpha=0.3)
-    for kind in KINDS:
+    for kind in ALL_KINDS:
         points = [
             (r.started_s + (r.latency_s or 0), r.latency_s)
             for r in records
@@ -220,7 +263,13 @@ def draw_chart(
     bottom.grid(True, alpha=0.3)
     if bottom.get_legend_handles_labels()[0]:
         bottom.legend(fontsize=8, markerscale=2, loc="upper left")
-    colors = {"ramp": "#fff2cc", "soak": "#e2f0d9", "drain": "#deebf7", "drill": "#f8cbad"}
+    colors = {
+        "ramp": "#fff2cc",
+        "soak": "#e2f0d9",
+        "editor": "#e4dff2",
+        "drain": "#deebf7",
+        "drill": "#f8cbad",
+    }
     for name, begin, end in phases:
         for ax in (top, bottom):
             ax.axvspan(begin, end, color=colors.get(name, "#eeeeee"), alpha=0.5, lw=0)

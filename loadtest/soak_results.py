@@ -19,10 +19,11 @@ import numpy as np
 
 from loadtest.soak_cases import (
     ABANDONED,
+    ALL_KINDS,
     CANCELLED,
     CASES,
+    EDITOR,
     INVALID,
-    KINDS,
     OK,
     QUEUE_FULL,
     REJECTED,
@@ -55,6 +56,7 @@ class Record:
     category: str = ""  # the error category of a rejection
     message: str = ""  # the error text
     expected: bool = True  # whether this end is what the kind or case must get
+    first_token_s: float | None = None  # a stream's first text, seconds after it was sent
 
 
 def judge(kind: str, case: str, status: str, category: str, message: str) -> bool:
@@ -63,10 +65,13 @@ def judge(kind: str, case: str, status: str, category: str, message: str) -> boo
     Valid requests must be answered, or turned away for overload (queue full, queue timeout).
     Vanishing clients may finish or leave. An invalid case, and a hostile case that expects a
     rejection, must be rejected by a validation error naming the option; a legal hostile case
-    must be answered. Nothing may go unanswered.
+    must be answered. An editor's request is answered or abandoned at the next keystroke.
+    Nothing may go unanswered.
     """
     if status == UNANSWERED:
         return False
+    if kind == EDITOR:
+        return status in (OK, ABANDONED)
     if case:
         spec = CASES[case]
         if spec.must_reject:
@@ -98,7 +103,14 @@ class Ledger:
             self.in_flight[ticket] = (kind, case, transport, phase, self.now())
             return ticket
 
-    def end(self, ticket: int, status: str, category: str = "", message: str = "") -> Record:
+    def end(
+        self,
+        ticket: int,
+        status: str,
+        category: str = "",
+        message: str = "",
+        first_token_s: float | None = None,
+    ) -> Record:
         """Record how a request ended (a second end of the same ticket is ignored)."""
         with self.lock:
             entry = self.in_flight.pop(ticket, None)
@@ -117,6 +129,7 @@ class Ledger:
                 category,
                 message[:MESSAGE_CHARS],
                 judge(kind, case, status, category, message),
+                None if first_token_s is None else round(first_token_s, 4),
             )
             self.records.append(record)
             return record
@@ -170,7 +183,8 @@ def kind_summaries(records: Iterable[Record]) -> list[KindSummary]:
     for record in records:
         by_kind.setdefault(record.kind, []).append(record)
     rows = []
-    for kind in sorted(by_kind, key=lambda k: KINDS.index(k) if k in KINDS else len(KINDS)):
+    order = {kind: i for i, kind in enumerate(ALL_KINDS)}
+    for kind in sorted(by_kind, key=lambda k: order.get(k, len(order))):
         group = by_kind[kind]
         status = Counter(r.status for r in group)
         latencies = [r.latency_s for r in group if r.status == OK and r.latency_s is not None]
@@ -351,6 +365,8 @@ class SoakResult:
     checks: list[Check] = field(default_factory=list)
     started_at: str = ""
     wall_s: float = 0.0
+    editor: dict[str, Any] = field(default_factory=dict)  # loadtest.soak_editor
+    stalls: list[Any] = field(default_factory=list)  # loadtest.soak_stall.Stall per phase
 
     @property
     def failed(self) -> bool:

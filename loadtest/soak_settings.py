@@ -44,6 +44,10 @@ class SoakSettings:
     seed: int
     out: Path
     model_repository: Path
+    editor_duration_s: float = 60.0  # 0: no editor phase
+    editor_typists: int = 4
+    editor_max_tokens: int = 32
+    max_stall_s: float = 5.0  # see loadtest.soak_stall
 
 
 def parser() -> argparse.ArgumentParser:
@@ -96,6 +100,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-drill", action="store_true", help="skip the stub-kill drill (own server only)"
     )
+    p.add_argument(
+        "--editor-duration",
+        type=float,
+        default=60.0,
+        help="seconds of the editor phase: typists streaming through the OpenAI API, each "
+        "request abandoned at the next keystroke (60; 0 skips it)",
+    )
+    p.add_argument("--editor-typists", type=int, default=4, help="typists of the editor phase")
+    p.add_argument(
+        "--editor-max-tokens", type=int, default=32, help="tokens per editor completion (32)"
+    )
+    p.add_argument(
+        "--max-stall",
+        type=float,
+        default=5.0,
+        help="longest seconds with requests in flight and none answered or streaming before "
+        "the stall check fails (5: see loadtest/soak_stall.py)",
+    )
     p.add_argument("--progress-every", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="run folder (loadtest/results/soak-<time>)")
@@ -113,10 +135,20 @@ def parse_args(argv: list[str] | None = None) -> SoakSettings:
         p.error(str(exc))
     if not endpoints.is_local:
         p.error(f"--host must be on this machine (127.0.0.1 or localhost), got {args.host}")
-    for name in ("duration", "ramp_step", "deadline", "rss_every"):
+    if args.editor_duration < 0:
+        p.error("--editor-duration must be >= 0")
+    for name in ("duration", "ramp_step", "deadline", "rss_every", "max_stall"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0")
-    for name in ("saturation", "clients", "max_clients", "max_tokens", "long_tokens"):
+    for name in (
+        "saturation",
+        "clients",
+        "max_clients",
+        "max_tokens",
+        "long_tokens",
+        "editor_typists",
+        "editor_max_tokens",
+    ):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -145,4 +177,8 @@ def parse_args(argv: list[str] | None = None) -> SoakSettings:
         seed=args.seed,
         out=args.out or RESULTS / f"soak-{stamp}",
         model_repository=args.model_repository,
+        editor_duration_s=args.editor_duration,
+        editor_typists=args.editor_typists,
+        editor_max_tokens=args.editor_max_tokens,
+        max_stall_s=args.max_stall,
     )

@@ -15,15 +15,16 @@ from contract.options import MAX_PROMPT_BYTES, MAX_WORDS_PER_LIST
 from loadtest import soak
 from loadtest.soak_cases import (
     ABANDONED,
+    ALL_KINDS,
     CANCELLED,
     CASES,
+    EDITOR,
     HOSTILE,
     HOSTILE_CASES,
     HOSTILE_TRANSPORTS,
     INVALID,
     INVALID_CASES,
     INVALID_TRANSPORTS,
-    KINDS,
     OK,
     QUEUE_FULL,
     REJECTED,
@@ -42,12 +43,14 @@ from loadtest.soak_cases import (
     raw_tensors,
 )
 from loadtest.soak_clients import Rotation
+from loadtest.soak_editor import editor_check
 from loadtest.soak_report import write_run
 from loadtest.soak_results import (
     FAIL,
     PASS,
     Check,
     Ledger,
+    Record,
     RssSample,
     SoakResult,
     accounting_checks,
@@ -59,6 +62,7 @@ from loadtest.soak_results import (
     rss_flatness,
     total_summary,
 )
+from loadtest.soak_stall import Stall, longest_stall, stall_check
 
 # Error texts as this Triton (2.51, python backend) and tritonclient really produce them.
 REAL_ERRORS = {
@@ -204,6 +208,60 @@ def test_every_request_is_accounted_for_and_leftovers_are_unanswered():
     assert error_messages(records)[0]["count"] == 1
 
 
+def _done(started: float, latency: float | None, status: str = OK, first: float | None = None):
+    return Record(EDITOR, "", "openai-sse", "editor", started, latency, status, "", "", True, first)
+
+
+def test_the_longest_stall_counts_only_time_with_requests_in_flight():
+    records = [
+        _done(0.0, 1.0),  # answered at 1
+        _done(2.0, 3.0, ABANDONED),  # in flight 2..5, no text: no progress
+        _done(4.0, 4.0, ABANDONED, first=3.5),  # first text at 7.5: progress
+        _done(20.0, 2.0),  # answered at 22; nothing in flight from 8 to 20
+    ]
+    stall = longest_stall("editor", records, 0.0, 30.0)
+    # in flight: 0..1, 2..8, 20..22; between progress events (edges 0, 1, 7.5, 22, 30) that
+    # is 1, then 5.5 (2..7.5), then 2.5 (7.5..8 and 20..22), then 0
+    assert stall.seconds == pytest.approx(5.5) and stall.at_s == 1.0
+    assert stall.progress_events == 3
+    assert longest_stall("soak", [], 0.0, 10.0).seconds == 0
+    # a request that never ended stalls until the phase's end
+    frozen = longest_stall("soak", [_done(0.0, 1.0), _done(2.0, None, UNANSWERED)], 0.0, 60.0)
+    assert frozen.seconds == pytest.approx(58.0)
+
+
+def test_the_stall_check_fails_over_its_bound():
+    ok, frozen = Stall("soak", 1.2, 3.0, 50), Stall("editor", 7.5, 40.0, 12)
+    assert stall_check([ok], 5.0).status == PASS
+    failed = stall_check([ok, frozen], 5.0)
+    assert failed.status == FAIL and "editor: 7.5 s from t=40 s" in failed.detail
+
+
+def test_editor_requests_must_be_answered_or_abandoned():
+    assert judge(EDITOR, "", OK, "", "") and judge(EDITOR, "", ABANDONED, "", "")
+    assert not judge(EDITOR, "", REJECTED, QUEUE_FULL, "Exceeds maximum queue size")
+    assert not judge(EDITOR, "", UNANSWERED, "", "")
+    figures = {
+        "requests": 10,
+        "answered": 3,
+        "abandoned": 6,
+        "errors": 1,
+        "first_token_ms": {"p50": 90.0, "p95": 200.0},
+    }
+    phase = {
+        "done": True,
+        "figures": figures,
+        "typist_failures": [],
+        "stuck_typists": 0,
+        "suffix": {"send": False, "requested": True},
+    }
+    check = editor_check(phase)
+    assert check.status == FAIL and "1 failed" in check.detail and "PREFIX-ONLY" in check.detail
+    assert editor_check({**phase, "figures": {**figures, "errors": 0}}).status == PASS
+    assert editor_check({"done": False, "error": "no answer"}).status == FAIL
+    assert editor_check({"done": False, "note": "skipped"}).status == "SKIP"
+
+
 def test_flatness_check():
     mib = 2**20
     flat = rss_flatness(
@@ -278,6 +336,14 @@ def test_a_short_real_soak_accounts_for_everything(server, model_repository, tmp
             "1",
             "--progress-every",
             "5",
+            "--editor-duration",
+            "8",
+            "--editor-typists",
+            "2",
+            # the bound real runs use is 5 s; a test may not depend on the machine's speed, so
+            # it checks that the stall is measured, with a bound no healthy run comes near
+            "--max-stall",
+            "120",
             "--out",
             str(out),
         ]
@@ -295,4 +361,10 @@ def test_a_short_real_soak_accounts_for_everything(server, model_repository, tmp
     assert checks["stub-kill drill"] == "SKIP"  # a server the soak did not start
     assert checks["engine idle after the drain"] == PASS
     assert code == 0, [c for c in summary["checks"] if c["status"] == FAIL]
-    assert set(KINDS) >= {k["kind"] for k in summary["kinds"]}
+    assert set(ALL_KINDS) >= {k["kind"] for k in summary["kinds"]}
+    editor = {k["kind"]: k for k in summary["kinds"]}[EDITOR]
+    assert editor["sent"] >= 2 and editor["unexpected"] == 0, editor  # answered or abandoned
+    assert checks["editor requests answered or abandoned"] == PASS
+    assert checks["no stall over 120 s"] == PASS
+    assert [s["phase"] for s in summary["stalls"]] == ["soak", "editor"]
+    assert "## Editor phase" in (out / "report.md").read_text()
