@@ -90,6 +90,17 @@ def test_a_newline_keystroke_takes_the_indentation_and_the_file_end_stops_the_vi
     assert list(pauses("no newline at all", random.Random(0), style)) == []
 
 
+def test_typists_prefer_files_long_enough_for_long_prefixes(tmp_path):
+    short, long = tmp_path / "short.py", tmp_path / "long.py"
+    short.write_text("x = 1\ny = 2\n")
+    long.write_text(TEXT * 3)
+    assert Typist(0, [short, long], 0, min_bytes=4096).files == [long]
+    assert Typist(0, [short], 0, min_bytes=4096).files == [short]  # better than nothing
+    # a visit starts in the file's second half: the prefix is at least half the file
+    for visit, _ in zip(Typist(0, [long], 0).visits(), range(50), strict=False):
+        assert visit.pause.cursor >= len(visit.text) // 2 - 40
+
+
 def test_bad_styles_are_refused():
     with pytest.raises(ValueError, match="pause_s"):
         TypingStyle(pause_s=(2.0, 1.0))

@@ -73,12 +73,13 @@ def line_starts(text: str) -> list[int]:
 
 
 def pauses(text: str, rng: random.Random, style: TypingStyle) -> Iterator[Pause]:
-    """The pauses of one visit to ``text``: from a random line start, bursts and pauses until
-    the file ends or ``style.pauses_per_file`` pauses."""
+    """The pauses of one visit to ``text``: from a random line start in the file's second half
+    (so that the text before the cursor is long, as in a file being worked on), bursts and
+    pauses until the file ends or ``style.pauses_per_file`` pauses."""
     starts = line_starts(text)
     if not starts:
         return
-    cursor = rng.choice(starts)
+    cursor = rng.choice(starts[len(starts) // 2 :])
     for _ in range(style.pauses_per_file):
         typing_s, keystrokes = 0.0, 0
         for _ in range(rng.randint(*style.burst)):
@@ -92,6 +93,13 @@ def pauses(text: str, rng: random.Random, style: TypingStyle) -> Iterator[Pause]
         yield Pause(cursor, typing_s, keystrokes, rng.uniform(*style.pause_s))
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 @dataclass(frozen=True)
 class Visit:
     """One pause of one typist, with the file it is in."""
@@ -101,19 +109,28 @@ class Visit:
     pause: Pause
 
 
+MIN_FILE_BYTES = 4096  # a file shorter than this cannot give a long prefix
+
+
 class Typist:
     """One typist's endless walk through ``files``: a seeded order (each typist its own),
-    a random line in each, the pauses of :func:`pauses` there."""
+    a random line in each, the pauses of :func:`pauses` there. Files of at least
+    ``min_bytes`` are typed when there are any (long prefixes are what editors send)."""
 
     def __init__(
-        self, index: int, files: Sequence[Path], seed: int, style: TypingStyle | None = None
+        self,
+        index: int,
+        files: Sequence[Path],
+        seed: int,
+        style: TypingStyle | None = None,
+        min_bytes: int = MIN_FILE_BYTES,
     ) -> None:
         if not files:
             raise ValueError("a typist needs at least one source file")
         self.index = index
         self.style = style or TypingStyle()
         self.rng = random.Random(seed * 1_000_003 + index)
-        self.files = list(files)
+        self.files = [p for p in files if _size(p) >= min_bytes] or list(files)
         self.rng.shuffle(self.files)
 
     def visits(self) -> Iterator[Visit]:
