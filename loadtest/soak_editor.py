@@ -52,15 +52,20 @@ def run_editor_phase(
     if settings.editor_duration_s <= 0:
         return begin, begin, {"done": False, "note": "skipped (--editor-duration 0)"}
     sampler.phase = "editor"
-    clipper = Clipper(
-        CheckpointTokenizer(checkpoint_dir(settings.model_repository)),
-        model_context(settings.model_repository),
-        settings.editor_max_tokens,
-    )
     api = ApiProcess(settings.endpoints.grpc, settings.out / "openai_api.log")
     try:
-        api.start()
-        api.wait_ready()
+        try:
+            clipper = Clipper(
+                CheckpointTokenizer(checkpoint_dir(settings.model_repository)),
+                model_context(settings.model_repository),
+                settings.editor_max_tokens,
+            )
+            api.start()
+            api.wait_ready()
+        except (OSError, TimeoutError, RuntimeError, ValueError) as exc:
+            # the phase cannot run (no tokenizer, the API not ready: Triton gone): a failed
+            # check in the report, not a soak without one
+            return begin, ledger.now(), {"done": False, "error": f"{type(exc).__name__}: {exc}"}
         sender = Sender("openai", api.url.removeprefix("http://"), settings.editor_max_tokens)
         try:
             mode = probe(sender.open, True)

@@ -262,6 +262,18 @@ def test_editor_requests_must_be_answered_or_abandoned():
     assert editor_check({"done": False, "note": "skipped"}).status == "SKIP"
 
 
+def test_an_editor_phase_that_cannot_start_is_a_failed_check_not_a_crash(tmp_path):
+    from types import SimpleNamespace
+
+    from loadtest.soak_editor import run_editor_phase
+    from loadtest.soak_settings import parse_args
+
+    settings = parse_args(["--model-repository", str(tmp_path), "--out", str(tmp_path / "out")])
+    _, _, phase = run_editor_phase(settings, Ledger(), SimpleNamespace(phase=""))
+    assert not phase["done"] and "no tokenizer" in phase["error"]
+    assert editor_check(phase).status == FAIL
+
+
 def test_flatness_check():
     mib = 2**20
     flat = rss_flatness(
