@@ -42,7 +42,7 @@ from loadtest.soak_cases import (
 from loadtest.soak_clients import ClientParams
 from loadtest.soak_drill import drill_check, stub_kill_drill
 from loadtest.soak_editor import editor_check, run_editor_phase
-from loadtest.soak_phases import find_saturation, run_soak
+from loadtest.soak_phases import find_saturation, lone_request_s, run_soak
 from loadtest.soak_report import console_table, write_run
 from loadtest.soak_results import (
     FAIL,
@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         clients = settings.clients or 2 * saturation["clients"]
         log.info(f"soak: {clients} clients for {settings.duration_s:.0f}s")
         before = _engine(settings)
+        lone_s = lone_request_s(settings, params)
+        log.info(f"one valid request alone takes {lone_s or 0:.2f} s on this machine now")
         begin, end, stuck = run_soak(settings, params, ledger, sampler, clients)
         unanswered_left = ledger.close(
             f"still in flight {settings.deadline_s:.0f}s after the soak ended"
@@ -148,10 +150,21 @@ def main(argv: list[str] | None = None) -> int:
         phases.append(("drain", t_drain, ledger.now()))
         records, _ = ledger.snapshot()
         soak_records = [r for r in records if r.phase in ("soak", "editor")]
-        stalls = [longest_stall("soak", [r for r in records if r.phase == "soak"], begin, end)]
+        bound = settings.max_stall_s
+        soak_phase = [r for r in records if r.phase == "soak"]
+        stalls = [longest_stall("soak", soak_phase, begin, end, bound, lone_s)]
         if editor.get("done"):
             editor_records = [r for r in records if r.phase == "editor"]
-            stalls.append(longest_stall("editor", editor_records, editor_begin, editor_end))
+            stalls.append(
+                longest_stall(
+                    "editor",
+                    editor_records,
+                    editor_begin,
+                    editor_end,
+                    bound,
+                    editor.get("lone_first_token_s"),
+                )
+            )
         warm = [
             s.rss_bytes
             for s in sampler.samples

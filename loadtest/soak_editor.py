@@ -22,7 +22,7 @@ from loadtest.editor.drive import Typing, progress_line
 from loadtest.editor.figures import ABANDONED, ANSWERED, EditorRecord, editor_figures
 from loadtest.editor.protocols import Sender
 from loadtest.editor.suffix import ProbeError, probe
-from loadtest.editor.typist import TypingStyle
+from loadtest.editor.typist import TypingStyle, Typist
 from loadtest.editor.window import CheckpointTokenizer, Clipper
 from loadtest.soak_cases import ABANDONED as LEDGER_ABANDONED
 from loadtest.soak_cases import EDITOR, OK, REJECTED, classify_error
@@ -42,6 +42,19 @@ def _status(record: EditorRecord) -> tuple[str, str]:
     if record.outcome == ABANDONED:
         return LEDGER_ABANDONED, ""
     return REJECTED, classify_error(record.error)
+
+
+def lone_first_token_s(
+    sender: Sender, clipper: Clipper, with_suffix: bool, seed: int
+) -> float | None:
+    """First token of one full-context request alone on the idle server: the machine's speed,
+    which the stall check scales its bound to (loadtest.soak_stall)."""
+    visit = next(Typist(0, held_out_files(), seed).visits())
+    window = clipper.clip(visit.text, visit.pause.cursor, with_suffix)
+    exchange = sender.open(window.prefix, window.suffix, seed)
+    if not exchange.wait(time.monotonic() + 120.0):
+        exchange.abandon()
+    return exchange.first_token_s
 
 
 def run_editor_phase(
@@ -73,6 +86,8 @@ def run_editor_phase(
             return begin, ledger.now(), {"done": False, "error": str(exc)}
         (log.warning if mode.refused else log.info)(f"editor phase: {mode.note}")
         style = TypingStyle()
+        lone = lone_first_token_s(sender, clipper, mode.send, settings.seed)
+        log.info(f"editor phase: a full-context request alone: first token {lone or 0:.2f} s")
 
         def end(ticket: Any, record: EditorRecord) -> None:
             status, category = _status(record)
@@ -118,6 +133,7 @@ def run_editor_phase(
             "duration_s": settings.editor_duration_s,
             "max_tokens": settings.editor_max_tokens,
             "prompt_budget_tokens": clipper.budget,
+            "lone_first_token_s": lone,
             "suffix": asdict(mode),
             "stuck_typists": stuck,
             "typist_failures": typing.failures,

@@ -183,6 +183,17 @@ def progress(
     )
 
 
+def lone_request_s(settings: SoakSettings, params: ClientParams) -> float | None:
+    """How long one valid unary request takes alone on the idle server (its own ledger):
+    the machine's speed, which the stall check scales its bound to (loadtest.soak_stall)."""
+    worker = Worker(10_000, params, Ledger(), settings.seed)
+    try:
+        record = worker.run(UNARY_GRPC, "reference")
+    finally:
+        worker.close()
+    return record.latency_s if record.status == OK else None
+
+
 def run_soak(
     settings: SoakSettings,
     params: ClientParams,

@@ -142,12 +142,14 @@ def render_report(result: SoakResult) -> str:
         "## Stalls",
         "",
         "The longest time, per phase, with requests in flight and none answered in full or "
-        f"streaming its first text (bound {result.settings.get('max_stall_s', '?')} s):",
+        f"streaming its first text (bound: max({result.settings.get('max_stall_s', '?')} s, "
+        "8 x one request alone just before the phase), loadtest/soak_stall.py):",
         "",
         *(
             f"- {_get(s, 'phase')}: {_get(s, 'seconds')} s"
             + (f" from t={_get(s, 'at_s')} s" if _get(s, "at_s") is not None else "")
-            + f", {_get(s, 'progress_events')} progress events"
+            + f", {_get(s, 'progress_events')} progress events, bound {_get(s, 'bound_s')} s"
+            + f" (one request alone: {_get(s, 'reference_s')} s)"
             for s in result.stalls
         ),
         "",

@@ -4,9 +4,15 @@ Issue 16's soak froze for over 100 s with 64 requests in flight before Triton's 
 released them; the accounting saw it only as timeouts afterwards. This check measures it
 directly from the ledger's records: progress is a request answered in full, or a stream's first
 text; time counts only while something is in flight (typists that are typing send nothing).
-The bound (``--max-stall``, 5 s) is far above a healthy server's gaps: at twice saturation the
-soak completes several requests a second, and an editor's pauses are 0.4-2.5 s, so 5 s without
-progress is two of the longest pauses with every request left unanswered.
+The bound is ``--max-stall`` (5 s: two of an editor's longest pauses with every request left
+without a token), raised on a machine too slow to meet it: to :data:`STALL_FACTOR` times what
+one request alone takes there, measured on the idle server just before the phase (a valid
+unary request for the soak phase, a full-context editor request to its first token for the
+editor phase). Under the phase's load a request shares the engine with up to about twice the
+clients that saturate it, or with the other typists' full-context prefills, so a healthy
+server's longest gap stays within a few lone-request times; eight of them is a stall on any
+machine, and the 100 s stalls of issue 16 fail it everywhere. A check that a slow machine fails
+by construction would say nothing about the server.
 """
 
 from __future__ import annotations
@@ -27,6 +33,18 @@ class Stall:
     seconds: float
     at_s: float | None  # where it began (run time); None when the phase had no requests
     progress_events: int
+    reference_s: float | None = None  # one request alone, just before the phase (None: unknown)
+    bound_s: float | None = None  # the bound this phase was held to (see stall_bound)
+
+
+STALL_FACTOR = 8
+
+
+def stall_bound(max_stall_s: float, reference_s: float | None) -> float:
+    """``max_stall_s``, or STALL_FACTOR lone-request times where that is longer."""
+    if reference_s is None:
+        return max_stall_s
+    return max(max_stall_s, STALL_FACTOR * reference_s)
 
 
 def progress_times(records: Iterable[Record]) -> list[float]:
@@ -41,7 +59,14 @@ def progress_times(records: Iterable[Record]) -> list[float]:
     return sorted(times)
 
 
-def longest_stall(phase: str, records: Sequence[Record], begin: float, end: float) -> Stall:
+def longest_stall(
+    phase: str,
+    records: Sequence[Record],
+    begin: float,
+    end: float,
+    max_stall_s: float = 5.0,
+    reference_s: float | None = None,
+) -> Stall:
     """The longest interval in [begin, end] between two progress events (or a phase edge),
     counting only the time during which at least one request was in flight: a pause with
     nothing sent (typists typing) is no stall, a server that answers nothing while requests
@@ -67,22 +92,34 @@ def longest_stall(phase: str, records: Sequence[Record], begin: float, end: floa
         length = busy(a, b)
         if length > best:
             best, at = length, a
-    return Stall(phase, round(best, 2), None if at is None else round(at, 2), len(events))
-
-
-def stall_check(stalls: Sequence[Stall], bound_s: float) -> Check:
-    """No phase may go ``bound_s`` with requests in flight and none progressing."""
-    detail = "; ".join(
-        f"{s.phase}: {s.seconds:.1f} s"
-        + (f" from t={s.at_s:.0f} s" if s.at_s is not None else "")
-        + f" ({s.progress_events} progress events)"
-        for s in stalls
+    return Stall(
+        phase,
+        round(best, 2),
+        None if at is None else round(at, 2),
+        len(events),
+        None if reference_s is None else round(reference_s, 3),
+        round(stall_bound(max_stall_s, reference_s), 2),
     )
-    worst = max((s.seconds for s in stalls), default=0.0)
+
+
+def stall_check(stalls: Sequence[Stall], max_stall_s: float) -> Check:
+    """No phase may go its bound with requests in flight and none progressing."""
+
+    def line(s: Stall) -> str:
+        bound = s.bound_s if s.bound_s is not None else max_stall_s
+        text = f"{s.phase}: {s.seconds:.1f} s"
+        text += f" from t={s.at_s:.0f} s" if s.at_s is not None else ""
+        text += f" ({s.progress_events} progress events; bound {bound:g} s"
+        if s.reference_s is not None:
+            text += f", a request alone took {s.reference_s:.2f} s"
+        return text + ")"
+
+    over = [s for s in stalls if s.seconds > (s.bound_s if s.bound_s is not None else max_stall_s)]
     return Check(
-        f"no stall over {bound_s:g} s",
-        PASS if stalls and worst <= bound_s else FAIL if stalls else SKIP,
-        f"longest time with requests in flight and none answered or streaming: {detail}"
+        f"no stall over max({max_stall_s:g} s, {STALL_FACTOR} lone requests)",
+        (FAIL if over else PASS) if stalls else SKIP,
+        "longest time with requests in flight and none answered or streaming: "
+        + "; ".join(line(s) for s in stalls)
         if stalls
         else "no phase measured",
     )
