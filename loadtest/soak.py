@@ -71,7 +71,7 @@ from loadtest.soak_server import (
     wait_for_drain,
 )
 from loadtest.soak_settings import SoakSettings, parse_args
-from loadtest.soak_stall import longest_stall, stall_check
+from loadtest.soak_stall import EngineSampler, explain, longest_stall, stall_check
 
 # --- the run -------------------------------------------------------------------------------
 
@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info(f"server {handle.description}")
     ledger = Ledger()
     sampler = RssSampler(handle, ledger.now, settings.rss_every_s).start()
+    engine_sampler = EngineSampler(settings.endpoints.metrics_url, ledger.now).start()
     phases: list[tuple[str, float, float]] = []
     drill: dict[str, Any] = {}
     try:
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             for s in sampler.samples
             if s.phase == "soak" and begin + settings.warmup_s <= s.t_s <= end
         ]
+        stalls = [explain(stall, engine_sampler) for stall in stalls]
         flatness = rss_flatness(warm, settings.rss_tolerance) if sampler.available else None
         t_drill = ledger.now()
         sampler.phase = "drill"
@@ -178,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             phases.append(("drill", t_drill, ledger.now()))
     finally:
         sampler.stop()
+        engine_sampler.stop()
         # a drilled server has requests that never end: Triton's own exit waits for them
         launcher_code = close_server(handle, timeout=20.0 if drill.get("done") else None)
     kinds = kind_summaries(soak_records)

@@ -150,6 +150,7 @@ def render_report(result: SoakResult) -> str:
             + (f" from t={_get(s, 'at_s')} s" if _get(s, "at_s") is not None else "")
             + f", {_get(s, 'progress_events')} progress events, bound {_get(s, 'bound_s')} s"
             + f" (one request alone: {_get(s, 'reference_s')} s)"
+            + (f"; engine meanwhile: {_get(s, 'engine')}" if _get(s, "engine") else "")
             for s in result.stalls
         ),
         "",

@@ -17,10 +17,15 @@ by construction would say nothing about the server.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
+from contract import metrics as names
+from loadtest.metrics import read_snapshot
 from loadtest.soak_cases import OK
 from loadtest.soak_results import FAIL, PASS, SKIP, Check, Record
 
@@ -35,6 +40,8 @@ class Stall:
     progress_events: int
     reference_s: float | None = None  # one request alone, just before the phase (None: unknown)
     bound_s: float | None = None  # the bound this phase was held to (see stall_bound)
+    until_s: float | None = None  # the progress event (or phase end) that ended it
+    engine: str = ""  # what the engine did meanwhile (EngineSampler.during), to tell why
 
 
 STALL_FACTOR = 8
@@ -87,11 +94,11 @@ def longest_stall(
 
     events = [t for t in progress_times(records) if begin <= t <= end]
     edges = [begin, *events, end]
-    best, at = 0.0, None
+    best, at, until = 0.0, None, None
     for a, b in itertools.pairwise(edges):
         length = busy(a, b)
         if length > best:
-            best, at = length, a
+            best, at, until = length, a, b
     return Stall(
         phase,
         round(best, 2),
@@ -99,6 +106,7 @@ def longest_stall(
         len(events),
         None if reference_s is None else round(reference_s, 3),
         round(stall_bound(max_stall_s, reference_s), 2),
+        None if until is None else round(until, 2),
     )
 
 
@@ -112,7 +120,7 @@ def stall_check(stalls: Sequence[Stall], max_stall_s: float) -> Check:
         text += f" ({s.progress_events} progress events; bound {bound:g} s"
         if s.reference_s is not None:
             text += f", a request alone took {s.reference_s:.2f} s"
-        return text + ")"
+        return text + ")" + (f"; engine meanwhile: {s.engine}" if s.engine else "")
 
     over = [s for s in stalls if s.seconds > (s.bound_s if s.bound_s is not None else max_stall_s)]
     return Check(
@@ -123,3 +131,64 @@ def stall_check(stalls: Sequence[Stall], max_stall_s: float) -> Check:
         if stalls
         else "no phase measured",
     )
+
+
+@dataclass(frozen=True)
+class EngineSample:
+    t_s: float
+    steps: float  # codegen_engine_steps_total
+    running: float  # codegen_engine_running_sequences
+    pending: float  # Triton's pending requests, every model
+
+
+class EngineSampler:
+    """The engine's step counter and queues every ``every`` seconds, so that a stall can be
+    told apart: an engine stepping with sequences running is busy (work nobody gets, or too
+    much of it); one not stepping with requests pending is wedged."""
+
+    def __init__(self, metrics_url: str, clock: Any, every: float = 1.0) -> None:
+        self.metrics_url, self.clock, self.every = metrics_url, clock, every
+        self.samples: list[EngineSample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-sampler", daemon=True)
+
+    def start(self) -> EngineSampler:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(OSError, ValueError):
+                snapshot = read_snapshot(self.metrics_url, timeout=2.0)
+                self.samples.append(
+                    EngineSample(
+                        round(self.clock(), 2),
+                        snapshot.value(names.ENGINE_STEPS),
+                        snapshot.value(names.ENGINE_RUNNING),
+                        snapshot.value(names.PENDING_REQUEST_COUNT),
+                    )
+                )
+            self._stop.wait(self.every)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def during(self, begin: float, end: float) -> str:
+        """What the engine did between ``begin`` and ``end`` (run time), in a phrase."""
+        inside = [s for s in self.samples if begin <= s.t_s <= end]
+        if len(inside) < 2:
+            return ""
+        steps = inside[-1].steps - inside[0].steps
+        return (
+            f"{steps:.0f} steps in {inside[-1].t_s - inside[0].t_s:.0f} s, up to "
+            f"{max(s.running for s in inside):.0f} sequences running and "
+            f"{max(s.pending for s in inside):.0f} requests pending in Triton"
+        )
+
+
+def explain(stall: Stall, sampler: EngineSampler | None) -> Stall:
+    """The stall with what the engine did during it."""
+    if sampler is None or stall.at_s is None or stall.until_s is None:
+        return stall
+    return replace(stall, engine=sampler.during(stall.at_s, stall.until_s))

@@ -392,3 +392,20 @@ def test_a_short_real_soak_accounts_for_everything(server, model_repository, tmp
     assert checks["no stall over max(120 s, 8 lone requests)"] == PASS
     assert [s["phase"] for s in summary["stalls"]] == ["soak", "editor"]
     assert "## Editor phase" in (out / "report.md").read_text()
+
+
+def test_the_engine_sampler_says_what_the_engine_did_during_a_stall():
+    from loadtest.soak_stall import EngineSample, EngineSampler, explain
+
+    sampler = EngineSampler("http://127.0.0.1:1/metrics", clock=lambda: 0.0)
+    sampler.samples = [
+        EngineSample(10.0, 100.0, 0.0, 0.0),
+        EngineSample(11.0, 100.0, 0.0, 37.0),  # requests pending, the engine not stepping
+        EngineSample(20.0, 100.0, 0.0, 37.0),
+    ]
+    stall = explain(Stall("editor", 9.5, 10.0, 3, until_s=20.0), sampler)
+    assert stall.engine == (
+        "0 steps in 10 s, up to 0 sequences running and 37 requests pending in Triton"
+    )
+    assert "engine meanwhile: 0 steps" in stall_check([stall], 5.0).detail
+    assert explain(Stall("soak", 1.0, None, 0), sampler).engine == ""
