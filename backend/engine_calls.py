@@ -25,8 +25,9 @@ import triton_python_backend_utils as pb_utils
 
 from backend.cancel import CancelSender, new_key
 from backend.io import FINAL, error_response, response, tokenize
+from contract import metrics as names
 from contract.options import InvalidRequestError
-from contract.tensors import ENGINE_MODEL, ENGINE_OUTPUTS
+from contract.tensors import ENGINE_ERROR, ENGINE_MODEL, ENGINE_OUTPUTS
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
 
 # Requests a caller runs at once: the engine's queue (256) and batch (64) hold no more. Past
@@ -105,17 +106,52 @@ class _Retired:
         return len(self._items)
 
 
+class CallerMetrics:
+    """A caller model's cancellations passed on and calls in flight, on Triton's metrics port:
+    what shows that abandoned requests are let go of (and when they are not).
+
+    One lock around every metric call: in python_backend r24.10 a metric's update writes the
+    metric's own shared-memory message, so two threads updating one metric at once hand the
+    server a freed message (a segfault in ``Metric::LoadFromSharedMemory`` in tritonserver,
+    found by loadtest/stress.py)."""
+
+    def __init__(self, model_name: str) -> None:
+        labels = {"model": model_name}
+        self._lock = threading.Lock()
+        self.families = []  # a family must outlive its metrics
+        self.m = {}
+        kinds = [
+            (names.CALLER_METRIC_HELP, pb_utils.MetricFamily.COUNTER),
+            (names.CALLER_GAUGE_HELP, pb_utils.MetricFamily.GAUGE),
+        ]
+        for helps, kind in kinds:
+            for name, description in helps.items():
+                family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
+                self.families.append(family)
+                self.m[name] = family.Metric(labels=labels)
+
+    def cancel_sent(self) -> None:
+        with self._lock:
+            self.m[names.CANCELS_SENT].increment(1)
+
+    def in_flight(self, count: int) -> None:
+        with self._lock:
+            self.m[names.CALLS_IN_FLIGHT].set(count)
+
+
 class EngineCalls:
     """A caller model's engine requests in flight, their threads, and their cancellation."""
 
     def __init__(
         self,
+        model_name: str,
         engine_model: str = ENGINE_MODEL,
         max_in_flight: int = MAX_IN_FLIGHT,
         poll_s: float = POLL_S,
         keep_iterators_s: float = KEEP_ITERATORS_S,
     ) -> None:
         self.engine_model = engine_model
+        self.metrics = CallerMetrics(model_name)
         self.slots = threading.BoundedSemaphore(max_in_flight)
         self.pool = ThreadPoolExecutor(max_in_flight, thread_name_prefix="engine-call")
         self.cancels = CancelSender(engine_model)
@@ -123,6 +159,7 @@ class EngineCalls:
         self.retired = _Retired(keep_iterators_s)
         self._lock = threading.Lock()
         self._watched: dict[str, Call] = {}
+        self._in_flight = 0
         self._stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="engine-cancels", daemon=True)
         self._watcher.start()
@@ -137,6 +174,8 @@ class EngineCalls:
         call = Call(sender, new_key(), requested)
         with self._lock:
             self._watched[call.key] = call
+            self._in_flight += 1
+            self.metrics.in_flight(self._in_flight)
         try:
             self.pool.submit(self._run, call, work)
         except BaseException:
@@ -158,6 +197,8 @@ class EngineCalls:
     def _done(self, call: Call) -> None:
         with self._lock:
             self._watched.pop(call.key, None)
+            self._in_flight -= 1
+            self.metrics.in_flight(self._in_flight)
         self.slots.release()
 
     def cancel(self, call: Call) -> None:
@@ -165,7 +206,8 @@ class EngineCalls:
         with self._lock:
             if self._watched.pop(call.key, None) is None:
                 return
-        self.cancels.cancel(call.key)
+        if self.cancels.cancel(call.key):
+            self.metrics.cancel_sent()
 
     def _watch(self) -> None:
         while not self._stopping.wait(self.poll_s):
@@ -211,6 +253,17 @@ class EngineCalls:
         self.cancels.close()
 
 
+def engine_error(reply) -> str | None:
+    """The error an engine response carries: an error response (the first response of a
+    request), or the ``error`` output that ends a stream (contract/tensors.py says why)."""
+    if reply.has_error():
+        return reply.error().message()
+    tensor = pb_utils.get_output_tensor_by_name(reply, ENGINE_ERROR.name)
+    if tensor is None:
+        return None
+    return tensor.as_numpy().reshape(-1)[0].decode("utf-8", errors="replace")
+
+
 def copied(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Arrays owned by this process: a request's tensors are read in ``execute`` and used in a
     worker thread after it returned."""
@@ -229,8 +282,8 @@ def forward_final(
     def work(call: Call) -> None:
         answer = error_response("internal error: the engine sent no response")
         for reply in calls.responses(call, arrays, stream=False):
-            if reply.has_error():
-                answer = error_response(reply.error().message())
+            if (error := engine_error(reply)) is not None:
+                answer = error_response(error)
             elif reply.output_tensors():
                 tensors = [
                     tensor
@@ -305,13 +358,13 @@ def stream_pieces(
         pieces = _Pieces(call, IncrementalDecoder(postprocessor, prompt), len(prompt), log_probs)
         wanted = True
         for reply in calls.responses(call, stage, stream=True):
-            if reply.has_error():
+            if (error := engine_error(reply)) is not None:
                 if wanted and not call.client_gone():
-                    call.final(error_response(reply.error().message()))
+                    call.final(error_response(error))
                 else:
                     call.final()  # close the request; nobody reads it
                 wanted = False
-                continue  # an error is the final response: read to the end
+                continue  # an error is the last response: read to the end
             tokens = pb_utils.get_output_tensor_by_name(reply, "output_ids")
             if tokens is None or not wanted:
                 continue  # the final response carries nothing; or a cancelled stream drains

@@ -31,7 +31,7 @@ from backend.io import (
 )
 from contract import metrics as names
 from contract.options import DEFAULT_MAX_BEAM_WIDTH, InvalidRequestError
-from contract.tensors import ENGINE_INPUTS
+from contract.tensors import ENGINE_ERROR, ENGINE_INPUTS
 from engine.engine import Engine, GenerationRequest, GenerationResult, Listener
 from engine.gptj import GPTJ
 from engine.tensors import requests_from_tensors, tensors_from_results
@@ -308,9 +308,11 @@ class _TokenStream:
 
     def on_finish(self, result: GenerationResult) -> None:
         self.done()
-        if result.error:
-            self.sender.send(error_response(result.error), flags=FINAL)
-        elif result.finish_reason == "cancelled":
-            self.sender.send(error_response(CANCELLED), flags=FINAL)
-        else:
+        message = result.error or (CANCELLED if result.finish_reason == "cancelled" else None)
+        if message is None:
             self.sender.send(flags=FINAL)
+        elif self.requested is None or ENGINE_ERROR.name in self.requested:
+            error = np.array([[message.encode()]], dtype=np.object_)
+            self.sender.send(response({ENGINE_ERROR.name: error}, self.requested), flags=FINAL)
+        else:  # a direct gRPC client that did not ask for the error output
+            self.sender.send(error_response(message), flags=FINAL)

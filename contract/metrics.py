@@ -34,6 +34,16 @@ ENGINE_RUNNING = "codegen_engine_running_sequences"
 ENGINE_LAST_STEP = "codegen_engine_last_step_timestamp_seconds"
 ENGINE_KV_CACHE_BYTES = "codegen_engine_kv_cache_bytes"
 
+# Exported by the models that call the engine (label: model = gptj or ensemble_stream).
+CANCELS_SENT = "codegen_cancels_sent_total"
+CALLS_IN_FLIGHT = "codegen_engine_calls_in_flight"
+CALLER_METRIC_HELP = {
+    CANCELS_SENT: "Engine requests whose client went away, cancelled through the cancel channel",
+}
+CALLER_GAUGE_HELP = {
+    CALLS_IN_FLIGHT: "Requests this model has in flight to the engine (each holds a slot)",
+}
+
 ENGINE_METRIC_HELP = {
     ENGINE_REQUESTS: "Sequences finished by the generation engine",
     ENGINE_CANCELLED: "Sequences dropped because their client went away (or cancelled)",

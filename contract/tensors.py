@@ -172,5 +172,11 @@ INPUT_SPECS = {spec.name: spec for spec in ENSEMBLE_INPUTS}
 # generated token instead, whose outputs hold only that response's new tokens, then a final one.
 ENGINE_MODEL = "engine"
 ENGINE_INPUTS = (*MODEL_STAGE_INPUTS, _scalar("stream", "TYPE_BOOL"))
-ENGINE_OUTPUTS = MODEL_STAGE_OUTPUTS
+# How an engine stream that already sent tokens reports its end by error or cancellation: a
+# response carrying this output (then FINAL), never an error response. python_backend r24.10
+# loses a decoupled BLS caller's error response after the first one (its
+# InferResponse::SaveToSharedMemory writes no response id for an error, so the caller's stub
+# files it under no iterator): the caller would wait for ever and hold its slot and thread.
+ENGINE_ERROR = TensorSpec("error", "TYPE_STRING", (1,))
+ENGINE_OUTPUTS = (*MODEL_STAGE_OUTPUTS, ENGINE_ERROR)
 MODEL_IO[ENGINE_MODEL] = (ENGINE_INPUTS, ENGINE_OUTPUTS)

@@ -15,6 +15,11 @@ from contract.tensors import OPTION_DEFAULTS
 from contract.words import split_word_list
 from engine.engine import GenerationRequest, GenerationResult
 
+# Option inputs the engine takes and has no use for, named so that they are told apart from one
+# it forgot (tests/test_options_written_once.py). FasterTransformer's start_id begins generation
+# when there is no prompt; every prompt here is non-empty and its own ids begin the sequence.
+UNUSED_OPTION_INPUTS = frozenset({"start_id"})
+
 
 def _scalar(arrays: Mapping[str, np.ndarray], name: str, row: int):
     value = arrays.get(name)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -96,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args.triton = settings.triton_url
     server = ensure_triton(args) if args.start_triton else None
+    faults: list = []
+    stopping = threading.Event()
+    if server is not None:
+        watch_triton(server, faults, stopping)
     try:
         import uvicorn
 
@@ -112,10 +119,40 @@ def main(argv: list[str] | None = None) -> int:
         )
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:
+        stopping.set()
         if server is not None:
             log.info("stopping the Triton server started here")
             server.stop()
+    if faults:
+        log.error(
+            "exiting with code %d so that a supervisor restarts the API and Triton",
+            faults[0].exit_code,
+        )
+        return faults[0].exit_code
     return 0
+
+
+def watch_triton(server, faults: list, stopping: threading.Event) -> threading.Thread:
+    """Watch the Triton started here (serving/watchdog.py): once it died, lost a stub or
+    hung, kill it, say so, and stop the API (SIGTERM to this process, which uvicorn handles)
+    so that ``main`` exits non-zero and a supervisor restarts both."""
+    from serving.watchdog import Watchdog, kill_server_tree, model_stubs
+
+    def watch() -> None:
+        dog = Watchdog(server.process.pid, server.live_url, model_stubs(server.process.pid))
+        while (fault := dog.check()) is None:
+            if stopping.wait(0.5):
+                return
+        if stopping.is_set():
+            return
+        faults.append(fault)
+        log.error("%s", fault.message)
+        kill_server_tree(server.process.pid)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="triton-watchdog", daemon=True)
+    thread.start()
+    return thread
 
 
 if __name__ == "__main__":

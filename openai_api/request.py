@@ -7,14 +7,25 @@ an option the engine has no honest equivalent for is refused with a 400 naming i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from client import ENSEMBLE_MODEL, STREAM_MODEL, CompletionRequest, InvalidRequestError
-from openai_api.errors import OpenAIError, bad_option, from_invalid_request
+from contract.tensors import ENSEMBLE_INPUTS
+from openai_api.errors import CONTRACT_TO_OPENAI, OpenAIError, bad_option, from_invalid_request
 
 COMPLETION_MODELS = (ENSEMBLE_MODEL, STREAM_MODEL)
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default
+# The contract's options (as the ensemble and the client library name them) that this API reads
+# under the same name; every other one it refuses by name instead of ignoring it, so an option
+# added to the contract is refused here until the API maps an OpenAI field onto it.
+READ_AS_NAMED = frozenset(
+    {"max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed"}
+)
+CONTRACT_ONLY = (
+    frozenset({spec.name for spec in ENSEMBLE_INPUTS})
+    | frozenset({f.name for f in fields(CompletionRequest) if f.init})
+) - READ_AS_NAMED
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,17 @@ def _stops(body: dict[str, Any]) -> tuple[str, ...]:
     return tuple(stops)
 
 
+def _refuse_contract_only(body: dict[str, Any]) -> None:
+    """A field named as the model server's contract names an option this API does not take."""
+    named = sorted(CONTRACT_ONLY & body.keys())
+    if named:
+        hint = CONTRACT_TO_OPENAI.get(named[0])
+        instead = f"use {hint}" if hint else "use the client library or Triton, or leave it out"
+        raise bad_option(
+            named[0], f"{named[0]} is not an option of this OpenAI-compatible API ({instead})"
+        )
+
+
 def _refuse_unless_neutral(body: dict[str, Any]) -> None:
     """Options the engine has no honest equivalent for: accepted only at their neutral value."""
     for name in ("presence_penalty", "frequency_penalty"):
@@ -100,6 +122,7 @@ def parse_completion(
     model) names what to change."""
     if not isinstance(body, dict):
         raise OpenAIError(400, "the request body must be a JSON object")
+    _refuse_contract_only(body)
     if path_model is not None:
         # Copilot-style plugins name their own engine (e.g. copilot-codex): any engine in the
         # path means the completion ensemble

@@ -25,6 +25,18 @@ def http_ready(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def answers(url: str, timeout: float = 2.0) -> bool:
+    """Whether the server at ``url`` answers HTTP at all (any status) within ``timeout``: a
+    server that is stopping still answers; a hung one does not."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     """Whether something listens on ``host:port`` (a server running, or still starting)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:

@@ -22,10 +22,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from serving.paths import MODEL_REPOSITORY, TRITON_WORKDIR, checkpoint_dir
-from serving.process import ManagedServer, port_in_use, spawn_tied
+from serving.process import ManagedServer, answers, port_in_use, spawn_tied
+from serving.watchdog import (
+    DIED_EXIT_CODE,
+    HUNG_EXIT_CODE,
+    Fault,
+    Watchdog,
+    kill_server_tree,
+    model_stubs,
+)
 
 
 def _distribution() -> tuple[Path, Path]:
@@ -63,6 +69,9 @@ def server_environment() -> dict[str, str]:
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+STOP_GRACE_S = 10.0  # a healthy server's time to finish its requests after a stop signal
 
 
 @dataclass
@@ -152,6 +161,27 @@ class TritonServer(ManagedServer):
         return f"http://{self.host}:{self.ports.http}/v2/health/ready"
 
     @property
+    def live_url(self) -> str:
+        return f"http://{self.host}:{self.ports.http}/v2/health/live"
+
+    def stop(self, timeout: float | None = None) -> int | None:
+        """Triton's graceful stop, for at most ``timeout`` seconds (STOP_GRACE_S), cut short
+        when it stops answering HTTP (a hung server); then it and its stubs are killed."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(self.stop_signal)
+            deadline = time.monotonic() + (STOP_GRACE_S if timeout is None else timeout)
+            while self.process.poll() is None and time.monotonic() < deadline:
+                try:
+                    self.process.wait(1.0)
+                except subprocess.TimeoutExpired:
+                    if not answers(self.ready_url, timeout=2.0):
+                        break
+        kill_server_tree(self.process.pid)
+        return self.process.wait()
+
+    @property
     def log_hint(self) -> str:
         return f"; see {self.log_file}" if self.log_file else ""
 
@@ -232,75 +262,59 @@ def main(argv: list[str] | None = None) -> int:
         ),
         flush=True,
     )
-    return _wait_for_exit(server, stopping, stubs=model_stubs(server.process.pid))
+    watchdog = Watchdog(server.process.pid, server.live_url, stubs=model_stubs(server.process.pid))
+    return _wait_for_exit(server, stopping, watchdog=watchdog)
 
 
-STUB_EXIT_CODE = 3  # the launcher's exit code when a model's stub died
 STUB_DEATH_GRACE = 10.0  # seconds a server with a dead stub gets to stop before it is killed
-
-
-def model_stubs(server_pid: int) -> dict[int, str]:
-    """The python-backend stub processes of a running tritonserver: pid -> model name.
-
-    A stub's command line holds its model's path (``<repository>/<model>/<version>/model.py``).
-    """
-    stubs = {}
-    for child in psutil.Process(server_pid).children():
-        try:
-            command = child.cmdline()
-        except psutil.Error:
-            continue
-        if command and command[0].endswith("triton_python_backend_stub") and len(command) > 1:
-            stubs[child.pid] = Path(command[1]).parent.parent.name
-    return stubs
-
-
-def _dead_stub(stubs: dict[int, str]) -> str | None:
-    for pid, model in stubs.items():
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                continue
-        except psutil.NoSuchProcess:
-            pass
-        return model
-    return None
 
 
 def _wait_for_exit(
     server: TritonServer,
     stopping: list[float],
-    grace: float = 60.0,
-    stubs: dict[int, str] | None = None,
+    grace: float = STOP_GRACE_S,
+    watchdog: Watchdog | None = None,
 ) -> int:
     """Poll (rather than block in wait(), which a signal handler could deadlock) until the
-    server exits; kill it if it outlives ``grace`` seconds after a stop signal.
+    server exits, and leave no process behind.
 
-    Triton 2.51 neither restarts a model's python-backend stub that died nor stops saying
-    ready, so the launcher watches the stubs: when one dies (a crash, the OOM killer, an engine
-    that failed for good and exited), it stops the server and exits with STUB_EXIT_CODE, so that
-    a supervisor (Kubernetes, compose's restart policy, systemd) starts a healthy one.
+    While it serves, the watchdog (serving/watchdog.py) checks the server, its stubs and its
+    liveness endpoint: a dead stub gets the server stopped, a hung server is killed at once,
+    and the launcher exits with the fault's code so that a supervisor (Kubernetes, compose's
+    restart policy, systemd) starts a healthy one. After a stop signal a server that answers
+    gets ``grace`` seconds; one that no longer answers HTTP is killed at once.
     """
-    died = None
+    fault: Fault | None = None
+    next_answer_check = 0.0
     while server.process.poll() is None:
         time.sleep(0.2)
-        if stubs and not stopping and (died := _dead_stub(stubs)):
-            print(
-                f"the {died!r} model's python-backend stub died: stopping tritonserver so that "
-                "a supervisor restarts it (see the log above for why it died)",
-                file=sys.stderr,
-                flush=True,
-            )
-            stopping.append(time.monotonic())
-            server.process.send_signal(signal.SIGINT)
-        # a server with a dead stub cannot finish its in-flight requests: do not wait for them
-        limit = STUB_DEATH_GRACE if died else grace
-        if stopping and time.monotonic() - stopping[0] > limit:
+        now = time.monotonic()
+        if watchdog and not stopping and (fault := watchdog.check()):
+            print(fault.message, file=sys.stderr, flush=True)
+            stopping.append(now)
+            if fault.exit_code == HUNG_EXIT_CODE:
+                kill_server_tree(server.process.pid)
+            else:
+                server.process.send_signal(signal.SIGINT)
+        if not stopping:
+            continue
+        limit = STUB_DEATH_GRACE if fault else grace
+        if now - stopping[0] > limit:
             print(f"tritonserver still running {limit:.0f}s after the signal: killing it")
-            server.process.kill()
-    if died:
-        return STUB_EXIT_CODE
+            kill_server_tree(server.process.pid)
+        elif watchdog and now >= next_answer_check:
+            next_answer_check = now + 1.0
+            if not answers(server.ready_url, timeout=2.0):
+                print("tritonserver does not answer while stopping: killing it", flush=True)
+                kill_server_tree(server.process.pid)
+    kill_server_tree(server.process.pid)  # its stubs too, should any have outlived it
+    if fault:
+        return fault.exit_code
     code = server.process.returncode
-    return 0 if stopping and code in (0, -signal.SIGINT, -signal.SIGKILL) else code
+    if not stopping:
+        print(f"tritonserver exited on its own with code {code}", file=sys.stderr, flush=True)
+        return DIED_EXIT_CODE
+    return 0 if code in (0, -signal.SIGINT, -signal.SIGKILL) else code
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ TRITON_METRICS = frozenset(
         names.PENDING_REQUEST_COUNT,
         *names.ENGINE_METRIC_HELP,
         *names.ENGINE_GAUGE_HELP,
+        *names.CALLER_METRIC_HELP,
+        *names.CALLER_GAUGE_HELP,
     }
 )
 

@@ -22,6 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from serving import watchdog
 from serving.paths import REPO_ROOT
 
 K8S = REPO_ROOT / "k8s"
@@ -123,6 +124,11 @@ def test_deployment_probes_ports_shm_resources_security(rendered, overlay):
     assert ports == TRITON_PORTS
     assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    # Kubernetes and the launcher's watchdog call a server hung at the same point
+    live = container["livenessProbe"]
+    assert live["periodSeconds"] == watchdog.LIVENESS_PERIOD_S
+    assert live["timeoutSeconds"] == watchdog.LIVENESS_TIMEOUT_S
+    assert live["failureThreshold"] == watchdog.LIVENESS_FAILURES
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"

@@ -20,7 +20,7 @@ import pytest
 
 from contract.tensors import ENGINE_MODEL
 from serving.process import free_ports, port_in_use
-from serving.triton import STUB_EXIT_CODE, model_stubs
+from serving.watchdog import DIED_EXIT_CODE, HUNG_EXIT_CODE, STUB_EXIT_CODE, model_stubs
 
 
 def loopback(ip: str) -> bool:
@@ -114,4 +114,47 @@ def test_a_dead_model_stub_stops_the_server_so_a_supervisor_restarts_it(model_re
         os.kill(engine, signal.SIGKILL)  # the stub that holds the engine
         assert run.launcher.wait(timeout=120) == STUB_EXIT_CODE
         assert f"the '{ENGINE_MODEL}' model's python-backend stub died" in log.read_text()
+        run.assert_all_gone(timeout=30)
+
+
+def wait_for_line(log: Path, text: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert time.monotonic() < deadline, f"the launcher never said {text!r}"
+        time.sleep(0.2)
+
+
+def test_a_hung_server_is_noticed_killed_and_reported(model_repository, tmp_path):
+    """A tritonserver that is alive but answers nothing (here: stopped with SIGSTOP, as a
+    server whose heap is corrupt hangs) is killed, and the launcher exits non-zero."""
+    log = tmp_path / "launcher.log"
+    with launched(model_repository, log) as run:
+        wait_for_line(log, "Triton is ready")
+        os.kill(run.server.pid, signal.SIGSTOP)
+        # the watchdog needs LIVENESS_FAILURES probes LIVENESS_PERIOD_S apart: bounded polling
+        assert run.launcher.wait(timeout=120) == HUNG_EXIT_CODE
+        assert "it is hung; killing it" in log.read_text()
+        run.assert_all_gone(timeout=30)
+
+
+def test_sigterm_stops_the_launcher_at_once_even_when_the_server_hangs(model_repository, tmp_path):
+    log = tmp_path / "launcher.log"
+    with launched(model_repository, log) as run:
+        wait_for_line(log, "Triton is ready")
+        os.kill(run.server.pid, signal.SIGSTOP)
+        run.launcher.send_signal(signal.SIGTERM)
+        # a hung server is killed as soon as it fails to answer one probe (2 s), well within
+        # the grace a healthy server gets (STOP_GRACE_S)
+        assert run.launcher.wait(timeout=30) == 0
+        assert "does not answer while stopping: killing it" in log.read_text()
+        run.assert_all_gone(timeout=30)
+
+
+def test_a_crashed_server_makes_the_launcher_exit_non_zero(model_repository, tmp_path):
+    log = tmp_path / "launcher.log"
+    with launched(model_repository, log) as run:
+        wait_for_line(log, "Triton is ready")
+        os.kill(run.server.pid, signal.SIGSEGV)
+        assert run.launcher.wait(timeout=60) == DIED_EXIT_CODE
+        assert "tritonserver exited on its own" in log.read_text()
         run.assert_all_gone(timeout=30)

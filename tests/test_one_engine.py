@@ -19,7 +19,7 @@ from client.client import CodegenClient
 from client.request import CompletionRequest, requested_outputs
 from contract import metrics as names
 from contract.tensors import ENGINE_MODEL, ENSEMBLE_MODEL
-from serving.triton import model_stubs
+from serving.watchdog import model_stubs
 
 PROMPT = "def add(a, b):\n"
 

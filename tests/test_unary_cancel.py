@@ -9,16 +9,20 @@ tested here and in test_client.py."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from server_metrics import engine_counters
+from server_metrics import engine_counters, sample, scrape
 from tritonclient.utils import InferenceServerException
 
 from contract import metrics as names
-from contract.tensors import MODEL_STAGE
+from contract.tensors import ENGINE_MODEL, MODEL_STAGE
+from serving.watchdog import model_stubs
 
 
 def stage_inputs(prompt_ids: list[int], asked: int) -> list:
@@ -36,16 +40,54 @@ def stage_inputs(prompt_ids: list[int], asked: int) -> list:
     return inputs
 
 
+@contextlib.contextmanager
+def engine_paused(server):
+    """The engine model's stub stopped (SIGSTOP) and resumed on exit: while it is stopped no
+    request of the engine advances, whatever the machine's speed, so a cancellation sent in
+    the meantime is certain to arrive before the generation could have ended."""
+    stub = next(pid for pid, model in model_stubs(server.process.pid).items()
+                if model == ENGINE_MODEL)  # fmt: skip
+    os.kill(stub, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(stub, signal.SIGCONT)
+
+
+def cancels_sent(server, model: str) -> float:
+    return sample(scrape(server), names.CANCELS_SENT, model) or 0.0
+
+
+def wait_for(condition, what: str, timeout: float = 60, fail: bool = True) -> bool:
+    """Poll ``condition`` until it holds (True) or ``timeout`` passes (a failure, or False)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            assert not fail, what
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def test_a_unary_client_that_times_out_stops_its_generation(server):
+    """By construction: the engine is held still until the model stage has passed the
+    client's deadline on (its cancellations counter moved), so the generation of 500 tokens
+    cannot have finished first, on however fast a machine."""
     asked = 500
     client = grpcclient.InferenceServerClient(server.grpc_url)
     before = engine_counters(server)
-    with pytest.raises(InferenceServerException, match="Deadline"):
-        client.infer(MODEL_STAGE, stage_inputs([5, 6, 7, 8], asked), client_timeout=0.2)
-    deadline = time.monotonic() + 60
-    while engine_counters(server)[names.ENGINE_REQUESTS] == before[names.ENGINE_REQUESTS]:
-        assert time.monotonic() < deadline, "the abandoned sequence never finished"
-        time.sleep(0.1)
+    sent_before = cancels_sent(server, MODEL_STAGE)
+    with engine_paused(server):
+        with pytest.raises(InferenceServerException, match="Deadline"):
+            client.infer(MODEL_STAGE, stage_inputs([5, 6, 7, 8], asked), client_timeout=0.2)
+        wait_for(
+            lambda: cancels_sent(server, MODEL_STAGE) > sent_before,
+            "the model stage never passed the client's deadline on to the engine",
+        )
+    wait_for(
+        lambda: engine_counters(server)[names.ENGINE_REQUESTS] > before[names.ENGINE_REQUESTS],
+        "the abandoned sequence never finished",
+    )
     after = engine_counters(server)
     generated = after[names.ENGINE_GENERATED_TOKENS] - before[names.ENGINE_GENERATED_TOKENS]
     assert after[names.ENGINE_CANCELLED] - before[names.ENGINE_CANCELLED] == 1

@@ -20,7 +20,7 @@ class TritonPythonModel:
     def initialize(self, args):
         path = model_parameters(args)["tokenizer_path"]
         self.postprocessor = Postprocessor(Path(args["model_repository"]) / path)
-        self.calls = EngineCalls()
+        self.calls = EngineCalls(args["model_name"])
 
     def execute(self, requests):
         for request in requests:

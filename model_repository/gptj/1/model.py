@@ -13,7 +13,7 @@ from contract.tensors import MODEL_STAGE_INPUTS
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.calls = EngineCalls()
+        self.calls = EngineCalls(args["model_name"])
 
     def execute(self, requests):
         for request in requests:
