@@ -109,16 +109,25 @@ format: setup-dev  ## ruff format and autofix
 prometheus-install:  ## install Debian's prometheus (apt-get; root or sudo) unless on PATH
 	bash scripts/install-prometheus.sh
 
-loadtest: model prometheus-install  ## Locust sweep over output lengths (~10 min; QUICK=1 ~1 min)
+# PROFILE=editor: simulated typists instead of the sweep (PROTOCOL openai, the default there, or grpc)
+EDITOR_PROTOCOL = $(if $(filter command line environment,$(origin PROTOCOL)),$(PROTOCOL),openai)
+loadtest: model $(if $(PROFILE),,prometheus-install)  ## Locust sweep over output lengths (~10 min; QUICK=1 ~1 min); PROFILE=editor: typists
+ifeq ($(PROFILE),editor)
+	$(BIN)/python -m loadtest.editor --protocol $(EDITOR_PROTOCOL) --host $(HOST) $(if $(QUICK),--quick) \
+		$(if $(USERS),--typists $(USERS)) $(if $(DURATION),--duration $(DURATION))
+else ifneq ($(PROFILE),)
+	@echo "unknown PROFILE=$(PROFILE): leave it out for the sweep, or PROFILE=editor" >&2; exit 2
+else
 	$(BIN)/python -m loadtest.sweep --protocol $(PROTOCOL) --host $(HOST) $(if $(QUICK),--quick) \
 		$(if $(LENGTHS),--lengths $(LENGTHS)) $(if $(USERS),--users $(USERS)) \
 		$(if $(DURATION),--duration $(DURATION))
+endif
 
 bench: $(VENV)/.setup-bench model  ## engine vs transformers vs CTranslate2, bare vs served (~15 min; QUICK=1 ~2 min)
 	$(BIN)/python -m bench --device $(BENCH_DEVICE) $(if $(QUICK),--quick) \
 		$(if $(ONLY),--only $(ONLY)) $(BENCH_ARGS)
 
-soak: model  ## bounded load + fault test at 2x saturation, drain, stub-kill drill (~5 min)
+soak: model  ## bounded load + fault test at 2x saturation, editor phase, drain, stub-kill drill (~6 min)
 	$(BIN)/python -m loadtest.soak --host $(HOST) $(if $(DURATION),--duration $(DURATION)) \
 		$(if $(SATURATION),--saturation $(SATURATION)) $(SOAK_ARGS)
 

@@ -65,7 +65,7 @@ def _length_axis(ax: Any, lengths: Sequence[int]) -> None:
     ax.grid(True, which="major", alpha=0.3)
 
 
-def _save(fig: Any, path: Path, title: str, dpi: int = 110) -> Path:
+def save_figure(fig: Any, path: Path, title: str, dpi: int = 110) -> Path:
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
@@ -116,7 +116,7 @@ def chart_rps_latency(rows: Sequence[LengthResult], path: Path, title: str) -> P
     right.set_title("Latency (client side, Locust)")
     right.legend(fontsize=9)
     _length_axis(right, lengths)
-    return _save(fig, path, title)
+    return save_figure(fig, path, title)
 
 
 def _bars(
@@ -175,10 +175,10 @@ def chart_shares(rows: Sequence[LengthResult], path: Path, title: str) -> Path:
     batch.set_ylabel("mean batch size")
     batch.set_title("Batching (count / exec_count; engine rows / steps)")
     batch.legend(fontsize=8)
-    return _save(fig, path, title)
+    return save_figure(fig, path, title)
 
 
-def _rolling(
+def rolling(
     times: np.ndarray,
     values: np.ndarray,
     grid: np.ndarray,
@@ -269,7 +269,7 @@ def chart_timeseries(
     for key, q in (("p50", 50), ("p95", 95)):
         bottom.plot(
             grid,
-            _rolling(times, latency, grid, width, lambda v, q=q: np.percentile(v, q)),
+            rolling(times, latency, grid, width, lambda v, q=q: np.percentile(v, q)),
             color=COLORS[key],
             lw=1.8,
             label=f"rolling {key}",
@@ -278,4 +278,4 @@ def chart_timeseries(
     bottom.set_xlabel("seconds since the users started")
     bottom.set_ylim(bottom=0)
     bottom.legend(loc="upper right", fontsize=8)
-    return _save(fig, path, title, dpi=100)
+    return save_figure(fig, path, title, dpi=100)

@@ -8,15 +8,10 @@ machine, the served model) and the report (:mod:`loadtest.report`).
 from __future__ import annotations
 
 import logging
-import os
-import platform
-import shutil
 import sys
 import time
 from contextlib import ExitStack
 from datetime import datetime
-from importlib import metadata
-from pathlib import Path
 
 # Locust patches the process with gevent on import; that must precede anything that loads ssl
 # (the project's modules below do, through urllib.request and requests).
@@ -24,8 +19,9 @@ import locust  # noqa: F401
 
 from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
 from loadtest import locustfile
+from loadtest.machine import machine_info
 from loadtest.report import write_report
-from loadtest.results import MachineInfo, RunInfo, RunResult, RunSettings
+from loadtest.results import RunInfo, RunResult, RunSettings
 from loadtest.settings import Settings, parse_args
 from loadtest.sweep import Sweep, format_duration
 from loadtest.targets import prometheus_for
@@ -43,40 +39,6 @@ def _console() -> None:
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
-
-
-def machine_info() -> MachineInfo:
-    cpu = platform.processor() or platform.machine()
-    memory_gib = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                memory_gib = round(int(line.split()[1]) / 2**20, 1)
-                break
-    except OSError:
-        pass
-
-    def version(package: str) -> str | None:
-        try:
-            return metadata.version(package)
-        except metadata.PackageNotFoundError:
-            return None
-
-    return MachineInfo(
-        cpu=cpu,
-        cores=os.cpu_count(),
-        memory_gib=memory_gib,
-        gpu="none" if shutil.which("nvidia-smi") is None else "present",
-        os=platform.platform(),
-        python=platform.python_version(),
-        torch=version("torch"),
-        locust=version("locust"),
-        tritonclient=version("tritonclient"),
-    )
 
 
 def run_settings(settings: Settings, stream: bool) -> RunSettings:

@@ -36,9 +36,10 @@ PRE, POST = PREPROCESSING_MODEL, POSTPROCESSING_MODEL
 
 
 @cache
-def templates() -> dict[str, Template]:
-    """The pieces of the template file, by name (``<!-- template: NAME -->`` starts one)."""
-    parts = re.split(r"^<!-- template: (\w+) -->\n", TEMPLATES.read_text(), flags=re.MULTILINE)
+def templates(path: Path = TEMPLATES) -> dict[str, Template]:
+    """The pieces of a template file, by name (``<!-- template: NAME -->`` starts one); the
+    editor profile's report has its own file (loadtest/templates/editor.md)."""
+    parts = re.split(r"^<!-- template: (\w+) -->\n", path.read_text(), flags=re.MULTILINE)
     names, bodies = parts[1::2], parts[2::2]  # parts[0]: the file's own comment
     return {
         name: Template(body.removesuffix("\n")) for name, body in zip(names, bodies, strict=True)
@@ -49,11 +50,11 @@ def _fill(template: str, /, **values: object) -> str:
     return templates()[template].substitute(values)
 
 
-def _f(value: float | None, digits: int = 1) -> str:
+def number(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def _pct(value: float | None, digits: int = 2) -> str:
+def percent(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{100 * value:.{digits}f}%"
 
 
@@ -71,7 +72,7 @@ def render(result: RunResult) -> str:
             started=run.started,
             seconds=f"{run.seconds:.0f}",
             command=run.command,
-            machine="\n".join(_machine_lines(run.machine, run.model)),
+            machine="\n".join(machine_lines(run.machine, run.model)),
             users=s.users,
             protocol=s.protocol.upper(),
             warmup=f"{s.warmup_s:.0f}",
@@ -93,7 +94,7 @@ def render(result: RunResult) -> str:
     )
 
 
-def _machine_lines(m: MachineInfo, model: ModelInfo) -> list[str]:
+def machine_lines(m: MachineInfo, model: ModelInfo) -> list[str]:
     lines = [
         f"- CPU: {m.cpu} ({m.cores} cores)",
         f"- GPU: {m.gpu}",
@@ -131,12 +132,13 @@ def _summary_table(rows: list[LengthResult]) -> list[str]:
     for r in rows:
         lat, b, s = r.latency_ms, r.batch_size, r.stage_share
         lines.append(
-            f"| {r.output_len} | {r.requests} | {_f(r.rps, 2)} | {_f(lat.mean, 0)} "
-            f"| {_f(lat.p50, 0)} | {_f(lat.p90, 0)} | {_f(lat.p95, 0)} "
-            f"| {_f(lat.p99, 0)} | {r.failures} | {_f(r.tokens_per_s, 0)} "
-            f"| {_f(r.tokens_per_request, 1)} | {_f(b[PRE], 2)} / {_f(b[MODEL_STAGE], 2)} / "
-            f"{_f(b[POST], 2)} | {_f(r.engine_batch_size, 1)} | {_pct(s[PRE])} "
-            f"| {_pct(s[POST])} | {_pct(r.queue_share)} |"
+            f"| {r.output_len} | {r.requests} | {number(r.rps, 2)} | {number(lat.mean, 0)} "
+            f"| {number(lat.p50, 0)} | {number(lat.p90, 0)} | {number(lat.p95, 0)} "
+            f"| {number(lat.p99, 0)} | {r.failures} | {number(r.tokens_per_s, 0)} "
+            f"| {number(r.tokens_per_request, 1)} | {number(b[PRE], 2)} / "
+            f"{number(b[MODEL_STAGE], 2)} / {number(b[POST], 2)} "
+            f"| {number(r.engine_batch_size, 1)} | {percent(s[PRE])} "
+            f"| {percent(s[POST])} | {percent(r.queue_share)} |"
         )
     return lines
 
@@ -163,7 +165,7 @@ def _metric_listing(row: LengthResult) -> list[str]:
 
 def _busy(row: LengthResult, stage: str) -> str:
     share = row.busy_share.get(stage)
-    return "" if share is None else _fill("busy", share=_pct(share))
+    return "" if share is None else _fill("busy", share=percent(share))
 
 
 def _length_section(row: LengthResult) -> str:
@@ -179,10 +181,10 @@ def _length_section(row: LengthResult) -> str:
             _fill(
                 "stream",
                 users=stream.users,
-                ttft_mean=_f(ttft.mean, 0),
-                ttft_p95=_f(ttft.p95, 0),
-                itl_mean=_f(itl.mean, 1),
-                itl_p95=_f(itl.p95, 0),
+                ttft_mean=number(ttft.mean, 0),
+                ttft_p95=number(ttft.p95, 0),
+                itl_mean=number(itl.mean, 1),
+                itl_p95=number(itl.p95, 0),
                 gaps=stream.inter_token.requests,
             )
         )
@@ -191,8 +193,8 @@ def _length_section(row: LengthResult) -> str:
         optional.append(
             _fill(
                 "agreement",
-                max_rel_diff=_pct(agreement.max_rel_diff, 1),
-                tolerance=_pct(agreement.tolerance, 1),
+                max_rel_diff=percent(agreement.max_rel_diff, 1),
+                tolerance=percent(agreement.tolerance, 1),
             )
         )
     return _fill(
@@ -200,29 +202,29 @@ def _length_section(row: LengthResult) -> str:
         output_len=row.output_len,
         chart=timeseries_chart(row.output_len),
         metric_listing="\n".join(_metric_listing(row)),
-        rps=_f(row.rps, 2),
+        rps=number(row.rps, 2),
         requests=row.requests,
-        window_s=_f(row.window_s, 1),
+        window_s=number(row.window_s, 1),
         triton_requests=f"{t.counts[ENSEMBLE_MODEL]:.0f}",
-        mean=_f(lat.mean, 0),
-        p50=_f(lat.p50, 0),
-        p95=_f(lat.p95, 0),
-        p99=_f(lat.p99, 0),
-        triton_mean=_f(t.mean_request_ms, 0),
-        tokens_per_s=_f(row.tokens_per_s, 0),
-        tokens_per_request=_f(row.tokens_per_request, 1),
-        batch_pre=_f(t.batch_size[PRE], 2),
-        batch_gptj=_f(gptj_batch, 2),
+        mean=number(lat.mean, 0),
+        p50=number(lat.p50, 0),
+        p95=number(lat.p95, 0),
+        p99=number(lat.p99, 0),
+        triton_mean=number(t.mean_request_ms, 0),
+        tokens_per_s=number(row.tokens_per_s, 0),
+        tokens_per_request=number(row.tokens_per_request, 1),
+        batch_pre=number(t.batch_size[PRE], 2),
+        batch_gptj=number(gptj_batch, 2),
         gptj_requests=f"{t.counts[MODEL_STAGE]:.0f}",
         gptj_executions=f"{t.counts[MODEL_STAGE] / gptj_batch if gptj_batch else 0:.0f}",
-        batch_post=_f(t.batch_size[POST], 2),
-        engine_batch=_f(row.engine_batch_size, 1),
-        pre_share=_pct(s[PRE]),
+        batch_post=number(t.batch_size[POST], 2),
+        engine_batch=number(row.engine_batch_size, 1),
+        pre_share=percent(s[PRE]),
         pre_busy=_busy(row, PRE),
-        post_share=_pct(s[POST]),
+        post_share=percent(s[POST]),
         post_busy=_busy(row, POST),
-        queue_share=_pct(row.queue_share),
-        engine_busy=_pct(t.engine_busy, 0),
+        queue_share=percent(row.queue_share),
+        engine_busy=percent(t.engine_busy, 0),
         optional="".join(f"\n{line}" for line in optional),
     )
 
@@ -237,7 +239,7 @@ def _prometheus_section(rows: list[LengthResult]) -> list[str]:
         w, a = prom.window, prom.agreement
         table = [
             f"| {f.label if f.strict else f'{f.label} (shown, not decisive)'} "
-            f"| {_f(f.direct, 4)} | {_f(f.other, 4)} | {_pct(f.rel_diff, 1)} |"
+            f"| {number(f.direct, 4)} | {number(f.other, 4)} | {percent(f.rel_diff, 1)} |"
             for f in a.figures
         ]
         blocks.append(
@@ -248,8 +250,8 @@ def _prometheus_section(rows: list[LengthResult]) -> list[str]:
                 scrapes=w.scrapes,
                 direct_seconds=f"{w.direct_seconds:.1f}",
                 verdict="agree" if a.agree else "DISAGREE",
-                max_rel_diff=_pct(a.max_rel_diff, 1),
-                tolerance=_pct(a.tolerance, 1),
+                max_rel_diff=percent(a.max_rel_diff, 1),
+                tolerance=percent(a.tolerance, 1),
                 contained="contained" if prom.contained else f"NOT contained: {prom.excess}",
                 table="\n".join(table),
             )

@@ -2,26 +2,23 @@
 
 :class:`OpenAIUser` posts ``/v1/completions`` with the very prompts, output length and sampling
 of the other users (built from the same :class:`client.CompletionRequest` objects), and
-:class:`ApiProcess` runs the API (``python -m openai_api``) in front of the sweep's Triton. The
-API sends non-streamed requests without stop sequences to the unary ``ensemble``, so every
-Triton figure of the sweep stays the same pipeline's, and the difference from a gRPC sweep is
-the API's own overhead (HTTP + JSON + FastAPI + its gRPC client, on the same cores).
+:class:`loadtest.api_process.ApiProcess` runs the API (``python -m openai_api``) in front of the
+sweep's Triton. The API sends non-streamed requests without stop sequences to the unary
+``ensemble``, so every Triton figure of the sweep stays the same pipeline's, and the difference
+from a gRPC sweep is the API's own overhead (HTTP + JSON + FastAPI + its gRPC client, on the
+same cores).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 from functools import lru_cache
-from pathlib import Path
 
 from locust import FastHttpUser, constant, task
 
 from client import ENSEMBLE_MODEL
 from loadtest.locustfile import REQUEST_TIMEOUT_S, LoadSettings, load_settings, requests_for
-from serving.process import ManagedServer, free_port
 
 
 @lru_cache(maxsize=8)
@@ -76,34 +73,3 @@ class OpenAIUser(FastHttpUser):
                     response.failure("no tokens generated")
             except Exception as exc:
                 response.failure(f"unreadable response: {exc}")
-
-
-class ApiProcess(ManagedServer):
-    """``python -m openai_api`` as a child process in front of ``grpc_url``, on a free port."""
-
-    name = "openai_api"
-    ready_timeout = 120.0
-
-    def __init__(self, grpc_url: str, log_file: Path, port: int | None = None) -> None:
-        self.grpc_url = grpc_url
-        self.log_file = log_file
-        self.port = port or free_port()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ready_url(self) -> str:
-        return f"{self.url}/health"
-
-    @property
-    def log_hint(self) -> str:
-        return f"; see {self.log_file}"
-
-    def start(self) -> ApiProcess:
-        command = [sys.executable, "-m", "openai_api", "--port", str(self.port)]
-        command += ["--triton", self.grpc_url, "--log-level", "warning"]
-        with open(self.log_file, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        return self

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from contract.tensors import ENGINE_MODEL
+from loadtest.api_process import ApiProcess
 from loadtest.prom import PromSource
 from loadtest.results import CheckpointInfo, ModelInfo
 from loadtest.run_prometheus import INSTALL_HINT, PrometheusServer, find_binary
@@ -233,8 +234,6 @@ class OpenAITarget:
     what the sweep reads), with the OpenAI-compatible API started in front of it."""
 
     def __init__(self, endpoints: Endpoints, model_repository: Path, out: Path) -> None:
-        from loadtest.openai_protocol import ApiProcess
-
         self.triton = TritonTarget(endpoints, model_repository, out)
         self.api = ApiProcess(endpoints.grpc, out / "openai_api.log")
 

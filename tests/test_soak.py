@@ -15,15 +15,16 @@ from contract.options import MAX_PROMPT_BYTES, MAX_WORDS_PER_LIST
 from loadtest import soak
 from loadtest.soak_cases import (
     ABANDONED,
+    ALL_KINDS,
     CANCELLED,
     CASES,
+    EDITOR,
     HOSTILE,
     HOSTILE_CASES,
     HOSTILE_TRANSPORTS,
     INVALID,
     INVALID_CASES,
     INVALID_TRANSPORTS,
-    KINDS,
     OK,
     QUEUE_FULL,
     REJECTED,
@@ -42,11 +43,14 @@ from loadtest.soak_cases import (
     raw_tensors,
 )
 from loadtest.soak_clients import Rotation
+from loadtest.soak_editor import editor_check
+from loadtest.soak_report import write_run
 from loadtest.soak_results import (
     FAIL,
     PASS,
     Check,
     Ledger,
+    Record,
     RssSample,
     SoakResult,
     accounting_checks,
@@ -57,8 +61,8 @@ from loadtest.soak_results import (
     kind_summaries,
     rss_flatness,
     total_summary,
-    write_run,
 )
+from loadtest.soak_stall import Stall, longest_stall, stall_bound, stall_check
 
 # Error texts as this Triton (2.51, python backend) and tritonclient really produce them.
 REAL_ERRORS = {
@@ -204,6 +208,84 @@ def test_every_request_is_accounted_for_and_leftovers_are_unanswered():
     assert error_messages(records)[0]["count"] == 1
 
 
+def _done(started: float, latency: float | None, status: str = OK, first: float | None = None):
+    return Record(EDITOR, "", "openai-sse", "editor", started, latency, status, "", "", True, first)
+
+
+def test_the_longest_stall_counts_only_time_with_requests_in_flight():
+    records = [
+        _done(0.0, 1.0),  # answered at 1
+        _done(2.0, 3.0, ABANDONED),  # in flight 2..5, no text: no progress
+        _done(4.0, 4.0, ABANDONED, first=3.5),  # first text at 7.5: progress
+        _done(20.0, 2.0),  # answered at 22; nothing in flight from 8 to 20
+    ]
+    stall = longest_stall("editor", records, 0.0, 30.0)
+    # in flight: 0..1, 2..8, 20..22; between progress events (edges 0, 1, 7.5, 22, 30) that
+    # is 1, then 5.5 (2..7.5), then 2.5 (7.5..8 and 20..22), then 0
+    assert stall.seconds == pytest.approx(5.5) and stall.at_s == 1.0
+    assert stall.progress_events == 3
+    assert longest_stall("soak", [], 0.0, 10.0).seconds == 0
+    # a request that never ended stalls until the phase's end
+    frozen = longest_stall("soak", [_done(0.0, 1.0), _done(2.0, None, UNANSWERED)], 0.0, 60.0)
+    assert frozen.seconds == pytest.approx(58.0)
+
+
+def test_the_stall_check_fails_over_its_bound():
+    ok, frozen = Stall("soak", 1.2, 3.0, 50), Stall("editor", 7.5, 40.0, 12)
+    assert stall_check([ok], 5.0).status == PASS
+    failed = stall_check([ok, frozen], 5.0)
+    assert failed.status == FAIL and "editor: 7.5 s from t=40 s" in failed.detail
+
+
+def test_the_stall_bound_scales_to_a_machine_too_slow_for_it():
+    assert stall_bound(5.0, None) == 5.0 and stall_bound(5.0, 0.2) == 5.0
+    assert stall_bound(5.0, 2.0) == 8 * 2.0  # one request alone takes 2 s here
+    records = [_done(0.0, 1.0), _done(1.0, 12.0), _done(13.0, 1.0)]  # a 12 s gap at 1..13
+    slow = longest_stall("soak", records, 0.0, 14.0, 5.0, reference_s=2.0)
+    assert slow.seconds == pytest.approx(12.0) and slow.bound_s == 16.0
+    assert stall_check([slow], 5.0).status == PASS
+    assert "a request alone took 2.00 s" in stall_check([slow], 5.0).detail
+    fast = longest_stall("soak", records, 0.0, 14.0, 5.0, reference_s=0.5)
+    assert fast.bound_s == 5.0 and stall_check([fast], 5.0).status == FAIL
+
+
+def test_editor_requests_must_be_answered_or_abandoned():
+    assert judge(EDITOR, "", OK, "", "") and judge(EDITOR, "", ABANDONED, "", "")
+    assert not judge(EDITOR, "", REJECTED, QUEUE_FULL, "Exceeds maximum queue size")
+    assert not judge(EDITOR, "", UNANSWERED, "", "")
+    figures = {
+        "requests": 10,
+        "answered": 3,
+        "abandoned": 6,
+        "errors": 1,
+        "first_token_ms": {"p50": 90.0, "p95": 200.0},
+    }
+    phase = {
+        "done": True,
+        "figures": figures,
+        "typist_failures": [],
+        "stuck_typists": 0,
+        "suffix": {"send": False, "requested": True},
+    }
+    check = editor_check(phase)
+    assert check.status == FAIL and "1 failed" in check.detail and "PREFIX-ONLY" in check.detail
+    assert editor_check({**phase, "figures": {**figures, "errors": 0}}).status == PASS
+    assert editor_check({"done": False, "error": "no answer"}).status == FAIL
+    assert editor_check({"done": False, "note": "skipped"}).status == "SKIP"
+
+
+def test_an_editor_phase_that_cannot_start_is_a_failed_check_not_a_crash(tmp_path):
+    from types import SimpleNamespace
+
+    from loadtest.soak_editor import run_editor_phase
+    from loadtest.soak_settings import parse_args
+
+    settings = parse_args(["--model-repository", str(tmp_path), "--out", str(tmp_path / "out")])
+    _, _, phase = run_editor_phase(settings, Ledger(), SimpleNamespace(phase=""))
+    assert not phase["done"] and "no tokenizer" in phase["error"]
+    assert editor_check(phase).status == FAIL
+
+
 def test_flatness_check():
     mib = 2**20
     flat = rss_flatness(
@@ -278,6 +360,14 @@ def test_a_short_real_soak_accounts_for_everything(server, model_repository, tmp
             "1",
             "--progress-every",
             "5",
+            "--editor-duration",
+            "8",
+            "--editor-typists",
+            "2",
+            # the bound real runs use is 5 s; a test may not depend on the machine's speed, so
+            # it checks that the stall is measured, with a bound no healthy run comes near
+            "--max-stall",
+            "120",
             "--out",
             str(out),
         ]
@@ -295,4 +385,27 @@ def test_a_short_real_soak_accounts_for_everything(server, model_repository, tmp
     assert checks["stub-kill drill"] == "SKIP"  # a server the soak did not start
     assert checks["engine idle after the drain"] == PASS
     assert code == 0, [c for c in summary["checks"] if c["status"] == FAIL]
-    assert set(KINDS) >= {k["kind"] for k in summary["kinds"]}
+    assert set(ALL_KINDS) >= {k["kind"] for k in summary["kinds"]}
+    editor = {k["kind"]: k for k in summary["kinds"]}[EDITOR]
+    assert editor["sent"] >= 2 and editor["unexpected"] == 0, editor  # answered or abandoned
+    assert checks["editor requests answered or abandoned"] == PASS
+    assert checks["no stall over max(120 s, 8 lone requests)"] == PASS
+    assert [s["phase"] for s in summary["stalls"]] == ["soak", "editor"]
+    assert "## Editor phase" in (out / "report.md").read_text()
+
+
+def test_the_engine_sampler_says_what_the_engine_did_during_a_stall():
+    from loadtest.soak_stall import EngineSample, EngineSampler, explain
+
+    sampler = EngineSampler("http://127.0.0.1:1/metrics", clock=lambda: 0.0)
+    sampler.samples = [
+        EngineSample(10.0, 100.0, 0.0, 0.0),
+        EngineSample(11.0, 100.0, 0.0, 37.0),  # requests pending, the engine not stepping
+        EngineSample(20.0, 100.0, 0.0, 37.0),
+    ]
+    stall = explain(Stall("editor", 9.5, 10.0, 3, until_s=20.0), sampler)
+    assert stall.engine == (
+        "0 steps in 10 s, up to 0 sequences running and 37 requests pending in Triton"
+    )
+    assert "engine meanwhile: 0 steps" in stall_check([stall], 5.0).detail
+    assert explain(Stall("soak", 1.0, None, 0), sampler).engine == ""

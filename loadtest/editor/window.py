@@ -1,0 +1,104 @@
+"""What an editor sends of a file: the text before the cursor, clipped from the left to fit the
+model's context, and the text after it, clipped from the right to a share of that budget.
+
+Clipping counts tokens with the served checkpoint's own tokenizer (its ``tokenizer.json``), so
+the prefix is as long as the context allows and never over it: a prompt over the context would
+be refused, and a load test of refusals measures nothing. The cut falls on a token boundary;
+re-encoding a cut string can merge differently at the cut, which :data:`MARGIN_TOKENS` absorbs
+(as it does the few tokens a fill-in-the-middle prompt adds around the suffix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+MARGIN_TOKENS = 8
+CHARS_PER_TOKEN_MAX = 16  # read this many characters per budgeted token before counting
+
+
+class Encoder(Protocol):
+    """Token offsets of a text: ``(start, end)`` character spans, one per token."""
+
+    def offsets(self, text: str) -> list[tuple[int, int]]: ...
+
+
+class CheckpointTokenizer:
+    """The checkpoint's ``tokenizer.json`` through the ``tokenizers`` library."""
+
+    def __init__(self, checkpoint: Path) -> None:
+        from tokenizers import Tokenizer
+
+        path = Path(checkpoint) / "tokenizer.json"
+        if not path.exists():
+            raise FileNotFoundError(
+                f"no tokenizer at {path}: the editor profile clips prompts to the context with "
+                "the served checkpoint's tokenizer (run `make model`, or pass --model-repository)"
+            )
+        self.tokenizer = Tokenizer.from_file(str(path))
+
+    def offsets(self, text: str) -> list[tuple[int, int]]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).offsets)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One request's text."""
+
+    prefix: str
+    suffix: str
+    prefix_tokens: int
+    suffix_tokens: int
+
+
+@dataclass(frozen=True)
+class Clipper:
+    """Fits prefix + suffix + the completion into ``context`` tokens."""
+
+    encoder: Encoder
+    context: int
+    max_tokens: int
+    suffix_share: float = 0.25  # of the prompt budget the suffix may take
+
+    def __post_init__(self) -> None:
+        if self.budget < 16:
+            raise ValueError(
+                f"a context of {self.context} tokens leaves {self.budget} for the prompt after "
+                f"{self.max_tokens} completion tokens and a margin of {MARGIN_TOKENS}: ask for "
+                "fewer tokens"
+            )
+        if not 0 <= self.suffix_share < 1:
+            raise ValueError(f"suffix_share must be in [0, 1), got {self.suffix_share}")
+
+    @property
+    def budget(self) -> int:
+        """Prompt tokens (prefix + suffix) a request may carry."""
+        return self.context - self.max_tokens - MARGIN_TOKENS
+
+    def clip(self, text: str, cursor: int, with_suffix: bool) -> Window:
+        """The window at ``cursor``; the suffix takes at most ``suffix_share`` of the budget
+        and the prefix the rest."""
+        suffix, suffix_tokens = "", 0
+        if with_suffix:
+            suffix, suffix_tokens = self._head(text[cursor:], int(self.budget * self.suffix_share))
+        prefix, prefix_tokens = self._tail(text[:cursor], self.budget - suffix_tokens)
+        return Window(prefix, suffix, prefix_tokens, suffix_tokens)
+
+    def _tail(self, text: str, tokens: int) -> tuple[str, int]:
+        """The longest end of ``text`` of at most ``tokens`` tokens, cut at a token start."""
+        text = text[-tokens * CHARS_PER_TOKEN_MAX :]
+        spans = self.encoder.offsets(text)
+        if len(spans) <= tokens:
+            return text, len(spans)
+        return text[spans[-tokens][0] :], tokens
+
+    def _head(self, text: str, tokens: int) -> tuple[str, int]:
+        """The longest start of ``text`` of at most ``tokens`` tokens, cut at a token end."""
+        if tokens <= 0 or not text:
+            return "", 0
+        text = text[: tokens * CHARS_PER_TOKEN_MAX]
+        spans = self.encoder.offsets(text)
+        if len(spans) <= tokens:
+            return text, len(spans)
+        return text[: spans[tokens - 1][1]], tokens

@@ -1,0 +1,191 @@
+"""The stub-kill drill: SIGKILL the engine model's stub of a server the soak started, with
+requests in flight, and watch readiness, fresh requests and the launcher for a minute."""
+
+import logging
+import signal
+import threading
+import time
+from dataclasses import asdict, replace
+from datetime import datetime
+from typing import Any
+
+from contract.tensors import ENGINE_MODEL, ENSEMBLE_MODEL, STREAM_MODEL
+from loadtest.soak_cases import (
+    OK,
+    UNARY_GRPC,
+    UNARY_HTTP,
+)
+from loadtest.soak_clients import ClientParams, Worker
+from loadtest.soak_results import (
+    PASS,
+    SKIP,
+    WARN,
+    Check,
+    Ledger,
+)
+from loadtest.soak_server import (
+    ServerHandle,
+    find_stub,
+    http_status,
+)
+from loadtest.soak_settings import SoakSettings
+
+log = logging.getLogger("soak")
+DRILL_WINDOW_S = 60.0
+DRILL_DEADLINE_S = 30.0  # a drill request with no answer by then is unanswered
+
+
+# --- the drill -----------------------------------------------------------------------------
+
+
+def stub_kill_drill(
+    settings: SoakSettings, handle: ServerHandle, params: ClientParams
+) -> dict[str, Any]:
+    """SIGKILL the stub of the engine model (the server's one engine) of a server this soak
+    started, with requests in flight, and watch for 60 s: readiness, fresh requests, the
+    launcher and tritonserver."""
+    if not settings.drill:
+        return {"done": False, "note": "skipped (--no-drill)"}
+    if not handle.started or handle.launcher is None or handle.launcher.process is None:
+        return {
+            "done": False,
+            "note": "skipped: the server was found running, not started by the soak (the drill "
+            "never kills a server it did not start)",
+        }
+    server = handle.tritonserver()
+    stub = find_stub(server) if server else None
+    if stub is None:
+        return {"done": False, "note": f"skipped: no {ENGINE_MODEL} python-backend stub found"}
+    launcher = handle.launcher.process
+    http = settings.endpoints.http_url
+    urls = {
+        "live": f"{http}/v2/health/live",
+        "ready": f"{http}/v2/health/ready",
+        f"{ENGINE_MODEL} ready": f"{http}/v2/models/{ENGINE_MODEL}/ready",
+        f"{ENSEMBLE_MODEL} ready": f"{http}/v2/models/{ENSEMBLE_MODEL}/ready",
+        f"{STREAM_MODEL} ready": f"{http}/v2/models/{STREAM_MODEL}/ready",
+    }
+    ledger = Ledger()
+    threads: list[threading.Thread] = []
+    params = replace(params, deadline_s=min(params.deadline_s, DRILL_DEADLINE_S))
+    # the requests in flight at the kill ask for many tokens, so that they are still running
+    long = replace(params, max_tokens=params.long_tokens)
+
+    def send(kind: str, transport: str, index: int) -> None:
+        worker = Worker(100 + index, long if index < 3 else params, ledger, settings.seed)
+        try:
+            worker.run(kind, "drill", "", transport)
+        finally:
+            worker.close()
+
+    def launch(kind: str, transport: str) -> None:
+        thread = threading.Thread(target=send, args=(kind, transport, len(threads)), daemon=True)
+        threads.append(thread)
+        thread.start()
+
+    stub_info = {"pid": stub.pid, "cmdline": " ".join(stub.cmdline())[:300]}
+    log.info(f"drill: requests in flight, then SIGKILL to the {ENGINE_MODEL} stub pid {stub.pid}")
+    for kind, transport in ((UNARY_GRPC, "grpc"), (UNARY_HTTP, "http"), ("stream", "stream-grpc")):
+        launch(kind, transport)
+    time.sleep(1.0)
+    killed, killed_at = time.monotonic(), datetime.now().isoformat(timespec="seconds")
+    stub.send_signal(signal.SIGKILL)
+    timeline: list[dict[str, Any]] = []
+    last: dict[str, Any] = {}
+
+    def note(what: str, value: Any) -> None:
+        if last.get(what) != value:
+            last[what] = value
+            t = time.monotonic() - killed
+            timeline.append({"t_s": round(t, 2), "what": what, "value": value})
+            log.info(f"drill +{t:5.1f}s  {what}: {value}")
+
+    probes = ((UNARY_GRPC, "grpc"), (UNARY_HTTP, "http"), ("stream", "stream-grpc"))
+    next_probe, probe_index, launcher_gone = killed + 2.0, 0, None
+    while time.monotonic() - killed < DRILL_WINDOW_S:
+        for what, url in urls.items():
+            note(what, http_status(url, timeout=1.0))
+        code = launcher.poll()
+        note("launcher", "running" if code is None else f"exited with code {code}")
+        note("tritonserver", "running" if server.is_running() else "exited")
+        new_stub = find_stub(server) if server.is_running() else None
+        note(f"{ENGINE_MODEL} stub", f"pid {new_stub.pid}" if new_stub else "none")
+        if code is not None and launcher_gone is None:
+            launcher_gone = time.monotonic()
+        if launcher_gone is not None and time.monotonic() - launcher_gone > 3.0:
+            break
+        if time.monotonic() >= next_probe and launcher_gone is None:
+            launch(*probes[probe_index % len(probes)])
+            probe_index += 1
+            next_probe += 3.0
+        time.sleep(0.5)
+    for thread in threads:  # the last probe's deadline ends at most DRILL_DEADLINE_S from now
+        thread.join(timeout=DRILL_DEADLINE_S + 5.0)
+    ledger.close(f"no answer within {DRILL_DEADLINE_S:.0f} s")
+    records, _ = ledger.snapshot()
+    # the first three started before the kill; probes start 2 s and more after it
+    in_flight = [asdict(r) for r in records if r.started_s < 1.5]
+    probes_done = [asdict(r) for r in records if r.started_s >= 1.5]
+    ready_false = next(
+        (e["t_s"] for e in timeline if e["what"] == "ready" and e["value"] != "200"), None
+    )
+    stage_false = next(
+        (
+            e["t_s"]
+            for e in timeline
+            if e["what"] == f"{ENGINE_MODEL} ready" and e["value"] != "200"
+        ),
+        None,
+    )
+    launcher_code = launcher.poll()
+    exited_at = next(
+        (e["t_s"] for e in timeline if e["what"] == "launcher" and e["value"] != "running"), None
+    )
+    stubs = [e["value"] for e in timeline if e["what"] == f"{ENGINE_MODEL} stub"]
+    restarted = any(v not in ("none", f"pid {stub.pid}") for v in stubs)
+    failed = [r for r in (*in_flight, *probes_done) if r["status"] != OK]
+    clear = [r for r in failed if r["category"] not in ("", "unclear")]
+    summary = {
+        "done": True,
+        "note": f"SIGKILL to the {ENGINE_MODEL} stub of the server this soak started; watched "
+        f"{min(DRILL_WINDOW_S, time.monotonic() - killed):.0f} s",
+        "stub": stub_info,
+        "killed_at": killed_at,
+        "server_ready_turned_false_after_s": ready_false,
+        "stage_ready_turned_false_after_s": stage_false,
+        "launcher_exit": (
+            f"code {launcher_code} after {exited_at:.1f} s"
+            if launcher_code is not None and exited_at is not None
+            else f"still running after {DRILL_WINDOW_S:.0f} s"
+        ),
+        "launcher_exit_code": launcher_code,
+        "tritonserver_exit": last.get("tritonserver"),
+        "stub_restarted": restarted,
+        "requests": len(records),
+        "requests_failed": len(failed),
+        "requests_failed_clearly": len(clear),
+        "timeline": timeline,
+        "in_flight": in_flight,
+        "probes": probes_done,
+    }
+    return summary
+
+
+def drill_check(drill: dict[str, Any]) -> Check:
+    if not drill.get("done"):
+        return Check("stub-kill drill", SKIP, str(drill.get("note")))
+    code = drill.get("launcher_exit_code")
+
+    def turned(key: str) -> str:
+        after = drill[key]
+        return "200 throughout" if after is None else f"not 200 after {after:.1f} s"
+
+    detail = (
+        f"/v2/health/ready {turned('server_ready_turned_false_after_s')}, "
+        f"/v2/models/{ENGINE_MODEL}/ready {turned('stage_ready_turned_false_after_s')}; "
+        f"launcher {drill['launcher_exit']}; {drill['requests_failed']} of "
+        f"{drill['requests']} requests failed, {drill['requests_failed_clearly']} with a clear "
+        f"error; stub restarted: {drill['stub_restarted']}"
+    )
+    restarted_or_exited = code not in (None, 0) or drill["stub_restarted"]
+    return Check("stub-kill drill", PASS if restarted_or_exited else WARN, detail)

@@ -1,0 +1,334 @@
+"""The editor profile without a server: the typists' schedule, the context window, the SSE
+reader, the suffix decision, the figures and the report."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from contract import metrics as names
+from contract.corpus import held_out_files, stdlib_root
+from loadtest.editor import figures as figures_module
+from loadtest.editor.figures import (
+    ABANDONED,
+    ANSWERED,
+    ERROR,
+    NOT_REPORTED,
+    EditorRecord,
+    editor_figures,
+    engine_figures,
+)
+from loadtest.editor.protocols import Exchange, SseDecoder, error_text
+from loadtest.editor.report import EditorRun, write_report
+from loadtest.editor.suffix import ProbeError, decide, probe
+from loadtest.editor.typist import TypingStyle, Typist, keystroke, line_starts, pauses
+from loadtest.editor.window import MARGIN_TOKENS, Clipper
+from loadtest.machine import machine_info
+from loadtest.results import ModelInfo
+from modelbuild.corpus import split
+
+TEXT = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(60))
+
+
+# --- held-out files --------------------------------------------------------------------------
+
+
+def test_the_typed_files_are_exactly_those_make_model_holds_out():
+    train, valid = split()
+    held = held_out_files()
+    assert held == valid and held, "the editor types the model build's held-out files"
+    assert not set(held) & set(train)
+    assert all(p.is_relative_to(stdlib_root()) for p in held)
+
+
+# --- typists ---------------------------------------------------------------------------------
+
+
+def test_the_schedule_is_the_same_for_the_same_seed_and_differs_between_typists(tmp_path):
+    files = []
+    for i in range(3):
+        path = tmp_path / f"m{i}.py"
+        path.write_text(TEXT.replace("x", f"v{i}"))
+        files.append(path)
+
+    def first(index: int, seed: int, n: int = 30):
+        visits = Typist(index, files, seed).visits()
+        return [(v.path.name, v.pause) for v, _ in zip(visits, range(n), strict=False)]
+
+    assert first(0, 7) == first(0, 7)
+    assert first(0, 7) != first(1, 7)
+    assert first(0, 7) != first(0, 8)
+
+
+def test_pauses_follow_the_style_and_move_the_cursor_forward():
+    style = TypingStyle(
+        keystroke_s=(0.1, 0.2), burst=(2, 5), pause_s=(0.5, 1.5), pauses_per_file=50
+    )
+    cursor = None
+    made = list(pauses(TEXT, random.Random(3), style))
+    assert len(made) == 50
+    for pause in made:
+        assert 2 <= pause.keystrokes <= 5
+        assert 0.1 * pause.keystrokes <= pause.typing_s <= 0.2 * pause.keystrokes
+        assert 0.5 <= pause.pause_s <= 1.5
+        assert 0 < pause.cursor <= len(TEXT)  # a prefix is never empty
+        assert cursor is None or pause.cursor > cursor
+        cursor = pause.cursor
+    assert style.longest_step_s == pytest.approx(5 * 0.2 + 1.5)
+
+
+def test_a_newline_keystroke_takes_the_indentation_and_the_file_end_stops_the_visit():
+    assert keystroke("a\n    b", 0) == 1
+    assert keystroke("a\n    b", 1) == 6  # the newline and the next line's indentation
+    text = "a\n  b\n"
+    assert line_starts(text) == [2]  # never 0 (an empty prefix), never the file's end
+    style = TypingStyle(burst=(1, 1), pauses_per_file=10)
+    made = list(pauses(text, random.Random(0), style))
+    assert [p.cursor for p in made] == [3, 4, 5, 6]  # then the file ends: no more pauses
+    assert list(pauses("no newline at all", random.Random(0), style)) == []
+
+
+def test_typists_prefer_files_long_enough_for_long_prefixes(tmp_path):
+    short, long = tmp_path / "short.py", tmp_path / "long.py"
+    short.write_text("x = 1\ny = 2\n")
+    long.write_text(TEXT * 3)
+    assert Typist(0, [short, long], 0, min_bytes=4096).files == [long]
+    assert Typist(0, [short], 0, min_bytes=4096).files == [short]  # better than nothing
+    # a visit starts in the file's second half: the prefix is at least half the file
+    for visit, _ in zip(Typist(0, [long], 0).visits(), range(50), strict=False):
+        assert visit.pause.cursor >= len(visit.text) // 2 - 40
+
+
+def test_bad_styles_are_refused():
+    with pytest.raises(ValueError, match="pause_s"):
+        TypingStyle(pause_s=(2.0, 1.0))
+    with pytest.raises(ValueError, match="a typist needs"):
+        Typist(0, [], 0)
+
+
+def test_a_typist_whose_files_give_no_pause_raises_instead_of_spinning(tmp_path):
+    empty = tmp_path / "empty.py"
+    empty.write_text("x = 1")
+    with pytest.raises(RuntimeError, match="can be typed"):
+        next(Typist(0, [empty], 0).visits())
+
+
+# --- the window ------------------------------------------------------------------------------
+
+
+class CharEncoder:
+    """One token per character: clipping is then exact and easy to check."""
+
+    def offsets(self, text: str) -> list[tuple[int, int]]:
+        return [(i, i + 1) for i in range(len(text))]
+
+
+def test_the_prefix_is_clipped_from_the_left_and_the_suffix_from_the_right():
+    clipper = Clipper(CharEncoder(), context=200, max_tokens=32, suffix_share=0.25)
+    budget = 200 - 32 - MARGIN_TOKENS
+    assert clipper.budget == budget
+    cursor = 1000
+    window = clipper.clip(TEXT, cursor, with_suffix=True)
+    assert window.suffix == TEXT[cursor : cursor + int(budget * 0.25)]
+    assert window.prefix == TEXT[cursor - (budget - len(window.suffix)) : cursor]
+    assert window.prefix_tokens + window.suffix_tokens == budget
+    alone = clipper.clip(TEXT, cursor, with_suffix=False)
+    assert alone.suffix == "" and alone.prefix == TEXT[cursor - budget : cursor]
+    short = clipper.clip(TEXT, 10, with_suffix=False)
+    assert short.prefix == TEXT[:10] and short.prefix_tokens == 10
+
+
+def test_a_context_too_small_for_the_completion_is_refused():
+    with pytest.raises(ValueError, match="ask for fewer tokens"):
+        Clipper(CharEncoder(), context=40, max_tokens=32)
+
+
+# --- the SSE reader --------------------------------------------------------------------------
+
+
+def _chunked(body: bytes, pieces: int = 3) -> bytes:
+    size = max(1, len(body) // pieces)
+    out = b""
+    for i in range(0, len(body), size):
+        part = body[i : i + size]
+        out += f"{len(part):x}\r\n".encode() + part + b"\r\n"
+    return out + b"0\r\n\r\n"
+
+
+def test_the_sse_decoder_reads_chunked_events_fed_byte_by_byte():
+    events = [{"choices": [{"text": "ab"}]}, {"choices": [{"text": ""}], "usage": {"x": 1}}]
+    body = (
+        b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    )
+    wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(body)
+    decoder, got = SseDecoder(), []
+    for i in range(len(wire)):
+        got += decoder.feed(wire[i : i + 1])
+    assert got == [*(json.dumps(e) for e in events), "[DONE]"]
+    assert decoder.status == 200 and decoder.ended
+
+
+def test_an_error_answer_keeps_its_body_and_names_the_param():
+    error = {"error": {"message": "suffix is not supported", "param": "suffix"}}
+    body = json.dumps(error).encode()
+    wire = f"HTTP/1.1 400 Bad Request\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+    decoder = SseDecoder()
+    assert decoder.feed(wire) == []
+    assert decoder.status == 400
+    assert error_text(decoder.error_body, 400) == (
+        "HTTP 400: suffix is not supported [param: suffix]"
+    )
+
+
+# --- the suffix decision ---------------------------------------------------------------------
+
+
+def _ended(finished: bool = False, error: str = "") -> Exchange:
+    exchange = Exchange()
+    exchange.finished, exchange.error = finished, error
+    return exchange
+
+
+def test_an_answered_probe_keeps_the_suffix():
+    mode = decide(True, _ended(finished=True))
+    assert mode.send and not mode.refused
+
+
+def test_a_refusal_naming_suffix_runs_prefix_only_and_says_so_loudly():
+    for error in (
+        "HTTP 400: suffix (fill in the middle) is not supported by this model [param: suffix]",
+        "[request id: <id_unknown>] unexpected inference input 'suffix' for model "
+        "'ensemble_stream'",
+    ):
+        mode = decide(True, _ended(error=error))
+        assert mode.refused and not mode.send
+        assert "PREFIX-ONLY" in mode.note and error in mode.note
+
+
+def test_any_other_probe_failure_stops_the_run():
+    with pytest.raises(ProbeError, match="another reason"):
+        decide(True, _ended(error="HTTP 503: Triton is not answering"))
+    with pytest.raises(ProbeError, match="no answer"):
+        decide(True, Exchange())  # still running when the probe gave up
+
+
+def test_no_suffix_sends_no_probe():
+    sent = []
+    mode = probe(lambda *args: sent.append(args) or _ended(finished=True), requested=False)
+    assert not mode.send and not mode.refused and sent == []
+    mode = probe(lambda *args: sent.append(args) or _ended(finished=True), requested=True)
+    assert mode.send and len(sent) == 1 and sent[0][1], "the probe carries a suffix"
+
+
+# --- figures and report ----------------------------------------------------------------------
+
+
+def _record(outcome: str, ttft: float | None, **extra) -> EditorRecord:
+    values = dict(
+        typist=0,
+        t_s=1.0,
+        outcome=outcome,
+        pause_s=1.0,
+        prefix_tokens=900,
+        suffix_tokens=100,
+        first_token_ms=ttft,
+        latency_ms=None,
+        pieces=0,
+        tokens_read=0,
+        completion_tokens=None,
+    )
+    return EditorRecord(**{**values, **extra})
+
+
+RECORDS = [
+    *(
+        _record(
+            ANSWERED, 100.0 + i, latency_ms=400.0 + i, pieces=8, tokens_read=8, completion_tokens=10
+        )
+        for i in range(10)
+    ),
+    *(_record(ABANDONED, 150.0, pieces=3, tokens_read=3) for _ in range(20)),
+    *(_record(ABANDONED, None) for _ in range(10)),
+    _record(ERROR, None, error="HTTP 504: no answer within 12 s"),
+    _record(ERROR, None, error="HTTP 504: no answer within 7 s"),
+]
+
+
+def test_the_figures_count_outcomes_and_percentiles_of_the_answered_only():
+    f = editor_figures(RECORDS)
+    assert (f.requests, f.answered, f.abandoned, f.errors) == (42, 10, 30, 2)
+    assert f.abandoned_share == pytest.approx(30 / 40)
+    assert f.abandoned_after_first_token == 20
+    assert f.first_token_ms.p50 == pytest.approx(104.5)
+    assert f.latency_ms.p50 == pytest.approx(404.5)
+    assert f.prompt_tokens_sent == 1000 and f.suffix_tokens_sent == 100
+    assert f.error_messages == {"HTTP N: no answer within N s": 2}
+
+
+def test_tokens_for_abandoned_requests_are_generated_minus_delivered():
+    increases = {
+        names.ENGINE_GENERATED_TOKENS: 500.0,
+        names.ENGINE_REQUESTS: 41.0,
+        names.ENGINE_CANCELLED: 30.0,
+        names.ENGINE_PROMPT_TOKENS: 41_000.0,
+    }
+    e = engine_figures(increases, RECORDS, exact_tokens=True)
+    assert e.delivered_tokens == 10 * 10 + 20 * 3  # answered: server count; abandoned: read
+    assert e.wasted_tokens == 500 - 160 and not e.wasted_is_upper_bound
+    assert e.wasted_per_abandoned == pytest.approx(340 / 30)
+    assert e.prompt_tokens_per_request == pytest.approx(1000)
+    assert e.reused_tokens is None and e.reuse_note.startswith(NOT_REPORTED)
+
+
+def test_reuse_is_reported_only_when_the_contract_names_it_and_the_engine_exports_it(
+    monkeypatch,
+):
+    increases = {names.ENGINE_PROMPT_TOKENS: 300.0, names.ENGINE_REQUESTS: 1.0}
+    monkeypatch.setattr(names, "ENGINE_PREFIX_CACHE_REUSED_TOKENS", "x_reused_tokens_total", False)
+    assert figures_module.reuse_metric() == "x_reused_tokens_total"
+    absent = engine_figures(increases, [], exact_tokens=False)
+    assert absent.reused_tokens is None and "is not exported" in absent.reuse_note
+    present = engine_figures({**increases, "x_reused_tokens_total": 700.0}, [], False)
+    assert present.reused_tokens == 700 and present.reuse_share == pytest.approx(0.7)
+
+
+def test_the_report_is_written_with_its_charts_and_a_loud_prefix_only_banner(tmp_path):
+    engine = engine_figures({names.ENGINE_GENERATED_TOKENS: 500.0}, RECORDS, exact_tokens=False)
+    mode = decide(True, _ended(error="HTTP 400: suffix is not supported [param: suffix]"))
+    run = EditorRun(
+        name="test",
+        started="2026-01-01T00:00:00",
+        seconds=10.0,
+        command="python -m loadtest.editor --quick",
+        protocol="openai",
+        settings={
+            "typists": 2,
+            "duration_s": 10.0,
+            "max_tokens": 32,
+            "suffix_share": 0.25,
+            "context": 1024,
+            "files": 30,
+            "seed": 0,
+            "sampling": {"top_k": 40},
+            **{k: getattr(TypingStyle(), k) for k in ("keystroke_s", "burst", "pause_s")},
+        },
+        suffix={"requested": True, "send": False, "note": mode.note, "refused": True},
+        figures=editor_figures(RECORDS, engine),
+        after="answered a plain request in 20 ms",
+        problems=[],
+        machine=machine_info(),
+        model=ModelInfo(),
+    )
+    paths = write_report(tmp_path, run, RECORDS)
+    assert {p.name for p in paths} >= {"summary.json", "requests.csv", "report.md"}
+    report = (tmp_path / "report.md").read_text()
+    assert "**SUFFIX REFUSED" in report and "PREFIX-ONLY" in report
+    assert "| 42 | 10 | 30 | 75.0% | 2 |" in report
+    assert "at most 340" in report and NOT_REPORTED in report
+    for chart in ("editor_timeline.png", "editor_latency.png"):
+        assert (tmp_path / chart).stat().st_size > 10_000 and f"]({chart})" in report
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["figures"]["abandoned"] == 30 and summary["suffix"]["refused"]
+    assert len((tmp_path / "requests.csv").read_text().splitlines()) == len(RECORDS) + 1

@@ -1,0 +1,74 @@
+"""The editor profile against the real test server, over both protocols: a short run whose
+books must balance, and a run whose pauses are too short for any answer, so that every request
+is abandoned by construction (whatever the machine's speed) and the server must still answer
+normally afterwards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from serving.paths import REPO_ROOT
+
+OUTCOMES = ("answered", "abandoned", "error")
+
+
+def _run(server, tmp_path, protocol: str, *extra: str) -> dict:
+    out = tmp_path / protocol
+    command = [
+        sys.executable, "-m", "loadtest.editor",
+        "--protocol", protocol,
+        "--typists", "2",
+        "--duration", "6",
+        "--progress-every", "2",
+        "--host", server.http_url,
+        "--grpc-url", server.grpc_url,
+        "--metrics-url", server.metrics_url,
+        "--model-repository", str(server.model_repository),
+        "--out", str(out),
+        *extra,
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    print(done.stdout[-5000:], done.stderr[-5000:], sep="\n")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    summary["stdout"] = done.stdout
+    summary["report"] = (out / "report.md").read_text()
+    return summary
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "openai"])
+def test_a_short_run_balances_its_books(server, tmp_path, protocol):
+    summary = _run(server, tmp_path, protocol)
+    f, engine = summary["figures"], summary["figures"]["engine"]
+    # every typist pauses within its first burst (12 keystrokes of at most 0.25 s)
+    assert f["requests"] >= 2
+    assert f["errors"] == 0, f["error_messages"]
+    assert f["answered"] + f["abandoned"] == f["requests"]
+    # the engine finished or dropped every request that reached it, and generated at least
+    # what the typists read (the counters were read after the server drained)
+    assert f["answered"] <= engine["sequences"] <= f["requests"]
+    assert engine["generated_tokens"] >= engine["delivered_tokens"] > 0 or not f["answered"]
+    assert summary["after"].startswith("answered")
+    assert f"editor {protocol}" in summary["stdout"] and "first token p50" in summary["stdout"]
+    # a server without fill-in-the-middle refuses the suffix: then the run says so loudly
+    suffix = summary["suffix"]
+    if suffix["refused"]:
+        assert "PREFIX-ONLY" in summary["stdout"] and "**SUFFIX REFUSED" in summary["report"]
+    else:
+        assert suffix["send"] and f["suffix_tokens_sent"] > 0
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "openai"])
+def test_requests_abandoned_at_once_leave_the_server_answering(server, tmp_path, protocol):
+    # 400 tokens cannot stream back within 10 ms: every request is abandoned
+    summary = _run(server, tmp_path, protocol, "--pause", "0.005,0.01", "--max-tokens", "400")
+    f = summary["figures"]
+    assert f["requests"] >= 2 and f["abandoned"] == f["requests"], f
+    assert f["errors"] == 0 and f["answered"] == 0
+    assert f["first_token_ms"] == {"p50": None, "p95": None}
+    assert summary["after"].startswith("answered"), summary["after"]
+    assert summary["problems"] == []
