@@ -76,10 +76,19 @@ def judge(kind: str, case: str, status: str, category: str, message: str) -> boo
         spec = CASES[case]
         if spec.must_reject:
             return status == REJECTED and category == VALIDATION and names_any(message, spec.expect)
-        return status == OK
+        refused_by_name = status == REJECTED and category == VALIDATION and spec.may_refuse
+        return status == OK or bool(refused_by_name and names_any(message, spec.may_refuse))
     if kind in VANISH_KINDS:
         return status in (OK, ABANDONED) or category in (CANCELLED, TIMEOUT)
     return status == OK or category in (QUEUE_FULL, TIMEOUT)
+
+
+def _must_get(spec) -> str:
+    if spec.expect:
+        return f"rejected naming {'|'.join(spec.expect)}"
+    if spec.may_refuse:
+        return f"answered, or refused naming {'|'.join(spec.may_refuse)}"
+    return "answered"
 
 
 class Ledger:
@@ -258,7 +267,7 @@ def case_summaries(records: Iterable[Record]) -> list[CaseSummary]:
                 case=name,
                 kind=group[0].kind,
                 description=spec.description,
-                expect=f"rejected naming {'|'.join(spec.expect)}" if spec.expect else "answered",
+                expect=_must_get(spec),
                 sent=len(group),
                 as_expected=sum(r.expected for r in group),
                 outcomes=dict(outcomes),

@@ -121,6 +121,11 @@ def test_verdicts():
     assert not judge(INVALID, "top_p_1.5", OK, "", "")  # an invalid request answered
     assert not judge(INVALID, "top_p_1.5", REJECTED, VALIDATION, "temperature must be >= 0")
     assert judge(HOSTILE, "many_bad_words", OK, "", "")  # legal: must be answered
+    # ... or refused by a backend that cannot honour it, naming the option; never otherwise
+    no_bad_words = "bad_words_list is not supported by the openvino backend"
+    assert judge(HOSTILE, "many_bad_words", REJECTED, VALIDATION, no_bad_words)
+    assert not judge(HOSTILE, "many_bad_words", REJECTED, VALIDATION, "temperature must be > 0")
+    assert not judge(HOSTILE, "many_bad_words", REJECTED, UNAVAILABLE, no_bad_words)
     too_small = "temperature 1e-30 is too small to sample with (it overflows the logits)"
     assert judge(HOSTILE, "tiny_temperature", REJECTED, VALIDATION, too_small)
     assert not judge(HOSTILE, "tiny_temperature", OK, "", "")
