@@ -98,31 +98,55 @@ def resolve_device(name: str) -> str:
 
 
 class EngineHold:
-    """A test hook (config parameter ``test_hooks``): hold the engine still, from the control
-    datagrams ``hold`` and ``release`` on the cancel channel. While held, the engine's thread
-    waits once its current step ends and new requests wait before they are submitted, inside
-    the stub (a stub stopped by a signal is called unhealthy by Triton within a second). Tests
-    use it to make a condition true by construction (a request still running when its
-    cancellation arrives, a burst that joins one batch), not by the machine's speed."""
+    """A test hook (config parameter ``test_hooks``): hold the engine still, from control
+    datagrams on the cancel channel. ``hold``: the engine's thread waits once its current step
+    ends and new requests wait before they are submitted; ``hold_after:N``: the engine runs N
+    more steps, then its thread waits (submissions go on); ``release`` ends either. It holds
+    inside the stub (a stub stopped by a signal is called unhealthy by Triton within a second).
+    Tests use it to make a condition true by construction (a request still running when its
+    cancellation arrives, a burst that joins one batch, a piece delivered while generation has
+    not ended), not by the machine's speed."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
-        self._running = threading.Event()
-        self._running.set()
+        self._lock = threading.Lock()
+        self._steps = threading.Event()  # set: the engine's thread may go on
+        self._submissions = threading.Event()  # set: requests may be submitted
+        self._steps.set()
+        self._submissions.set()
+        self._steps_left: int | None = None
 
-    def wait(self) -> None:
+    def after_step(self) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            if self._steps_left is not None:
+                self._steps_left -= 1
+                if self._steps_left <= 0:
+                    self._steps_left = None
+                    self._steps.clear()
+        self._steps.wait()
+
+    def before_submit(self) -> None:
         if self.enabled:
-            self._running.wait()
+            self._submissions.wait()
 
     def control(self, word: str) -> str:
         if not self.enabled:
             return "refused: test_hooks is off in the engine model's config"
-        if word == "hold":
-            self._running.clear()
-            return "held"
-        if word == "release":
-            self._running.set()
-            return "released"
+        with self._lock:
+            if word == "hold":
+                self._steps.clear()
+                self._submissions.clear()
+                return "held"
+            if word.startswith("hold_after:") and word.split(":")[1].isdigit():
+                self._steps_left = int(word.split(":")[1])
+                return "holding"
+            if word == "release":
+                self._steps_left = None
+                self._steps.set()
+                self._submissions.set()
+                return "released"
         return f"refused: unknown control {word!r}"
 
 
@@ -179,7 +203,7 @@ def start_engine(args: dict) -> Stage:
     metrics.engine = engine
     cancels = CancelRegistry()
     hold = EngineHold(params.get("test_hooks", "false") == "true")
-    metrics.after_step = hold.wait
+    metrics.after_step = hold.after_step
     listener = CancelListener(args["model_name"], cancels.cancel, on_control=hold.control)
     engine.start()
     threading.Thread(target=_exit_if_engine_dies, args=(engine,), daemon=True).start()
@@ -284,7 +308,7 @@ def submit_requests(stage: Stage, requests) -> None:
         else:
             width = rows[0].beam.width
             listeners = _Reply(sender, len(rows), log_probs, width, done, requested).listeners()
-        stage.hold.wait()
+        stage.hold.before_submit()
         engine.wait_for_room(sum(row.rows for row in rows))
         for row, listener in zip(rows, listeners, strict=True):
             listener.handle = engine.submit(row, listener)

@@ -27,10 +27,15 @@ def _control(server, word: str) -> str:
 
 
 @contextlib.contextmanager
-def engine_held(server):
-    """The engine held still inside this block, and going on after it."""
-    answer = _control(server, "hold")
-    assert answer == "held", answer
+def engine_held(server, after_steps: int | None = None):
+    """The engine held still inside this block (or, with ``after_steps``, once it has run that
+    many more steps), and going on after it."""
+    if after_steps is None:
+        answer = _control(server, "hold")
+        assert answer == "held", answer
+    else:
+        answer = _control(server, f"hold_after:{after_steps}")
+        assert answer == "holding", answer
     try:
         yield
     finally:
