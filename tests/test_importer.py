@@ -281,7 +281,9 @@ def test_hub_id_offline_fails_fast_with_a_local_folder_hint(tmp_path, monkeypatc
     start = time.monotonic()
     with pytest.raises(CheckpointImportError, match="Pass a local folder"):
         import_checkpoint("Salesforce/codegen-350M-mono", tmp_path / "out", force=False)
-    assert time.monotonic() - start < 2
+    # no network wait happened: an offline hub lookup would retry for minutes; this bound only
+    # separates "at once" from that, with room for a loaded machine
+    assert time.monotonic() - start < 30
 
 
 def test_hub_id_unreachable_fails_fast(tmp_path, monkeypatch):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -64,11 +63,9 @@ def run(server, prometheus, tmp_path_factory):
         "--progress-every", "2",
         "--out", str(out),
     ]  # fmt: skip
-    started = time.monotonic()
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     print(done.stdout[-6000:], done.stderr[-6000:], sep="\n")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert time.monotonic() - started < 180, "the quick sweep should take about half a minute"
     summary = json.loads((out / "summary.json").read_text())
     return out, summary, RunResult.from_dict(summary), done.stdout
 
