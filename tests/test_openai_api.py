@@ -18,9 +18,12 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from engine_hold import engine_held, wait_for
 from server_metrics import engine_counters
+from test_unary_cancel import cancels_sent
 
 from client import CodegenClient
+from contract.tensors import STREAM_MODEL
 from openai_api import Settings, create_app
 
 PROMPT = "def fib(n):\n"
@@ -396,22 +399,29 @@ def test_triton_down_is_a_503(down_api):
 
 def test_a_client_that_leaves_a_stream_stops_its_generation(server, api):
     """Read two events of a long stream, disconnect, and watch the engine's own counters: the
-    sequence must finish cancelled, far short of the tokens asked for."""
+    sequence must finish cancelled, far short of the tokens asked for. By construction: the
+    engine holds after 16 steps until the cancellation has reached it."""
     asked = 480
     before = engine_counters(server)
+    sent_before = cancels_sent(server, STREAM_MODEL)
     body = {"model": "ensemble", "prompt": PROMPT, "max_tokens": asked, "stream": True}
-    with httpx.stream("POST", f"{api.url}/v1/completions", json=body, timeout=60) as response:
-        assert response.status_code == 200
-        events = (line for line in response.iter_lines() if line)
-        received = [next(events), next(events)]
-        assert all(line.startswith("data: {") for line in received)
-    deadline = time.monotonic() + 30
-    while (
-        engine_counters(server)["codegen_engine_requests_total"]
-        == (before["codegen_engine_requests_total"])
-    ):
-        assert time.monotonic() < deadline, "the abandoned sequence never finished"
-        time.sleep(0.1)
+    with engine_held(server, after_steps=16):
+        with httpx.stream("POST", f"{api.url}/v1/completions", json=body, timeout=60) as response:
+            assert response.status_code == 200
+            events = (line for line in response.iter_lines() if line)
+            received = [next(events), next(events)]
+            assert all(line.startswith("data: {") for line in received)
+        wait_for(
+            lambda: cancels_sent(server, STREAM_MODEL) > sent_before,
+            "the API's disconnect never reached the engine as a cancellation",
+        )
+    wait_for(
+        lambda: (
+            engine_counters(server)["codegen_engine_requests_total"]
+            > before["codegen_engine_requests_total"]
+        ),
+        "the abandoned sequence never finished",
+    )
     after = engine_counters(server)
     generated = (
         after["codegen_engine_generated_tokens_total"]
