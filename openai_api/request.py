@@ -24,7 +24,7 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default
 # under the same name; every other one it refuses by name instead of ignoring it, so an option
 # added to the contract is refused here until the API maps an OpenAI field onto it.
 READ_AS_NAMED = frozenset(
-    {"max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed"}
+    {"max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed", "suffix"}
 )
 CONTRACT_ONLY = (
     frozenset({spec.name for spec in ENSEMBLE_INPUTS})
