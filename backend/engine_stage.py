@@ -101,7 +101,8 @@ class EngineHold:
     """A test hook (config parameter ``test_hooks``): hold the engine still, from control
     datagrams on the cancel channel. ``hold``: the engine's thread waits once its current step
     ends and new requests wait before they are submitted; ``hold_after:N``: the engine runs N
-    more steps, then its thread waits (submissions go on); ``release`` ends either. It holds
+    more steps, then its thread waits (submissions go on); ``advance:N``: a held engine runs N
+    steps and holds again; ``release`` ends any of them. It holds
     inside the stub (a stub stopped by a signal is called unhealthy by Triton within a second).
     Tests use it to make a condition true by construction (a request still running when its
     cancellation arrives, a burst that joins one batch, a piece delivered while generation has
@@ -142,6 +143,10 @@ class EngineHold:
             if word.startswith("hold_after:") and word.split(":")[1].isdigit():
                 self._steps_left = int(word.split(":")[1])
                 return "holding"
+            if word.startswith("advance:") and word.split(":")[1].isdigit():
+                self._steps_left = int(word.split(":")[1])
+                self._steps.set()
+                return "advancing"
             if word == "release":
                 self._steps_left = None
                 self._steps.set()

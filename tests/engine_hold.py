@@ -16,7 +16,7 @@ from backend.cancel import CONTROL_PREFIX, channel_address
 from contract.tensors import ENGINE_MODEL
 
 
-def _control(server, word: str) -> str:
+def control(server, word: str) -> str:
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(f"\0codegen-test-{os.getpid()}-{uuid.uuid4().hex}")
         sock.settimeout(30)
@@ -31,15 +31,15 @@ def engine_held(server, after_steps: int | None = None):
     """The engine held still inside this block (or, with ``after_steps``, once it has run that
     many more steps), and going on after it."""
     if after_steps is None:
-        answer = _control(server, "hold")
+        answer = control(server, "hold")
         assert answer == "held", answer
     else:
-        answer = _control(server, f"hold_after:{after_steps}")
+        answer = control(server, f"hold_after:{after_steps}")
         assert answer == "holding", answer
     try:
         yield
     finally:
-        answer = _control(server, "release")
+        answer = control(server, "release")
         assert answer == "released", answer
 
 

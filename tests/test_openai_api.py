@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 import uvicorn
-from engine_hold import engine_held, wait_for
+from engine_hold import control, engine_held, wait_for
 from server_metrics import engine_counters
 from test_unary_cancel import cancels_sent
 
@@ -400,7 +400,8 @@ def test_triton_down_is_a_503(down_api):
 def test_a_client_that_leaves_a_stream_stops_its_generation(server, api):
     """Read two events of a long stream, disconnect, and watch the engine's own counters: the
     sequence must finish cancelled, far short of the tokens asked for. By construction: the
-    engine holds after 16 steps until the cancellation has reached it."""
+    engine holds after 16 steps and then advances only 4 tokens at a time until the
+    cancellation has reached it."""
     asked = 480
     before = engine_counters(server)
     sent_before = cancels_sent(server, STREAM_MODEL)
@@ -411,10 +412,17 @@ def test_a_client_that_leaves_a_stream_stops_its_generation(server, api):
             events = (line for line in response.iter_lines() if line)
             received = [next(events), next(events)]
             assert all(line.startswith("data: {") for line in received)
-        wait_for(
-            lambda: cancels_sent(server, STREAM_MODEL) > sent_before,
-            "the API's disconnect never reached the engine as a cancellation",
-        )
+        # the API learns that its client left when it writes the next piece: let the engine
+        # advance 4 tokens at a time (at most 400, fewer than asked) until the cancellation
+        # has reached it
+        for _ in range(100):
+            if wait_for(
+                lambda: cancels_sent(server, STREAM_MODEL) > sent_before, "", 2, fail=False
+            ):
+                break
+            assert control(server, "advance:4") == "advancing"
+        else:
+            pytest.fail("the API's disconnect never reached the engine as a cancellation")
     wait_for(
         lambda: (
             engine_counters(server)["codegen_engine_requests_total"]
