@@ -28,9 +28,9 @@ from backend.cancel import CancelSender, new_key
 from backend.io import FINAL, error_response, response, tokenize
 from contract import metrics as names
 from contract.options import InvalidRequestError
-from contract.tensors import ENGINE_ERROR, ENGINE_MODEL, ENGINE_OUTPUTS
-from engine.interface import ModelLimits
-from engine.tensors import parse_request
+from contract.tensors import ENGINE_ERROR, ENGINE_MODEL, ENGINE_OUTPUTS, STOP_INPUT
+from engine.interface import GenerationResult, ModelLimits
+from engine.tensors import parse_request, tensors_from_results
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
 
 # Requests a caller runs at once: the engine's queue (256) and batch (64) hold no more. Past
@@ -50,8 +50,16 @@ class Call:
     (a segfault in ``TRITONBACKEND_ResponseFactoryIsCancelled``), so the watcher and the final
     send take turns under a lock."""
 
-    def __init__(self, sender, key: str, requested: frozenset[str] | None = None) -> None:
+    def __init__(
+        self,
+        sender,
+        key: str,
+        requested: frozenset[str] | None = None,
+        client_id: str = "",
+    ) -> None:
         self.sender, self.key, self.requested = sender, key, requested
+        self.client_id = client_id  # the id the client gave its request (a stop request's)
+        self.stopped = False  # a stop request named it
         self._lock = threading.Lock()
         self.closed = False
 
@@ -174,7 +182,11 @@ class EngineCalls:
         self._watcher.start()
 
     def start(
-        self, sender, work: Callable[[Call], None], requested: frozenset[str] | None = None
+        self,
+        sender,
+        work: Callable[[Call], None],
+        requested: frozenset[str] | None = None,
+        client_id: str = "",
     ) -> None:
         """Run ``work(call)`` in a worker thread; ``call.key`` names its engine request.
         Blocks while ``max_in_flight`` calls run. ``work`` answers through ``call``; if it
@@ -187,7 +199,7 @@ class EngineCalls:
                 "slots taken: exiting this stub so that the launcher restarts the server"
             )
             os._exit(70)  # EX_SOFTWARE; the launcher's watchdog sees the dead stub
-        call = Call(sender, new_key(), requested)
+        call = Call(sender, new_key(), requested, client_id)
         with self._lock:
             self._watched[call.key] = call
             self._in_flight += 1
@@ -232,6 +244,16 @@ class EngineCalls:
                 return
         if self.cancels.cancel(call.key):
             self.metrics.cancel_sent()
+
+    def stop_client_requests(self, client_id: str) -> int:
+        """Stop every call whose client request has ``client_id`` (a stop request's work);
+        returns how many were generating."""
+        with self._lock:
+            named = [c for c in self._watched.values() if c.client_id == client_id]
+        for call in named:
+            call.stopped = True
+            self.cancel(call)
+        return len(named)
 
     def _watch(self) -> None:
         while not self._stopping.wait(self.poll_s):
@@ -294,14 +316,69 @@ def copied(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {name: np.array(array, copy=True) for name, array in arrays.items()}
 
 
+def client_request_id(request) -> str:
+    """The id the client gave its request (the ensemble passes it on to its steps): what a
+    stop request names. Empty when none was given."""
+    try:
+        return request.request_id() or ""
+    except Exception:  # an id Triton cannot hand over as text
+        return ""
+
+
+def stopped_message(client_id: str) -> str:
+    return f"stopped: a stop request for request id {client_id!r} ended this generation"
+
+
+def answer_stop(
+    calls: EngineCalls,
+    sender,
+    arrays: Mapping[str, np.ndarray],
+    client_id: str,
+    requested: frozenset[str] | None = None,
+) -> None:
+    """A stop request (``stop`` true): stop the unary requests generating under its request
+    id, whose clients then get an error saying so, and answer it at once with nothing
+    generated (its own prompt), or with an error when there was nothing to stop."""
+    if not client_id:
+        sender.send(
+            error_response(
+                "stop=true needs the request id of the request to stop: send this request "
+                "with that id (gRPC/HTTP `id`)"
+            ),
+            flags=FINAL,
+        )
+        return
+    if calls.stop_client_requests(client_id) == 0:
+        sender.send(
+            error_response(
+                f"stop=true: no request with id {client_id!r} is generating here (it ended, "
+                "or never reached the model stage)"
+            ),
+            flags=FINAL,
+        )
+        return
+    lengths = arrays["input_lengths"].reshape(-1).tolist()
+    results = [
+        GenerationResult(row[:length].tolist(), [], [], "stop")
+        for row, length in zip(arrays["input_ids"], lengths, strict=True)
+    ]
+    sender.send(response(tensors_from_results(results, False), requested), flags=FINAL)
+
+
 def forward_final(
     calls: EngineCalls,
     sender,
     arrays: Mapping[str, np.ndarray],
     requested: frozenset[str] | None = None,
+    client_id: str = "",
 ) -> None:
     """The unary model stage: the engine's one final response, passed on (the outputs the
-    request asked for). An invalid request is answered at once, in ``execute``."""
+    request asked for). An invalid request is answered at once, in ``execute``; a stop
+    request (``stop`` true) stops the requests with its id (see :func:`answer_stop`)."""
+    arrays = dict(arrays)
+    if bool(np.asarray(arrays.pop(STOP_INPUT.name, False)).any()):
+        answer_stop(calls, sender, arrays, client_id, requested)
+        return
     try:
         calls.check(arrays, stream=False)
     except InvalidRequestError as exc:
@@ -312,7 +389,7 @@ def forward_final(
         answer = error_response("internal error: the engine sent no response")
         for reply in calls.responses(call, arrays, stream=False):
             if (error := engine_error(reply)) is not None:
-                answer = error_response(error)
+                answer = error_response(stopped_message(client_id) if call.stopped else error)
             elif reply.output_tensors():
                 tensors = [
                     tensor
@@ -322,7 +399,7 @@ def forward_final(
                 answer = pb_utils.InferenceResponse(output_tensors=tensors)
         call.final(answer)
 
-    calls.start(sender, work, requested)
+    calls.start(sender, work, requested, client_id)
 
 
 class _Pieces:

@@ -16,7 +16,9 @@ from client.client import (
     SamplingOptions,
     ServerUnavailable,
     ServerUnavailableError,
+    StreamCancelledError,
     Target,
+    TimedOutError,
     resolve_target,
     split_completion,
 )
@@ -40,7 +42,9 @@ __all__ = [
     "SamplingOptions",
     "ServerUnavailable",
     "ServerUnavailableError",
+    "StreamCancelledError",
     "Target",
+    "TimedOutError",
     "resolve_target",
     "split_completion",
 ]

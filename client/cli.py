@@ -9,7 +9,8 @@
 
 Exit codes: 0 done; 1 the server refused or failed the request (its message is printed), or
 is not ready; 2 usage error or an invalid option (refused before anything is sent);
-3 no server answers at the URL; 130 interrupted (Ctrl-C; a stream is cancelled on the server).
+3 no server answers at the URL; 130 interrupted (Ctrl-C). Ctrl-C and --timeout stop the
+generation on the server: a stream is cancelled, a unary request is sent a stop request.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from client.client import (
     Completion,
     Health,
     ServerUnavailableError,
+    TimedOutError,
 )
 from client.request import CompletionRequest
 from contract.options import DEFAULT_MAX_TOKENS, DEFAULT_SAMPLING, InvalidRequestError
@@ -359,11 +361,14 @@ def main(
     except ServerUnavailableError as exc:
         err.write(f"codegen: {exc}\n")
         return EXIT_UNREACHABLE
+    except TimedOutError as exc:
+        err.write(f"codegen: {exc} (--timeout); the generation was stopped on the server\n")
+        return EXIT_SERVER_ERROR
     except CodegenError as exc:
         err.write(f"codegen: the server refused the request: {exc}\n")
         return EXIT_SERVER_ERROR
     except KeyboardInterrupt:
-        err.write("\ncodegen: interrupted\n")
+        err.write("\ncodegen: interrupted; the generation was stopped on the server\n")
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # e.g. `codegen complete --stream ... | head -c 10`
         devnull = os.open(os.devnull, os.O_WRONLY)

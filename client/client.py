@@ -17,328 +17,78 @@ prompt's own length, and pads ``output_log_probs`` to the longest row of a batch
 answer gives :attr:`Completion.total_tokens` only. A stream knows how many tokens each piece
 carries, so a streamed :class:`Completion` also has ``prompt_tokens`` and ``completion_tokens``.
 
+Giving up cancels the generation on the server: a stream that is left, closed, cancelled
+(:meth:`CompletionStream.cancel`) or times out cancels its gRPC stream (or closes its HTTP
+connection); a unary request that times out or is interrupted (Ctrl-C) sends a stop request
+with its request id (:meth:`CodegenClient.stop`: Triton 2.51 does not pass a unary ensemble
+request's cancellation on to the step already generating).
+
 One :class:`CodegenClient` is meant for one thread at a time; give each thread its own.
+The data it returns and raises is in :mod:`client.results`, streaming in :mod:`client.stream`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import queue
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+import uuid
+from collections.abc import Sequence
 from types import ModuleType, TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any
 
-from client.request import CompletionRequest, generate_body, requested_outputs
+from client.request import CompletionRequest, requested_outputs, stop_inputs
+from client.results import (
+    DEFAULT_PORTS,
+    PROTOCOLS,
+    BeamText,
+    CodegenError,
+    Completion,
+    Health,
+    ModelStatus,
+    Protocol,
+    SamplingOptions,
+    ServerUnavailable,
+    ServerUnavailableError,
+    Target,
+    TimedOutError,
+    resolve_target,
+    split_completion,
+)
+from client.stream import (
+    CompletionStream,
+    StreamCancel,
+    StreamCancelledError,
+    _protocol_module,
+    grpc_pieces,
+    http_pieces,
+)
 from contract.options import InvalidRequestError
-from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
+from contract.tensors import ENSEMBLE_MODEL
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-Protocol = Literal["grpc", "http"]
-PROTOCOLS: tuple[Protocol, ...] = ("grpc", "http")
-DEFAULT_PORTS: dict[str, int] = {"http": 8000, "grpc": 8001}
-_SCHEMES = {"grpc": "grpc", "http": "http", "https": "http"}
+__all__ = [
+    "DEFAULT_PORTS",
+    "PROTOCOLS",
+    "BeamText",
+    "CodegenClient",
+    "CodegenError",
+    "Completion",
+    "CompletionStream",
+    "Health",
+    "ModelStatus",
+    "SamplingOptions",
+    "ServerUnavailable",
+    "ServerUnavailableError",
+    "StreamCancelledError",
+    "Target",
+    "TimedOutError",
+    "resolve_target",
+    "split_completion",
+]
 
-
-class CodegenError(Exception):
-    """The server refused or failed a request; the message is the server's own."""
-
-
-class ServerUnavailableError(CodegenError):
-    """No server answers at the URL tried (not started, wrong port or protocol)."""
-
-    def __init__(self, url: str, reason: str) -> None:
-        self.url = url
-        self.reason = "connection refused" if "connection refused" in reason.lower() else reason
-        super().__init__(
-            f"no Triton server answers at {url} ({self.reason}); start one with `make triton` "
-            "(HTTP on port 8000, gRPC on 8001) or point the client at yours"
-        )
-
-
-ServerUnavailable = ServerUnavailableError  # the short name
-
-
-class SamplingOptions(TypedDict, total=False):
-    """The request options of the contract besides the prompt and ``max_tokens``.
-
-    top_k / top_p: 0 and 0.0 (the defaults) mean greedy search; temperature: 1.0 = unchanged
-    logits; repetition_penalty: 1.0 = none; seed: same seed + same request = same output;
-    stop_words / bad_words: strings that end generation / are never generated;
-    return_log_probs: fill ``Completion.log_probs`` and ``cum_log_prob``; end_id / start_id:
-    token ids (the model's own end token when absent); beam_width: > 1 is beam search, its
-    beams in ``Completion.beams`` (best first; top_k, top_p and seed are then unused);
-    len_penalty / beam_search_diversity_rate: how beams are ranked / kept apart (README);
-    suffix: the text after the cursor, to fill in the middle (``completion`` is then the
-    middle, ``text`` the prompt and the middle).
-    """
-
-    top_k: int
-    top_p: float
-    temperature: float
-    repetition_penalty: float
-    seed: int | None
-    stop_words: Sequence[str]
-    bad_words: Sequence[str]
-    return_log_probs: bool
-    end_id: int | None
-    start_id: int | None
-    beam_width: int
-    len_penalty: float | None
-    beam_search_diversity_rate: float | None
-    suffix: str | None
-
-
-@dataclass(frozen=True)
-class BeamText:
-    """One beam of a beam search: the text (prompt + completion), the completion alone, its
-    token count (prompt + generated), the log-probability of what it generated (the end token
-    included) and, when asked for, each generated token's log-probability."""
-
-    text: str
-    completion: str
-    total_tokens: int
-    cum_log_prob: float
-    log_probs: tuple[float, ...] | None = None
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where a client connects: the protocol and ``host:port`` as ``tritonclient`` wants it."""
-
-    protocol: Protocol
-    address: str
-    ssl: bool = False
-
-    @property
-    def url(self) -> str:
-        """The address with its scheme, as shown to people (e.g. ``grpc://localhost:8001``)."""
-        scheme = "https" if self.ssl else self.protocol
-        return f"{scheme}://{self.address}"
-
-
-def resolve_target(url: str | None = None, protocol: str | None = None) -> Target:
-    """Turn a user's URL and protocol into a :class:`Target`.
-
-    ``url`` is ``host[:port]``, optionally with a scheme (``grpc://``, ``http://``,
-    ``https://``) that implies the protocol; the port defaults to 8001 for gRPC and 8000 for
-    HTTP, the protocol to gRPC. Raises :class:`InvalidRequestError` naming the bad part.
-    """
-    if protocol is not None and protocol not in PROTOCOLS:
-        raise InvalidRequestError(f"protocol must be 'grpc' or 'http', got {protocol!r}")
-    rest = (url or "").strip()
-    ssl = False
-    if "://" in rest:
-        scheme, rest = rest.split("://", 1)
-        implied = _SCHEMES.get(scheme.lower())
-        if implied is None:
-            raise InvalidRequestError(
-                f"url scheme must be grpc://, http:// or https://, got {url!r}"
-            )
-        if protocol is not None and protocol != implied:
-            raise InvalidRequestError(f"url {url!r} is {implied} but protocol is {protocol!r}")
-        protocol, ssl = implied, scheme.lower() == "https"
-    chosen: Protocol = "http" if protocol == "http" else "grpc"
-    rest = rest.rstrip("/") or "localhost"
-    if "/" in rest:
-        raise InvalidRequestError(f"url must be host[:port] without a path, got {url!r}")
-    parts = urlsplit("//" + rest)
-    try:
-        port = parts.port or DEFAULT_PORTS[chosen]
-    except ValueError:
-        raise InvalidRequestError(f"url has an invalid port: {url!r}") from None
-    host = parts.hostname
-    if not host:
-        raise InvalidRequestError(f"url has no host name: {url!r}")
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return Target(chosen, address, ssl)
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One prompt's answer.
-
-    ``text`` is what the server returned (prompt + completion); ``completion`` is the new text
-    alone. ``total_tokens`` counts prompt + generated tokens; ``prompt_tokens`` and
-    ``completion_tokens`` are known for streamed answers only (None otherwise, see the module
-    docstring). ``log_probs`` (one per generated token; in a batch, zero-padded to the longest
-    row) and ``cum_log_prob`` are set when log probs were asked for. ``latency_s`` is the wall
-    time of the request; ``first_piece_s`` the time to the first streamed piece. A beam search
-    (``beam_width`` > 1) fills ``beams``, best first; the other fields are then the best beam's.
-    """
-
-    prompt: str
-    completion: str
-    text: str
-    total_tokens: int
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cum_log_prob: float | None = None
-    log_probs: tuple[float, ...] | None = None
-    latency_s: float = 0.0
-    first_piece_s: float | None = None
-    beams: tuple[BeamText, ...] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (what ``codegen complete --json`` prints)."""
-        data = asdict(self)
-        if self.log_probs is not None:
-            data["log_probs"] = list(self.log_probs)
-        return data
-
-
-@dataclass(frozen=True)
-class ModelStatus:
-    name: str
-    version: str
-    state: str
-
-
-@dataclass(frozen=True)
-class Health:
-    """What ``codegen health`` reports: liveness, readiness and the models served."""
-
-    url: str
-    live: bool
-    ready: bool
-    server_version: str
-    models: tuple[ModelStatus, ...]
-
-    def model_ready(self, name: str) -> bool:
-        return any(m.name == name and m.state == "READY" for m in self.models)
-
-    @property
-    def serving(self) -> bool:
-        """Ready, with the completion ensemble loaded (the streaming one is optional)."""
-        return self.ready and self.model_ready(ENSEMBLE_MODEL)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["serving"] = self.serving
-        data["streaming"] = self.model_ready(STREAM_MODEL)
-        return data
-
-
-def split_completion(prompt: str, text: str) -> str:
-    """The completion alone: ``text`` minus the prompt it starts with.
-
-    The tokenizer round-trips a prompt exactly, so ``text`` starts with it; should it not (a
-    server whose detokenizer normalises text), drop the longest common prefix instead.
-    """
-    if text.startswith(prompt):
-        return text[len(prompt) :]
-    common = 0
-    for a, b in zip(prompt, text, strict=False):
-        if a != b:
-            break
-        common += 1
-    return text[common:]
-
-
-def _protocol_module(protocol: str) -> ModuleType:
-    """``tritonclient.grpc`` or ``tritonclient.http``, imported on first use (they are slow
-    to import and pull in gRPC / gevent)."""
-    if protocol == "grpc":
-        import tritonclient.grpc as module
-    else:
-        import tritonclient.http as module
-    return module
-
-
-def _flat(value: Any) -> list:
-    """A JSON value of a streamed tensor as a list (Triton writes one element as a scalar)."""
-    return value if isinstance(value, list) else [value]
-
-
-@dataclass
-class _Piece:
-    text: str
-    sequence_length: int
-    cum_log_prob: float
-    log_probs: list[float]
-
-
-class CompletionStream(Iterator[str]):
-    """The pieces of one streamed completion, as the server generates them.
-
-    Iterate it for the text pieces; once exhausted, :attr:`completion` holds the whole
-    :class:`Completion` (with token counts). Closing it early (``close()``, leaving a ``with``
-    block, ``break`` followed by the stream being dropped, Ctrl-C) cancels the request on the
-    server: the gRPC stream is cancelled, the HTTP connection is closed.
-    """
-
-    def __init__(
-        self, prompt: str, pieces: Iterator[_Piece], return_log_probs: bool, started: float
-    ) -> None:
-        self.prompt = prompt
-        self._pieces = pieces
-        self._return_log_probs = return_log_probs
-        self._started = started
-        self._texts: list[str] = []
-        self._log_probs: list[float] = []
-        self._first: _Piece | None = None
-        self._last: _Piece | None = None
-        self._first_piece_s: float | None = None
-        self.completion: Completion | None = None
-
-    def __iter__(self) -> CompletionStream:
-        return self
-
-    def __next__(self) -> str:
-        while True:
-            try:
-                piece = next(self._pieces)
-            except StopIteration:
-                self._finish()
-                raise
-            self._first = self._first or piece
-            self._last = piece
-            self._log_probs.extend(piece.log_probs)
-            if piece.text:
-                self._first_piece_s = self._first_piece_s or time.perf_counter() - self._started
-                self._texts.append(piece.text)
-                return piece.text
-
-    def _finish(self) -> None:
-        if self.completion is not None:
-            return
-        completion = "".join(self._texts)
-        total = self._last.sequence_length if self._last else 0
-        generated = len(self._log_probs)
-        self.completion = Completion(
-            prompt=self.prompt,
-            completion=completion,
-            text=self.prompt + completion,
-            total_tokens=total,
-            prompt_tokens=total - generated if self._first else None,
-            completion_tokens=generated,
-            cum_log_prob=self._last.cum_log_prob if self._return_log_probs and self._last else None,
-            log_probs=tuple(self._log_probs) if self._return_log_probs else None,
-            latency_s=time.perf_counter() - self._started,
-            first_piece_s=self._first_piece_s,
-        )
-
-    def close(self) -> None:
-        """Stop reading; a request still generating is cancelled on the server."""
-        close = getattr(self._pieces, "close", None)
-        if close is not None:
-            close()
-
-    def __enter__(self) -> CompletionStream:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
+STOP_TIMEOUT_S = 10.0  # how long a stop request sent on giving up may take
 
 
 class CodegenClient:
@@ -424,12 +174,14 @@ class CodegenClient:
             message = exc.message() or str(exc)
             if exc.status() == "StatusCode.UNAVAILABLE":
                 return ServerUnavailableError(self.url, message)
+            if exc.status() == "StatusCode.DEADLINE_EXCEEDED":
+                return TimedOutError(f"no answer from {self.url} within {self.timeout:g} s")
             return CodegenError(message)
         import requests
 
         timed_out = isinstance(exc, requests.ConnectionError) and "timed out" in str(exc)
         if timed_out or isinstance(exc, TimeoutError | requests.Timeout):
-            return CodegenError(f"no answer from {self.url} within {self.timeout:g} s")
+            return TimedOutError(f"no answer from {self.url} within {self.timeout:g} s")
         if isinstance(exc, OSError | requests.ConnectionError):
             return ServerUnavailableError(self.url, str(exc) or type(exc).__name__)
         return CodegenError(f"{type(exc).__name__}: {exc}")
@@ -491,18 +243,31 @@ class CodegenClient:
         """Complete several prompts in one request (one batch on the server), same options."""
         return self.send(CompletionRequest(tuple(prompts), max_tokens, **options))
 
-    def send(self, request: CompletionRequest) -> list[Completion]:
-        """Send a prepared request to the unary ensemble: one Completion per prompt."""
+    def send(self, request: CompletionRequest, request_id: str | None = None) -> list[Completion]:
+        """Send a prepared request to the unary ensemble: one Completion per prompt.
+
+        It goes with ``request_id`` (a new random one by default): if it times out or is
+        interrupted (Ctrl-C), a stop request with that id stops its generation on the server
+        before the error is raised (see :meth:`stop`)."""
         module = self._module()
+        request_id = request_id or f"codegen-client-{uuid.uuid4().hex}"
         kwargs = {"client_timeout": self.timeout} if self.protocol == "grpc" else {}
         started = time.perf_counter()
-        result = self._call(
-            "infer",
-            ENSEMBLE_MODEL,
-            request.infer_inputs(module),
-            outputs=requested_outputs(module),
-            **kwargs,
-        )
+        try:
+            result = self._call(
+                "infer",
+                ENSEMBLE_MODEL,
+                request.infer_inputs(module),
+                outputs=requested_outputs(module),
+                request_id=request_id,
+                **kwargs,
+            )
+        except KeyboardInterrupt:
+            self._stop_quietly(request_id)
+            raise
+        except TimedOutError:
+            self._stop_quietly(request_id)
+            raise
         latency = time.perf_counter() - started
         n, k = len(request.prompts), request.beam_width
         texts = result.as_numpy("OUTPUT_0").reshape(n, k)  # flat [prompt * beam] on the wire
@@ -566,115 +331,42 @@ class CodegenClient:
                 "they finish; use complete() instead"
             )
         started = time.perf_counter()
-        pieces = (
-            self._grpc_pieces(request) if self.protocol == "grpc" else self._http_pieces(request)
+        cancel = StreamCancel()
+        source = grpc_pieces if self.protocol == "grpc" else http_pieces
+        pieces = source(self, request, cancel)
+        return CompletionStream(
+            request.prompts[0], pieces, request.return_log_probs, started, cancel
         )
-        return CompletionStream(request.prompts[0], pieces, request.return_log_probs, started)
 
-    def _grpc_pieces(self, request: CompletionRequest) -> Iterator[_Piece]:
-        """Pieces from gRPC bidirectional streaming; leaving early cancels the request."""
+    # -- stopping a unary request -------------------------------------------------------------
+
+    def stop(self, request_id: str) -> bool:
+        """Stop the unary request with ``request_id`` that is still generating (sent by any
+        client): the stop request (``stop`` true, same id) ends it, and its client gets an
+        error saying so. True when it was stopped, False when nothing with that id was
+        generating (it had ended)."""
         module = self._module()
         try:
-            # one client per stream: a gRPC client carries at most one stream at a time
-            client = module.InferenceServerClient(self.target.address, ssl=self.target.ssl)
-        except Exception as exc:
-            raise self._error(exc) from exc
-        answers: queue.Queue = queue.Queue()
-        finished = False
-        try:
-            try:
-                client.start_stream(callback=lambda result, error: answers.put((result, error)))
-                client.async_stream_infer(
-                    STREAM_MODEL,
-                    request.infer_inputs(module),
-                    outputs=requested_outputs(module),
-                    enable_empty_final_response=True,
-                )
-            except Exception as exc:
-                # a stream that failed (e.g. nothing listens) reports why through the callback
-                reported = None
-                with contextlib.suppress(queue.Empty):
-                    reported = answers.get_nowait()[1]
-                raise self._error(reported or exc) from exc
-            while True:
-                try:
-                    result, error = answers.get(timeout=self.timeout)
-                except queue.Empty:
-                    raise CodegenError(
-                        f"no answer from {self.url} within {self.timeout:g} s"
-                    ) from None
-                if error is not None:
-                    raise self._error(error)
-                final = result.get_response().parameters["triton_final_response"].bool_param
-                text = result.as_numpy("OUTPUT_0")
-                if text is not None:
-                    yield _Piece(
-                        text=text.reshape(-1)[0].decode("utf-8", errors="replace"),
-                        sequence_length=int(result.as_numpy("sequence_length").reshape(-1)[0]),
-                        cum_log_prob=float(result.as_numpy("cum_log_probs").reshape(-1)[0]),
-                        log_probs=[float(x) for x in result.as_numpy("output_log_probs").ravel()],
-                    )
-                if final:
-                    finished = True
-                    return
-        finally:
-            with contextlib.suppress(Exception):
-                client.stop_stream(cancel_requests=not finished)
-            with contextlib.suppress(Exception):
-                client.close()
-
-    def _http_pieces(self, request: CompletionRequest) -> Iterator[_Piece]:
-        """Pieces from Triton's HTTP ``generate_stream`` (server-sent events); leaving early
-        closes the connection, which cancels the request."""
-        import requests
-        import sseclient
-
-        scheme = "https" if self.target.ssl else "http"
-        endpoint = f"{scheme}://{self.target.address}/v2/models/{STREAM_MODEL}/generate_stream"
-        try:
-            response = requests.post(
-                endpoint,
-                json=generate_body(request),
-                stream=True,
-                timeout=(self.connect_timeout, self.timeout),
+            self._call(
+                "infer",
+                ENSEMBLE_MODEL,
+                stop_inputs(module),
+                outputs=requested_outputs(module),
+                request_id=request_id,
             )
-        except Exception as exc:
-            raise self._error(exc) from exc
-        try:
-            if response.status_code != 200:
-                raise CodegenError(_http_error_message(response))
-            events = sseclient.SSEClient(response.iter_content(chunk_size=None))
-            for event in events.events():
-                try:
-                    data = json.loads(event.data)
-                except json.JSONDecodeError as exc:
-                    raise CodegenError(
-                        f"unexpected answer from the server: {event.data!r}"
-                    ) from exc
-                if "error" in data:
-                    raise CodegenError(str(data["error"]))
-                yield _Piece(
-                    text=str(_flat(data.get("OUTPUT_0", ""))[0]),
-                    sequence_length=int(_flat(data.get("sequence_length", 0))[0]),
-                    cum_log_prob=float(_flat(data.get("cum_log_probs", 0.0))[0]),
-                    log_probs=[float(x) for x in _flat(data.get("output_log_probs", []))],
-                )
-        except CodegenError:
+        except CodegenError as exc:
+            if "no request with id" in str(exc):
+                return False
             raise
-        except Exception as exc:
-            raise self._error(exc) from exc
-        finally:
-            response.close()
+        return True
 
-
-def _http_error_message(response: Any) -> str:
-    """The server's message from a refused HTTP request (JSON or one server-sent event)."""
-    body = response.text.strip()
-    for candidate in (body, body.removeprefix("data:").strip()):
+    def _stop_quietly(self, request_id: str) -> None:
+        """Stop a request given up on, on a connection of its own (the one in use may be
+        mid-call); a failure to stop must not hide why it was given up."""
+        stopper = CodegenClient(self.url, timeout=STOP_TIMEOUT_S)
         try:
-            data = json.loads(candidate)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(data, dict) and "error" in data:
-            return str(data["error"])
-    return f"HTTP {response.status_code}: {body or response.reason}"
+            stopper.stop(request_id)
+        except (CodegenError, KeyboardInterrupt):
+            pass
+        finally:
+            stopper.close()

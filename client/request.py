@@ -19,7 +19,7 @@ from contract.options import (
     InvalidRequestError,
     SamplingParams,
 )
-from contract.tensors import ENSEMBLE_OUTPUTS, INPUT_SPECS
+from contract.tensors import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, INPUT_SPECS, STOP_INPUT
 from contract.words import encode_words
 
 
@@ -154,6 +154,23 @@ def to_infer_inputs(tensors: dict[str, np.ndarray], protocol: ModuleType) -> lis
         infer_input.set_data_from_numpy(array)
         inputs.append(infer_input)
     return inputs
+
+
+def stop_tensors(prompt: str = "") -> dict[str, np.ndarray]:
+    """A stop request's tensors: sent with the request id of a unary request still generating,
+    it ends that request (whose client gets an error saying it was stopped) and is answered at
+    once with nothing generated. The ensemble's required inputs must be there; their values
+    do not matter (``prompt`` comes back as the answer's text)."""
+    tensors = CompletionRequest((prompt or " ",), max_tokens=1).tensors()
+    required = {spec.name for spec in ENSEMBLE_INPUTS if not spec.optional}
+    tensors = {name: array for name, array in tensors.items() if name in required}
+    tensors[STOP_INPUT.name] = np.array([[True]], dtype=np.bool_)
+    return tensors
+
+
+def stop_inputs(protocol: ModuleType, prompt: str = "") -> list:
+    """:func:`stop_tensors` as ``InferInput`` objects of ``protocol``."""
+    return to_infer_inputs(stop_tensors(prompt), protocol)
 
 
 def requested_outputs(protocol: ModuleType) -> list:

@@ -162,14 +162,19 @@ PREPROCESSING_TO_MODEL_STAGE = {
 }
 
 # Every model's declared I/O, for the config check.
+# Not a request option: a control input of the unary path (TensorRT-LLM's convention). A
+# request with `stop` true and the request id of a unary request still generating stops that
+# generation; the ensemble passes it to the model stage, which answers it at once.
+STOP_INPUT = _scalar("stop", "TYPE_BOOL")
+
 MODEL_IO = {
-    ENSEMBLE_MODEL: (ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS),
+    ENSEMBLE_MODEL: ((*ENSEMBLE_INPUTS, STOP_INPUT), ENSEMBLE_OUTPUTS),
     STREAM_MODEL: (ENSEMBLE_INPUTS, STREAM_OUTPUTS),
     PREPROCESSING_MODEL: (PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS),
-    MODEL_STAGE: (MODEL_STAGE_INPUTS, MODEL_STAGE_OUTPUTS),
+    MODEL_STAGE: ((*MODEL_STAGE_INPUTS, STOP_INPUT), MODEL_STAGE_OUTPUTS),
     POSTPROCESSING_MODEL: (POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS),
 }
-INPUT_SPECS = {spec.name: spec for spec in ENSEMBLE_INPUTS}
+INPUT_SPECS = {spec.name: spec for spec in (*ENSEMBLE_INPUTS, STOP_INPUT)}
 
 # The one model that hosts the engine (decoupled): `gptj` and `ensemble_stream` call it (BLS),
 # so both paths share one copy of the weights and one running batch. It takes the model stage's

@@ -8,7 +8,9 @@ counts:
   the server's own; a stop sequence found in the text, or a client that leaves, cancels the
   gRPC stream and the engine drops the sequence.
 - **Unary** (``stream: false`` and no stop sequences): the ``ensemble`` pipeline, exactly what
-  gRPC and HTTP clients use, so the load test measures only this layer's overhead. The
+  gRPC and HTTP clients use, so the load test measures only this layer's overhead. Each goes
+  with a request id of its own; a client that leaves gets it stopped by a stop request with
+  that id (``stop`` true: docs/api.md). The
   ensemble returns ``sequence_length`` (prompt + generated tokens); the prompt's own length
   comes from the served checkpoint's tokenizer, loaded the way ``preprocessing`` loads it,
   and checked once against a streamed request (the server's own count) before it is trusted.
@@ -24,10 +26,11 @@ import contextlib
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from client import (
     CodegenClient,
@@ -161,6 +164,15 @@ class ChoiceStream(Iterator[str]):
         """Stop reading; a request still generating is cancelled on the server."""
         self._stream.close()
 
+    def cancel(self) -> None:
+        """Cancel the request on the server from any thread; a reader blocked waiting for the
+        next piece wakes at once (with :class:`client.StreamCancelledError`)."""
+        self._stream.cancel()
+
+    def run(self) -> ChoiceResult:
+        """The whole choice (a :class:`PendingChoice`)."""
+        return self.drain()
+
     def drain(self) -> ChoiceResult:
         try:
             for _ in self:
@@ -169,6 +181,44 @@ class ChoiceStream(Iterator[str]):
             self.close()
         assert self.result is not None
         return self.result
+
+
+class PendingChoice(Protocol):
+    """One non-streamed choice not yet run: ``run`` blocks until it is done (in a worker
+    thread); ``cancel``, from another thread, stops its generation on the server."""
+
+    def run(self) -> ChoiceResult: ...
+
+    def cancel(self) -> None: ...
+
+
+class UnaryChoice:
+    """A choice through the unary ``ensemble``, sent with a request id of its own so that
+    ``cancel`` can stop it with a stop request (Triton 2.51 does not pass a unary ensemble
+    request's cancellation on to the step already generating)."""
+
+    def __init__(self, backend: Backend, request: CompletionRequest) -> None:
+        self.backend = backend
+        self.request = request
+        self.request_id = f"openai-api-{uuid.uuid4().hex}"
+
+    def run(self) -> ChoiceResult:
+        client = self.backend.client()
+        (done,) = client.send(self.request, request_id=self.request_id)
+        prompt_tokens = self.backend.counter.count(self.request.prompts[0])
+        generated = done.total_tokens - prompt_tokens
+        log_probs = done.log_probs[:generated] if done.log_probs is not None else None
+        return ChoiceResult(
+            text=done.completion,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=generated,
+            finish_reason=finish_reason(False, generated, self.request.max_tokens),
+            log_probs=log_probs,
+        )
+
+    def cancel(self) -> None:
+        """Send the stop request (blocking: call it from a worker thread)."""
+        self.backend.client().stop(self.request_id)
 
 
 class PromptCounter:
@@ -287,22 +337,16 @@ class Backend:
     def open_stream(self, request: CompletionRequest, stops: Sequence[str]) -> ChoiceStream:
         return ChoiceStream(self.client().open_stream(request), stops, request.max_tokens)
 
-    def complete(self, request: CompletionRequest, stops: Sequence[str]) -> ChoiceResult:
-        """One choice, whole: unary when prompt tokens can be counted exactly and no stop
-        sequence or suffix is asked for; else streamed, which stops at a stop sequence found in
-        the text even where the engine's token match misses it."""
-        client = self.client()
+    def choice(self, request: CompletionRequest, stops: Sequence[str]) -> PendingChoice:
+        """One non-streamed choice, to run: unary when prompt tokens can be counted exactly
+        and no stop sequence or suffix is asked for; else streamed, which stops at a stop
+        sequence found in the text even where the engine's token match misses it. Either can
+        be cancelled while it runs (a client that leaves)."""
         # a FIM prompt's tokens are the server's to count (its sentinels): streamed
-        if stops or any(request.suffixes) or not self.counter.usable(client):
-            return self.open_stream(request, stops).drain()
-        (done,) = client.send(request)
-        prompt_tokens = self.counter.count(request.prompts[0])
-        generated = done.total_tokens - prompt_tokens
-        log_probs = done.log_probs[:generated] if done.log_probs is not None else None
-        return ChoiceResult(
-            text=done.completion,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=generated,
-            finish_reason=finish_reason(False, generated, request.max_tokens),
-            log_probs=log_probs,
-        )
+        if stops or any(request.suffixes) or not self.counter.usable(self.client()):
+            return self.open_stream(request, stops)
+        return UnaryChoice(self, request)
+
+    def complete(self, request: CompletionRequest, stops: Sequence[str]) -> ChoiceResult:
+        """One choice, whole (see :meth:`choice`)."""
+        return self.choice(request, stops).run()

@@ -25,7 +25,7 @@ from client import (
 )
 from client.request import generate_body
 from contract import metrics as names
-from contract.tensors import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS
+from contract.tensors import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, STOP_INPUT
 
 PROMPT = "def fib(n):\n"
 PROTOCOLS = ["grpc", "http"]
@@ -297,7 +297,8 @@ def test_health_and_metadata(codegen):
     models = {"ensemble", "ensemble_stream", "preprocessing", "gptj", "postprocessing", "engine"}
     assert models <= served
     metadata = codegen.model_metadata()
-    assert {i["name"] for i in metadata["inputs"]} == {s.name for s in ENSEMBLE_INPUTS}
+    inputs = {s.name for s in (*ENSEMBLE_INPUTS, STOP_INPUT)}
+    assert {i["name"] for i in metadata["inputs"]} == inputs
     assert {o["name"] for o in metadata["outputs"]} == {s.name for s in ENSEMBLE_OUTPUTS}
     assert health.to_dict()["streaming"] is True
 

@@ -6,9 +6,9 @@ shared with the streaming model) and its one final response comes back in this s
 requests overlap and batch in the engine; backend/engine_calls.py has the logic.
 """
 
-from backend.engine_calls import EngineCalls, copied, forward_final
+from backend.engine_calls import EngineCalls, client_request_id, copied, forward_final
 from backend.io import engine_limits, read_inputs, requested_outputs
-from contract.tensors import MODEL_STAGE_INPUTS
+from contract.tensors import MODEL_STAGE_INPUTS, STOP_INPUT
 
 
 class TritonPythonModel:
@@ -17,9 +17,13 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            arrays = copied(read_inputs(request, MODEL_STAGE_INPUTS))
+            arrays = copied(read_inputs(request, (*MODEL_STAGE_INPUTS, STOP_INPUT)))
             forward_final(
-                self.calls, request.get_response_sender(), arrays, requested_outputs(request)
+                self.calls,
+                request.get_response_sender(),
+                arrays,
+                requested_outputs(request),
+                client_request_id(request),
             )
         return None
 

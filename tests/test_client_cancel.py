@@ -1,0 +1,159 @@
+"""The client library and the ``codegen`` command stop the generation when they give up: on
+their timeout and on Ctrl-C, streamed (the gRPC stream is cancelled) and unary (a stop request
+with the request's id; Triton 2.51 does not pass a unary ensemble request's cancellation on).
+
+By construction: the engine is held while the client gives up, so the generation cannot have
+finished first on however fast a machine; the caller models' cancellation counters and the
+engine's own counters show that the engine was told and dropped the sequence."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+from engine_hold import control, engine_held, wait_for
+from server_metrics import engine_counters, sample, scrape
+from test_cli import CODEGEN, EXIT_INTERRUPTED
+from test_unary_cancel import cancels_sent
+
+from client import CodegenClient, TimedOutError
+from client.cli import EXIT_SERVER_ERROR
+from contract import metrics as names
+from contract.tensors import MODEL_STAGE, STREAM_MODEL
+
+PROMPT = "def fib(n):\n"
+ASKED = 400
+
+
+def in_flight(server, model: str) -> float:
+    return sample(scrape(server), names.CALLS_IN_FLIGHT, model) or 0.0
+
+
+def cancel_reached(server, model: str, sent_before: float) -> None:
+    """Advance a held engine 4 tokens at a time (at most 200) until ``model`` has passed a
+    cancellation on to it."""
+    for _ in range(50):
+        if wait_for(lambda: cancels_sent(server, model) > sent_before, "", 2, fail=False):
+            return
+        assert control(server, "advance:4") == "advancing"
+    pytest.fail(f"{model} never passed the cancellation on to the engine")
+
+
+def assert_dropped(server, before: dict[str, float]) -> None:
+    """The engine finished the sequence as cancelled, short of the tokens asked for."""
+    wait_for(
+        lambda: engine_counters(server)[names.ENGINE_CANCELLED] > before[names.ENGINE_CANCELLED],
+        "the engine never dropped the abandoned sequence",
+    )
+    after = engine_counters(server)
+    generated = after[names.ENGINE_GENERATED_TOKENS] - before[names.ENGINE_GENERATED_TOKENS]
+    assert after[names.ENGINE_CANCELLED] - before[names.ENGINE_CANCELLED] == 1
+    assert generated < ASKED, f"{generated:.0f} of {ASKED} tokens generated for nobody"
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_unary_request_that_times_out_is_stopped(server, protocol):
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    before = engine_counters(server)
+    sent_before = cancels_sent(server, MODEL_STAGE)
+    with engine_held(server), CodegenClient(url, protocol, timeout=1.0) as codegen:
+        with pytest.raises(TimedOutError, match="no answer"):
+            codegen.complete(PROMPT, ASKED)
+        # the stop request was answered before the error was raised
+        assert cancels_sent(server, MODEL_STAGE) == sent_before + 1
+    assert_dropped(server, before)
+
+
+def test_a_stream_that_times_out_is_cancelled(server):
+    before = engine_counters(server)
+    sent_before = cancels_sent(server, STREAM_MODEL)
+    with engine_held(server), CodegenClient(server.grpc_url, timeout=1.0) as codegen:
+        with pytest.raises(TimedOutError, match="no answer"):
+            "".join(codegen.stream(PROMPT, ASKED))
+        cancel_reached(server, STREAM_MODEL, sent_before)
+    assert_dropped(server, before)
+
+
+def test_a_stream_cancelled_from_another_thread_ends_at_once(server):
+    """``CompletionStream.cancel`` wakes a reader blocked on a held engine."""
+    import threading
+
+    from client import StreamCancelledError
+
+    before = engine_counters(server)
+    sent_before = cancels_sent(server, STREAM_MODEL)
+    outcome: list[BaseException] = []
+    with engine_held(server), CodegenClient(server.grpc_url) as codegen:
+        stream = codegen.stream(PROMPT, ASKED)
+
+        def read() -> None:
+            try:
+                "".join(stream)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        wait_for(lambda: in_flight(server, STREAM_MODEL) >= 1, "the stream never started")
+        stream.cancel()
+        reader.join(timeout=60)
+        assert not reader.is_alive(), "the reader never woke"
+        assert isinstance(outcome[0], StreamCancelledError)
+        cancel_reached(server, STREAM_MODEL, sent_before)
+    assert_dropped(server, before)
+
+
+def codegen_process(*args: str) -> subprocess.Popen:
+    command = [CODEGEN] if CODEGEN else [sys.executable, "-m", "client.cli"]
+    return subprocess.Popen(
+        [*command, "complete", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        # a shell without job control starts background children with SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def test_ctrl_c_cancels_a_streamed_codegen(server):
+    before = engine_counters(server)
+    sent_before = cancels_sent(server, STREAM_MODEL)
+    with engine_held(server, after_steps=8):
+        process = codegen_process("--stream", PROMPT, "-n", str(ASKED), "--url", server.grpc_url)
+        assert process.stdout is not None
+        assert process.stdout.read(1)  # it has started streaming; the engine holds soon
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+        assert process.returncode == EXIT_INTERRUPTED
+        assert b"interrupted; the generation was stopped on the server" in err
+        cancel_reached(server, STREAM_MODEL, sent_before)
+    assert_dropped(server, before)
+
+
+def test_ctrl_c_stops_a_unary_codegen(server):
+    before = engine_counters(server)
+    sent_before = cancels_sent(server, MODEL_STAGE)
+    with engine_held(server):
+        process = codegen_process(PROMPT, "-n", str(ASKED), "--url", server.grpc_url)
+        wait_for(lambda: in_flight(server, MODEL_STAGE) >= 1, "the request never reached gptj")
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+        assert process.returncode == EXIT_INTERRUPTED, err
+        assert b"interrupted; the generation was stopped on the server" in err
+        assert cancels_sent(server, MODEL_STAGE) == sent_before + 1
+    assert_dropped(server, before)
+
+
+def test_codegen_timeout_stops_a_unary_request(server):
+    before = engine_counters(server)
+    sent_before = cancels_sent(server, MODEL_STAGE)
+    with engine_held(server):
+        process = codegen_process(
+            PROMPT, "-n", str(ASKED), "--url", server.grpc_url, "--timeout", "1"
+        )
+        _, err = process.communicate(timeout=60)
+        assert process.returncode == EXIT_SERVER_ERROR, err
+        assert b"the generation was stopped on the server" in err
+        assert cancels_sent(server, MODEL_STAGE) == sent_before + 1
+    assert_dropped(server, before)
