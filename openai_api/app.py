@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from openai_api.dependencies import ApiState, Slots, error_response
 from openai_api.errors import OpenAIError
 from openai_api.generation import Backend
+from openai_api.infill import router as infill_router
 from openai_api.routes import router
 from openai_api.settings import Settings
 
@@ -52,4 +53,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(OpenAIError, _openai_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.include_router(router)
+    app.include_router(infill_router)
     return app

@@ -56,9 +56,7 @@ def test_a_stop_request_ends_the_unary_request_with_its_id(server):
         # the stop request: same id, stop true, any prompt (it is answered with nothing
         # generated); over HTTP here, to show it needs no gRPC
         stopper = httpclient.InferenceServerClient(server.http_url)
-        answer = stopper.infer(
-            ENSEMBLE_MODEL, stop_inputs(httpclient, "x"), request_id=request_id
-        )
+        answer = stopper.infer(ENSEMBLE_MODEL, stop_inputs(httpclient, "x"), request_id=request_id)
         assert answer.as_numpy("OUTPUT_0").reshape(-1)[0].decode() == "x"
         assert cancels_sent(server, MODEL_STAGE) == sent_before + 1
     thread.join(timeout=60)

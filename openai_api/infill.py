@@ -1,0 +1,202 @@
+"""A llama.cpp-compatible ``POST /infill``, for editor plugins written for llama-server
+(llama.vim, llama.vscode): the text around the cursor in, the middle out.
+
+The request maps onto the project's fill-in-the-middle (``suffix``, docs/fim.md): the text
+before the cursor is ``input_extra`` (each chunk's text, in order: context from other files),
+then ``input_prefix``, then ``prompt`` (llama.cpp puts ``prompt`` after its middle sentinel:
+it is the start of the middle the user already typed, so it ends the prefix here); the text
+after the cursor is ``input_suffix``. Fields this server cannot honour are refused by name.
+The answer has llama.cpp's shape: ``{"content", "stop", ...}``, or with ``stream`` one
+server-sent event per piece (``data: {"content": ..., "stop": false}``) and a last one with
+``stop`` true and the counts. A client that leaves stops the generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+
+from client import CompletionRequest
+from contract.options import DEFAULT_MAX_TOKENS, InvalidRequestError
+from openai_api.completions import ClientLeftError, run_choices
+from openai_api.dependencies import ApiState, authorized
+from openai_api.errors import OpenAIError, bad_option, from_client_error
+from openai_api.generation import ChoiceResult
+from openai_api.request import MODEL_NAME
+from openai_api.routes import CLIENT_CLOSED_REQUEST, read_json
+from openai_api.shapes import sse
+from openai_api.streaming import EventStream, StreamedChoice
+
+router = APIRouter()
+
+FIELDS = frozenset(
+    {
+        "input_prefix",
+        "input_suffix",
+        "input_extra",
+        "prompt",
+        "n_predict",
+        "temperature",
+        "top_k",
+        "top_p",
+        "seed",
+        "stop",
+        "stream",
+    }
+)
+
+
+def _text(body: dict[str, Any], name: str) -> str:
+    value = body.get(name, "")
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise bad_option(name, f"{name} must be a string, got {value!r}")
+    return value
+
+
+def _number(body: dict[str, Any], name: str, kinds: tuple[type, ...]) -> Any:
+    value = body.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+        raise bad_option(name, f"{name} must be a number, got {value!r}")
+    return value
+
+
+def _extra(body: dict[str, Any]) -> str:
+    """``input_extra``: a list of ``{"filename", "text"}`` chunks, their texts in order."""
+    chunks = body.get("input_extra") or []
+    if not isinstance(chunks, list):
+        raise bad_option("input_extra", "input_extra must be a list of {filename, text} objects")
+    texts = []
+    for i, chunk in enumerate(chunks):
+        if (
+            not isinstance(chunk, dict)
+            or set(chunk) - {"filename", "text"}
+            or not isinstance(chunk.get("text"), str)
+            or not isinstance(chunk.get("filename", ""), str)
+        ):
+            raise bad_option(
+                "input_extra",
+                f"input_extra[{i}] must be an object with a string `text` and an optional "
+                f"string `filename` (nothing else), got {chunk!r}",
+            )
+        text = chunk["text"]
+        texts.append(text if not text or text.endswith("\n") else text + "\n")
+    return "".join(texts)
+
+
+def parse_infill(body: Any) -> tuple[CompletionRequest, tuple[str, ...], bool]:
+    """(the request, its stop strings, whether to stream); a 400 naming what is wrong."""
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "the request body must be a JSON object")
+    unknown = sorted(set(body) - FIELDS)
+    if unknown:
+        raise bad_option(
+            unknown[0],
+            f"{unknown[0]} is not supported by this server's /infill (it takes "
+            f"{', '.join(sorted(FIELDS))}); leave it out",
+        )
+    prefix = _extra(body) + _text(body, "input_prefix") + _text(body, "prompt")
+    suffix = _text(body, "input_suffix")
+    n_predict = _number(body, "n_predict", (int,))
+    if n_predict is not None and n_predict < 1:
+        raise bad_option(
+            "n_predict",
+            f"n_predict must be a positive number of tokens here, got {n_predict} (this server "
+            "generates no unbounded completions)",
+        )
+    seed = _number(body, "seed", (int,))
+    stop = body.get("stop") or []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise bad_option("stop", "stop must be a list of non-empty strings")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad_option("stream", f"stream must be true or false, got {stream!r}")
+    options: dict[str, Any] = {}
+    for name in ("temperature", "top_p"):
+        if (value := _number(body, name, (int, float))) is not None:
+            options[name] = float(value)
+    if (top_k := _number(body, "top_k", (int,))) is not None:
+        options["top_k"] = top_k
+    try:
+        request = CompletionRequest(
+            (prefix,),
+            max_tokens=n_predict or DEFAULT_MAX_TOKENS,
+            seed=None if seed is None or seed == -1 else seed,  # -1: llama.cpp's random seed
+            stop_words=tuple(stop),
+            suffix=suffix or None,
+            **options,
+        )
+    except InvalidRequestError as exc:
+        raise from_client_error(exc, "") from exc
+    return request, tuple(stop), stream
+
+
+def _final(result: ChoiceResult) -> dict[str, Any]:
+    """llama.cpp's closing fields: the end, and the token counts."""
+    return {
+        "stop": True,
+        "model": MODEL_NAME,
+        "tokens_predicted": result.completion_tokens,
+        "tokens_evaluated": result.prompt_tokens,
+    }
+
+
+@router.post("/infill")
+async def infill(request: Request, api: Annotated[ApiState, Depends(authorized)]) -> Response:
+    """Fill in the middle, llama.cpp-style (see the module docstring)."""
+    completion, stops, stream = parse_infill(await read_json(request))
+    api.slots.acquire()
+    if stream:
+        return await _stream(api, completion, stops)
+    try:
+        (result,) = await run_choices(api, request, [completion], stops)
+    except ClientLeftError:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    finally:
+        api.slots.release()
+    return JSONResponse({"content": result.text, **_final(result)})
+
+
+async def _stream(api: ApiState, completion: CompletionRequest, stops: tuple[str, ...]):
+    released = False
+    choice: StreamedChoice | None = None
+
+    def cleanup() -> None:
+        nonlocal released
+        if choice is not None:
+            choice.abandon()
+        if not released:
+            released = True
+            api.slots.release()
+
+    try:
+        choice = StreamedChoice(0, await api.call(api.backend.open_stream, completion, stops))
+        await api.call(choice.stream.prime)  # a refused request still gets its status code
+    except BaseException:
+        cleanup()
+        raise
+
+    async def events() -> AsyncIterator[bytes]:
+        assert choice is not None
+        queue: asyncio.Queue = asyncio.Queue()
+        choice.start(asyncio.get_running_loop(), queue)
+        while True:
+            _, kind, value = await queue.get()
+            if kind == "text":
+                yield sse({"content": value, "stop": False})
+            elif kind == "done":
+                yield sse({"content": "", **_final(value)})
+            elif kind == "error":
+                yield sse(from_client_error(value, api.settings.triton_url).body())
+                return
+            else:
+                return
+
+    return EventStream(events(), cleanup)

@@ -1,0 +1,79 @@
+"""A non-streamed OpenAI request whose client leaves stops generating, on both paths: the
+unary ensemble (the API sends a stop request with the choice's request id) and the streamed
+one (with stop sequences, or with no tokenizer at hand: the gRPC stream is cancelled). The API
+watches for the disconnect while it waits, so it needs no piece from the engine to notice.
+
+By construction: the engine holds after a few steps; the client leaves while it holds, and the
+engine then advances 4 tokens at a time only until the cancellation has reached it."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+
+import pytest
+from engine_hold import engine_held, wait_for
+from server_metrics import engine_counters
+from test_client_cancel import ASKED, assert_dropped, cancel_reached, in_flight
+from test_openai_api import ApiServer
+from test_unary_cancel import cancels_sent
+
+from contract.tensors import MODEL_STAGE, STREAM_MODEL
+from openai_api import Settings
+
+PROMPT = "def fib(n):\n"
+
+
+@pytest.fixture(scope="module")
+def unary_api(server, tiny_checkpoint) -> Iterator[ApiServer]:
+    with ApiServer(Settings(triton_url=server.grpc_url, checkpoint=tiny_checkpoint)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def streamed_api(server) -> Iterator[ApiServer]:
+    with ApiServer(Settings(triton_url=server.grpc_url, checkpoint=None)) as running:
+        yield running
+
+
+def post_and_keep_open(api: ApiServer, body: dict) -> socket.socket:
+    """A raw HTTP request whose connection the test closes when it chooses."""
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", api.port), timeout=30)
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+        f"\r\nContent-Length: {len(data)}\r\n\r\n"
+    ).encode()
+    sock.sendall(head + data)
+    return sock
+
+
+@pytest.mark.parametrize(
+    ("which", "stop", "model"),
+    [
+        ("unary_api", None, MODEL_STAGE),
+        ("unary_api", ["\n\n\n\n\n\n"], STREAM_MODEL),
+        ("streamed_api", None, STREAM_MODEL),
+    ],
+    ids=["unary", "stop-sequences", "no-tokenizer"],
+)
+def test_a_non_streamed_client_that_leaves_stops_its_generation(
+    server, request, which, stop, model
+):
+    api = request.getfixturevalue(which)
+    if which == "unary_api":  # the tokenizer is checked once, before the unary path is used
+        sock = post_and_keep_open(api, {"model": "ensemble", "prompt": PROMPT, "max_tokens": 1})
+        assert sock.recv(12).startswith(b"HTTP/1.1 200")
+        sock.close()
+    body = {"model": "ensemble", "prompt": PROMPT, "max_tokens": ASKED, "temperature": 0}
+    if stop:
+        body["stop"] = stop
+    before_engine = engine_counters(server)
+    sent_before = cancels_sent(server, model)
+    with engine_held(server, after_steps=8):
+        sock = post_and_keep_open(api, body)
+        wait_for(lambda: in_flight(server, model) >= 1, f"the request never reached {model}")
+        sock.close()  # the client leaves; the engine still holds
+        cancel_reached(server, model, sent_before)
+    assert_dropped(server, before_engine)
