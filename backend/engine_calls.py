@@ -26,11 +26,12 @@ import triton_python_backend_utils as pb_utils
 
 from backend.cancel import CancelSender, new_key
 from backend.io import FINAL, error_response, response, tokenize
+from backend.unary_stop import answer_stop, stopped_message
 from contract import metrics as names
 from contract.options import InvalidRequestError
 from contract.tensors import ENGINE_ERROR, ENGINE_MODEL, ENGINE_OUTPUTS, STOP_INPUT
-from engine.interface import GenerationResult, ModelLimits
-from engine.tensors import parse_request, tensors_from_results
+from engine.interface import ModelLimits
+from engine.tensors import parse_request
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
 
 # Requests a caller runs at once: the engine's queue (256) and batch (64) hold no more. Past
@@ -314,55 +315,6 @@ def copied(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Arrays owned by this process: a request's tensors are read in ``execute`` and used in a
     worker thread after it returned."""
     return {name: np.array(array, copy=True) for name, array in arrays.items()}
-
-
-def client_request_id(request) -> str:
-    """The id the client gave its request (the ensemble passes it on to its steps): what a
-    stop request names. Empty when none was given."""
-    try:
-        return request.request_id() or ""
-    except Exception:  # an id Triton cannot hand over as text
-        return ""
-
-
-def stopped_message(client_id: str) -> str:
-    return f"stopped: a stop request for request id {client_id!r} ended this generation"
-
-
-def answer_stop(
-    calls: EngineCalls,
-    sender,
-    arrays: Mapping[str, np.ndarray],
-    client_id: str,
-    requested: frozenset[str] | None = None,
-) -> None:
-    """A stop request (``stop`` true): stop the unary requests generating under its request
-    id, whose clients then get an error saying so, and answer it at once with nothing
-    generated (its own prompt), or with an error when there was nothing to stop."""
-    if not client_id:
-        sender.send(
-            error_response(
-                "stop=true needs the request id of the request to stop: send this request "
-                "with that id (gRPC/HTTP `id`)"
-            ),
-            flags=FINAL,
-        )
-        return
-    if calls.stop_client_requests(client_id) == 0:
-        sender.send(
-            error_response(
-                f"stop=true: no request with id {client_id!r} is generating here (it ended, "
-                "or never reached the model stage)"
-            ),
-            flags=FINAL,
-        )
-        return
-    lengths = arrays["input_lengths"].reshape(-1).tolist()
-    results = [
-        GenerationResult(row[:length].tolist(), [], [], "stop")
-        for row, length in zip(arrays["input_ids"], lengths, strict=True)
-    ]
-    sender.send(response(tensors_from_results(results, False), requested), flags=FINAL)
 
 
 def forward_final(

@@ -6,8 +6,9 @@ shared with the streaming model) and its one final response comes back in this s
 requests overlap and batch in the engine; backend/engine_calls.py has the logic.
 """
 
-from backend.engine_calls import EngineCalls, client_request_id, copied, forward_final
+from backend.engine_calls import EngineCalls, copied, forward_final
 from backend.io import engine_limits, read_inputs, requested_outputs
+from backend.unary_stop import client_request_id
 from contract.tensors import MODEL_STAGE_INPUTS, STOP_INPUT
 
 
