@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 from engine_hold import control, engine_held, wait_for
@@ -18,7 +19,7 @@ from server_metrics import engine_counters, sample, scrape
 from test_cli import CODEGEN, EXIT_INTERRUPTED
 from test_unary_cancel import cancels_sent
 
-from client import CodegenClient, TimedOutError
+from client import CodegenClient, StreamCancelledError, TimedOutError
 from client.cli import EXIT_SERVER_ERROR
 from contract import metrics as names
 from contract.tensors import MODEL_STAGE, STREAM_MODEL
@@ -78,10 +79,6 @@ def test_a_stream_that_times_out_is_cancelled(server):
 
 def test_a_stream_cancelled_from_another_thread_ends_at_once(server):
     """``CompletionStream.cancel`` wakes a reader blocked on a held engine."""
-    import threading
-
-    from client import StreamCancelledError
-
     before = engine_counters(server)
     sent_before = cancels_sent(server, STREAM_MODEL)
     outcome: list[BaseException] = []
@@ -119,10 +116,10 @@ def codegen_process(*args: str) -> subprocess.Popen:
 def test_ctrl_c_cancels_a_streamed_codegen(server):
     before = engine_counters(server)
     sent_before = cancels_sent(server, STREAM_MODEL)
-    with engine_held(server, after_steps=8):
+    with engine_held(server):
         process = codegen_process("--stream", PROMPT, "-n", str(ASKED), "--url", server.grpc_url)
-        assert process.stdout is not None
-        assert process.stdout.read(1)  # it has started streaming; the engine holds soon
+        # it is streaming: its request waits at the held engine's door
+        wait_for(lambda: in_flight(server, STREAM_MODEL) >= 1, "the stream never started")
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=60)
         assert process.returncode == EXIT_INTERRUPTED
