@@ -99,14 +99,15 @@ def resolve_device(name: str) -> str:
 
 class EngineHold:
     """A test hook (config parameter ``test_hooks``): hold the engine still, from control
-    datagrams on the cancel channel. ``hold``: the engine's thread waits once its current step
-    ends and new requests wait before they are submitted; ``hold_after:N``: the engine runs N
-    more steps, then its thread waits (submissions go on); ``advance:N``: a held engine runs N
-    steps and holds again; ``release`` ends any of them. It holds
-    inside the stub (a stub stopped by a signal is called unhealthy by Triton within a second).
-    Tests use it to make a condition true by construction (a request still running when its
-    cancellation arrives, a burst that joins one batch, a piece delivered while generation has
-    not ended), not by the machine's speed."""
+        datagrams on the cancel channel. ``hold``: the engine's thread waits once its current step
+        ends and new requests wait before they are submitted; ``hold_after:N``: the engine runs N
+        more steps, then its thread waits (submissions go on); ``advance:N``: a held engine runs N
+        steps and holds again; ``release`` ends any of them; ``submitted`` answers how many requests
+    have been submitted to the engine so far. It holds
+        inside the stub (a stub stopped by a signal is called unhealthy by Triton within a second).
+        Tests use it to make a condition true by construction (a request still running when its
+        cancellation arrives, a burst that joins one batch, a piece delivered while generation has
+        not ended), not by the machine's speed."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
@@ -116,6 +117,7 @@ class EngineHold:
         self._steps.set()
         self._submissions.set()
         self._steps_left: int | None = None
+        self._submitted = 0
 
     def after_step(self) -> None:
         if not self.enabled:
@@ -132,6 +134,10 @@ class EngineHold:
         if self.enabled:
             self._submissions.wait()
 
+    def on_submitted(self) -> None:
+        with self._lock:
+            self._submitted += 1
+
     def control(self, word: str) -> str:
         if not self.enabled:
             return "refused: test_hooks is off in the engine model's config"
@@ -147,6 +153,8 @@ class EngineHold:
                 self._steps_left = int(word.split(":")[1])
                 self._steps.set()
                 return "advancing"
+            if word == "submitted":
+                return f"submitted:{self._submitted}"
             if word == "release":
                 self._steps_left = None
                 self._steps.set()
@@ -318,6 +326,7 @@ def submit_requests(stage: Stage, requests) -> None:
         for row, listener in zip(rows, listeners, strict=True):
             listener.handle = engine.submit(row, listener)
             stage.cancels.track(key, listener.handle)
+        stage.hold.on_submitted()
 
 
 CANCELLED = "cancelled: the client went away or its timeout passed"

@@ -11,6 +11,9 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
+
+import pytest
 
 from backend.cancel import CONTROL_PREFIX, channel_address
 from contract.tensors import ENGINE_MODEL
@@ -52,3 +55,22 @@ def wait_for(condition, what: str, timeout: float = 60, fail: bool = True) -> bo
             return False
         time.sleep(0.1)
     return True
+
+
+def advance_until(server, condition: Callable[[], bool], what: str, tokens: int = 4) -> None:
+    """Let a held engine run ``tokens`` steps at a time (at most 100 times) until ``condition``
+    holds. A client's departure reaches the engine only when its caller next writes (HTTP) or
+    polls (gRPC), which a held engine never lets come; advancing in small steps lets it come
+    while the generation stays far from its end, however fast the machine is."""
+    for _ in range(100):
+        if wait_for(condition, what, 2, fail=False):
+            return
+        assert control(server, f"advance:{tokens}") == "advancing"
+    pytest.fail(what)
+
+
+def submitted(server) -> int:
+    """How many requests the engine model has submitted to its engine since it started."""
+    answer = control(server, "submitted")
+    assert answer.startswith("submitted:"), answer
+    return int(answer.split(":")[1])

@@ -25,6 +25,11 @@ def sample(text: str, name: str, model: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
+def cancels_sent(server, model: str) -> float:
+    """How many cancellations ``model`` has passed on to the engine."""
+    return sample(scrape(server), names.CANCELS_SENT, model) or 0.0
+
+
 def settled_scrape(server, quiet: float = 0.3, timeout: float = 10.0) -> str:
     """A scrape once the request counters stopped moving for ``quiet`` seconds.
 

@@ -12,8 +12,7 @@ import queue
 
 import tritonclient.grpc as grpcclient
 from engine_hold import engine_held, wait_for
-from server_metrics import engine_counters, sample, scrape
-from test_unary_cancel import cancels_sent
+from server_metrics import cancels_sent, engine_counters, sample, scrape
 
 from client.request import CompletionRequest, requested_outputs
 from contract import metrics as names

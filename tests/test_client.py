@@ -7,11 +7,10 @@ import re
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
-from engine_hold import engine_held
-from server_metrics import engine_counters
+from engine_hold import advance_until, engine_held, wait_for
+from server_metrics import cancels_sent, engine_counters
 
 from client import (
     CodegenClient,
@@ -25,7 +24,7 @@ from client import (
 )
 from client.request import generate_body
 from contract import metrics as names
-from contract.tensors import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, STOP_INPUT
+from contract.tensors import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, STOP_INPUT, STREAM_MODEL
 
 PROMPT = "def fib(n):\n"
 PROTOCOLS = ["grpc", "http"]
@@ -306,20 +305,29 @@ def test_health_and_metadata(codegen):
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_a_client_that_goes_away_stops_the_generation(server, protocol):
     """Read two pieces of a long stream, close it, and watch the engine's own counters: the
-    sequence must finish (cancelled) having generated far fewer than the tokens asked for."""
+    sequence must finish cancelled, having generated far fewer than the tokens asked for. By
+    construction: the engine holds after 16 steps, then advances 4 tokens at a time until the
+    model that serves the stream has passed the cancellation on."""
     asked = 480
     before = engine_counters(server)
+    sent_before = cancels_sent(server, STREAM_MODEL)
     client = CodegenClient(url_of(server, protocol), protocol, timeout=60)
-    with client.stream(PROMPT, asked) as stream:
-        for _, _piece in zip(range(2), stream, strict=False):
-            pass
-    deadline = time.monotonic() + 30
-    while engine_counters(server)[names.ENGINE_REQUESTS] == before[names.ENGINE_REQUESTS]:
-        assert time.monotonic() < deadline, "the abandoned sequence never finished"
-        time.sleep(0.1)
+    with engine_held(server, after_steps=16):
+        with client.stream(PROMPT, asked) as stream:
+            for _, _piece in zip(range(2), stream, strict=False):
+                pass
+        advance_until(
+            server,
+            lambda: cancels_sent(server, STREAM_MODEL) > sent_before,
+            "the client's departure never reached the engine as a cancellation",
+        )
+    wait_for(
+        lambda: engine_counters(server)[names.ENGINE_REQUESTS] > before[names.ENGINE_REQUESTS],
+        "the abandoned sequence never finished",
+    )
     after = engine_counters(server)
     generated = after[names.ENGINE_GENERATED_TOKENS] - before[names.ENGINE_GENERATED_TOKENS]
-    # the sequence was dropped as cancelled, before it reached its max_tokens (how many tokens
-    # it made meanwhile depends on how fast the tiny model runs on this machine)
+    # the sequence was dropped as cancelled, before it reached its max_tokens (16 steps, then
+    # at most 100 advances of 4: fewer than asked)
     assert after[names.ENGINE_CANCELLED] - before[names.ENGINE_CANCELLED] == 1
     assert generated < asked, f"{generated:.0f} of {asked} tokens generated for nobody"

@@ -12,7 +12,7 @@ import pytest
 import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from engine_hold import engine_held, wait_for
+from engine_hold import engine_held, submitted, wait_for
 from server_metrics import sample, scrape, settled_scrape
 from transformers import GPTJForCausalLM, PreTrainedTokenizerFast
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
@@ -254,15 +254,14 @@ def test_burst_of_mixed_lengths_is_batched_and_each_gets_what_it_asked(server, r
         start.wait()  # all 24 leave together: a real burst
         return clients[i].infer("ensemble", inputs, outputs=outputs)
 
-    # by construction, not by the machine's speed: the engine is held still
-    # (tests/engine_hold.py) until the burst waits in front of it, so it takes them together
+    # by construction, not by the machine's speed: the engine holds after one step
+    # (tests/engine_hold.py) until the whole burst has been submitted to it, so that it takes
+    # them into one batch
     with concurrent.futures.ThreadPoolExecutor(24) as pool:
-        with engine_held(server):
+        first = submitted(server)
+        with engine_held(server, after_steps=0):
             futures = [pool.submit(one, i) for i in range(24)]
-            wait_for(
-                lambda: (sample(scrape(server), names.CALLS_IN_FLIGHT, "gptj") or 0) >= 24,
-                "the burst never reached the engine model",
-            )
+            wait_for(lambda: submitted(server) >= first + 24, "the burst never reached the engine")
         results = [future.result() for future in futures]
     expected_tokens = 0
     for prompt, new, result in zip(prompts, lengths, results, strict=True):

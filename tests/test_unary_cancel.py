@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from engine_hold import engine_held, wait_for
-from server_metrics import engine_counters, sample, scrape
+from server_metrics import cancels_sent, engine_counters
 from tritonclient.utils import InferenceServerException
 
 from contract import metrics as names
@@ -33,10 +33,6 @@ def stage_inputs(prompt_ids: list[int], asked: int) -> list:
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs
-
-
-def cancels_sent(server, model: str) -> float:
-    return sample(scrape(server), names.CANCELS_SENT, model) or 0.0
 
 
 def test_a_unary_client_that_times_out_stops_its_generation(server):
