@@ -14,10 +14,9 @@ import sys
 import threading
 
 import pytest
-from engine_hold import control, engine_held, wait_for
-from server_metrics import engine_counters, sample, scrape
+from engine_hold import advance_until, engine_held, wait_for
+from server_metrics import cancels_sent, engine_counters, sample, scrape
 from test_cli import CODEGEN, EXIT_INTERRUPTED
-from test_unary_cancel import cancels_sent
 
 from client import CodegenClient, StreamCancelledError, TimedOutError
 from client.cli import EXIT_SERVER_ERROR
@@ -25,7 +24,7 @@ from contract import metrics as names
 from contract.tensors import MODEL_STAGE, STREAM_MODEL
 
 PROMPT = "def fib(n):\n"
-ASKED = 400
+ASKED = 480  # more than advance_until lets the engine generate
 
 
 def in_flight(server, model: str) -> float:
@@ -33,13 +32,12 @@ def in_flight(server, model: str) -> float:
 
 
 def cancel_reached(server, model: str, sent_before: float) -> None:
-    """Advance a held engine 4 tokens at a time (at most 200) until ``model`` has passed a
-    cancellation on to it."""
-    for _ in range(50):
-        if wait_for(lambda: cancels_sent(server, model) > sent_before, "", 2, fail=False):
-            return
-        assert control(server, "advance:4") == "advancing"
-    pytest.fail(f"{model} never passed the cancellation on to the engine")
+    """Advance a held engine 4 tokens at a time until ``model`` has passed a cancellation on."""
+    advance_until(
+        server,
+        lambda: cancels_sent(server, model) > sent_before,
+        f"{model} never passed the cancellation on to the engine",
+    )
 
 
 def assert_dropped(server, before: dict[str, float]) -> None:

@@ -16,10 +16,9 @@ from collections.abc import Iterator
 
 import pytest
 from engine_hold import engine_held, wait_for
-from server_metrics import engine_counters
+from server_metrics import cancels_sent, engine_counters
 from test_client_cancel import ASKED, assert_dropped, cancel_reached, in_flight
 from test_openai_api import ApiServer
-from test_unary_cancel import cancels_sent
 
 from contract.tensors import MODEL_STAGE, STREAM_MODEL
 from openai_api import Settings

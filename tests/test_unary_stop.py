@@ -17,8 +17,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from engine_hold import engine_held, wait_for
-from server_metrics import engine_counters, sample, scrape
-from test_unary_cancel import cancels_sent
+from server_metrics import cancels_sent, engine_counters, sample, scrape
 from tritonclient.utils import InferenceServerException
 
 from client import CompletionRequest
