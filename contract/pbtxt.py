@@ -14,7 +14,7 @@ Blocks: ``io`` in every model (its inputs and outputs); in the ensemble, ``prepr
 written once, in the contract, and ``make pbtxt`` declares and wires it everywhere.
 
 ``python -m contract.pbtxt --write`` rewrites the blocks; ``--check`` (the default) lists the
-configs that differ and exits 1. ``tests/test_contract.py`` and ``make triton`` run the check.
+configs that differ and exits 1. ``tests/test_pbtxt.py`` and ``make triton`` run the check.
 It is text only (no protobuf), so the contract stays the bottom layer.
 """
 

@@ -26,6 +26,7 @@ def repository(tmp_path: Path) -> Path:
     for model in MODEL_IO:
         (copy / model).mkdir(parents=True)
         shutil.copy(MODEL_REPOSITORY / model / "config.pbtxt", copy / model / "config.pbtxt")
+    pbtxt.write(copy)  # current, whatever the checkout's state: each test starts from there
     return copy
 
 
