@@ -33,6 +33,9 @@ from serving.paths import checkpoint_dir
 
 log = logging.getLogger("soak")
 TRANSPORT = "openai-sse"
+# Pauses shorter than the editor profile's typist makes (0.4-2.5 s), so that a good share of the
+# requests is abandoned before or during its stream, which is the traffic this phase is for.
+SOAK_STYLE = TypingStyle(pause_s=(0.1, 1.0))
 
 
 def _status(record: EditorRecord) -> tuple[str, str]:
@@ -85,7 +88,7 @@ def run_editor_phase(
         except ProbeError as exc:
             return begin, ledger.now(), {"done": False, "error": str(exc)}
         (log.warning if mode.refused else log.info)(f"editor phase: {mode.note}")
-        style = TypingStyle()
+        style = SOAK_STYLE
         lone = lone_first_token_s(sender, clipper, mode.send, settings.seed)
         log.info(f"editor phase: a full-context request alone: first token {lone or 0:.2f} s")
 

@@ -46,7 +46,7 @@ class SoakSettings:
     model_repository: Path
     editor_duration_s: float = 60.0  # 0: no editor phase
     editor_typists: int = 4
-    editor_max_tokens: int = 32
+    editor_max_tokens: int = 64
     max_stall_s: float = 5.0  # see loadtest.soak.stall
 
 
@@ -109,7 +109,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--editor-typists", type=int, default=4, help="typists of the editor phase")
     p.add_argument(
-        "--editor-max-tokens", type=int, default=32, help="tokens per editor completion (32)"
+        "--editor-max-tokens", type=int, default=64, help="tokens per editor completion (64)"
     )
     p.add_argument(
         "--max-stall",
