@@ -47,7 +47,7 @@ SATURATION ?=
 SOAK_ARGS ?=
 
 .PHONY: help setup setup-dev model triton test lint format clean k8s docker-lint scan \
-	loadtest prometheus prometheus-install api bench soak
+	loadtest prometheus prometheus-install api bench soak pbtxt
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -88,12 +88,17 @@ ifeq ($(ENGINE),fastertransformer)
 endif
 
 triton: model  ## start Triton on model_repository/ (HTTP 8000, gRPC 8001, metrics 8002)
+	$(BIN)/python -m contract.pbtxt --check
 	$(BIN)/python -m serving.triton --model-repository model_repository --address $(TRITON_ADDRESS) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
 api: model  ## OpenAI-compatible API + playground on 127.0.0.1:8080 (starts Triton if none answers)
 	$(BIN)/python -m openai_api --host $(API_HOST) --port $(API_PORT) --triton $(TRITON_URL) \
 		--start-triton --triton-http-port $(HTTP_PORT) --triton-metrics-port $(METRICS_PORT)
+
+pbtxt: setup  ## rewrite what contract/ generates: the tensor blocks of every config.pbtxt, docs/contract.md
+	$(BIN)/python -m contract.pbtxt --write
+	$(BIN)/python -m contract > docs/contract.md
 
 test: setup-dev  ## unit and integration tests (start their own server on a tiny model)
 	$(BIN)/python -m pytest

@@ -1,13 +1,14 @@
 """Every model's tensors: names, types and shapes, and how the ensemble wires them.
 
 The ensemble's inputs and outputs are those of the FasterTransformer GPT-J ensemble, so clients
-written for it work unchanged. Each model's ``config.pbtxt`` must declare exactly the specs here;
-``tests/test_contract.py`` reads the configs and fails on any drift.
+written for it work unchanged. Each model's ``config.pbtxt`` declares exactly the specs here: its
+input and output lists (and the ensemble's option wiring) are generated from them by
+``make pbtxt`` (:mod:`contract.pbtxt`); ``tests/test_contract.py`` fails on any drift.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -38,6 +39,8 @@ class TensorSpec:
     triton_type: str  # as in config.pbtxt, e.g. "TYPE_UINT32"
     dims: tuple[int, ...]
     optional: bool = False
+    # A note the generated config.pbtxt writes above the tensor; not part of its identity.
+    doc: str = field(default="", compare=False)
 
     @property
     def wire_type(self) -> str:
@@ -50,8 +53,8 @@ class TensorSpec:
         return _NUMPY[self.wire_type]
 
 
-def _scalar(name: str, triton_type: str) -> TensorSpec:
-    return TensorSpec(name, triton_type, (1,), optional=True)
+def _scalar(name: str, triton_type: str, doc: str = "") -> TensorSpec:
+    return TensorSpec(name, triton_type, (1,), optional=True, doc=doc)
 
 
 # Per-prompt options: the ensemble passes them to the model stage under the same names.
@@ -89,9 +92,15 @@ ENSEMBLE_INPUTS = (
     TensorSpec("INPUT_2", "TYPE_STRING", (-1,)),  # bad words, one CSV string
     TensorSpec("INPUT_3", "TYPE_STRING", (-1,)),  # stop words, one CSV string
     *OPTION_INPUTS,
-    # Not in the FasterTransformer contract: the text after the cursor. Present and not empty,
-    # the prompt (INPUT_0) is the text before it and the model fills the gap (contract/fim.py).
-    TensorSpec("suffix", "TYPE_STRING", (-1,), optional=True),
+    # Present and not empty, the prompt (INPUT_0) is the text before it and the model fills the
+    # gap (contract/fim.py).
+    TensorSpec(
+        "suffix",
+        "TYPE_STRING",
+        (-1,),
+        optional=True,
+        doc="not in the FasterTransformer contract: the text after the cursor (fill-in-the-middle)",
+    ),
 )
 ENSEMBLE_OUTPUTS = (
     TensorSpec("OUTPUT_0", "TYPE_STRING", (-1, -1)),  # prompt + completion, flat [batch * beam]
@@ -181,12 +190,27 @@ INPUT_SPECS = {spec.name: spec for spec in (*ENSEMBLE_INPUTS, STOP_INPUT)}
 # inputs and answers in its layout; with `stream` true (one prompt) it sends a response per
 # generated token instead, whose outputs hold only that response's new tokens, then a final one.
 ENGINE_MODEL = "engine"
-ENGINE_INPUTS = (*MODEL_STAGE_INPUTS, _scalar("stream", "TYPE_BOOL"))
+ENGINE_INPUTS = (
+    *MODEL_STAGE_INPUTS,
+    _scalar(
+        "stream",
+        "TYPE_BOOL",
+        doc="true: a response per generated token (outputs: that response's new tokens), then a"
+        " final one; absent or false: one final response, the gptj stage's layout. One prompt"
+        " to stream.",
+    ),
+)
 # How an engine stream that already sent tokens reports its end by error or cancellation: a
 # response carrying this output (then FINAL), never an error response. python_backend r24.10
 # loses a decoupled BLS caller's error response after the first one (its
 # InferResponse::SaveToSharedMemory writes no response id for an error, so the caller's stub
 # files it under no iterator): the caller would wait for ever and hold its slot and thread.
-ENGINE_ERROR = TensorSpec("error", "TYPE_STRING", (1,))
+ENGINE_ERROR = TensorSpec(
+    "error",
+    "TYPE_STRING",
+    (1,),
+    doc="a stream that fails or is cancelled after its first token ends with a response carrying"
+    " only this (then the final flag), not an error response (contract/tensors.py says why)",
+)
 ENGINE_OUTPUTS = (*MODEL_STAGE_OUTPUTS, ENGINE_ERROR)
 MODEL_IO[ENGINE_MODEL] = (ENGINE_INPUTS, ENGINE_OUTPUTS)

@@ -1,20 +1,18 @@
-"""Load test of the served ensemble: a Locust sweep over output lengths (``make loadtest``).
+"""Load tests of the served ensemble, one subpackage per profile (docs/loadtest.md has the map):
 
-One module per concern, in the order a run uses them (docs/loadtest.md has the map):
+- :mod:`loadtest.sweep`: ``make loadtest``, a Locust sweep over output lengths
+  (``python -m loadtest`` or ``python -m loadtest.sweep``).
+- :mod:`loadtest.editor`: ``make loadtest PROFILE=editor``, simulated typists.
+- :mod:`loadtest.soak`: ``make soak``, bounded load and faults at twice the saturation.
+- :mod:`loadtest.stress`: clients abandoning requests at every point.
 
-- :mod:`loadtest.settings`: the command line and the typed settings.
-- :mod:`loadtest.targets`: what is loaded (one entry per protocol) and which Prometheus
-  watches it; found, waited for or started with the launcher's process management.
-- :mod:`loadtest.sweep`: the per-length Locust driver (warm-up, window, streaming, drain);
-  :mod:`loadtest.main` runs the whole thing (``python -m loadtest.sweep``).
-- :mod:`loadtest.locustfile` (the users) and :mod:`loadtest.prompts` (their prompts).
-- :mod:`loadtest.metrics`: Triton's metrics over a window; :mod:`loadtest.prom`: the same
-  from Prometheus, and how the two agree.
-- :mod:`loadtest.results`: the typed results, the schema of summary.json.
-- :mod:`loadtest.report`: the run folder's report, from :mod:`loadtest.charts` and
-  :mod:`loadtest.markdown` (its prose: ``loadtest/templates/report.md``).
-- :mod:`loadtest.run_prometheus`: a Prometheus server (``make prometheus``).
+What they share sits here: :mod:`loadtest.targets` (what is loaded and which Prometheus watches
+it), :mod:`loadtest.api_process` (the OpenAI API in front), :mod:`loadtest.metrics` (Triton's
+metrics over a window), :mod:`loadtest.prom` (the same from Prometheus),
+:mod:`loadtest.results` (typed results), :mod:`loadtest.machine` (this machine, as a report
+says it) and :mod:`loadtest.run_prometheus` (``make prometheus``). Their prompts come from
+:mod:`contract.prompts`; their tables and charts from :mod:`reporting`.
 
 Importing this package imports nothing else: Locust monkey-patches the process with gevent, so
-only the sweep, its runner and the locustfile load it.
+only the sweep's run, its driver and the locustfile load it.
 """

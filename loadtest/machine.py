@@ -11,7 +11,8 @@ import shutil
 from importlib import metadata
 from pathlib import Path
 
-from loadtest.results import MachineInfo
+from contract.tensors import ENGINE_MODEL, MODEL_STAGE
+from loadtest.results import MachineInfo, ModelInfo
 
 
 def machine_info() -> MachineInfo:
@@ -46,3 +47,32 @@ def machine_info() -> MachineInfo:
         locust=version("locust"),
         tritonclient=version("tritonclient"),
     )
+
+
+def machine_lines(m: MachineInfo, model: ModelInfo) -> list[str]:
+    """The machine and the served model, as a report's bullet list."""
+    lines = [
+        f"- CPU: {m.cpu} ({m.cores} cores)",
+        f"- GPU: {m.gpu}",
+        f"- RAM: {m.memory_gib} GiB",
+        f"- OS: {m.os}; Python {m.python}, torch {m.torch}, Locust {m.locust}, "
+        f"tritonclient {m.tritonclient}",
+        f"- Triton Inference Server {model.triton_version or '?'} (CPU only)",
+    ]
+    c = model.checkpoint
+    if c:
+        lines.append(
+            f"- Model: `{c.name}` GPT-J, {c.layers} layers x {c.width} wide, {c.heads} heads, "
+            f"context {c.context}, vocabulary {c.vocab}, {(c.parameters or 0) / 1e6:.2f}M "
+            f"parameters (held-out loss {c.held_out_loss})"
+        )
+    if model.stage_parameters:
+        lines.append(
+            f"- Engine (model `{ENGINE_MODEL}`, behind `{MODEL_STAGE}`): continuous batching, "
+            + ", ".join(
+                f"{k}={v}"
+                for k, v in sorted(model.stage_parameters.items())
+                if k != "checkpoint_path"
+            )
+        )
+    return lines

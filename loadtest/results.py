@@ -4,7 +4,7 @@
 This module is the schema of ``summary.json``: its keys are these dataclasses' field names, so
 a renamed field fails where it is read (type checkers, the report's unit test), not when a
 report is drawn. It imports nothing else of the load test: :mod:`loadtest.metrics` and
-:mod:`loadtest.prom` fill these types, :mod:`loadtest.sweep` assembles them, and the report
+:mod:`loadtest.prom` fill these types, :mod:`loadtest.sweep.driver` assembles them, and the report
 reads them (:meth:`RunResult.load` redraws one from a run folder).
 """
 
@@ -396,7 +396,7 @@ def length_file(length: int, suffix: str) -> str:
     return f"len_{length:04d}{suffix}"
 
 
-# The charts (drawn by loadtest.charts, linked from report.md by loadtest.markdown).
+# The charts (drawn by loadtest.sweep.charts, linked from report.md by loadtest.sweep.markdown).
 RPS_LATENCY_CHART = "rps_latency.png"
 STAGE_SHARES_CHART = "stage_shares.png"
 

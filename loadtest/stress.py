@@ -40,8 +40,8 @@ import tritonclient.grpc as grpcclient
 
 from client.request import CompletionRequest, generate_body, requested_outputs
 from contract import metrics as names
+from contract.prompts import stdlib_sources
 from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE, STREAM_MODEL
-from loadtest.prompts import stdlib_sources
 
 LOCAL = ("127.0.0.1", "localhost", "[::1]")
 DEADLINE_ERRORS = ("Deadline", "deadline", "timeout", "Timeout", "cancelled", "Cancelled")

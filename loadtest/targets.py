@@ -7,9 +7,9 @@ Servers are found, waited for or started with the launcher's own process managem
 Both are context managers: what a run started, it stops on the way out.
 
 Adding a protocol is one more entry in :data:`TARGETS`: the user class's name in
-``loadtest/locustfile.py`` and a factory for a :class:`Server`. An OpenAI-compatible API in front
-of Triton, say, would be a class that enters a :class:`TritonTarget` (the metrics, statistics
-and readiness the sweep reads stay Triton's), then finds or starts the API server (a
+``loadtest/sweep/locustfile.py`` and a factory for a :class:`Server`. An OpenAI-compatible API
+in front of Triton, say, would be a class that enters a :class:`TritonTarget` (the metrics,
+statistics and readiness the sweep reads stay Triton's), then finds or starts the API server (a
 ``ManagedServer`` whose ``ready_url`` is its health route), and returns that server's URL as
 :attr:`Server.users_url`.
 """
@@ -272,19 +272,19 @@ class OpenAITarget:
 TARGETS: dict[str, Target] = {
     "http": Target(
         "http",
-        "loadtest.locustfile:HttpEnsembleUser",
+        "loadtest.sweep.locustfile:HttpEnsembleUser",
         TritonTarget,
         "KServe v2 over HTTP (Locust's FastHttpUser)",
     ),
     "grpc": Target(
         "grpc",
-        "loadtest.locustfile:GrpcEnsembleUser",
+        "loadtest.sweep.locustfile:GrpcEnsembleUser",
         TritonTarget,
         "tritonclient.grpc in a Locust user",
     ),
     "openai": Target(
         "openai",
-        "loadtest.openai_protocol:OpenAIUser",
+        "loadtest.sweep.openai_protocol:OpenAIUser",
         OpenAITarget,
         "POST /v1/completions through the OpenAI-compatible API (its overhead over gRPC)",
     ),

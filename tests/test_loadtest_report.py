@@ -12,8 +12,6 @@ import pytest
 
 from loadtest.metrics import snapshot_deltas, window_figures
 from loadtest.prom import agreement
-from loadtest.report import main as redraw
-from loadtest.report import write_report
 from loadtest.results import (
     CheckpointInfo,
     ClientFigures,
@@ -35,6 +33,8 @@ from loadtest.results import (
     read_request_log,
     write_request_log,
 )
+from loadtest.sweep.report import main as redraw
+from loadtest.sweep.report import write_report
 from tests.test_loadtest_metrics import END, START, snapshot
 
 # summary.json's row keys, in order: the stable headline keys first, then the details.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.settings import DEFAULTS, QUICK, parse_args
+from loadtest.sweep.settings import DEFAULTS, QUICK, parse_args
 from loadtest.targets import TARGETS, Endpoints
 from serving.paths import REPO_ROOT
 

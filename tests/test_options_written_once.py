@@ -5,7 +5,8 @@ is the one list. Each check below derives what it expects from it and probes the
 option added to the contract fails here until the client's ``CompletionRequest``, its
 ``SamplingOptions``, the ``codegen`` flags and the engine's tensor reader carry it, and until
 the OpenAI-compatible API either maps an OpenAI field onto it or refuses it by name. (That
-every ``config.pbtxt`` declares it is ``tests/test_contract.py``'s check.)
+every ``config.pbtxt`` declares it is generated: ``make pbtxt``; ``tests/test_pbtxt.py`` fails
+until it has run.)
 
 Nothing here lists option names: a probe sets one thing to a legal non-default value and
 records which contract inputs changed.

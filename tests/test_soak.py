@@ -12,8 +12,8 @@ import pytest
 
 from client.request import CompletionRequest
 from contract.options import MAX_PROMPT_BYTES, MAX_WORDS_PER_LIST
-from loadtest import soak
-from loadtest.soak_cases import (
+from loadtest.soak import run as soak
+from loadtest.soak.cases import (
     ABANDONED,
     ALL_KINDS,
     CANCELLED,
@@ -42,10 +42,10 @@ from loadtest.soak_cases import (
     parse_mix,
     raw_tensors,
 )
-from loadtest.soak_clients import Rotation
-from loadtest.soak_editor import editor_check
-from loadtest.soak_report import write_run
-from loadtest.soak_results import (
+from loadtest.soak.clients import Rotation
+from loadtest.soak.editor_phase import editor_check
+from loadtest.soak.report import write_run
+from loadtest.soak.results import (
     FAIL,
     PASS,
     Check,
@@ -62,7 +62,7 @@ from loadtest.soak_results import (
     rss_flatness,
     total_summary,
 )
-from loadtest.soak_stall import Stall, longest_stall, stall_bound, stall_check
+from loadtest.soak.stall import Stall, longest_stall, stall_bound, stall_check
 
 # Error texts as this Triton (2.51, python backend) and tritonclient really produce them.
 REAL_ERRORS = {
@@ -282,8 +282,8 @@ def test_editor_requests_must_be_answered_or_abandoned():
 def test_an_editor_phase_that_cannot_start_is_a_failed_check_not_a_crash(tmp_path):
     from types import SimpleNamespace
 
-    from loadtest.soak_editor import run_editor_phase
-    from loadtest.soak_settings import parse_args
+    from loadtest.soak.editor_phase import run_editor_phase
+    from loadtest.soak.settings import parse_args
 
     settings = parse_args(["--model-repository", str(tmp_path), "--out", str(tmp_path / "out")])
     _, _, phase = run_editor_phase(settings, Ledger(), SimpleNamespace(phase=""))
@@ -400,7 +400,7 @@ def test_a_short_real_soak_accounts_for_everything(server, model_repository, tmp
 
 
 def test_the_engine_sampler_says_what_the_engine_did_during_a_stall():
-    from loadtest.soak_stall import EngineSample, EngineSampler, explain
+    from loadtest.soak.stall import EngineSample, EngineSampler, explain
 
     sampler = EngineSampler("http://127.0.0.1:1/metrics", clock=lambda: 0.0)
     sampler.samples = [

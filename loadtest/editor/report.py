@@ -2,9 +2,9 @@
 charts, drawn from the typed :class:`EditorRun` alone.
 
 It reuses the sweep's report machinery rather than a stack of its own: the template pieces
-(:func:`loadtest.markdown.templates`, prose in ``loadtest/templates/editor.md``), the number
-formats and machine lines of :mod:`loadtest.markdown`, and the colours, rolling percentiles and
-figure saving of :mod:`loadtest.charts`.
+(:func:`reporting.tables.templates`, prose in ``loadtest/templates/editor.md``), the number
+formats of :mod:`reporting.tables`, the machine lines of :mod:`loadtest.machine`, and the
+colours, rolling percentiles and figure saving of :mod:`reporting.charts`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from loadtest.charts import COLORS, plt, rolling, save_figure
 from loadtest.editor.figures import (
     ABANDONED,
     ANSWERED,
@@ -28,8 +27,10 @@ from loadtest.editor.figures import (
     EditorRecord,
     EngineFigures,
 )
-from loadtest.markdown import machine_lines, number, percent, templates
+from loadtest.machine import machine_lines
 from loadtest.results import MachineInfo, ModelInfo
+from reporting.charts import COLORS, plt, rolling, save_figure
+from reporting.tables import number, percent, templates
 
 TEMPLATES = Path(__file__).parent.parent / "templates" / "editor.md"
 TIMELINE_CHART, LATENCY_CHART = "editor_timeline.png", "editor_latency.png"

@@ -32,7 +32,7 @@ from loadtest.editor.typist import TypingStyle
 from loadtest.editor.window import CheckpointTokenizer, Clipper
 from loadtest.machine import machine_info
 from loadtest.metrics import read_snapshot, snapshot_deltas
-from loadtest.soak_server import model_context, wait_for_drain
+from loadtest.soak.server import model_context, wait_for_drain
 from loadtest.targets import TARGETS, Endpoints, OpenAITarget, TritonTarget
 from serving.paths import MODEL_REPOSITORY, REPO_ROOT, checkpoint_dir
 

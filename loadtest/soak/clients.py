@@ -1,5 +1,5 @@
 """The soak's clients: one :class:`Worker` per closed-loop client thread, able to send every
-kind of the mix and to end each request in the :class:`~loadtest.soak_results.Ledger`.
+kind of the mix and to end each request in the :class:`~loadtest.soak.results.Ledger`.
 
 Valid requests go through the project's own client paths (``CompletionRequest`` tensors with
 tritonclient, ``CodegenClient.open_stream`` for streams); invalid and hostile ones as raw
@@ -26,7 +26,7 @@ from tritonclient.utils import InferenceServerException
 from client.client import CodegenClient, CodegenError
 from client.request import CompletionRequest, generate_body, requested_outputs, to_infer_inputs
 from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
-from loadtest.soak_cases import (
+from loadtest.soak.cases import (
     ABANDONED,
     CASES,
     HOSTILE_CASES,
@@ -46,7 +46,7 @@ from loadtest.soak_cases import (
     classify_error,
     raw_tensors,
 )
-from loadtest.soak_results import Ledger, Record
+from loadtest.soak.results import Ledger, Record
 from loadtest.targets import Endpoints
 
 # Valid requests sample as a completion service would (as the load test does); the seed is

@@ -26,8 +26,8 @@ from typing import Any
 
 from contract import metrics as names
 from loadtest.metrics import read_snapshot
-from loadtest.soak_cases import OK
-from loadtest.soak_results import FAIL, PASS, SKIP, Check, Record
+from loadtest.soak.cases import OK
+from loadtest.soak.results import FAIL, PASS, SKIP, Check, Record
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """One run of ``make loadtest`` from start to end, in order: settings, the server and Prometheus
-(:mod:`loadtest.targets`), the sweep (:mod:`loadtest.sweep`), the run's description (this
-machine, the served model) and the report (:mod:`loadtest.report`).
+(:mod:`loadtest.targets`), the sweep (:mod:`loadtest.sweep.driver`), the run's description (this
+machine, the served model) and the report (:mod:`loadtest.sweep.report`).
 
 ``python -m loadtest.sweep`` calls :func:`main`.
 """
@@ -18,12 +18,12 @@ from datetime import datetime
 import locust  # noqa: F401
 
 from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
-from loadtest import locustfile
 from loadtest.machine import machine_info
-from loadtest.report import write_report
 from loadtest.results import RunInfo, RunResult, RunSettings
-from loadtest.settings import Settings, parse_args
-from loadtest.sweep import Sweep, format_duration
+from loadtest.sweep import locustfile
+from loadtest.sweep.driver import Sweep, format_duration
+from loadtest.sweep.report import write_report
+from loadtest.sweep.settings import Settings, parse_args
 from loadtest.targets import prometheus_for
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from loadtest.soak_cases import (
+from loadtest.soak.cases import (
     DEFAULT_MIX,
     KINDS,
     parse_mix,
@@ -46,8 +46,8 @@ class SoakSettings:
     model_repository: Path
     editor_duration_s: float = 60.0  # 0: no editor phase
     editor_typists: int = 4
-    editor_max_tokens: int = 32
-    max_stall_s: float = 5.0  # see loadtest.soak_stall
+    editor_max_tokens: int = 64
+    max_stall_s: float = 5.0  # see loadtest.soak.stall
 
 
 def parser() -> argparse.ArgumentParser:
@@ -109,14 +109,14 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--editor-typists", type=int, default=4, help="typists of the editor phase")
     p.add_argument(
-        "--editor-max-tokens", type=int, default=32, help="tokens per editor completion (32)"
+        "--editor-max-tokens", type=int, default=64, help="tokens per editor completion (64)"
     )
     p.add_argument(
         "--max-stall",
         type=float,
         default=5.0,
         help="longest seconds with requests in flight and none answered or streaming before "
-        "the stall check fails (5: see loadtest/soak_stall.py)",
+        "the stall check fails (5: see loadtest/soak/stall.py)",
     )
     p.add_argument("--progress-every", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=0)

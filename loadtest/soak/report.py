@@ -1,5 +1,5 @@
 """The soak's run folder: summary.json, report.md, soak.png, requests.csv and rss.csv, and the
-table it prints at the end, all drawn from a :class:`~loadtest.soak_results.SoakResult`."""
+table it prints at the end, all drawn from a :class:`~loadtest.soak.results.SoakResult`."""
 
 from __future__ import annotations
 
@@ -12,18 +12,20 @@ from typing import Any
 
 import numpy as np
 
-from loadtest.soak_cases import (
+from loadtest.soak.cases import (
     ALL_KINDS,
     CATEGORIES,
     OK,
     STATUSES,
 )
-from loadtest.soak_results import (
+from loadtest.soak.results import (
     KindSummary,
     Record,
     RssSample,
     SoakResult,
 )
+from reporting.charts import plt, save_figure, shade_phases
+from reporting.tables import number, table, text_table
 
 # --- the run folder ------------------------------------------------------------------------
 
@@ -56,24 +58,25 @@ def write_rss(path: Path, samples: Iterable[RssSample]) -> None:
             writer.writerow(asdict(s).values())
 
 
-def _s(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+def _kinds(rows: Sequence[KindSummary]) -> tuple[list[str], list[list[object]]]:
+    """The accounting table's header and rows: one row per kind, then the total."""
+    header = ["kind", "sent", "ok", "rejected", "abandoned", "unanswered", "unexpected"]
+    cells: list[list[object]] = []
+    for r in rows:
+        rejected = ", ".join(f"{c} {r.rejected[c]}" for c in CATEGORIES if r.rejected.get(c))
+        cells.append(
+            [r.kind, r.sent, r.ok, rejected or "0", r.abandoned, r.unanswered, r.unexpected,
+             number(r.p50_s, 2), number(r.p99_s, 2)]
+        )  # fmt: skip
+    return [*header, "p50 s", "p99 s"], cells
+
+
+KINDS_ALIGN = "lrrlrrrrr"
 
 
 def kinds_table(rows: Sequence[KindSummary]) -> list[str]:
-    """The accounting table: one row per kind, then the total."""
-    lines = [
-        "| kind | sent | ok | rejected | abandoned | unanswered | unexpected | p50 s | p99 s |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        rejected = ", ".join(f"{c} {r.rejected[c]}" for c in CATEGORIES if r.rejected.get(c))
-        rejected = rejected or "0"
-        lines.append(
-            f"| {r.kind} | {r.sent} | {r.ok} | {rejected} | {r.abandoned} | {r.unanswered} | "
-            f"{r.unexpected} | {_s(r.p50_s)} | {_s(r.p99_s)} |"
-        )
-    return lines
+    """The accounting table, in Markdown."""
+    return table(*_kinds(rows), KINDS_ALIGN)
 
 
 def render_report(result: SoakResult) -> str:
@@ -91,9 +94,9 @@ def render_report(result: SoakResult) -> str:
         "",
         "## Checks",
         "",
-        "| check | result | detail |",
-        "|---|---|---|",
-        *(f"| {c.name} | {c.status} | {c.detail} |" for c in result.checks),
+        *table(
+            ["check", "result", "detail"], [(c.name, c.status, c.detail) for c in result.checks]
+        ),
         "",
         "## Requests by kind (soak phase)",
         "",
@@ -107,26 +110,17 @@ def render_report(result: SoakResult) -> str:
         "",
     ]
     if result.cases:
-        lines += [
-            "## Invalid and hostile cases",
-            "",
-            "| case | kind | sent | must be | as expected | outcomes | message |",
-            "|---|---|---:|---|---:|---|---|",
-        ]
-        for c in result.cases:
-            outcomes = ", ".join(f"{k} {v}" for k, v in c.outcomes.items())
-            message = c.sample_message.replace("|", "\\|").replace("\n", " ")[:160]
-            lines.append(
-                f"| {c.case} | {c.kind} | {c.sent} | {c.expect} | {c.as_expected} | "
-                f"{outcomes} | {message} |"
-            )
-        lines.append("")
+        header = ["case", "kind", "sent", "must be", "as expected", "outcomes", "message"]
+        cells = [
+            (c.case, c.kind, c.sent, c.expect, c.as_expected,
+             ", ".join(f"{k} {v}" for k, v in c.outcomes.items()), _cell(c.sample_message, 160))
+            for c in result.cases
+        ]  # fmt: skip
+        lines += ["## Invalid and hostile cases", "", *table(header, cells, "llrlr"), ""]
     lines += ["## Error texts", ""]
     if result.errors:
-        lines += ["| category | count | message |", "|---|---:|---|"]
-        for e in result.errors:
-            message = e["message"].replace("|", "\\|").replace("\n", " ")[:200]
-            lines.append(f"| {e['category']} | {e['count']} | {message} |")
+        cells = [(e["category"], e["count"], _cell(e["message"], 200)) for e in result.errors]
+        lines += table(["category", "count", "message"], cells, "lr")
     else:
         lines.append("None.")
     lines += [
@@ -143,7 +137,7 @@ def render_report(result: SoakResult) -> str:
         "",
         "The longest time, per phase, with requests in flight and none answered in full or "
         f"streaming its first text (bound: max({result.settings.get('max_stall_s', '?')} s, "
-        "8 x one request alone just before the phase), loadtest/soak_stall.py):",
+        "8 x one request alone just before the phase), loadtest/soak/stall.py):",
         "",
         *(
             f"- {_get(s, 'phase')}: {_get(s, 'seconds')} s"
@@ -169,12 +163,17 @@ def render_report(result: SoakResult) -> str:
     return "\n".join(lines)
 
 
+def _cell(text: str, limit: int) -> str:
+    """At most ``limit`` characters of ``text`` (the table puts it on one line)."""
+    return text[:limit]
+
+
 def _get(item: Any, key: str) -> Any:
     return item[key] if isinstance(item, dict) else getattr(item, key)
 
 
 def _editor_lines(editor: dict[str, Any]) -> list[str]:
-    """The editor phase: what the typists did (loadtest.soak_editor)."""
+    """The editor phase: what the typists did (loadtest.soak.editor_phase)."""
     if not editor.get("done"):
         return [str(editor.get("error") or editor.get("note") or "not run")]
     f, suffix = editor["figures"], editor["suffix"]
@@ -185,10 +184,10 @@ def _editor_lines(editor: dict[str, Any]) -> list[str]:
         "",
         f"- requests {f['requests']}: answered {f['answered']}, abandoned {f['abandoned']}, "
         f"errors {f['errors']}",
-        f"- first token p50 / p95 (answered): {_s(f['first_token_ms']['p50'], 0)} / "
-        f"{_s(f['first_token_ms']['p95'], 0)} ms; latency p50 / p95: "
-        f"{_s(f['latency_ms']['p50'], 0)} / {_s(f['latency_ms']['p95'], 0)} ms",
-        f"- prompt tokens sent per request: {_s(f['prompt_tokens_sent'], 0)}",
+        f"- first token p50 / p95 (answered): {number(f['first_token_ms']['p50'], 0)} / "
+        f"{number(f['first_token_ms']['p95'], 0)} ms; latency p50 / p95: "
+        f"{number(f['latency_ms']['p50'], 0)} / {number(f['latency_ms']['p95'], 0)} ms",
+        f"- prompt tokens sent per request: {number(f['prompt_tokens_sent'], 0)}",
         f"- suffix: {suffix['note']}",
     ]
     if not suffix["send"] and suffix["requested"]:
@@ -200,8 +199,8 @@ def _saturation_text(saturation: dict[str, Any]) -> str:
     steps = saturation.get("steps") or []
     if not steps:
         return f"Given: {saturation.get('clients')} clients ({saturation.get('note', '')})."
-    rows = ["| clients | requests/s | tokens/s |", "|---:|---:|---:|"]
-    rows += [f"| {s['clients']} | {s['rps']:.2f} | {s['tokens_per_s']:.0f} |" for s in steps]
+    cells = [(s["clients"], f"{s['rps']:.2f}", f"{s['tokens_per_s']:.0f}") for s in steps]
+    rows = table(["clients", "requests/s", "tokens/s"], cells, "rrr")
     return "\n".join([*rows, "", saturation.get("note", "")])
 
 
@@ -212,10 +211,11 @@ def _drill_lines(drill: dict[str, Any]) -> list[str]:
     for key in ("stub", "killed_at", "launcher_exit", "tritonserver_exit", "stub_restarted"):
         if key in drill:
             lines.append(f"- {key}: {drill[key]}")
-    lines += ["", "| t after kill (s) | what | became |", "|---:|---|---|"]
-    for event in drill.get("timeline", []):
-        value = str(event["value"]).replace("|", "\\|").replace("\n", " ")[:200]
-        lines.append(f"| {event['t_s']:.1f} | {event['what']} | {value} |")
+    timeline = [
+        (f"{e['t_s']:.1f}", e["what"], _cell(str(e["value"]), 200))
+        for e in drill.get("timeline", [])
+    ]
+    lines += ["", *table(["t after kill (s)", "what", "became"], timeline, "r")]
     in_flight = drill.get("in_flight", [])
     if in_flight:
         lines += ["", "Requests in flight when the stub died:", ""]
@@ -228,7 +228,7 @@ def _drill_lines(drill: dict[str, Any]) -> list[str]:
 
 def console_table(result: SoakResult) -> str:
     """What the soak prints at the end: the accounting table and the checks."""
-    lines = ["", *kinds_table([*result.kinds, result.total]), ""]
+    lines = ["", *text_table(*_kinds([*result.kinds, result.total]), KINDS_ALIGN), ""]
     width = max((len(c.name) for c in result.checks), default=10)
     lines += [f"  {c.status:4}  {c.name:<{width}}  {c.detail}" for c in result.checks]
     return "\n".join(lines)
@@ -242,11 +242,6 @@ def draw_chart(
     title: str,
 ) -> Path:
     """RSS over time above the latency of the accepted requests over time, phases shaded."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
     if samples:
         top.plot([s.t_s for s in samples], [s.rss_bytes / 2**20 for s in samples], "-", lw=1.5)
@@ -273,15 +268,8 @@ def draw_chart(
         "drain": "#deebf7",
         "drill": "#f8cbad",
     }
-    for name, begin, end in phases:
-        for ax in (top, bottom):
-            ax.axvspan(begin, end, color=colors.get(name, "#eeeeee"), alpha=0.5, lw=0)
-        top.text(begin, 1.0, f" {name}", transform=top.get_xaxis_transform(), va="top", fontsize=8)
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    shade_phases((top, bottom), phases, colors, label_axis=top)
+    return save_figure(fig, path, title)
 
 
 def write_run(

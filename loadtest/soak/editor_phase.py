@@ -6,7 +6,7 @@ the API's capacity; the soak's other phases never send it. The API is started he
 the soak's Triton (as the load test starts it, :class:`loadtest.api_process.ApiProcess`) and
 stopped after the phase. Every request goes into the soak's :class:`Ledger` as kind ``editor``
 (answered -> ok, abandoned -> abandoned, an error -> rejected with its category), so the
-accounting, the error list and the stall check (:mod:`loadtest.soak_stall`) cover it.
+accounting, the error list and the stall check (:mod:`loadtest.soak.stall`) cover it.
 """
 
 from __future__ import annotations
@@ -24,15 +24,18 @@ from loadtest.editor.protocols import Sender
 from loadtest.editor.suffix import ProbeError, probe
 from loadtest.editor.typist import TypingStyle, Typist
 from loadtest.editor.window import CheckpointTokenizer, Clipper
-from loadtest.soak_cases import ABANDONED as LEDGER_ABANDONED
-from loadtest.soak_cases import EDITOR, OK, REJECTED, classify_error
-from loadtest.soak_results import FAIL, PASS, SKIP, Check, Ledger
-from loadtest.soak_server import RssSampler, model_context
-from loadtest.soak_settings import SoakSettings
+from loadtest.soak.cases import ABANDONED as LEDGER_ABANDONED
+from loadtest.soak.cases import EDITOR, OK, REJECTED, classify_error
+from loadtest.soak.results import FAIL, PASS, SKIP, Check, Ledger
+from loadtest.soak.server import RssSampler, model_context
+from loadtest.soak.settings import SoakSettings
 from serving.paths import checkpoint_dir
 
 log = logging.getLogger("soak")
 TRANSPORT = "openai-sse"
+# Pauses shorter than the editor profile's typist makes (0.4-2.5 s), so that a good share of the
+# requests is abandoned before or during its stream, which is the traffic this phase is for.
+SOAK_STYLE = TypingStyle(pause_s=(0.1, 1.0))
 
 
 def _status(record: EditorRecord) -> tuple[str, str]:
@@ -48,7 +51,7 @@ def lone_first_token_s(
     sender: Sender, clipper: Clipper, with_suffix: bool, seed: int
 ) -> float | None:
     """First token of one full-context request alone on the idle server: the machine's speed,
-    which the stall check scales its bound to (loadtest.soak_stall)."""
+    which the stall check scales its bound to (loadtest.soak.stall)."""
     visit = next(Typist(0, held_out_files(), seed).visits())
     window = clipper.clip(visit.text, visit.pause.cursor, with_suffix)
     exchange = sender.open(window.prefix, window.suffix, seed)
@@ -85,7 +88,7 @@ def run_editor_phase(
         except ProbeError as exc:
             return begin, ledger.now(), {"done": False, "error": str(exc)}
         (log.warning if mode.refused else log.info)(f"editor phase: {mode.note}")
-        style = TypingStyle()
+        style = SOAK_STYLE
         lone = lone_first_token_s(sender, clipper, mode.send, settings.seed)
         log.info(f"editor phase: a full-context request alone: first token {lone or 0:.2f} s")
 

@@ -10,25 +10,25 @@ from datetime import datetime
 from typing import Any
 
 from contract.tensors import ENGINE_MODEL, ENSEMBLE_MODEL, STREAM_MODEL
-from loadtest.soak_cases import (
+from loadtest.soak.cases import (
     OK,
     UNARY_GRPC,
     UNARY_HTTP,
 )
-from loadtest.soak_clients import ClientParams, Worker
-from loadtest.soak_results import (
+from loadtest.soak.clients import ClientParams, Worker
+from loadtest.soak.results import (
     PASS,
     SKIP,
     WARN,
     Check,
     Ledger,
 )
-from loadtest.soak_server import (
+from loadtest.soak.server import (
     ServerHandle,
     find_stub,
     http_status,
 )
-from loadtest.soak_settings import SoakSettings
+from loadtest.soak.settings import SoakSettings
 
 log = logging.getLogger("soak")
 DRILL_WINDOW_S = 60.0

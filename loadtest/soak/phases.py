@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from contract.tensors import ENGINE_MODEL
-from loadtest.soak_cases import (
+from loadtest.soak.cases import (
     HOSTILE,
     INVALID,
     OK,
@@ -16,14 +16,14 @@ from loadtest.soak_cases import (
     UNARY_HTTP,
     Schedule,
 )
-from loadtest.soak_clients import ClientParams, Rotation, Worker
-from loadtest.soak_results import (
+from loadtest.soak.clients import ClientParams, Rotation, Worker
+from loadtest.soak.results import (
     Ledger,
 )
-from loadtest.soak_server import (
+from loadtest.soak.server import (
     RssSampler,
 )
-from loadtest.soak_settings import SoakSettings
+from loadtest.soak.settings import SoakSettings
 
 log = logging.getLogger("soak")
 RAMP_LEVELS = (1, 2, 4, 8, 16, 32, 64)
@@ -185,7 +185,7 @@ def progress(
 
 def lone_request_s(settings: SoakSettings, params: ClientParams) -> float | None:
     """How long one valid unary request takes alone on the idle server (its own ledger):
-    the machine's speed, which the stall check scales its bound to (loadtest.soak_stall)."""
+    the machine's speed, which the stall check scales its bound to (loadtest.soak.stall)."""
     worker = Worker(10_000, params, Ledger(), settings.seed)
     try:
         record = worker.run(UNARY_GRPC, "reference")

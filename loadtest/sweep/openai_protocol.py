@@ -18,7 +18,7 @@ from functools import lru_cache
 from locust import FastHttpUser, constant, task
 
 from client import ENSEMBLE_MODEL
-from loadtest.locustfile import REQUEST_TIMEOUT_S, LoadSettings, load_settings, requests_for
+from loadtest.sweep.locustfile import REQUEST_TIMEOUT_S, LoadSettings, load_settings, requests_for
 
 
 @lru_cache(maxsize=8)

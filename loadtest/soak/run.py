@@ -3,13 +3,13 @@
     python -m loadtest.soak --host 127.0.0.1:8000 --duration 120
 
 1. Finds a ready Triton at ``--host`` or starts one through the launcher
-   (:mod:`loadtest.soak_server`); traffic only ever goes to 127.0.0.1.
+   (:mod:`loadtest.soak.server`); traffic only ever goes to 127.0.0.1.
 2. Saturation: a short ramp of closed-loop unary clients (1, 2, 4, ...) until throughput stops
    rising; or ``--saturation N``.
 3. The soak: twice that many clients for ``--duration`` seconds, each sending the mix
-   (:mod:`loadtest.soak_cases`): valid unary (gRPC, HTTP) and streams, clients that vanish
+   (:mod:`loadtest.soak.cases`): valid unary (gRPC, HTTP) and streams, clients that vanish
    mid-stream and mid-request, invalid and hostile requests. Every request is accounted for
-   (:class:`~loadtest.soak_results.Ledger`); the server's RSS is sampled throughout.
+   (:class:`~loadtest.soak.results.Ledger`); the server's RSS is sampled throughout.
 4. Drain: waits until the engine is idle, reads its running-sequences and KV-cache gauges.
 5. The stub-kill drill, on a server the soak started only: SIGKILL the stub of the ``engine``
    model (the one engine, behind ``gptj`` and ``ensemble_stream``) and watch
@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 import time
 from dataclasses import asdict
 from datetime import datetime
@@ -34,17 +33,17 @@ from typing import Any
 
 import psutil
 
-from loadtest.prompts import code_prompts
-from loadtest.soak_cases import (
+from contract.prompts import code_prompts
+from loadtest.soak.cases import (
     HOSTILE,
     INVALID,
 )
-from loadtest.soak_clients import ClientParams
-from loadtest.soak_drill import drill_check, stub_kill_drill
-from loadtest.soak_editor import editor_check, run_editor_phase
-from loadtest.soak_phases import find_saturation, lone_request_s, run_soak
-from loadtest.soak_report import console_table, write_run
-from loadtest.soak_results import (
+from loadtest.soak.clients import ClientParams
+from loadtest.soak.drill import drill_check, stub_kill_drill
+from loadtest.soak.editor_phase import editor_check, run_editor_phase
+from loadtest.soak.phases import find_saturation, lone_request_s, run_soak
+from loadtest.soak.report import console_table, write_run
+from loadtest.soak.results import (
     FAIL,
     PASS,
     SKIP,
@@ -60,7 +59,7 @@ from loadtest.soak_results import (
     rss_flatness,
     total_summary,
 )
-from loadtest.soak_server import (
+from loadtest.soak.server import (
     EngineState,
     RssSampler,
     close_server,
@@ -70,8 +69,8 @@ from loadtest.soak_server import (
     open_server,
     wait_for_drain,
 )
-from loadtest.soak_settings import SoakSettings, parse_args
-from loadtest.soak_stall import EngineSampler, explain, longest_stall, stall_check
+from loadtest.soak.settings import SoakSettings, parse_args
+from loadtest.soak.stall import EngineSampler, explain, longest_stall, stall_check
 
 # --- the run -------------------------------------------------------------------------------
 
@@ -290,7 +289,3 @@ def _engine(settings: SoakSettings) -> EngineState | None:
     with contextlib.suppress(OSError, ValueError):
         return engine_state(settings.endpoints.metrics_url)
     return None
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,7 +29,7 @@ import psutil
 from contract import metrics as names
 from contract.tensors import ENGINE_MODEL
 from loadtest.metrics import Snapshot, read_snapshot
-from loadtest.soak_results import RssSample
+from loadtest.soak.results import RssSample
 from loadtest.targets import Endpoints
 from serving.paths import REPO_ROOT, checkpoint_dir
 from serving.process import ManagedServer, http_ready, port_in_use, spawn_tied

@@ -117,7 +117,7 @@ HOSTILE = "hostile"
 KINDS = (UNARY_GRPC, UNARY_HTTP, STREAM, VANISH_STREAM, VANISH_UNARY, INVALID, HOSTILE)
 VALID_KINDS = (UNARY_GRPC, UNARY_HTTP, STREAM)
 VANISH_KINDS = (VANISH_STREAM, VANISH_UNARY)
-# Not in the mix: the editor phase's typists (loadtest.soak_editor), which stream through the
+# Not in the mix: the editor phase's typists (loadtest.soak.editor_phase), which stream through the
 # OpenAI API and abandon each request at their next keystroke.
 EDITOR = "editor"
 ALL_KINDS = (*KINDS, EDITOR)

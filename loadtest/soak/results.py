@@ -1,5 +1,5 @@
 """The soak's bookkeeping: every request from sent to its end, the summaries and checks drawn
-from them, and the run folder (:mod:`loadtest.soak_report`).
+from them, and the run folder (:mod:`loadtest.soak.report`).
 
 Everything here is pure (no server), so ``tests/test_soak.py`` checks that the accounting adds
 up, that the flatness check and the verdicts say what they should, and that the report is
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from loadtest.soak_cases import (
+from loadtest.soak.cases import (
     ABANDONED,
     ALL_KINDS,
     CANCELLED,
@@ -374,8 +374,8 @@ class SoakResult:
     checks: list[Check] = field(default_factory=list)
     started_at: str = ""
     wall_s: float = 0.0
-    editor: dict[str, Any] = field(default_factory=dict)  # loadtest.soak_editor
-    stalls: list[Any] = field(default_factory=list)  # loadtest.soak_stall.Stall per phase
+    editor: dict[str, Any] = field(default_factory=dict)  # loadtest.soak.editor_phase
+    stalls: list[Any] = field(default_factory=list)  # loadtest.soak.stall.Stall per phase
 
     @property
     def failed(self) -> bool:

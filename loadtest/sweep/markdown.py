@@ -6,10 +6,7 @@ only formats the figures that fill it and picks the optional pieces.
 
 from __future__ import annotations
 
-import re
-from functools import cache
 from pathlib import Path
-from string import Template
 
 from contract import metrics as names
 from contract.tensors import (
@@ -19,43 +16,24 @@ from contract.tensors import (
     POSTPROCESSING_MODEL,
     PREPROCESSING_MODEL,
 )
+from loadtest.machine import machine_lines
 from loadtest.metrics import MODELS, sample_name
 from loadtest.results import (
     RPS_LATENCY_CHART,
     STAGE_SHARES_CHART,
     LengthResult,
-    MachineInfo,
-    ModelInfo,
     PromReading,
     RunResult,
     timeseries_chart,
 )
+from reporting.tables import number, percent, table, templates
 
-TEMPLATES = Path(__file__).with_name("templates") / "report.md"
+TEMPLATES = Path(__file__).parents[1] / "templates" / "report.md"
 PRE, POST = PREPROCESSING_MODEL, POSTPROCESSING_MODEL
 
 
-@cache
-def templates(path: Path = TEMPLATES) -> dict[str, Template]:
-    """The pieces of a template file, by name (``<!-- template: NAME -->`` starts one); the
-    editor profile's report has its own file (loadtest/templates/editor.md)."""
-    parts = re.split(r"^<!-- template: (\w+) -->\n", path.read_text(), flags=re.MULTILINE)
-    names, bodies = parts[1::2], parts[2::2]  # parts[0]: the file's own comment
-    return {
-        name: Template(body.removesuffix("\n")) for name, body in zip(names, bodies, strict=True)
-    }
-
-
 def _fill(template: str, /, **values: object) -> str:
-    return templates()[template].substitute(values)
-
-
-def number(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
-def percent(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None else f"{100 * value:.{digits}f}%"
+    return templates(TEMPLATES)[template].substitute(values)
 
 
 def render(result: RunResult) -> str:
@@ -94,53 +72,26 @@ def render(result: RunResult) -> str:
     )
 
 
-def machine_lines(m: MachineInfo, model: ModelInfo) -> list[str]:
-    lines = [
-        f"- CPU: {m.cpu} ({m.cores} cores)",
-        f"- GPU: {m.gpu}",
-        f"- RAM: {m.memory_gib} GiB",
-        f"- OS: {m.os}; Python {m.python}, torch {m.torch}, Locust {m.locust}, "
-        f"tritonclient {m.tritonclient}",
-        f"- Triton Inference Server {model.triton_version or '?'} (CPU only)",
-    ]
-    c = model.checkpoint
-    if c:
-        lines.append(
-            f"- Model: `{c.name}` GPT-J, {c.layers} layers x {c.width} wide, {c.heads} heads, "
-            f"context {c.context}, vocabulary {c.vocab}, {(c.parameters or 0) / 1e6:.2f}M "
-            f"parameters (held-out loss {c.held_out_loss})"
-        )
-    if model.stage_parameters:
-        lines.append(
-            f"- Engine (model `{ENGINE_MODEL}`, behind `{MODEL_STAGE}`): continuous batching, "
-            + ", ".join(
-                f"{k}={v}"
-                for k, v in sorted(model.stage_parameters.items())
-                if k != "checkpoint_path"
-            )
-        )
-    return lines
+SUMMARY_HEADER = (
+    "output len", "requests", "RPS", "mean ms", "p50", "p90", "p95", "p99", "failures",
+    "tokens/s", "tokens/req", "batch pre / gptj / post", "engine batch", "pre % of model",
+    "post % of model", "queue share",
+)  # fmt: skip
 
 
 def _summary_table(rows: list[LengthResult]) -> list[str]:
-    head = (
-        "| output len | requests | RPS | mean ms | p50 | p90 | p95 | p99 | failures | tokens/s "
-        "| tokens/req | batch pre / gptj / post | engine batch | pre % of model | post % of model "
-        "| queue share |"
-    )
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    cells = []
     for r in rows:
         lat, b, s = r.latency_ms, r.batch_size, r.stage_share
-        lines.append(
-            f"| {r.output_len} | {r.requests} | {number(r.rps, 2)} | {number(lat.mean, 0)} "
-            f"| {number(lat.p50, 0)} | {number(lat.p90, 0)} | {number(lat.p95, 0)} "
-            f"| {number(lat.p99, 0)} | {r.failures} | {number(r.tokens_per_s, 0)} "
-            f"| {number(r.tokens_per_request, 1)} | {number(b[PRE], 2)} / "
-            f"{number(b[MODEL_STAGE], 2)} / {number(b[POST], 2)} "
-            f"| {number(r.engine_batch_size, 1)} | {percent(s[PRE])} "
-            f"| {percent(s[POST])} | {percent(r.queue_share)} |"
-        )
-    return lines
+        batches = f"{number(b[PRE], 2)} / {number(b[MODEL_STAGE], 2)} / {number(b[POST], 2)}"
+        cells.append(
+            (r.output_len, r.requests, number(r.rps, 2), number(lat.mean, 0),
+             number(lat.p50, 0), number(lat.p90, 0), number(lat.p95, 0), number(lat.p99, 0),
+             r.failures, number(r.tokens_per_s, 0), number(r.tokens_per_request, 1), batches,
+             number(r.engine_batch_size, 1), percent(s[PRE]), percent(s[POST]),
+             percent(r.queue_share))
+        )  # fmt: skip
+    return table(SUMMARY_HEADER, cells)
 
 
 def _metric_listing(row: LengthResult) -> list[str]:

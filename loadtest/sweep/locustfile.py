@@ -1,7 +1,7 @@
 """Locust users for the served ensemble: unary over HTTP or gRPC, and streaming over gRPC.
 
 Every request is built by :class:`client.request.CompletionRequest` (the one copy of the tensor
-contract). Prompts are varied real code (:mod:`loadtest.prompts`), the output length is the one
+contract). Prompts are varied real code (:mod:`contract.prompts`), the output length is the one
 the sweep is measuring, and the sampling settings are fixed (:data:`SAMPLING`), so that only the
 output length changes between the sweep's runs.
 
@@ -14,7 +14,7 @@ output length changes between the sweep's runs.
 
 Standalone (the sweep imports these classes and runs Locust in-process instead)::
 
-    LOADTEST_OUTPUT_LEN=32 locust -f loadtest/locustfile.py --host http://localhost:8000 \\
+    LOADTEST_OUTPUT_LEN=32 locust -f loadtest/sweep/locustfile.py --host http://localhost:8000 \\
         --headless -u 16 -t 60s HttpEnsembleUser
 """
 
@@ -34,8 +34,8 @@ import tritonclient.http as httpclient
 from locust import FastHttpUser, User, constant, events, task
 
 from client.request import CompletionRequest, requested_outputs
+from contract.prompts import code_prompts
 from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
-from loadtest.prompts import code_prompts
 
 grpc_gevent.init_gevent()  # before any channel exists: grpc calls then yield to other users
 
@@ -76,7 +76,7 @@ def load_settings(environment: Any) -> LoadSettings:
 
 @events.init_command_line_parser.add_listener
 def _arguments(parser: Any) -> None:
-    """The same settings as Locust options (for ``locust -f loadtest/locustfile.py``)."""
+    """The same settings as Locust options (for ``locust -f loadtest/sweep/locustfile.py``)."""
     parser.add_argument(
         "--output-len",
         type=int,

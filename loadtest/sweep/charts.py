@@ -3,14 +3,10 @@ stage shares and batching, and each length's time series. They read typed result
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display on a server
-import matplotlib.pyplot as plt
 import numpy as np
 
 from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE, POSTPROCESSING_MODEL, PREPROCESSING_MODEL
@@ -25,10 +21,9 @@ from loadtest.results import (
     read_request_log,
     timeseries_chart,
 )
+from reporting.charts import COLORS, MARKERS, plt, rolling, save_figure
 
 PRE, POST = PREPROCESSING_MODEL, POSTPROCESSING_MODEL
-MARKERS = {"mean": "o", "p50": "s", "p90": "^", "p95": "v", "p99": "D"}
-COLORS = {"mean": "#444444", "p50": "#1f77b4", "p90": "#2ca02c", "p95": "#ff7f0e", "p99": "#d62728"}
 
 
 def draw_charts(out: Path, result: RunResult) -> list[Path]:
@@ -63,14 +58,6 @@ def _length_axis(ax: Any, lengths: Sequence[int]) -> None:
     ax.set_xticklabels([str(n) for n in lengths])
     ax.set_xlabel("output length (tokens)")
     ax.grid(True, which="major", alpha=0.3)
-
-
-def save_figure(fig: Any, path: Path, title: str, dpi: int = 110) -> Path:
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return path
 
 
 def chart_rps_latency(rows: Sequence[LengthResult], path: Path, title: str) -> Path:
@@ -176,22 +163,6 @@ def chart_shares(rows: Sequence[LengthResult], path: Path, title: str) -> Path:
     batch.set_title("Batching (count / exec_count; engine rows / steps)")
     batch.legend(fontsize=8)
     return save_figure(fig, path, title)
-
-
-def rolling(
-    times: np.ndarray,
-    values: np.ndarray,
-    grid: np.ndarray,
-    width: float,
-    how: Callable[[np.ndarray], float],
-) -> list[float]:
-    """``how`` (e.g. a percentile) of the values whose times lie in the ``width`` seconds
-    before each grid point; NaN where there are none."""
-    out = []
-    for t in grid:
-        chosen = values[(times > t - width) & (times <= t)]
-        out.append(how(chosen) if len(chosen) else np.nan)
-    return out
 
 
 def chart_timeseries(

@@ -8,8 +8,8 @@ token and inter-token latency under the same load), stop, let the server drain, 
 same window's figures from Prometheus. The result is a :class:`loadtest.results.LengthResult`.
 
 Locust runs in this process (one Environment per length): that is what lets the window open
-and close exactly. The users are those of ``loadtest/locustfile.py``. The rest of a run
-(settings, server, report) is :mod:`loadtest.main`; ``python -m loadtest.sweep`` runs it:
+and close exactly. The users are those of ``loadtest/sweep/locustfile.py``. The rest of a run
+(settings, server, report) is :mod:`loadtest.sweep.run`; ``python -m loadtest.sweep`` runs it:
 
     python -m loadtest.sweep --lengths 8,32,128,512 --users 16 --duration 100 --protocol http \\
         --host localhost:8000
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import csv
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,6 @@ from locust.stats import PERCENTILES_TO_REPORT, StatsCSV, StatsCSVFileWriter, St
 
 from contract import metrics as names
 from contract.tensors import ENSEMBLE_MODEL
-from loadtest import locustfile
 from loadtest.metrics import (
     Deltas,
     Snapshot,
@@ -58,7 +56,8 @@ from loadtest.results import (
     length_file,
     write_request_log,
 )
-from loadtest.settings import Settings
+from loadtest.sweep import locustfile
+from loadtest.sweep.settings import Settings
 from loadtest.targets import Server
 
 log = logging.getLogger(__name__)
@@ -393,9 +392,3 @@ class Sweep:
             f"{r.failures} failures"
             + (f"; Prometheus agrees within {100 * worst:.1f}%" if worst is not None else "")
         )
-
-
-if __name__ == "__main__":
-    from loadtest.main import main
-
-    sys.exit(main())

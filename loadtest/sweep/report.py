@@ -1,8 +1,8 @@
 """A run folder's report: ``summary.json`` (:mod:`loadtest.results`), the charts
-(:mod:`loadtest.charts`) and ``report.md`` (:mod:`loadtest.markdown`).
+(:mod:`loadtest.sweep.charts`) and ``report.md`` (:mod:`loadtest.sweep.markdown`).
 
 Everything is drawn from the typed results and the request logs in the folder, so a report can
-be redrawn without rerunning the load: ``python -m loadtest.report <run folder>``.
+be redrawn without rerunning the load: ``python -m loadtest.sweep.report <run folder>``.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from loadtest import markdown
-from loadtest.charts import draw_charts
 from loadtest.results import RunResult
+from loadtest.sweep import markdown
+from loadtest.sweep.charts import draw_charts
 
 
 def write_report(out: Path, result: RunResult) -> list[Path]:

@@ -1,0 +1,87 @@
+"""The configs' tensor declarations are generated from the contract (contract/pbtxt.py): a
+config that drifts fails here naming the command that fixes it, and a new option needs no hand
+edit of any config.pbtxt."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from contract import pbtxt
+from contract.tensors import ENSEMBLE_MODEL, MODEL_IO, MODEL_STAGE, OPTION_INPUTS, TensorSpec
+from serving.paths import MODEL_REPOSITORY
+
+
+def parse(path: Path) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> Path:
+    copy = tmp_path / "model_repository"
+    for model in MODEL_IO:
+        (copy / model).mkdir(parents=True)
+        shutil.copy(MODEL_REPOSITORY / model / "config.pbtxt", copy / model / "config.pbtxt")
+    pbtxt.write(copy)  # current, whatever the checkout's state: each test starts from there
+    return copy
+
+
+def test_every_config_is_generated_from_the_contract():
+    stale = pbtxt.drift(MODEL_REPOSITORY)
+    assert not stale, pbtxt.drift_message(stale)
+
+
+def test_a_hand_edit_is_drift_and_the_generator_undoes_it_keeping_the_rest(repository):
+    path = repository / MODEL_STAGE / "config.pbtxt"
+    original = path.read_text()
+    path.write_text(
+        original.replace('"temperature" data_type: TYPE_FP32', '"temperature" data_type: TYPE_FP64')
+    )
+    assert pbtxt.drift(repository) == [f"{MODEL_STAGE}/config.pbtxt"]
+    assert "make pbtxt" in pbtxt.drift_message(pbtxt.drift(repository))
+    assert pbtxt.main(["--check", "--repository", str(repository)]) == 1
+    assert pbtxt.write(repository) == [f"{MODEL_STAGE}/config.pbtxt"]
+    assert path.read_text() == original
+    assert pbtxt.drift(repository) == []
+
+
+def test_a_config_without_its_markers_is_refused_by_name(repository):
+    path = repository / ENSEMBLE_MODEL / "config.pbtxt"
+    path.write_text(path.read_text().replace("# END GENERATED options", "# end of the options"))
+    with pytest.raises(
+        pbtxt.PbtxtError, match=r"ensemble/config.pbtxt: no generated block options"
+    ):
+        pbtxt.drift(repository)
+    assert pbtxt.main(["--repository", str(repository)]) == 2
+
+
+def test_a_new_option_is_declared_and_wired_without_a_hand_edit(repository, monkeypatch):
+    """What a contributor adding an option relies on: the contract change alone, then
+    `make pbtxt`, declares it on every model that takes options and wires it through."""
+    made_up = TensorSpec("made_up_option", "TYPE_FP32", (1,), optional=True, doc="invented here")
+    options = (*OPTION_INPUTS, made_up)
+    with_option = {
+        model: (tuple(s for s in inputs if s not in OPTION_INPUTS) + options, outputs)
+        if set(OPTION_INPUTS) <= set(inputs)
+        else (inputs, outputs)
+        for model, (inputs, outputs) in MODEL_IO.items()
+    }
+    monkeypatch.setattr(pbtxt, "OPTION_INPUTS", options)
+    monkeypatch.setattr(pbtxt, "MODEL_IO", with_option)
+    takers = sorted(m for m, (inputs, _) in with_option.items() if made_up in inputs)
+    assert len(takers) == 4  # the two ensembles, the model stage and the engine
+    assert pbtxt.write(repository) == [f"{m}/config.pbtxt" for m in takers]
+    for model in takers:
+        config = parse(repository / model / "config.pbtxt")
+        declared = {t.name: t for t in config.input}
+        assert declared["made_up_option"].optional
+        assert declared["made_up_option"].data_type == model_config_pb2.TYPE_FP32
+        assert "# invented here" in (repository / model / "config.pbtxt").read_text()
+    steps = parse(repository / ENSEMBLE_MODEL / "config.pbtxt").ensemble_scheduling.step
+    stage = next(s for s in steps if s.model_name == MODEL_STAGE)
+    assert stage.input_map["made_up_option"] == "made_up_option"
+    assert pbtxt.drift(repository) == []
