@@ -174,7 +174,11 @@ PREPROCESSING_TO_MODEL_STAGE = {
 # Not a request option: a control input of the unary path (TensorRT-LLM's convention). A
 # request with `stop` true and the request id of a unary request still generating stops that
 # generation; the ensemble passes it to the model stage, which answers it at once.
-STOP_INPUT = _scalar("stop", "TYPE_BOOL")
+STOP_INPUT = _scalar(
+    "stop",
+    "TYPE_BOOL",
+    doc="not in the FasterTransformer contract: true stops the unary request with this request id",
+)
 
 MODEL_IO = {
     ENSEMBLE_MODEL: ((*ENSEMBLE_INPUTS, STOP_INPUT), ENSEMBLE_OUTPUTS),
