@@ -39,11 +39,12 @@ from engine.interface import (
     Handle,
     Listener,
     ModelLimits,
-    NullListener,
     StepObserver,
     check_cache_budget,
+    generate,
 )
 from engine.openvino_model import BLOCK_SIZE, ModelShape, compile_properties
+from engine.scheduler import RequestQueue
 
 log = logging.getLogger(__name__)
 
@@ -136,11 +137,8 @@ class OpenVINOBackend:
             str(model_dir), scheduler, device, compile_properties(dtype, threads)
         )
         self.index = PrefixIndex(self.blocks)
-        self._waiting: list[_Request] = []
+        self._queue: RequestQueue[_Request] = RequestQueue(max_batch_size, observer)
         self._running: dict[int, _Request] = {}
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._unfinished = 0  # rows submitted and not yet finished
         self._next_id = 0
         self._thread: threading.Thread | None = None
 
@@ -190,43 +188,21 @@ class OpenVINOBackend:
     def submit(self, request: GenerationRequest, listener: Listener) -> Handle:
         """Queue a request; the listener hears each token and then the result."""
         self.validate(request)
-        end_id = request.end_id
-        if end_id is None or not 0 <= end_id < self.shape.vocab_size:
-            end_id = self.shape.eos_token_id
-        stops: dict[int, list[tuple[int, ...]]] = {}
-        for word in request.stop_words:
-            stops.setdefault(word[-1], []).append(tuple(word))
+        end_id = request.end_token(self.shape.vocab_size, self.shape.eos_token_id)
         handle = Handle()
-        entry = _Request(request, listener, handle, time.perf_counter(), end_id, stops)
-        with self._cond:
-            if self._stopping:
-                raise RuntimeError("engine is stopped")
-            self._waiting.append(entry)
-            self._unfinished += request.rows
-            self._cond.notify_all()
+        entry = _Request(
+            request, listener, handle, time.perf_counter(), end_id, request.stops_by_last_token()
+        )
+        self._queue.put(entry)
         return handle
 
     def wait_for_room(self, rows: int) -> None:
-        """Block until ``rows`` more rows fit in the running batch (see Engine.wait_for_room)."""
-        with self._cond:
-            while self._unfinished > 0 and self._unfinished + rows > self.max_batch_size:
-                if self._stopping:
-                    return
-                self._cond.wait()
+        """Block until ``rows`` more rows fit in the running batch (RequestQueue says why)."""
+        self._queue.wait_for_room(rows)
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         """Blocking convenience: submit and wait for the result."""
-        done = threading.Event()
-        box: list[GenerationResult] = []
-
-        class _Wait(NullListener):
-            def on_finish(self, result: GenerationResult) -> None:
-                box.append(result)
-                done.set()
-
-        self.submit(request, _Wait())
-        done.wait()
-        return box[0]
+        return generate(self.submit, request)
 
     def start(self) -> OpenVINOBackend:
         self._thread = threading.Thread(target=self._serve, name="openvino-engine", daemon=True)
@@ -234,14 +210,11 @@ class OpenVINOBackend:
         return self
 
     def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
+        self._queue.stop()
         if self._thread is not None:
             self._thread.join()
-        for entry in self._waiting + list(self._running.values()):
+        for entry in self._queue.take_all() + list(self._running.values()):
             self._finish(entry, "cancelled", error="server is shutting down")
-        self._waiting.clear()
         self._running.clear()
 
     @property
@@ -255,7 +228,7 @@ class OpenVINOBackend:
 
     @property
     def stopping(self) -> bool:
-        return self._stopping
+        return self._queue.stopping
 
     @property
     def alive(self) -> bool:
@@ -265,15 +238,9 @@ class OpenVINOBackend:
 
     def _serve(self) -> None:
         """The owner thread: nothing escapes it; a failed step fails the running requests."""
-        while True:
-            with self._cond:
-                while not (self._waiting or self._running or self._stopping):
-                    self._cond.wait()
-                if self._stopping:
-                    return
-                waiting, self._waiting = self._waiting, []
+        while self._queue.next_turn(bool(self._running)):
             try:
-                self._add(waiting)
+                self._add(self._queue.take_all())
                 self._drop_cancelled()
                 if self._running or self.pipe.has_non_finished_requests():
                     self._step()
@@ -442,16 +409,7 @@ class OpenVINOBackend:
             beams=beams,
             reused_prompt_tokens=entry.reused,
         )
-        with self._cond:
-            self._unfinished -= entry.request.rows
-            self._cond.notify_all()  # room for requests held in wait_for_room
-        for hook in (entry.listener.on_finish, getattr(self.observer, "on_finish", None)):
-            if hook is None:
-                continue
-            try:
-                hook(result)
-            except Exception:  # never let a listener end the worker
-                log.exception("on_finish failed")
+        self._queue.answer(entry, result)
 
 
 def _finished(handle) -> bool:

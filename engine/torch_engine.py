@@ -1,0 +1,218 @@
+"""The torch continuous-batching engine: GPT-J (engine.gptj) behind the GenerationBackend
+interface.
+
+``submit(request, listener)`` queues a request; one worker thread runs the model. Before each
+step it admits waiting requests (:class:`~engine.scheduler.Scheduler`: free rows, the prefill
+and KV-cache budgets), drops the cancelled rows, then runs one forward pass
+(:class:`~engine.step.StepRunner`) that prefills the admitted prompts and decodes every
+running row. Rows join and leave between steps (:class:`~engine.batch.Batch`), so a short
+request never waits for a long one to finish. A beam search of width k runs as k rows.
+
+This module wires those pieces and answers requests; each piece says why it does what it does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import replace
+
+import torch
+
+from contract.options import DEFAULT_MAX_BEAM_WIDTH
+from engine.batch import Batch, Row
+from engine.beams import Hypothesis
+from engine.gptj import GPTJ, KVCache
+from engine.interface import (
+    Beam,
+    GenerationRequest,
+    GenerationResult,
+    Handle,
+    Listener,
+    ModelLimits,
+    StepObserver,
+    generate,
+)
+from engine.scheduler import EngineConfig, RequestQueue, Scheduler
+from engine.step import StepRunner
+
+log = logging.getLogger(__name__)
+
+
+class TorchEngine:
+    """Runs GPT-J generation for many concurrent requests on one model (a GenerationBackend).
+
+    The keyword limits are :class:`EngineConfig`'s fields (``settings`` holds them)."""
+
+    def __init__(
+        self,
+        model: GPTJ,
+        max_batch_size: int = 32,
+        max_prefill_tokens: int = 4096,
+        observer: StepObserver | None = None,
+        max_cache_tokens: int | None = None,
+        max_beam_width: int = DEFAULT_MAX_BEAM_WIDTH,
+    ) -> None:
+        self.settings = EngineConfig(
+            max_batch_size, max_prefill_tokens, max_cache_tokens, max_beam_width
+        )
+        self.model = model
+        self.observer = observer
+        weights = next(model.parameters())
+        self._queue: RequestQueue[Row] = RequestQueue(max_batch_size, observer)
+        self._scheduler = Scheduler(
+            self.settings, model.config.n_positions, KVCache.capacity_for, self._queue
+        )
+        self._batch = Batch(model.config, weights.dtype, weights.device, max_batch_size)
+        self._runner = StepRunner(model, self._batch, self._finish, observer)
+        self._thread: threading.Thread | None = None
+
+    # -- interface ----------------------------------------------------------------------------
+
+    @property
+    def max_cache_tokens(self) -> int:
+        """The KV-cache budget in positions (rows x positions)."""
+        return self._scheduler.max_cache_tokens
+
+    @property
+    def max_beam_width(self) -> int:
+        return self.settings.beam_width
+
+    @property
+    def limits(self) -> ModelLimits:
+        config = self.model.config
+        return ModelLimits(config.vocab_size, config.n_positions, self.max_beam_width)
+
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise InvalidRequestError, naming the option, for a request that cannot run."""
+        self.limits.check(request)
+        self._scheduler.check_budget(request)
+
+    def submit(self, request: GenerationRequest, listener: Listener) -> Handle:
+        """Queue a request; the listener hears each token and then the result."""
+        self.validate(request)
+        config = self.model.config
+        end_id = request.end_token(config.vocab_size, config.eos_token_id)
+        if request.beam.width > 1:  # its rows are greedy: the beam search chooses the tokens
+            request = replace(request, sampling=replace(request.sampling, top_k=1, top_p=0.0))
+        handle = Handle()
+        row = Row(
+            request,
+            listener,
+            handle,
+            time.perf_counter(),
+            end_id,
+            list(request.prompt_ids),
+            request.stops_by_last_token(),
+        )
+        self._queue.put(row)
+        return handle
+
+    def wait_for_room(self, rows: int) -> None:
+        """Block until ``rows`` more rows fit in the running batch (RequestQueue says why)."""
+        self._queue.wait_for_room(rows)
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Blocking convenience: submit and wait for the result."""
+        return generate(self.submit, request)
+
+    def start(self) -> TorchEngine:
+        self._thread = threading.Thread(target=self._loop, name="gptj-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """End the worker; requests still queued or running finish as cancelled."""
+        self._queue.stop()
+        if self._thread is not None:
+            self._thread.join()
+        for row in self._queue.take_all() + self._batch.clear():
+            if row.answers:
+                self._finish(row, "cancelled", error="server is shutting down")
+
+    @property
+    def running(self) -> int:
+        return len(self._batch)
+
+    @property
+    def cache(self) -> KVCache:
+        return self._batch.cache
+
+    @property
+    def cache_bytes(self) -> int:
+        """Memory the KV cache holds now (released when the engine is idle)."""
+        return self._batch.cache.nbytes
+
+    @property
+    def stopping(self) -> bool:
+        return self._queue.stopping
+
+    @property
+    def alive(self) -> bool:
+        """Whether the worker thread is running (false before start and after stop)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- worker -------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        with torch.inference_mode():
+            self._serve()
+
+    def _serve(self) -> None:
+        """The worker loop. Nothing escapes it: a failure fails the requests it concerns (a
+        row, a prefill, or at worst the running batch) and the loop goes on."""
+        while self._queue.next_turn(bool(len(self._batch)), self._release_cache):
+            try:
+                admitted, cancelled = self._scheduler.admit(list(self._batch))
+                for row in cancelled:
+                    self._finish(row, "cancelled")
+                self._drop_cancelled()
+                if admitted or len(self._batch):
+                    self._runner.step(admitted)
+            except Exception as exc:
+                log.exception("engine step failed")
+                for row in self._batch.clear():
+                    if row.answers:
+                        self._finish(row, "error", error=f"generation failed: {exc}")
+
+    def _release_cache(self) -> None:
+        """Nothing runs: give the KV cache's memory back; it grows again on demand."""
+        if self._batch.release_cache():
+            idle = getattr(self.observer, "on_idle", None)
+            if idle is not None:
+                idle()
+
+    def _drop_cancelled(self) -> None:
+        """Cancellation takes effect before the next step: the rows leave the batch now."""
+        cancelled = [row for row in self._batch if row.handle.cancelled.is_set()]
+        for row in cancelled:
+            self._batch.retire(row)
+        for row in cancelled:
+            if row.answers:
+                self._finish(row, "cancelled")
+
+    def _finish(self, row: Row, reason: str, error: str | None = None) -> None:
+        """Answer ``row``'s request (its rows have left the batch, or never joined)."""
+        now = time.perf_counter()
+        result = GenerationResult(
+            prompt_ids=list(row.request.prompt_ids),
+            output_ids=list(row.generated),
+            log_probs=list(row.log_probs),
+            finish_reason=reason,
+            error=error,
+            queue_seconds=(row.admitted or now) - row.submitted,
+            total_seconds=now - row.submitted,
+        )
+        if row.group is not None:
+            result.beams = [_beam(*entry) for entry in row.group.search.finished]
+            if result.beams:
+                result.output_ids = list(result.beams[0].output_ids)
+                result.log_probs = list(result.beams[0].log_probs)
+        self._queue.answer(row, result)
+
+
+def _beam(hypothesis: Hypothesis, tokens: list[int], log_probs: list[float]) -> Beam:
+    return Beam(
+        tokens, log_probs, hypothesis.cum_log_prob, hypothesis.score, hypothesis.finish_reason
+    )
