@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -35,16 +34,15 @@ from contract.options import DEFAULT_MAX_BEAM_WIDTH, InvalidRequestError
 from engine.interface import (
     Beam,
     GenerationRequest,
-    GenerationResult,
     Handle,
     Listener,
     ModelLimits,
     StepObserver,
     check_cache_budget,
-    generate,
 )
 from engine.openvino_model import BLOCK_SIZE, ModelShape, compile_properties
 from engine.scheduler import RequestQueue
+from engine.worker import QueueWorker
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +98,10 @@ class _Request:
         return any(tuple(self.tokens[-len(w) :]) == w for w in words if len(w) <= len(self.tokens))
 
 
-class OpenVINOBackend:
+class OpenVINOBackend(QueueWorker[_Request]):
     """A GenerationBackend on ``openvino_genai.ContinuousBatchingPipeline`` (CPU)."""
+
+    thread_name = "openvino-engine"
 
     def __init__(
         self,
@@ -137,10 +137,9 @@ class OpenVINOBackend:
             str(model_dir), scheduler, device, compile_properties(dtype, threads)
         )
         self.index = PrefixIndex(self.blocks)
-        self._queue: RequestQueue[_Request] = RequestQueue(max_batch_size, observer)
+        super().__init__(RequestQueue(max_batch_size, observer))
         self._running: dict[int, _Request] = {}
         self._next_id = 0
-        self._thread: threading.Thread | None = None
 
     # -- interface ----------------------------------------------------------------------------
 
@@ -185,38 +184,6 @@ class OpenVINOBackend:
                 f"repetition_penalty 1, or without log probs, {elsewhere}"
             )
 
-    def submit(self, request: GenerationRequest, listener: Listener) -> Handle:
-        """Queue a request; the listener hears each token and then the result."""
-        self.validate(request)
-        end_id = request.end_token(self.shape.vocab_size, self.shape.eos_token_id)
-        handle = Handle()
-        entry = _Request(
-            request, listener, handle, time.perf_counter(), end_id, request.stops_by_last_token()
-        )
-        self._queue.put(entry)
-        return handle
-
-    def wait_for_room(self, rows: int) -> None:
-        """Block until ``rows`` more rows fit in the running batch (RequestQueue says why)."""
-        self._queue.wait_for_room(rows)
-
-    def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Blocking convenience: submit and wait for the result."""
-        return generate(self.submit, request)
-
-    def start(self) -> OpenVINOBackend:
-        self._thread = threading.Thread(target=self._serve, name="openvino-engine", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._queue.stop()
-        if self._thread is not None:
-            self._thread.join()
-        for entry in self._queue.take_all() + list(self._running.values()):
-            self._finish(entry, "cancelled", error="server is shutting down")
-        self._running.clear()
-
     @property
     def running(self) -> int:
         return sum(entry.request.rows for entry in list(self._running.values()))
@@ -226,17 +193,19 @@ class OpenVINOBackend:
         """Memory the pipeline's KV cache holds (it keeps it, for the prefix cache)."""
         return int(self.pipe.get_metrics().kv_cache_size_in_bytes)
 
-    @property
-    def stopping(self) -> bool:
-        return self._queue.stopping
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     # -- worker -------------------------------------------------------------------------------
 
-    def _serve(self) -> None:
+    def _entry(self, request: GenerationRequest, listener: Listener, handle: Handle) -> _Request:
+        end_id = request.end_token(self.shape.vocab_size, self.shape.eos_token_id)
+        stops = request.stops_by_last_token()
+        return _Request(request, listener, handle, time.perf_counter(), end_id, stops)
+
+    def _take_running(self) -> list[_Request]:
+        running = list(self._running.values())
+        self._running.clear()
+        return running
+
+    def _work(self) -> None:
         """The owner thread: nothing escapes it; a failed step fails the running requests."""
         while self._queue.next_turn(bool(self._running)):
             try:
@@ -397,19 +366,10 @@ class OpenVINOBackend:
         error: str | None = None,
         beams: list[Beam] | None = None,
     ) -> None:
-        now = time.perf_counter()
-        result = GenerationResult(
-            prompt_ids=list(entry.request.prompt_ids),
-            output_ids=list(entry.tokens),
-            log_probs=list(entry.log_probs),
-            finish_reason=reason,
-            error=error,
-            queue_seconds=(entry.admitted or now) - entry.submitted,
-            total_seconds=now - entry.submitted,
-            beams=beams,
-            reused_prompt_tokens=entry.reused,
-        )
-        self._queue.answer(entry, result)
+        self._answer(
+            entry, entry.tokens, entry.log_probs, reason, error,
+            beams=beams, reused_prompt_tokens=entry.reused,
+        )  # fmt: skip
 
 
 def _finished(handle) -> bool:

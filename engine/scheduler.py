@@ -61,11 +61,13 @@ class EngineConfig:
 
 
 class Waiting(Protocol):
-    """What the queue needs of a submitted request."""
+    """What the queue needs of a submitted request (and the worker, to time its answer)."""
 
     request: GenerationRequest
     listener: Listener
     handle: Handle
+    submitted: float  # time.perf_counter() at submit
+    admitted: float  # when it began to run; 0.0 until then
 
 
 W = TypeVar("W", bound=Waiting)

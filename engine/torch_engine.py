@@ -14,7 +14,6 @@ This module wires those pieces and answers requests; each piece says why it does
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import replace
 
@@ -27,23 +26,24 @@ from engine.gptj import GPTJ, KVCache
 from engine.interface import (
     Beam,
     GenerationRequest,
-    GenerationResult,
     Handle,
     Listener,
     ModelLimits,
     StepObserver,
-    generate,
 )
 from engine.scheduler import EngineConfig, RequestQueue, Scheduler
 from engine.step import StepRunner
+from engine.worker import QueueWorker
 
 log = logging.getLogger(__name__)
 
 
-class TorchEngine:
+class TorchEngine(QueueWorker[Row]):
     """Runs GPT-J generation for many concurrent requests on one model (a GenerationBackend).
 
     The keyword limits are :class:`EngineConfig`'s fields (``settings`` holds them)."""
+
+    thread_name = "gptj-engine"
 
     def __init__(
         self,
@@ -60,13 +60,12 @@ class TorchEngine:
         self.model = model
         self.observer = observer
         weights = next(model.parameters())
-        self._queue: RequestQueue[Row] = RequestQueue(max_batch_size, observer)
+        super().__init__(RequestQueue(max_batch_size, observer))
         self._scheduler = Scheduler(
             self.settings, model.config.n_positions, KVCache.capacity_for, self._queue
         )
         self._batch = Batch(model.config, weights.dtype, weights.device, max_batch_size)
         self._runner = StepRunner(model, self._batch, self._finish, observer)
-        self._thread: threading.Thread | None = None
 
     # -- interface ----------------------------------------------------------------------------
 
@@ -89,48 +88,6 @@ class TorchEngine:
         self.limits.check(request)
         self._scheduler.check_budget(request)
 
-    def submit(self, request: GenerationRequest, listener: Listener) -> Handle:
-        """Queue a request; the listener hears each token and then the result."""
-        self.validate(request)
-        config = self.model.config
-        end_id = request.end_token(config.vocab_size, config.eos_token_id)
-        if request.beam.width > 1:  # its rows are greedy: the beam search chooses the tokens
-            request = replace(request, sampling=replace(request.sampling, top_k=1, top_p=0.0))
-        handle = Handle()
-        row = Row(
-            request,
-            listener,
-            handle,
-            time.perf_counter(),
-            end_id,
-            list(request.prompt_ids),
-            request.stops_by_last_token(),
-        )
-        self._queue.put(row)
-        return handle
-
-    def wait_for_room(self, rows: int) -> None:
-        """Block until ``rows`` more rows fit in the running batch (RequestQueue says why)."""
-        self._queue.wait_for_room(rows)
-
-    def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Blocking convenience: submit and wait for the result."""
-        return generate(self.submit, request)
-
-    def start(self) -> TorchEngine:
-        self._thread = threading.Thread(target=self._loop, name="gptj-engine", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """End the worker; requests still queued or running finish as cancelled."""
-        self._queue.stop()
-        if self._thread is not None:
-            self._thread.join()
-        for row in self._queue.take_all() + self._batch.clear():
-            if row.answers:
-                self._finish(row, "cancelled", error="server is shutting down")
-
     @property
     def running(self) -> int:
         return len(self._batch)
@@ -144,18 +101,21 @@ class TorchEngine:
         """Memory the KV cache holds now (released when the engine is idle)."""
         return self._batch.cache.nbytes
 
-    @property
-    def stopping(self) -> bool:
-        return self._queue.stopping
-
-    @property
-    def alive(self) -> bool:
-        """Whether the worker thread is running (false before start and after stop)."""
-        return self._thread is not None and self._thread.is_alive()
-
     # -- worker -------------------------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def _entry(self, request: GenerationRequest, listener: Listener, handle: Handle) -> Row:
+        config = self.model.config
+        end_id = request.end_token(config.vocab_size, config.eos_token_id)
+        if request.beam.width > 1:  # its rows are greedy: the beam search chooses the tokens
+            request = replace(request, sampling=replace(request.sampling, top_k=1, top_p=0.0))
+        prompt = list(request.prompt_ids)
+        stops = request.stops_by_last_token()
+        return Row(request, listener, handle, time.perf_counter(), end_id, prompt, stops)
+
+    def _take_running(self) -> list[Row]:
+        return [row for row in self._batch.clear() if row.answers]
+
+    def _work(self) -> None:
         with torch.inference_mode():
             self._serve()
 
@@ -193,23 +153,14 @@ class TorchEngine:
                 self._finish(row, "cancelled")
 
     def _finish(self, row: Row, reason: str, error: str | None = None) -> None:
-        """Answer ``row``'s request (its rows have left the batch, or never joined)."""
-        now = time.perf_counter()
-        result = GenerationResult(
-            prompt_ids=list(row.request.prompt_ids),
-            output_ids=list(row.generated),
-            log_probs=list(row.log_probs),
-            finish_reason=reason,
-            error=error,
-            queue_seconds=(row.admitted or now) - row.submitted,
-            total_seconds=now - row.submitted,
-        )
+        """Answer ``row``'s request (its rows have left the batch, or never joined); a beam
+        search answers with its beams, the best as the output."""
+        output, log_probs, beams = row.generated, row.log_probs, None
         if row.group is not None:
-            result.beams = [_beam(*entry) for entry in row.group.search.finished]
-            if result.beams:
-                result.output_ids = list(result.beams[0].output_ids)
-                result.log_probs = list(result.beams[0].log_probs)
-        self._queue.answer(row, result)
+            beams = [_beam(*entry) for entry in row.group.search.finished]
+            if beams:
+                output, log_probs = beams[0].output_ids, beams[0].log_probs
+        self._answer(row, output, log_probs, reason, error, beams=beams)
 
 
 def _beam(hypothesis: Hypothesis, tokens: list[int], log_probs: list[float]) -> Beam:
