@@ -3,10 +3,11 @@ continuous-batching pipeline, both :class:`GenerationBackend`s.
 
 The torch side, from the top down:
 
-- ``torch_engine``: :class:`TorchEngine`, the backend: submit, cancel, answer; its worker
-  thread runs the three pieces below;
-- ``scheduler``: :class:`EngineConfig`, the waiting queue and ``wait_for_room`` (shared with
-  the OpenVINO backend), and admission under the batch, prefill and KV-cache budgets;
+- ``torch_engine``: :class:`TorchEngine`, the backend; its worker thread runs the three
+  pieces below;
+- ``worker`` and ``scheduler``, shared with the OpenVINO backend: the request queue and owner
+  thread (submit, stop, ``wait_for_room``, answering); :class:`EngineConfig` and the torch
+  engine's admission under the batch, prefill and KV-cache budgets;
 - ``batch``: the running rows, the one owner of their cache, sampler, token and position rows;
 - ``step``: the forward step and what its tokens mean (stop words, end, length, beams);
 - ``gptj`` (the model), ``sampling``, ``beams``: what a step computes.

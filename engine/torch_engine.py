@@ -19,7 +19,6 @@ from dataclasses import replace
 
 import torch
 
-from contract.options import DEFAULT_MAX_BEAM_WIDTH
 from engine.batch import Batch, Row
 from engine.beams import Hypothesis
 from engine.gptj import GPTJ, KVCache
@@ -41,22 +40,22 @@ log = logging.getLogger(__name__)
 class TorchEngine(QueueWorker[Row]):
     """Runs GPT-J generation for many concurrent requests on one model (a GenerationBackend).
 
-    The keyword limits are :class:`EngineConfig`'s fields (``settings`` holds them)."""
+    Its limits are an :class:`EngineConfig`: given whole as ``config``, or its fields by name
+    (``TorchEngine(model, max_batch_size=8)``); ``settings`` holds them."""
 
     thread_name = "gptj-engine"
 
     def __init__(
         self,
         model: GPTJ,
-        max_batch_size: int = 32,
-        max_prefill_tokens: int = 4096,
+        config: EngineConfig | None = None,
         observer: StepObserver | None = None,
-        max_cache_tokens: int | None = None,
-        max_beam_width: int = DEFAULT_MAX_BEAM_WIDTH,
+        **limits: int | None,
     ) -> None:
-        self.settings = EngineConfig(
-            max_batch_size, max_prefill_tokens, max_cache_tokens, max_beam_width
-        )
+        if config is not None and limits:
+            raise TypeError(f"give either config or its fields, not both: {sorted(limits)}")
+        self.settings = config if config is not None else EngineConfig(**limits)
+        max_batch_size = self.settings.max_batch_size
         self.model = model
         self.observer = observer
         weights = next(model.parameters())

@@ -16,9 +16,10 @@ import torch
 
 from contract.options import BeamParams, SamplingParams
 from engine.batch import Batch, Row
-from engine.gptj import GPTJConfig
+from engine.gptj import GPTJ, GPTJConfig
 from engine.interface import GenerationRequest, GenerationResult, Handle, NullListener
 from engine.scheduler import EngineConfig, RequestQueue, Scheduler
+from engine.torch_engine import TorchEngine
 
 CONFIG = GPTJConfig(vocab_size=50, n_positions=64, n_embd=8, n_layer=2, n_head=2)
 
@@ -163,3 +164,15 @@ def test_leave_undoes_a_join_and_clear_starts_the_sampler_afresh():
     batch.leave(1)
     assert batch[0:9] == [running] and batch.sampler.rows == 1
     assert batch.clear() == [running] and len(batch) == 0 and batch.sampler.rows == 0
+
+
+def test_the_engine_takes_its_config_whole_or_by_field_never_both():
+    model = GPTJ(CONFIG)
+    assert TorchEngine(model, max_batch_size=2).settings == EngineConfig(max_batch_size=2)
+    whole = TorchEngine(model, EngineConfig(max_batch_size=2, max_cache_tokens=100))
+    assert (whole.max_beam_width, whole.max_cache_tokens) == (2, 100)
+    assert TorchEngine(model).max_cache_tokens == 32 * CONFIG.n_positions  # rows x context
+    with pytest.raises(TypeError, match="not both"):
+        TorchEngine(model, EngineConfig(), max_batch_size=2)
+    with pytest.raises(TypeError, match="max_batch"):
+        TorchEngine(model, max_batch=2)  # a misspelt limit is refused, not ignored
