@@ -126,7 +126,6 @@ class OpenVINOBackend(QueueWorker[_Request]):
         self.blocks = -(-cache_tokens // BLOCK_SIZE)
         self.max_cache_tokens = self.blocks * BLOCK_SIZE
         self.prefix_caching = prefix_caching
-        self.observer = observer
         scheduler = openvino_genai.SchedulerConfig()
         scheduler.num_kv_blocks = self.blocks
         scheduler.max_num_seqs = max_batch_size

@@ -57,7 +57,6 @@ class TorchEngine(QueueWorker[Row]):
         self.settings = config if config is not None else EngineConfig(**limits)
         max_batch_size = self.settings.max_batch_size
         self.model = model
-        self.observer = observer
         weights = next(model.parameters())
         super().__init__(RequestQueue(max_batch_size, observer))
         self._scheduler = Scheduler(

@@ -13,7 +13,14 @@ import threading
 import time
 from typing import Any, Generic, Self
 
-from engine.interface import GenerationRequest, GenerationResult, Handle, Listener, generate
+from engine.interface import (
+    GenerationRequest,
+    GenerationResult,
+    Handle,
+    Listener,
+    StepObserver,
+    generate,
+)
 from engine.scheduler import RequestQueue, W
 
 
@@ -58,6 +65,11 @@ class QueueWorker(Generic[W]):
             self._thread.join()
         for entry in self._queue.take_all() + self._take_running():
             self._finish(entry, "cancelled", "server is shutting down")
+
+    @property
+    def observer(self) -> StepObserver | None:
+        """Told about every step and every answer (the metrics); fixed at construction."""
+        return self._queue.observer
 
     @property
     def stopping(self) -> bool:
