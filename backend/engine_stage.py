@@ -32,12 +32,12 @@ from backend.io import (
 from contract import metrics as names
 from contract.options import DEFAULT_MAX_BEAM_WIDTH, InvalidRequestError
 from contract.tensors import ENGINE_ERROR, ENGINE_INPUTS
-from engine.engine import Engine
 from engine.gptj import GPTJ
 from engine.interface import GenerationBackend, GenerationRequest, GenerationResult, Listener
 from engine.openvino_model import ModelShape, require_export
 from engine.tensors import parse_request, tensors_from_results
 from engine.threads import in_passing_thread
+from engine.torch_engine import TorchEngine
 
 
 class EngineMetrics:
@@ -229,7 +229,7 @@ def start_engine(args: dict) -> Stage:
 
 def _torch(
     checkpoint: Path, params: dict[str, str], threads: int, device: str, limits: dict
-) -> tuple[Engine, str]:
+) -> tuple[TorchEngine, str]:
     if threads > 0:
         torch.set_num_threads(threads)
     dtype = getattr(torch, params.get("dtype", "float32"))
@@ -244,7 +244,7 @@ def _torch(
         f"{cfg.n_layer} layers, {cfg.n_embd} wide, vocab {cfg.vocab_size}, {dtype}, "
         f"quantize {quantize}, on {device}"
     )
-    return Engine(model, **limits), described
+    return TorchEngine(model, **limits), described
 
 
 def _openvino(

@@ -19,9 +19,7 @@ import torch
 from bench.models import ModelInfo, random_prompts
 from bench.settings import Plan
 from contract.options import BeamParams
-from engine.engine import Engine, GenerationRequest, GenerationResult
-from engine.gptj import GPTJ
-from engine.threads import in_passing_thread
+from engine import GPTJ, GenerationRequest, GenerationResult, TorchEngine, in_passing_thread
 
 Progress = Callable[[str], None]
 
@@ -30,7 +28,7 @@ class _PeakCache:
     """An engine observer that remembers the most KV-cache memory a step held."""
 
     def __init__(self) -> None:
-        self.engine: Engine | None = None
+        self.engine: TorchEngine | None = None
         self.peak = 0
 
     def on_step(self, rows: int, new_tokens: int, prompt_tokens: int, seconds: float) -> None:
@@ -42,7 +40,7 @@ class _PeakCache:
 
 
 def _engine_beams(
-    engine: Engine, prompts: list[list[int]], new: int, width: int, eos: int
+    engine: TorchEngine, prompts: list[list[int]], new: int, width: int, eos: int
 ) -> tuple[list[list[int]], float]:
     """Every prompt's best beam, and the seconds until the last request finished."""
     started = time.perf_counter()
@@ -94,7 +92,7 @@ def run_beams(plan: Plan, model: ModelInfo, progress: Progress) -> list[dict[str
     )
     eos, new = model.eos_token_id, plan.beam_tokens
     observer = _PeakCache()
-    engine = Engine(
+    engine = TorchEngine(
         in_passing_thread(lambda: GPTJ.from_checkpoint(model.path, device=plan.device)),
         max_batch_size=max(plan.beam_widths) * len(prompts),
         observer=observer,

@@ -28,7 +28,7 @@ from bench.models import DEFAULT_CHECKPOINT, resolve_models
 from bench.prefix import run_prefix
 from bench.settings import SECTIONS, make_plan
 from bench.traffic import TRAFFIC_SECTIONS, run_traffic
-from engine.threads import in_passing_thread
+from engine import in_passing_thread
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

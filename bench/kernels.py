@@ -23,7 +23,7 @@ from bench.systems import (
     generate,
     unsupported,
 )
-from engine.threads import in_passing_thread
+from engine import in_passing_thread
 
 Progress = Callable[[str], None]
 PROBE_TOKENS = 2

@@ -22,8 +22,7 @@ from bench.models import END_OF_TEXT
 from bench.settings import SAMPLED
 from client import CodegenClient
 from contract.options import SamplingParams
-from engine.engine import Engine, GenerationRequest, GenerationResult, Handle
-from engine.gptj import GPTJ, KVCache, Segment
+from engine import GPTJ, GenerationRequest, GenerationResult, Handle, KVCache, Segment, TorchEngine
 
 Progress = Callable[[str], None]
 
@@ -115,7 +114,7 @@ class BareTarget:
 
     name = "bare"
 
-    def __init__(self, engine: Engine, prompts: Sequence[list[int]], eos: int | None) -> None:
+    def __init__(self, engine: TorchEngine, prompts: Sequence[list[int]], eos: int | None) -> None:
         self.engine = engine
         self.prompts = list(prompts)
         self.bad = [[eos]] if eos is not None else []

@@ -50,7 +50,7 @@ def windows(length: int, count: int, vocab: int) -> list[list[int]]:
 
 def _timed(engine, prompt: list[int], new: int) -> tuple[float, float]:
     """(seconds to the first token, seconds to the result) of one greedy request."""
-    from engine.interface import GenerationRequest, GenerationResult
+    from engine import GenerationRequest, GenerationResult
 
     first: list[float] = []
     done = threading.Event()
@@ -78,26 +78,23 @@ def measure(system: str, checkpoint: Path, length: int, repeats: int, new: int) 
     """One system on one model, in this process (run it alone: see main)."""
     import torch
 
-    from engine.openvino_model import ModelShape
+    from engine import ModelShape
 
     shape = ModelShape.read(checkpoint)
     prompts = windows(length, repeats + 1, shape.vocab_size)
     if system.startswith("openvino"):
-        from engine.openvino_backend import OpenVINOBackend
-        from engine.openvino_model import require_export
+        from engine import OpenVINOBackend, require_export
 
         engine = OpenVINOBackend(
             require_export(checkpoint), shape, max_batch_size=4,
             max_cache_tokens=16 * shape.context, prefix_caching=system == "openvino",
         ).start()  # fmt: skip
     else:
-        from engine.engine import Engine
-        from engine.gptj import GPTJ
-        from engine.threads import in_passing_thread
+        from engine import GPTJ, TorchEngine, in_passing_thread
 
         dtype = getattr(torch, system.split("-")[1])
         model = in_passing_thread(lambda: GPTJ.from_checkpoint(checkpoint, dtype=dtype))
-        engine = Engine(model, max_batch_size=4).start()
+        engine = TorchEngine(model, max_batch_size=4).start()
     try:
         _timed(engine, prompts[0], new)  # warm-up: first compilations and allocations
         cold, warm = [], []

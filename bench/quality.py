@@ -17,7 +17,7 @@ import time
 import torch
 
 from bench.models import SHAPE_350M
-from engine.gptj import GPTJ, GPTJConfig, KVCache
+from engine import GPTJ, GPTJConfig, KVCache
 
 VARIANTS = {
     "float32": {},

@@ -22,9 +22,7 @@ import torch
 
 from bench.settings import SAMPLED
 from contract.options import SamplingParams
-from engine.engine import Engine, GenerationRequest, GenerationResult
-from engine.gptj import GPTJ
-from engine.threads import in_passing_thread
+from engine import GPTJ, GenerationRequest, GenerationResult, TorchEngine, in_passing_thread
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.float32}
 
@@ -118,7 +116,7 @@ class EngineRunner:
             )
         )
         self.eos = model.config.eos_token_id
-        self.engine = Engine(
+        self.engine = TorchEngine(
             model,
             max_batch_size=max_batch_size,
             max_prefill_tokens=max(4096, max_batch_size * prompt_tokens),

@@ -29,9 +29,7 @@ from bench.report import ratio
 from bench.server import running_server, served_engine_settings
 from bench.settings import Plan
 from bench.systems import TORCH_DTYPES
-from engine.engine import Engine
-from engine.gptj import GPTJ
-from engine.threads import in_passing_thread
+from engine import GPTJ, TorchEngine, in_passing_thread
 from loadtest.prompts import code_prompts
 
 Progress = Callable[[str], None]
@@ -200,7 +198,7 @@ def run_traffic(
     weights = in_passing_thread(  # the engine's thread is then the only OpenMP pool
         lambda: GPTJ.from_checkpoint(model.path, dtype=TORCH_DTYPES[dtype], device=plan.device)
     )
-    engine = Engine(
+    engine = TorchEngine(
         weights,
         max_batch_size=int(settings["max_batch_size"]),
         max_prefill_tokens=int(settings["max_prefill_tokens"]),

@@ -1,16 +1,17 @@
 """What every generation backend offers the Triton stage: requests, results, listeners, handles.
 
 The engine model (backend/engine_stage.py) talks to its backend only through
-:class:`GenerationBackend`: the torch engine (engine/engine.py) and OpenVINO GenAI's
+:class:`GenerationBackend`: the torch engine (engine/torch_engine.py) and OpenVINO GenAI's
 continuous-batching pipeline (engine/openvino_backend.py) both implement it, so the callers
 (``gptj``, ``ensemble_stream``), the cancel channel, validation and the metrics see no
-difference between them. Plain data and protocols only: no torch, no OpenVINO.
+difference between them. Plain data, protocols and the one blocking helper every backend's
+``generate`` is: no torch, no OpenVINO.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -34,6 +35,22 @@ class GenerationRequest:
     def rows(self) -> int:
         """Rows of the running batch the request takes."""
         return self.beam.width
+
+    def end_token(self, vocab_size: int, model_end_id: int) -> int:
+        """The token that ends this request: its ``end_id``, or the model's own when it sent
+        none or one outside the vocabulary."""
+        end_id = self.end_id
+        if end_id is None or not 0 <= end_id < vocab_size:
+            return model_end_id
+        return end_id
+
+    def stops_by_last_token(self) -> dict[int, list[tuple[int, ...]]]:
+        """The stop words keyed by their last token, so that after each token only the words
+        it can complete are compared."""
+        stops: dict[int, list[tuple[int, ...]]] = {}
+        for word in self.stop_words:
+            stops.setdefault(word[-1], []).append(tuple(word))
+        return stops
 
 
 @dataclass(frozen=True)
@@ -145,6 +162,23 @@ class Handle:
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+
+def generate(
+    submit: Callable[[GenerationRequest, Listener], Handle], request: GenerationRequest
+) -> GenerationResult:
+    """Submit through ``submit`` and wait for the result (every backend's ``generate``)."""
+    done = threading.Event()
+    box: list[GenerationResult] = []
+
+    class _Wait(NullListener):
+        def on_finish(self, result: GenerationResult) -> None:
+            box.append(result)
+            done.set()
+
+    submit(request, _Wait())
+    done.wait()
+    return box[0]
 
 
 @runtime_checkable

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -35,15 +34,15 @@ from contract.options import DEFAULT_MAX_BEAM_WIDTH, InvalidRequestError
 from engine.interface import (
     Beam,
     GenerationRequest,
-    GenerationResult,
     Handle,
     Listener,
     ModelLimits,
-    NullListener,
     StepObserver,
     check_cache_budget,
 )
 from engine.openvino_model import BLOCK_SIZE, ModelShape, compile_properties
+from engine.scheduler import RequestQueue
+from engine.worker import QueueWorker
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +98,10 @@ class _Request:
         return any(tuple(self.tokens[-len(w) :]) == w for w in words if len(w) <= len(self.tokens))
 
 
-class OpenVINOBackend:
+class OpenVINOBackend(QueueWorker[_Request]):
     """A GenerationBackend on ``openvino_genai.ContinuousBatchingPipeline`` (CPU)."""
+
+    thread_name = "openvino-engine"
 
     def __init__(
         self,
@@ -125,7 +126,6 @@ class OpenVINOBackend:
         self.blocks = -(-cache_tokens // BLOCK_SIZE)
         self.max_cache_tokens = self.blocks * BLOCK_SIZE
         self.prefix_caching = prefix_caching
-        self.observer = observer
         scheduler = openvino_genai.SchedulerConfig()
         scheduler.num_kv_blocks = self.blocks
         scheduler.max_num_seqs = max_batch_size
@@ -136,13 +136,9 @@ class OpenVINOBackend:
             str(model_dir), scheduler, device, compile_properties(dtype, threads)
         )
         self.index = PrefixIndex(self.blocks)
-        self._waiting: list[_Request] = []
+        super().__init__(RequestQueue(max_batch_size, observer))
         self._running: dict[int, _Request] = {}
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._unfinished = 0  # rows submitted and not yet finished
         self._next_id = 0
-        self._thread: threading.Thread | None = None
 
     # -- interface ----------------------------------------------------------------------------
 
@@ -187,63 +183,6 @@ class OpenVINOBackend:
                 f"repetition_penalty 1, or without log probs, {elsewhere}"
             )
 
-    def submit(self, request: GenerationRequest, listener: Listener) -> Handle:
-        """Queue a request; the listener hears each token and then the result."""
-        self.validate(request)
-        end_id = request.end_id
-        if end_id is None or not 0 <= end_id < self.shape.vocab_size:
-            end_id = self.shape.eos_token_id
-        stops: dict[int, list[tuple[int, ...]]] = {}
-        for word in request.stop_words:
-            stops.setdefault(word[-1], []).append(tuple(word))
-        handle = Handle()
-        entry = _Request(request, listener, handle, time.perf_counter(), end_id, stops)
-        with self._cond:
-            if self._stopping:
-                raise RuntimeError("engine is stopped")
-            self._waiting.append(entry)
-            self._unfinished += request.rows
-            self._cond.notify_all()
-        return handle
-
-    def wait_for_room(self, rows: int) -> None:
-        """Block until ``rows`` more rows fit in the running batch (see Engine.wait_for_room)."""
-        with self._cond:
-            while self._unfinished > 0 and self._unfinished + rows > self.max_batch_size:
-                if self._stopping:
-                    return
-                self._cond.wait()
-
-    def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Blocking convenience: submit and wait for the result."""
-        done = threading.Event()
-        box: list[GenerationResult] = []
-
-        class _Wait(NullListener):
-            def on_finish(self, result: GenerationResult) -> None:
-                box.append(result)
-                done.set()
-
-        self.submit(request, _Wait())
-        done.wait()
-        return box[0]
-
-    def start(self) -> OpenVINOBackend:
-        self._thread = threading.Thread(target=self._serve, name="openvino-engine", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-        for entry in self._waiting + list(self._running.values()):
-            self._finish(entry, "cancelled", error="server is shutting down")
-        self._waiting.clear()
-        self._running.clear()
-
     @property
     def running(self) -> int:
         return sum(entry.request.rows for entry in list(self._running.values()))
@@ -253,27 +192,23 @@ class OpenVINOBackend:
         """Memory the pipeline's KV cache holds (it keeps it, for the prefix cache)."""
         return int(self.pipe.get_metrics().kv_cache_size_in_bytes)
 
-    @property
-    def stopping(self) -> bool:
-        return self._stopping
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     # -- worker -------------------------------------------------------------------------------
 
-    def _serve(self) -> None:
+    def _entry(self, request: GenerationRequest, listener: Listener, handle: Handle) -> _Request:
+        end_id = request.end_token(self.shape.vocab_size, self.shape.eos_token_id)
+        stops = request.stops_by_last_token()
+        return _Request(request, listener, handle, time.perf_counter(), end_id, stops)
+
+    def _take_running(self) -> list[_Request]:
+        running = list(self._running.values())
+        self._running.clear()
+        return running
+
+    def _work(self) -> None:
         """The owner thread: nothing escapes it; a failed step fails the running requests."""
-        while True:
-            with self._cond:
-                while not (self._waiting or self._running or self._stopping):
-                    self._cond.wait()
-                if self._stopping:
-                    return
-                waiting, self._waiting = self._waiting, []
+        while self._queue.next_turn(bool(self._running)):
             try:
-                self._add(waiting)
+                self._add(self._queue.take_all())
                 self._drop_cancelled()
                 if self._running or self.pipe.has_non_finished_requests():
                     self._step()
@@ -430,28 +365,10 @@ class OpenVINOBackend:
         error: str | None = None,
         beams: list[Beam] | None = None,
     ) -> None:
-        now = time.perf_counter()
-        result = GenerationResult(
-            prompt_ids=list(entry.request.prompt_ids),
-            output_ids=list(entry.tokens),
-            log_probs=list(entry.log_probs),
-            finish_reason=reason,
-            error=error,
-            queue_seconds=(entry.admitted or now) - entry.submitted,
-            total_seconds=now - entry.submitted,
-            beams=beams,
-            reused_prompt_tokens=entry.reused,
-        )
-        with self._cond:
-            self._unfinished -= entry.request.rows
-            self._cond.notify_all()  # room for requests held in wait_for_room
-        for hook in (entry.listener.on_finish, getattr(self.observer, "on_finish", None)):
-            if hook is None:
-                continue
-            try:
-                hook(result)
-            except Exception:  # never let a listener end the worker
-                log.exception("on_finish failed")
+        self._answer(
+            entry, entry.tokens, entry.log_probs, reason, error,
+            beams=beams, reused_prompt_tokens=entry.reused,
+        )  # fmt: skip
 
 
 def _finished(handle) -> bool:

@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from engine.engine import Engine, GenerationRequest, GenerationResult, NullListener
+from engine import GenerationRequest, GenerationResult, NullListener, TorchEngine
 from engine.gptj import GPTJ
 from modelbuild.corpus import read_texts, split
 from postprocessing.detokenize import Postprocessor
@@ -53,7 +53,7 @@ def masked_lines(count: int, seed: int) -> list[tuple[str, str, str]]:
     return [(texts[i][:a], texts[i][a : b - 1], texts[i][b:]) for i, a, b in drawn]
 
 
-def _run(engine: Engine, requests: list[GenerationRequest]) -> list[GenerationResult]:
+def _run(engine: TorchEngine, requests: list[GenerationRequest]) -> list[GenerationResult]:
     results: list[GenerationResult | None] = [None] * len(requests)
     left = threading.Semaphore(0)
 
@@ -88,7 +88,7 @@ def evaluate(checkpoint: Path, count: int, seed: int) -> dict:
             GenerationRequest(pre.fim.prompt(p[-PREFIX_TOKENS:], s[:SUFFIX_TOKENS]), NEW_TOKENS)
             for p, s in zip(prefixes, suffixes, strict=True)
         ]
-    engine = Engine(GPTJ.from_checkpoint(checkpoint)).start()
+    engine = TorchEngine(GPTJ.from_checkpoint(checkpoint)).start()
     report: dict = {"checkpoint": str(checkpoint), "lines": len(cases), "seed": seed}
     try:
         for name, requests in conditions.items():

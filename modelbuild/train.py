@@ -269,13 +269,13 @@ def build(out_dir: Path, config: BuildConfig = BuildConfig()) -> dict:
 
 def _greedy_completions(checkpoint: Path, max_new_tokens: int = 40) -> list[tuple[str, str]]:
     """Greedy completions with the serving engine itself, as the server would produce them."""
-    from engine.engine import Engine, GenerationRequest
+    from engine import GenerationRequest, TorchEngine
     from engine.gptj import GPTJ
     from postprocessing.detokenize import Postprocessor
     from preprocessing.tokenize import Preprocessor
 
     pre, post = Preprocessor(checkpoint), Postprocessor(checkpoint)
-    engine = Engine(GPTJ.from_checkpoint(checkpoint)).start()
+    engine = TorchEngine(GPTJ.from_checkpoint(checkpoint)).start()
     try:
         results = [
             engine.generate(GenerationRequest(pre.encode(p), max_new_tokens)) for p in CARD_PROMPTS

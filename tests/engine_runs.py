@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import threading
 
-from engine.engine import Engine, GenerationRequest, GenerationResult
+from engine import GenerationRequest, GenerationResult, TorchEngine
 
 
-def run_concurrently(engine: Engine, requests: list[GenerationRequest]) -> list[GenerationResult]:
+def run_concurrently(
+    engine: TorchEngine, requests: list[GenerationRequest]
+) -> list[GenerationResult]:
     """Submit every request from its own thread; the results in the requests' order."""
     results: list[GenerationResult | None] = [None] * len(requests)
 

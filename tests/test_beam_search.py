@@ -11,7 +11,7 @@ from transformers import GPTJConfig as HFConfig
 from transformers import GPTJForCausalLM
 
 from contract.options import BeamParams, InvalidRequestError, SamplingParams
-from engine.engine import Engine, GenerationRequest, GenerationResult, NullListener
+from engine import GenerationRequest, GenerationResult, NullListener, TorchEngine
 from engine.gptj import GPTJ
 from modelbuild.train import BuildConfig
 
@@ -41,7 +41,7 @@ def hf_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(hf_model):
-    eng = Engine(GPTJ.from_checkpoint(hf_model[1]), max_batch_size=32).start()
+    eng = TorchEngine(GPTJ.from_checkpoint(hf_model[1]), max_batch_size=32).start()
     yield eng
     eng.stop()
 
@@ -213,13 +213,13 @@ def test_a_strong_negative_diversity_rate_keeps_one_beam_per_first_token(engine,
 
 def test_width_over_the_limit_or_the_cache_budget_is_refused(hf_model):
     model = GPTJ.from_checkpoint(hf_model[1])
-    eng = Engine(model, max_batch_size=16, max_beam_width=4, max_cache_tokens=1024)
+    eng = TorchEngine(model, max_batch_size=16, max_beam_width=4, max_cache_tokens=1024)
     with pytest.raises(InvalidRequestError, match=r"beam_width=5 is over this server's limit of 4"):
         eng.validate(GenerationRequest([1, 2], 8, beam=BeamParams(5)))
     with pytest.raises(InvalidRequestError, match=r"x 4 beams needs 2048 positions of KV cache"):
         eng.validate(GenerationRequest([1] * 200, 200, beam=BeamParams(4)))
     eng.validate(GenerationRequest([1, 2], 8, beam=BeamParams(4)))
-    narrow = Engine(model, max_batch_size=2)
+    narrow = TorchEngine(model, max_batch_size=2)
     assert narrow.max_beam_width == 2  # never wider than the batch
 
 

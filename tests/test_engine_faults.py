@@ -12,7 +12,7 @@ from transformers import GPTJConfig as HFConfig
 from transformers import GPTJForCausalLM
 
 from contract.options import InvalidRequestError
-from engine.engine import Engine, GenerationRequest, GenerationResult, NullListener
+from engine import GenerationRequest, GenerationResult, NullListener, TorchEngine
 from engine.gptj import GPTJ, KVCache
 
 VOCAB = 300
@@ -33,7 +33,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture
 def engine(checkpoint):
-    eng = Engine(GPTJ.from_checkpoint(checkpoint), max_batch_size=8).start()
+    eng = TorchEngine(GPTJ.from_checkpoint(checkpoint), max_batch_size=8).start()
     yield eng
     eng.stop()
 
@@ -56,7 +56,7 @@ def request(new: int = 24, prompt: list[int] | None = None) -> GenerationRequest
     return GenerationRequest(prompt or [5, 6, 7], new, bad_words=BAN_END)
 
 
-def wait_idle(engine: Engine, timeout: float = 30) -> None:
+def wait_idle(engine: TorchEngine, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while (engine.running or engine.cache_bytes) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -113,7 +113,9 @@ def test_a_failed_prefill_answers_its_requests_and_frees_their_room(engine, monk
 
 def test_the_cache_budget_refuses_what_can_never_fit_and_queues_what_fits_later(checkpoint):
     budget = 128
-    engine = Engine(GPTJ.from_checkpoint(checkpoint), max_batch_size=8, max_cache_tokens=budget)
+    engine = TorchEngine(
+        GPTJ.from_checkpoint(checkpoint), max_batch_size=8, max_cache_tokens=budget
+    )
     engine.start()
     try:
         with pytest.raises(InvalidRequestError, match=r"budget of 128 .*kv_cache_tokens"):

@@ -11,7 +11,7 @@ from transformers import GPTJConfig as HFConfig
 from transformers import GPTJForCausalLM
 
 from contract.options import InvalidRequestError, SamplingParams
-from engine.engine import Engine, GenerationRequest, GenerationResult, NullListener
+from engine import GenerationRequest, GenerationResult, NullListener, TorchEngine
 from engine.gptj import GPTJ, KVCache, split_long_rows
 from engine.threads import in_passing_thread
 
@@ -39,7 +39,7 @@ def hf_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(hf_model):
-    eng = Engine(GPTJ.from_checkpoint(hf_model[1]), max_batch_size=8).start()
+    eng = TorchEngine(GPTJ.from_checkpoint(hf_model[1]), max_batch_size=8).start()
     yield eng
     eng.stop()
 
@@ -212,7 +212,7 @@ def test_out_of_vocabulary_end_id_ends_at_the_models_own_end_token(hf_model, tmp
         hf.save_pretrained(tmp_path)
     finally:
         hf.config.eos_token_id = 0
-    eng = Engine(GPTJ.from_checkpoint(tmp_path), max_batch_size=2).start()
+    eng = TorchEngine(GPTJ.from_checkpoint(tmp_path), max_batch_size=2).start()
     try:
         for end_id in (50256, VOCAB, None):
             result = eng.generate(GenerationRequest(prompt, 20, end_id=end_id))
@@ -305,7 +305,7 @@ def test_cancelled_request_finishes_without_running_to_the_end(engine):
 
 def test_wait_for_room_holds_requests_until_the_batch_has_space(hf_model):
     """Backpressure: what the engine cannot start yet waits outside it (in Triton's queue)."""
-    small = Engine(GPTJ.from_checkpoint(hf_model[1]), max_batch_size=2).start()
+    small = TorchEngine(GPTJ.from_checkpoint(hf_model[1]), max_batch_size=2).start()
     try:
         finished = threading.Event()
 
@@ -334,7 +334,7 @@ def test_wait_for_room_holds_requests_until_the_batch_has_space(hf_model):
 @pytest.mark.parametrize("variant", [{"dtype": torch.bfloat16}, {"quantize": "int8"}])
 def test_bfloat16_and_int8_agree_with_float32_greedily(hf_model, engine, variant):
     """Cheaper weights, same first tokens: a broken variant would agree about 1 time in 300."""
-    lower = Engine(GPTJ.from_checkpoint(hf_model[1], **variant), max_batch_size=8).start()
+    lower = TorchEngine(GPTJ.from_checkpoint(hf_model[1], **variant), max_batch_size=8).start()
     try:
         batch = [GenerationRequest(p, 4) for p in prompts(6, seed=31)]
         expected = run_concurrently(engine, batch)

@@ -13,7 +13,7 @@ from transformers import GPTJConfig as HFConfig
 from transformers import GPTJForCausalLM
 
 from contract.options import BeamParams, InvalidRequestError, SamplingParams
-from engine.engine import Engine
+from engine import TorchEngine
 from engine.gptj import GPTJ
 from engine.interface import GenerationBackend, GenerationRequest, GenerationResult, NullListener
 from engine.openvino_backend import OpenVINOBackend, PrefixIndex
@@ -83,7 +83,7 @@ class Collect(NullListener):
 
 
 def test_both_backends_implement_the_interface(hf_model, engine):
-    torch_engine = Engine(GPTJ.from_checkpoint(hf_model[1]), max_batch_size=2)
+    torch_engine = TorchEngine(GPTJ.from_checkpoint(hf_model[1]), max_batch_size=2)
     assert isinstance(torch_engine, GenerationBackend)
     assert isinstance(engine, GenerationBackend)
 
@@ -174,7 +174,7 @@ def test_end_id_stops_and_out_of_vocabulary_end_id_means_the_models_own(hf_model
 @pytest.mark.parametrize("len_penalty", [0.0, 1.0])
 def test_beam_search_equals_the_torch_engine(hf_model, engine, len_penalty):
     _, path = hf_model
-    reference = Engine(GPTJ.from_checkpoint(path), max_batch_size=8).start()
+    reference = TorchEngine(GPTJ.from_checkpoint(path), max_batch_size=8).start()
     try:
         for seed in range(3):
             ids = prompts(1, seed=40 + seed)[0]

@@ -11,7 +11,7 @@ import pytest
 from client.request import CompletionRequest
 from contract.options import MAX_PROMPT_BYTES, BeamParams, InvalidRequestError
 from contract.words import decode_words, encode_words, split_word_list, word_list
-from engine.engine import Beam, GenerationResult
+from engine import Beam, GenerationResult
 from engine.tensors import requests_from_tensors, tensors_from_results
 from modelbuild.__main__ import main as modelbuild_main
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
