@@ -22,8 +22,8 @@ from bench.models import END_OF_TEXT
 from bench.settings import SAMPLED
 from client import CodegenClient
 from contract.options import SamplingParams
-from engine.engine import Engine, GenerationRequest, GenerationResult, Handle
 from engine.gptj import GPTJ, KVCache, Segment
+from engine.interface import GenerationBackend, GenerationRequest, GenerationResult, Handle
 
 Progress = Callable[[str], None]
 
@@ -111,14 +111,26 @@ class _Pending:
 
 
 class BareTarget:
-    """Threads submitting to an in-process engine: the engine with no server around it."""
+    """Threads submitting to an in-process backend: the engine with no server around it.
+
+    ``end_id`` None bans ``eos`` as a bad word (the torch engine); an id stands in for the end
+    token instead (the openvino backend, which refuses bad words: bench/ov.py)."""
 
     name = "bare"
 
-    def __init__(self, engine: Engine, prompts: Sequence[list[int]], eos: int | None) -> None:
+    def __init__(
+        self,
+        engine: GenerationBackend,
+        prompts: Sequence[list[int]],
+        eos: int | None,
+        end_id: int | None = None,
+        name: str = "bare",
+    ) -> None:
         self.engine = engine
         self.prompts = list(prompts)
-        self.bad = [[eos]] if eos is not None else []
+        self.bad = [[eos]] if eos is not None and end_id is None else []
+        self.end_id = end_id
+        self.name = name
         self._pending: set[_Pending] = set()
         self._lock = threading.Lock()
 
@@ -129,6 +141,8 @@ class BareTarget:
             max_tokens,
             sampling=SamplingParams(**SAMPLED, seed=index),
             bad_words=self.bad,
+            end_id=self.end_id,
+            return_log_probs=False,
         )
         with self._lock:
             self._pending.add(pending)
@@ -162,8 +176,18 @@ class ServedTarget:
 
     name = "served"
 
-    def __init__(self, url: str, prompts: Sequence[str], prompt_tokens: Sequence[int]) -> None:
+    def __init__(
+        self,
+        url: str,
+        prompts: Sequence[str],
+        prompt_tokens: Sequence[int],
+        end_id: int | None = None,
+        name: str = "served",
+    ) -> None:
         self.url = url
+        self.name = name
+        # the end token banned, or (openvino, which refuses bad words) a stand-in end id
+        self.end: dict = {"end_id": end_id} if end_id is not None else {"bad_words": (END_OF_TEXT,)}
         self.prompts = list(prompts)
         self.prompt_tokens = list(prompt_tokens)
         self._local = threading.local()
@@ -182,7 +206,7 @@ class ServedTarget:
     def request(self, index: int, max_tokens: int) -> int:
         i = index % len(self.prompts)
         completion = self._client().complete(
-            self.prompts[i], max_tokens, **SAMPLED, seed=index, bad_words=(END_OF_TEXT,)
+            self.prompts[i], max_tokens, **SAMPLED, seed=index, **self.end
         )
         return completion.total_tokens - self.prompt_tokens[i]
 
