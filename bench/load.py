@@ -337,11 +337,13 @@ def forward_ceiling(
     length: int,
     repeats: int = 100,
     seed: int = 0,
+    budget_s: float = 15.0,
 ) -> float:
     """Tokens/s of the model's decode forward pass alone, ``rows`` rows at the positions a
     closed loop of ``length``-token requests holds (a prompt's length plus a uniform share of
     ``length``): no sampling, no prefill, no serving. No scheduler can beat it, so it says
-    how far a throughput target is from what the model itself does on this machine."""
+    how far a throughput target is from what the model itself does on this machine. Timed
+    passes stop at ``repeats`` or once they have taken ``budget_s`` (a loaded machine)."""
     rng = random.Random(seed)
     positions = [rng.choice(prompt_lengths) + rng.randrange(length) for _ in range(rows)]
     device = next(model.parameters()).device
@@ -364,4 +366,6 @@ def forward_ceiling(
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - start)
+        if sum(seconds) >= budget_s:
+            break
     return rows / statistics.median(seconds)

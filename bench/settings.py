@@ -12,7 +12,9 @@ from typing import Any
 SECTIONS = ("kernels", "arrivals", "mixed", "single", "beams", "prefix")
 DTYPES = ("float32", "bfloat16", "int8")
 SYSTEMS = ("engine", "openvino", "transformers", "ct2")
-BACKENDS = ("torch", "openvino")  # the engine model's two backends, in the traffic sections
+# the engine model's two backends, in the traffic sections' order (openvino, the CPU default,
+# first: a run cut short still has its figures)
+BACKENDS = ("openvino", "torch")
 MODELS = ("default", "350m")
 
 # The load test's sampling (loadtest/locustfile.py SAMPLING): what a completion service sends.
@@ -159,6 +161,12 @@ def make_plan(
         chosen = parse_list(text, allowed, name)
         if chosen is not None:
             changes[name] = chosen
+    if device.startswith("cuda") and "openvino" in changes.get("backends", plan.backends):
+        if backends:  # asked for by name: refused, not skipped
+            raise ValueError(
+                "backend openvino runs on the CPU only: leave it out with --device cuda"
+            )
+        changes["backends"] = tuple(b for b in plan.backends if b != "openvino")
     if clients is not None:
         if clients < 1:
             raise ValueError(f"clients must be >= 1, got {clients}")

@@ -109,7 +109,8 @@ def served_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
             SERVED_OVER_TRANSFORMERS,
             False,
             f"{clients} clients, {note}; transformers: a static batch of {clients}, "
-            f"{row.get('transformers_static_dtype', '?')} (its faster dtype)",
+            f"{row.get('transformers_static_dtype', '?')} (its faster dtype), "
+            f"{row.get('transformers_static_new_tokens', '?')} new tokens (time budget)",
         ),
         _row(
             f"server >= {SERVED_OVER_PIPELINE}x the pipeline's own generate, same batch",

@@ -51,10 +51,13 @@ def test_served_config_overrides_replace_named_parameters_only():
 
 def test_plan_has_openvino_everywhere_and_backends_can_be_chosen():
     for plan in (make_plan(), make_plan(quick=True)):
-        assert "openvino" in plan.systems and plan.backends == ("torch", "openvino")
+        assert "openvino" in plan.systems and plan.backends == ("openvino", "torch")
     assert make_plan(backends="openvino").backends == ("openvino",)
     with pytest.raises(ValueError, match="unknown backends"):
         make_plan(backends="tensorrt")
+    assert make_plan(device="cuda").backends == ("torch",)  # openvino is CPU-only here
+    with pytest.raises(ValueError, match="CPU only"):
+        make_plan(device="cuda", backends="torch,openvino")
     assert unsupported("openvino", "int8", "cpu") is not None
     assert unsupported("openvino", "bfloat16", "cuda") is not None
     assert unsupported("openvino", "bfloat16", "cpu") is None
