@@ -145,7 +145,13 @@ def main() -> None:
         "--openvino", action=argparse.BooleanOptionalAction, default=True,
         help="also the openvino backend's float32 and bfloat16 against transformers",
     )  # fmt: skip
+    parser.add_argument(
+        "--openvino-only", action="store_true", help="only the openvino backend's table"
+    )
     args = parser.parse_args()
+    if args.openvino_only:
+        report_openvino(args)
+        return
 
     config, state = random_state(SHAPE_350M)
     gen = torch.Generator().manual_seed(1)
