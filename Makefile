@@ -34,8 +34,9 @@ API_HOST ?= 127.0.0.1
 API_PORT ?= 8080
 TRITON_URL ?= localhost:$(GRPC_PORT)
 
-# make bench: QUICK=1 (~2 min), ONLY=kernels,arrivals,mixed,single, BENCH_DEVICE=cpu|cuda,
-# BENCH_ARGS= any other `python -m bench` flags (e.g. --models default --dtypes float32)
+# make bench: QUICK=1 (shrunk: batches 1/16, outputs 8/32, default model), ONLY=kernels,arrivals,mixed,single,beams,prefix,
+# BENCH_DEVICE=cpu|cuda, BENCH_ARGS= any other `python -m bench` flags (e.g. --models default
+# --dtypes float32 --systems engine,openvino --backends torch,openvino)
 ONLY ?=
 BENCH_DEVICE ?= cpu
 BENCH_ARGS ?=
@@ -128,7 +129,7 @@ else
 		$(if $(DURATION),--duration $(DURATION))
 endif
 
-bench: $(VENV)/.setup-bench model  ## engine vs transformers vs CTranslate2, bare vs served (~15 min; QUICK=1 ~2 min)
+bench: $(VENV)/.setup-bench model  ## torch engine vs openvino vs transformers vs CTranslate2, bare vs served, issue 17 targets (41 min on a loaded 2-core VM; QUICK=1)
 	$(BIN)/python -m bench --device $(BENCH_DEVICE) $(if $(QUICK),--quick) \
 		$(if $(ONLY),--only $(ONLY)) $(BENCH_ARGS)
 

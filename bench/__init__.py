@@ -2,14 +2,20 @@
 
 Sections (``python -m bench --only ...``):
 
-- ``kernels``: static batches through this engine, transformers' ``generate`` and CTranslate2's
-  ``Generator.generate_batch``, greedy and sampled, per model and dtype; plus the engine's
-  sampled-step over greedy-step cost.
-- ``arrivals``: N closed-loop clients against the bare engine, the running Triton server, and
-  the same engine fed whole static batches.
-- ``mixed``: short requests next to long ones, their latency against alone.
-- ``single``: one request alone, served minus bare latency.
+- ``kernels``: static batches through the torch engine, the openvino backend, transformers'
+  ``generate`` and CTranslate2's ``Generator.generate_batch``, greedy and sampled, per model
+  and dtype; plus the engine's sampled-step over greedy-step cost.
+- ``arrivals``: N closed-loop clients against each backend (torch, openvino) bare and through
+  the running Triton server, the torch engine fed whole static batches, and, at output 128,
+  transformers' static ``generate`` and the OpenVINO pipeline's own ``generate``.
+- ``mixed``: short requests next to long ones, their latency against all clients asking short.
+- ``single``: one request alone, served minus bare latency, per backend.
+- ``beams``: beam search widths side by side with transformers.
+- ``prefix``: a long prompt resent with a few more tokens, bare per system, then through the
+  server (the openvino backend's prefix cache).
 
-Results land in ``bench/results/<timestamp>/`` (markdown, JSON, a PNG chart). The engine is
-used through its public API only, so the benchmark keeps working while its internals change.
+The report ends with issue 17's targets, each a ratio from the run with PASS / FAIL
+(bench/targets.py). Results land in ``bench/results/<timestamp>/`` (markdown, JSON, a PNG
+chart). The engines are used through their public API only, so the benchmark keeps working
+while their internals change.
 """

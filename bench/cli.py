@@ -23,9 +23,10 @@ import torch
 from bench import report
 from bench.beams import run_beams
 from bench.kernels import run_kernels
-from bench.machine import describe, machine_label
+from bench.machine import describe, load_average, machine_label
 from bench.models import DEFAULT_CHECKPOINT, resolve_models
-from bench.prefix import run_prefix
+from bench.prefix import checkpoints, run_prefix
+from bench.served_prefix import run_served_prefix
 from bench.settings import SECTIONS, make_plan
 from bench.traffic import TRAFFIC_SECTIONS, run_traffic
 from engine import in_passing_thread
@@ -54,7 +55,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (engine, transformers, ct2)")
     parser.add_argument("--models", help="default,350m (quick: default only)")
     parser.add_argument("--dtypes", help="float32,bfloat16,int8")
-    parser.add_argument("--systems", help="engine,transformers,ct2")
+    parser.add_argument("--systems", help="engine,openvino,transformers,ct2 (static batches)")
+    parser.add_argument("--backends", help="torch,openvino (arrivals, mixed, single)")
     parser.add_argument("--clients", type=int, help="closed-loop clients for arrivals (16)")
     parser.add_argument("--lengths", help="output lengths for arrivals (8,32,128,512)")
     parser.add_argument("--no-served", action="store_true", help="bare engine only, no Triton")
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             models=args.models,
             dtypes=args.dtypes,
             systems=args.systems,
+            backends=args.backends,
             clients=args.clients,
             lengths=args.lengths,
             served=not args.no_served,
@@ -97,16 +100,18 @@ def main(argv: list[str] | None = None) -> int:
         "plan": plan.to_dict(),
         "models": [],
         "notes": [],
+        "load_start": load_average(),
     }
     if plan.quick:
         results["notes"].append("quick run: fewer batches, tokens and seconds; numbers are rough")
 
     def save() -> None:
         results["elapsed"] = log.elapsed()
+        results["load_end"] = load_average()
         report.write_all(out, results)
 
     log(f"{'quick' if plan.quick else 'full'} run: {', '.join(plan.sections)} -> {out}")
-    log(f"machine: {results['machine_label']}")
+    log(f"machine: {results['machine_label']}; load average {results['load_start']}")
     traffic = [s for s in plan.sections if s in TRAFFIC_SECTIONS]
     names = tuple(plan.models) if "kernels" in plan.sections else ()
     if (traffic or "beams" in plan.sections) and "default" not in names:
@@ -136,13 +141,17 @@ def main(argv: list[str] | None = None) -> int:
         if traffic:
             default = next(m for m in models if m.key == "default")
             run_traffic(plan, default, results, out, log, save)
+        if "prefix" in plan.sections:
+            repeats = plan.prefix_repeats
+            results["prefix"] = run_prefix(list(plan.models), args.checkpoint, repeats, 16, log)
+            save()
+            if plan.served and plan.served_prefix:
+                paths = checkpoints(list(plan.models), args.checkpoint, log)
+                results["prefix_served"] = run_served_prefix(paths, repeats, out, log)
+                save()
         if "beams" in plan.sections:
             default = next(m for m in models if m.key == "default")
             results["beams"] = run_beams(plan, default, log)
-            save()
-        if "prefix" in plan.sections:
-            repeats = 1 if plan.quick else 3
-            results["prefix"] = run_prefix(list(plan.models), args.checkpoint, repeats, 16, log)
             save()
     except KeyboardInterrupt:
         log("interrupted: writing what was measured")

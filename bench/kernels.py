@@ -1,4 +1,5 @@
-"""Section ``kernels``: static batches through the engine, transformers and CTranslate2.
+"""Section ``kernels``: static batches through the torch engine, the openvino backend,
+transformers and CTranslate2.
 
 For each model, dtype and system the model is loaded once, then every batch size runs greedy
 and sampled on the same prompts. A short probe (which also warms the system up) estimates the
@@ -18,6 +19,7 @@ from bench.settings import KernelPlan, Plan
 from bench.systems import (
     CT2Runner,
     EngineRunner,
+    OpenVINORunner,
     Runner,
     TransformersRunner,
     generate,
@@ -99,6 +101,13 @@ def _runner(system: str, model: ModelInfo, dtype: str, plan: Plan, progress: Pro
     kplan = plan.kernels[model.key]
     if system == "engine":
         return EngineRunner(model.path, dtype, plan.device, max(kplan.batches), kplan.prompt_tokens)
+    if system == "openvino":
+        from modelbuild.openvino_export import ensure_export
+
+        ensure_export(model.path)  # the 350M shape's export is made once, in .venv-export
+        return OpenVINORunner(
+            model.path, dtype, plan.device, max(kplan.batches), kplan.prompt_tokens
+        )
     if system == "transformers":
         return TransformersRunner(model.path, dtype, plan.device)
     converted = convert_ct2(model.path, CACHE / "ct2" / f"{model.key}-{dtype}", dtype, progress)

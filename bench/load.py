@@ -22,7 +22,15 @@ from bench.models import END_OF_TEXT
 from bench.settings import SAMPLED
 from client import CodegenClient
 from contract.options import SamplingParams
-from engine import GPTJ, GenerationRequest, GenerationResult, Handle, KVCache, Segment, TorchEngine
+from engine import (
+    GPTJ,
+    GenerationBackend,
+    GenerationRequest,
+    GenerationResult,
+    Handle,
+    KVCache,
+    Segment,
+)
 
 Progress = Callable[[str], None]
 
@@ -110,14 +118,26 @@ class _Pending:
 
 
 class BareTarget:
-    """Threads submitting to an in-process engine: the engine with no server around it."""
+    """Threads submitting to an in-process backend: the engine with no server around it.
+
+    ``end_id`` None bans ``eos`` as a bad word (the torch engine); an id stands in for the end
+    token instead (the openvino backend, which refuses bad words: bench/ov.py)."""
 
     name = "bare"
 
-    def __init__(self, engine: TorchEngine, prompts: Sequence[list[int]], eos: int | None) -> None:
+    def __init__(
+        self,
+        engine: GenerationBackend,
+        prompts: Sequence[list[int]],
+        eos: int | None,
+        end_id: int | None = None,
+        name: str = "bare",
+    ) -> None:
         self.engine = engine
         self.prompts = list(prompts)
-        self.bad = [[eos]] if eos is not None else []
+        self.bad = [[eos]] if eos is not None and end_id is None else []
+        self.end_id = end_id
+        self.name = name
         self._pending: set[_Pending] = set()
         self._lock = threading.Lock()
 
@@ -128,6 +148,8 @@ class BareTarget:
             max_tokens,
             sampling=SamplingParams(**SAMPLED, seed=index),
             bad_words=self.bad,
+            end_id=self.end_id,
+            return_log_probs=False,
         )
         with self._lock:
             self._pending.add(pending)
@@ -161,8 +183,18 @@ class ServedTarget:
 
     name = "served"
 
-    def __init__(self, url: str, prompts: Sequence[str], prompt_tokens: Sequence[int]) -> None:
+    def __init__(
+        self,
+        url: str,
+        prompts: Sequence[str],
+        prompt_tokens: Sequence[int],
+        end_id: int | None = None,
+        name: str = "served",
+    ) -> None:
         self.url = url
+        self.name = name
+        # the end token banned, or (openvino, which refuses bad words) a stand-in end id
+        self.end: dict = {"end_id": end_id} if end_id is not None else {"bad_words": (END_OF_TEXT,)}
         self.prompts = list(prompts)
         self.prompt_tokens = list(prompt_tokens)
         self._local = threading.local()
@@ -181,7 +213,7 @@ class ServedTarget:
     def request(self, index: int, max_tokens: int) -> int:
         i = index % len(self.prompts)
         completion = self._client().complete(
-            self.prompts[i], max_tokens, **SAMPLED, seed=index, bad_words=(END_OF_TEXT,)
+            self.prompts[i], max_tokens, **SAMPLED, seed=index, **self.end
         )
         return completion.total_tokens - self.prompt_tokens[i]
 
@@ -312,11 +344,13 @@ def forward_ceiling(
     length: int,
     repeats: int = 100,
     seed: int = 0,
+    budget_s: float = 15.0,
 ) -> float:
     """Tokens/s of the model's decode forward pass alone, ``rows`` rows at the positions a
     closed loop of ``length``-token requests holds (a prompt's length plus a uniform share of
     ``length``): no sampling, no prefill, no serving. No scheduler can beat it, so it says
-    how far a throughput target is from what the model itself does on this machine."""
+    how far a throughput target is from what the model itself does on this machine. Timed
+    passes stop at ``repeats`` or once they have taken ``budget_s`` (a loaded machine)."""
     rng = random.Random(seed)
     positions = [rng.choice(prompt_lengths) + rng.randrange(length) for _ in range(rows)]
     device = next(model.parameters()).device
@@ -339,4 +373,6 @@ def forward_ceiling(
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - start)
+        if sum(seconds) >= budget_s:
+            break
     return rows / statistics.median(seconds)

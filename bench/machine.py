@@ -44,14 +44,29 @@ def describe(device: str = "cpu") -> dict[str, Any]:
     }
     if device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
-    for package in ("torch", "transformers", "ctranslate2", "tritonclient", "nvidia-pytriton"):
+    for package in ("torch", "transformers", "ctranslate2", "tritonclient", "nvidia-pytriton",
+                    "openvino", "openvino-genai"):  # fmt: skip
         info[package] = _version(package)
+    from bench.ov import bf16_native, cpu_flags
+
+    info["cpu_flags"] = cpu_flags(cpuinfo)
+    info["bf16_native"] = bf16_native(info["cpu_flags"])
     return info
+
+
+def load_average() -> str:
+    """``uptime``'s 1, 5 and 15 minute load averages ("?" where /proc/loadavg is missing)."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
 
 
 def machine_label(info: dict[str, Any]) -> str:
     """One line for every table and chart: cores, CPU, threads (and GPU)."""
     text = f"{info['cores']} cores, {info['cpu']}, torch threads {info['torch_threads']}"
+    if info.get("cpu_flags"):
+        text += f", flags {' '.join(info['cpu_flags'])}"
     if info.get("gpu"):
         text += f", GPU {info['gpu']}"
     return text

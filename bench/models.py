@@ -20,6 +20,7 @@ import torch
 from serving.paths import BUILD_DIR, DEFAULT_CHECKPOINT
 
 CACHE = BUILD_DIR / "bench"
+RANDOM_350M = CACHE / "gptj-350m-random"  # the 350M shape's random checkpoint, built once
 END_OF_TEXT = "<|endoftext|>"
 
 # codegen-350M-mono's architecture (its GPT-J conversion): 356M parameters.
@@ -144,7 +145,7 @@ def resolve_models(
                 )
             models.append(describe_checkpoint("default", "default", default))
         elif name == "350m":
-            path = build_random_gptj(CACHE / "gptj-350m-random", progress=progress)
+            path = build_random_gptj(RANDOM_350M, progress=progress)
             models.append(describe_checkpoint("350m", "350m-random", path))
         else:
             raise ValueError(f"unknown model {name!r}")

@@ -116,22 +116,14 @@ def measure(system: str, checkpoint: Path, length: int, repeats: int, new: int) 
     }
 
 
-def bf16_native() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def checkpoints(models: list[str], default: Path, log) -> dict[str, Path]:
     """The models' folders, with their OpenVINO exports (made once)."""
-    from bench.models import CACHE, build_random_gptj
+    from bench.models import RANDOM_350M, build_random_gptj
     from modelbuild.openvino_export import ensure_export
 
     found = {}
     for key in models:
-        path = default if key == "default" else build_random_gptj(CACHE / "gptj-350m", progress=log)
+        path = default if key == "default" else build_random_gptj(RANDOM_350M, progress=log)
         ensure_export(path)
         found[key] = path
     return found
@@ -140,7 +132,10 @@ def checkpoints(models: list[str], default: Path, log) -> dict[str, Path]:
 def run_prefix(
     models: list[str], default: Path, repeats: int, new: int, log=print
 ) -> list[dict[str, Any]]:
-    """Every (model, system) in a process of its own; the rows for the report."""
+    """Every (model, system) in a process of its own; the rows for the report (the served
+    rows: bench/served_prefix.py)."""
+    from bench.ov import bf16_native
+
     systems = [s for s in SYSTEMS if s != "torch-bfloat16" or bf16_native()]
     rows = []
     for key, path in checkpoints(models, default, log).items():
@@ -204,15 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from bench.machine import describe, machine_label
     from bench.models import DEFAULT_CHECKPOINT
+    from bench.ov import cpu_flags
 
-    flags = [f for f in ("avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16") if f in
-             Path("/proc/cpuinfo").read_text()]  # fmt: skip
-    print(f"machine: {machine_label(describe())}; CPU flags: {' '.join(flags) or 'none'}")
+    print(f"machine: {machine_label(describe())}; CPU flags: {' '.join(cpu_flags()) or 'none'}")
     rows = run_prefix(
         args.models.split(","), args.checkpoint or DEFAULT_CHECKPOINT, args.repeats, args.new
     )
     title, context, headers, body = prefix_table(rows)
-    from bench.report import text_table
+    from bench.format import text_table
 
     print(f"\n== {title}\n{context}\n\n{text_table(headers, body)}")
     return 0

@@ -7,12 +7,20 @@ transformers, a dev dependency), lets float32 generate greedily, then feeds ever
 same sequences and compares, at each generated position: whether its argmax is float32's token,
 and its log-prob of that token. Also times a decode step at ``--batch`` rows. A random model's
 distributions are flat, so small errors flip near-ties: agreement here is a lower bound.
+
+``--openvino`` (the default; ``--no-openvino`` skips it) then checks the openvino backend's
+dtypes the same way on saved checkpoints (the trained default model, and the random 350M shape
+that ``make bench`` builds): OpenVINO GenAI's pipeline generates greedily in float32 and
+bfloat16 on the same prompts, and each is compared with transformers' greedy float32 output
+(the reference): the share of generated tokens equal to the reference's before the first
+difference, and the sequences equal throughout.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 
@@ -78,13 +86,72 @@ def step_ms(model: GPTJ, batch: int, context: int = 64, steps: int = 8) -> float
     return sorted(times)[len(times) // 2] * 1e3
 
 
+def agreement(reference: list[list[int]], other: list[list[int]]) -> tuple[float, int]:
+    """(share of the reference's tokens matched before each sequence's first difference,
+    sequences equal throughout)."""
+    matched = total = equal = 0
+    for ref, out in zip(reference, other, strict=True):
+        same = 0
+        for a, b in zip(ref, out, strict=False):
+            if a != b:
+                break
+            same += 1
+        matched += same
+        total += len(ref)
+        equal += same == len(ref) == len(out)
+    return (matched / total if total else 0.0), equal
+
+
+def openvino_agreement(
+    checkpoint: Path, prompts: int, prompt_len: int, new: int
+) -> list[tuple[str, float, int]]:
+    """The openvino pipeline's greedy tokens in each dtype against transformers' float32."""
+    from transformers import GPTJForCausalLM
+
+    from bench.models import random_prompts
+    from bench.ov import OPENVINO_DTYPES, PipelineGenerate
+    from engine import ModelShape
+    from modelbuild.openvino_export import ensure_export
+
+    ensure_export(checkpoint)
+    shape = ModelShape.read(checkpoint)
+    ids = random_prompts(prompts, prompt_len, shape.vocab_size, shape.eos_token_id, seed=1)
+    model = GPTJForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    batch = torch.tensor(ids)
+    with torch.inference_mode():
+        out = model.generate(
+            batch, attention_mask=torch.ones_like(batch), max_new_tokens=new, min_new_tokens=new,
+            do_sample=False, top_k=None, top_p=None, temperature=None,
+            pad_token_id=shape.eos_token_id,
+        )  # fmt: skip
+    reference = out[:, prompt_len:].tolist()
+    del model
+    rows = []
+    for dtype in OPENVINO_DTYPES:
+        pipe = PipelineGenerate(checkpoint, dtype, max_batch_size=prompts)
+        share, equal = agreement(reference, pipe.generate_ids(ids, new, False, 0))
+        rows.append((dtype, share, equal))
+        del pipe
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--batch", type=int, default=16, help="rows of the timed decode step")
+    parser.add_argument(
+        "--openvino", action=argparse.BooleanOptionalAction, default=True,
+        help="also the openvino backend's float32 and bfloat16 against transformers",
+    )  # fmt: skip
+    parser.add_argument(
+        "--openvino-only", action="store_true", help="only the openvino backend's table"
+    )
     args = parser.parse_args()
+    if args.openvino_only:
+        report_openvino(args)
+        return
 
     config, state = random_state(SHAPE_350M)
     gen = torch.Generator().manual_seed(1)
@@ -112,6 +179,30 @@ def main() -> None:
             f"{ms:>8.1f}",
             flush=True,
         )
+    if args.openvino:
+        report_openvino(args)
+
+
+def report_openvino(args: argparse.Namespace) -> None:
+    """The openvino table: each model's float32 and bfloat16 greedy agreement."""
+    from bench.models import DEFAULT_CHECKPOINT, RANDOM_350M, build_random_gptj
+    from bench.ov import cpu_flags
+
+    print(
+        f"\nopenvino backend (OpenVINO GenAI pipeline, greedy) vs transformers float32 greedy: "
+        f"{args.prompts} random prompts x {args.prompt_len} tokens, {args.new} new tokens; "
+        f"CPU flags {' '.join(cpu_flags()) or 'none'}"
+    )
+    print(f"{'model':>14} {'dtype':>9} {'agree before 1st diff':>22} {'equal sequences':>16}")
+    models = [("default", DEFAULT_CHECKPOINT), ("350m-random", build_random_gptj(RANDOM_350M))]
+    for name, path in models:
+        if not (path / "config.json").is_file():
+            print(f"{name:>14}: no checkpoint at {path} (run `make model`)")
+            continue
+        for dtype, share, equal in openvino_agreement(
+            path, args.prompts, args.prompt_len, args.new
+        ):
+            print(f"{name:>14} {dtype:>9} {share:>22.1%} {equal:>10}/{args.prompts}", flush=True)
 
 
 if __name__ == "__main__":

@@ -27,27 +27,49 @@ def pbtxt_parameters(text: str) -> dict[str, str]:
     return dict(re.findall(pattern, text))
 
 
+def set_pbtxt_parameters(text: str, values: dict[str, str]) -> str:
+    """``text`` with each named parameter's string value replaced; KeyError naming one the
+    config does not have (a bench setting must never be silently ignored)."""
+    for key, value in values.items():
+        pattern = rf'(key:\s*"{re.escape(key)}"\s*value:\s*\{{\s*string_value:\s*")[^"]*(")'
+        text, count = re.subn(pattern, lambda m, v=value: m.group(1) + v + m.group(2), text)
+        if count != 1:
+            raise KeyError(f"the engine config has {count} parameters named {key!r}, not 1")
+    return text
+
+
 def served_engine_settings(config: Path = GPTJ_CONFIG) -> dict[str, str | int]:
-    """The served engine's batch size, prefill budget and dtype, so the bare engine matches."""
+    """The served engine's batch size, prefill and KV-cache budgets and dtype, so the bare
+    engine matches."""
     params = pbtxt_parameters(config.read_text())
     return {
         "max_batch_size": int(params.get("engine_max_batch_size", 32)),
         "max_prefill_tokens": int(params.get("engine_max_prefill_tokens", 4096)),
+        "kv_cache_tokens": int(params.get("kv_cache_tokens", 0)),
         "dtype": params.get("dtype", "float32"),
     }
 
 
 @contextmanager
 def running_server(
-    checkpoint: Path, workdir: Path, log_file: Path, device: str, backend: str = "torch"
+    checkpoint: Path,
+    workdir: Path,
+    log_file: Path,
+    device: str,
+    backend: str = "torch",
+    parameters: dict[str, str] | None = None,
 ) -> Iterator[TritonServer]:
     """Triton serving ``checkpoint`` from a fresh repository copy under ``workdir``; stopped
-    on exit. The device and the backend (the torch engine, which the bare side measures) go
-    to the engine model through CODEGEN_DEVICE and CODEGEN_BACKEND."""
+    on exit. The device and the backend (the one the bare side measures) go to the engine
+    model through CODEGEN_DEVICE and CODEGEN_BACKEND; ``parameters`` (dtype, say) replace
+    those of the copy's engine config."""
     repo = workdir / "model_repository"
     shutil.rmtree(repo, ignore_errors=True)
     shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("checkpoint"))
     shutil.copytree(checkpoint, checkpoint_dir(repo))
+    if parameters:
+        config = repo / "engine" / "config.pbtxt"
+        config.write_text(set_pbtxt_parameters(config.read_text(), parameters))
     previous = {name: os.environ.get(name) for name in ("CODEGEN_DEVICE", "CODEGEN_BACKEND")}
     os.environ.update(CODEGEN_DEVICE=device, CODEGEN_BACKEND=backend)
     server = TritonServer(repo, Ports(*free_ports(3)), log_file=log_file)

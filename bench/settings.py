@@ -11,7 +11,10 @@ from typing import Any
 
 SECTIONS = ("kernels", "arrivals", "mixed", "single", "beams", "prefix")
 DTYPES = ("float32", "bfloat16", "int8")
-SYSTEMS = ("engine", "transformers", "ct2")
+SYSTEMS = ("engine", "openvino", "transformers", "ct2")
+# the engine model's two backends, in the traffic sections' order (openvino, the CPU default,
+# first: a run cut short still has its figures)
+BACKENDS = ("openvino", "torch")
 MODELS = ("default", "350m")
 
 # The load test's sampling (loadtest/locustfile.py SAMPLING): what a completion service sends.
@@ -52,6 +55,9 @@ class Plan:
     single_tokens: int
     single_repeats: int
     served: bool  # also measure through the Triton server
+    backends: tuple[str, ...] = BACKENDS  # traffic sections: each backend bare, then served
+    prefix_repeats: int = 3  # prefix section: resent-prompt windows per system
+    served_prefix: bool = True  # prefix section: also through Triton (the targets' path)
     seed: int = 0
     step_batches: tuple[int, ...] = (16, 64)  # sampled/greedy step cost reported at these
     beam_widths: tuple[int, ...] = (1, 4, 8)
@@ -84,6 +90,7 @@ def make_plan(
     models: str | None = None,
     dtypes: str | None = None,
     systems: str | None = None,
+    backends: str | None = None,
     clients: int | None = None,
     lengths: str | None = None,
     served: bool = True,
@@ -117,6 +124,7 @@ def make_plan(
             single_repeats=6,
             served=served,
             beam_tokens=16,
+            prefix_repeats=1,
         )
     else:
         plan = Plan(
@@ -148,10 +156,17 @@ def make_plan(
         ("models", models, MODELS),
         ("dtypes", dtypes, DTYPES),
         ("systems", systems, SYSTEMS),
+        ("backends", backends, BACKENDS),
     ):
         chosen = parse_list(text, allowed, name)
         if chosen is not None:
             changes[name] = chosen
+    if device.startswith("cuda") and "openvino" in changes.get("backends", plan.backends):
+        if backends:  # asked for by name: refused, not skipped
+            raise ValueError(
+                "backend openvino runs on the CPU only: leave it out with --device cuda"
+            )
+        changes["backends"] = tuple(b for b in plan.backends if b != "openvino")
     if clients is not None:
         if clients < 1:
             raise ValueError(f"clients must be >= 1, got {clients}")

@@ -1,9 +1,10 @@
-"""The three generators compared on static batches, behind one small interface.
+"""The generators compared on static batches, behind one small interface.
 
 Each runner takes a batch of equal-length prompts (token ids), generates exactly ``new`` tokens
-for every one (the end token is banned: a bad word for the engine, ``min_new_tokens`` for
-transformers, ``min_length`` for CTranslate2) and returns how many each produced, so a
-comparison never credits a system for stopping early.
+for every one (the end token is banned: a bad word for the torch engine, a stand-in end id for
+the openvino backend (bench/ov.py), ``min_new_tokens`` for transformers, ``min_length`` for
+CTranslate2) and returns how many each produced, so a comparison never credits a system for
+stopping early.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Protocol
 
 import torch
 
+from bench.ov import OPENVINO_DTYPES, stand_in_end_id, start_backend
 from bench.settings import SAMPLED
 from contract.options import SamplingParams
 from engine import GPTJ, GenerationRequest, GenerationResult, TorchEngine, in_passing_thread
@@ -69,6 +71,11 @@ def unsupported(system: str, dtype: str, device: str) -> str | None:
     """Why ``system`` cannot run ``dtype`` on ``device`` here, or None when it can."""
     if system == "engine" and dtype == "int8" and not engine_supports_int8():
         return "not supported (GPTJ.from_checkpoint has no quantize parameter)"
+    if system == "openvino":
+        if not device.startswith("cpu"):
+            return "not supported (the openvino backend runs on the CPU only here)"
+        if dtype not in OPENVINO_DTYPES:
+            return f"not supported (the openvino backend computes in {', '.join(OPENVINO_DTYPES)})"
     if system == "transformers" and dtype == "int8":
         if device != "cpu":
             return "not supported (torch dynamic int8 quantization is CPU-only)"
@@ -136,11 +143,8 @@ class EngineRunner:
                 if len(results) == len(prompts):
                     all_done.set()
 
-        bad = [[self.eos]] if self.eos is not None else []
         for i, prompt in enumerate(prompts):
-            request = GenerationRequest(
-                list(prompt), new, sampling=engine_sampling(sampled, seed + i), bad_words=bad
-            )
+            request = self.request(prompt, new, sampled, seed + i)
             self.engine.submit(request, _Collect(lambda r, i=i: done(i, r)))
         all_done.wait()
         errors = [r.error for r in results.values() if r.error]
@@ -148,10 +152,43 @@ class EngineRunner:
             raise RuntimeError(f"engine failed: {errors[0]}")
         return [list(results[i].output_ids) for i in range(len(prompts))]
 
+    def request(self, prompt: list[int], new: int, sampled: bool, seed: int) -> GenerationRequest:
+        bad = [[self.eos]] if self.eos is not None else []
+        return GenerationRequest(
+            list(prompt), new, sampling=engine_sampling(sampled, seed), bad_words=bad
+        )
+
     def close(self) -> None:
         self.engine.stop()
         del self.engine
         gc.collect()
+
+
+class OpenVINORunner(EngineRunner):
+    """The project's openvino backend (engine/openvino_backend.py), the whole batch submitted
+    at once, like the engine; the end token kept out by a stand-in end id (bench/ov.py)."""
+
+    system = "openvino"
+
+    def __init__(  # no super().__init__(): that would load the torch model
+        self, checkpoint: Path, dtype: str, device: str, max_batch_size: int, prompt_tokens: int
+    ) -> None:
+        from engine import ModelShape
+
+        shape = ModelShape.read(checkpoint)
+        self.end_id = stand_in_end_id(shape.vocab_size, shape.eos_token_id)
+        self.eos = None  # no bad words: the backend refuses them
+        self.engine = start_backend(
+            checkpoint, dtype, max_batch_size, max(4096, max_batch_size * prompt_tokens),
+            prefix_caching=False,  # static batches of random prompts share no prefix
+        )  # fmt: skip
+        self.detail = f"OpenVINOBackend(dtype={dtype}), end_id={self.end_id} stands in"
+
+    def request(self, prompt: list[int], new: int, sampled: bool, seed: int) -> GenerationRequest:
+        return GenerationRequest(
+            list(prompt), new, sampling=engine_sampling(sampled, seed), end_id=self.end_id,
+            return_log_probs=False,
+        )  # fmt: skip
 
 
 class TransformersRunner:

@@ -1,9 +1,13 @@
-"""Sections ``arrivals``, ``mixed`` and ``single``: traffic against the bare engine, then the
-server.
+"""Sections ``arrivals``, ``mixed`` and ``single``: traffic against each backend bare, then
+served.
 
-Everything bare runs first, in this process, with the engine configured as the served one
-(``model_repository/engine/config.pbtxt``: dtype, batch size, prefill budget); the engine is then
-stopped and Triton started on a copy of the repository, so the two never share the CPU.
+For each backend (the torch engine, then the openvino backend) everything bare runs first, in
+this process, with the backend configured as the served one (``model_repository/engine/
+config.pbtxt``: batch size, prefill and KV-cache budgets; dtype: the config's for torch,
+bfloat16 for openvino where the CPU has it natively); the backend is then stopped and Triton
+started on a copy of the repository serving that backend, so no two systems share the CPU.
+Row keys: ``bare_*`` / ``served_*`` are the torch engine's, ``openvino_bare_*`` /
+``openvino_served_*`` the openvino backend's.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.format import ratio
+from bench.kernels import PROBE_TOKENS, fit_tokens
 from bench.load import (
     BareTarget,
     Measurement,
@@ -24,16 +30,32 @@ from bench.load import (
     short_latencies,
     static_batches,
 )
-from bench.models import CACHE, ModelInfo
-from bench.report import ratio
+from bench.models import CACHE, ModelInfo, random_prompts
+from bench.ov import PipelineGenerate, bf16_native, served_dtype, stand_in_end_id, start_backend
 from bench.server import running_server, served_engine_settings
 from bench.settings import Plan
-from bench.systems import TORCH_DTYPES
+from bench.systems import TORCH_DTYPES, TransformersRunner, generate
+from contract.prompts import code_prompts
 from engine import GPTJ, TorchEngine, in_passing_thread
-from loadtest.prompts import code_prompts
 
 Progress = Callable[[str], None]
 TRAFFIC_SECTIONS = ("arrivals", "mixed", "single")
+TARGET_LENGTH = 128  # the output length the throughput targets are held at
+# transformers' reference generate makes fewer tokens than asked where they would take longer
+# than this (a loaded machine); its row says how many (a shorter context flatters it, if any)
+REFERENCE_BUDGET_S = 30.0
+
+
+def key(backend: str, path: str) -> str:
+    """The result key prefix of a backend's path: ``bare`` / ``served`` for the torch engine
+    (the keys earlier runs wrote), ``openvino_bare`` / ``openvino_served`` for openvino."""
+    return path if backend == "torch" else f"{backend}_{path}"
+
+
+def target_length(lengths: tuple[int, ...]) -> int:
+    """The arrivals length the reference generates run at: 128, or the longest in a run that
+    has no 128 (a quick run: its targets say which length they were held at)."""
+    return TARGET_LENGTH if TARGET_LENGTH in lengths else max(lengths)
 
 
 def _window(m: Measurement, what: str, progress: Progress, length: int) -> str:
@@ -103,7 +125,7 @@ def _drive(
             row[f"{path}_requests"] = len(m.records)
             row[f"{path}_short"] = m.short_of()
             row[f"{path}_window_s"] = _window(m, f"arrivals {path}", progress, length)
-            if isinstance(target, BareTarget):
+            if target.name == "bare":  # the torch engine fed whole batches
                 rate, rounds, short = static_batches(target, plan.clients, length, plan.window_s)
                 row["static_tokens_per_s"] = rate
                 row["static_rounds"] = rounds
@@ -115,10 +137,11 @@ def _drive(
     if "mixed" in plan.sections:
         short, long = plan.mixed_short, plan.mixed_long
         progress(
-            f"mixed {path}: {plan.mixed_clients} x {short} tokens alone, then next to "
-            f"{plan.mixed_clients} x {long} tokens ..."
+            f"mixed {path}: {2 * plan.mixed_clients} x {short} tokens, then {plan.mixed_clients} "
+            f"of them next to {plan.mixed_clients} x {long} tokens ..."
         )
-        alone = closed_loop(target, [short] * plan.mixed_clients, *windows)
+        # the baseline: every client asking for short answers (the same load, none long)
+        alone = closed_loop(target, [short] * (2 * plan.mixed_clients), *windows)
         both = closed_loop(
             target,
             [short] * plan.mixed_clients + [long] * plan.mixed_clients,
@@ -136,6 +159,139 @@ def _drive(
         )
 
 
+def _reference_generates(
+    backend: str,
+    model: ModelInfo,
+    ids: list[list[int]],
+    plan: Plan,
+    settings: dict[str, Any],
+    arrivals: dict[int, dict[str, Any]],
+    progress: Progress,
+) -> None:
+    """What the served system is held against at the target length, each alone: transformers'
+    static-batch ``generate`` (after the torch backend; the faster of float32 and, where
+    native, bfloat16) and the OpenVINO pipeline's own ``generate`` on the same batch of code
+    prompts (after the openvino backend)."""
+    length = target_length(plan.lengths)
+    row = arrivals.setdefault(length, {"length": length})
+    if backend == "torch":
+        prompts = random_prompts(plan.clients, 32, model.vocab_size, model.eos_token_id, plan.seed)
+        dtypes = ("float32", "bfloat16") if bf16_native() else ("float32",)
+        for dtype in dtypes:
+
+            def once(dtype: str = dtype) -> tuple[float, int]:
+                runner = TransformersRunner(model.path, dtype, plan.device)
+                try:
+                    generate(runner, prompts[:2], 2, True, plan.seed)  # warm-up
+                    started = time.perf_counter()  # a probe sets how many tokens fit
+                    generate(runner, prompts, PROBE_TOKENS, True, plan.seed)
+                    probe_s = time.perf_counter() - started
+                    new = fit_tokens(probe_s, PROBE_TOKENS, REFERENCE_BUDGET_S, length, 8)
+                    started = time.perf_counter()
+                    made = sum(generate(runner, prompts, new, True, plan.seed))
+                    return made / (time.perf_counter() - started), new
+                finally:
+                    runner.close()
+
+            rate, new = in_passing_thread(once)
+            row[f"transformers_{dtype}_tokens_per_s"] = rate
+            row[f"transformers_{dtype}_new_tokens"] = new
+            progress(
+                f"transformers generate {dtype}, {plan.clients} x {new} of {length} tokens: "
+                f"{rate:,.0f} tok/s"
+            )
+            if rate > (row.get("transformers_static_tokens_per_s") or 0):
+                row["transformers_static_tokens_per_s"] = rate
+                row["transformers_static_dtype"] = dtype
+                row["transformers_static_new_tokens"] = new
+    else:
+        pipe = PipelineGenerate(model.path, str(settings["openvino_dtype"]), plan.clients)
+        timed = pipe.timed(ids[: plan.clients], length, True, plan.seed)
+        del pipe
+        row["pipeline_tokens_per_s"] = timed["tokens_per_s"]
+        progress(
+            f"OpenVINO pipeline generate, {plan.clients} x {length}: "
+            f"{timed['tokens_per_s']:,.0f} tok/s"
+        )
+
+
+def _bare(
+    backend: str,
+    model: ModelInfo,
+    ids: list[list[int]],
+    plan: Plan,
+    settings: dict[str, Any],
+    tables: tuple[dict[int, dict[str, Any]], list[dict[str, Any]], dict[str, Any]],
+    progress: Progress,
+) -> None:
+    """One backend in this process, configured as the served one: traffic, then (stopped)
+    the forward ceilings (torch) and the reference generates."""
+    arrivals = tables[0]
+    started = time.perf_counter()
+    if backend == "torch":
+        dtype = str(settings["dtype"])
+        weights = in_passing_thread(  # the engine's thread is then the only OpenMP pool
+            lambda: GPTJ.from_checkpoint(model.path, dtype=TORCH_DTYPES[dtype], device=plan.device)
+        )
+        engine = TorchEngine(
+            weights,
+            max_batch_size=int(settings["max_batch_size"]),
+            max_prefill_tokens=int(settings["max_prefill_tokens"]),
+            max_cache_tokens=int(settings["kv_cache_tokens"]) or None,
+        ).start()
+        target = BareTarget(engine, ids, model.eos_token_id)
+    else:
+        dtype = str(settings["openvino_dtype"])
+        engine = start_backend(
+            model.path, dtype, int(settings["max_batch_size"]),
+            int(settings["max_prefill_tokens"]), max_cache_tokens=int(settings["kv_cache_tokens"]),
+        )  # fmt: skip
+        end_id = stand_in_end_id(model.vocab_size, model.eos_token_id)
+        target = BareTarget(engine, ids, None, end_id=end_id, name=key(backend, "bare"))
+    progress(f"bare {backend} ready ({dtype}, {time.perf_counter() - started:.1f}s)")
+    try:
+        _drive(target, plan, *tables, progress)
+    finally:
+        engine.stop()
+        del engine
+    if backend == "torch" and "arrivals" in plan.sections:
+        _forward_ceilings(weights, [len(i) for i in ids], plan, arrivals, progress)
+    if "arrivals" in plan.sections:
+        _reference_generates(backend, model, ids, plan, settings, arrivals, progress)
+
+
+def _served(
+    backend: str,
+    model: ModelInfo,
+    texts: list[str],
+    ids: list[list[int]],
+    plan: Plan,
+    settings: dict[str, Any],
+    tables: tuple[dict[int, dict[str, Any]], list[dict[str, Any]], dict[str, Any]],
+    out: Path,
+    progress: Progress,
+) -> None:
+    """Triton on a copy of the repository serving ``backend``; the same traffic through it."""
+    started = time.perf_counter()
+    dtype = str(settings["dtype"] if backend == "torch" else settings["openvino_dtype"])
+    progress(f"starting Triton ({backend} backend, {dtype}) on a copy of the repository ...")
+    end_id = None if backend == "torch" else stand_in_end_id(model.vocab_size, model.eos_token_id)
+    with running_server(
+        model.path, CACHE / "serving", out / f"tritonserver-{backend}.log", plan.device,
+        backend=backend, parameters={"dtype": dtype},
+    ) as srv:  # fmt: skip
+        progress(f"Triton ready on gRPC {srv.grpc_url} ({time.perf_counter() - started:.0f}s)")
+        name = key(backend, "served")
+        target = ServedTarget(srv.grpc_url, texts, [len(i) for i in ids], end_id, name)
+        try:
+            got = target.request(0, 16)
+            if got != 16:
+                raise RuntimeError(f"the server made {got} tokens of 16: end token not kept out")
+            _drive(target, plan, *tables, progress)
+        finally:
+            target.close()
+
+
 def run_traffic(
     plan: Plan,
     model: ModelInfo,
@@ -147,8 +303,8 @@ def run_traffic(
     """Fill ``results`` with ``load_settings`` and the rows of the chosen traffic sections."""
     from transformers import PreTrainedTokenizerFast
 
-    settings = served_engine_settings()
-    dtype = str(settings["dtype"])
+    settings: dict[str, Any] = dict(served_engine_settings())
+    settings["openvino_dtype"] = served_dtype()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model.path))
     longest = max((*plan.lengths, plan.mixed_long, plan.single_tokens))
     texts, ids = [], []
@@ -159,74 +315,48 @@ def run_traffic(
             ids.append(tokens)
     results["load_settings"] = {
         "model": model.name,
-        "dtype": dtype,
-        "max_batch_size": settings["max_batch_size"],
-        "max_prefill_tokens": settings["max_prefill_tokens"],
+        **settings,
+        "backends": list(plan.backends),
+        "openvino_end_id": stand_in_end_id(model.vocab_size, model.eos_token_id),
         "prompts": len(texts),
         "prompt_tokens_median": sorted(len(i) for i in ids)[len(ids) // 2],
     }
     arrivals: dict[int, dict[str, Any]] = {}
     mixed: list[dict[str, Any]] = []
     single: dict[str, Any] = {}
+    tables = (arrivals, mixed, single)
 
     def publish() -> None:
         for row in arrivals.values():
-            row["served_over_bare"] = ratio(
-                row.get("served_tokens_per_s"), row.get("bare_tokens_per_s")
-            )
+            for backend in plan.backends:
+                bare, served = key(backend, "bare"), key(backend, "served")
+                row[f"{served}_over_bare"] = ratio(
+                    row.get(f"{served}_tokens_per_s"), row.get(f"{bare}_tokens_per_s")
+                )
             row["continuous_over_static"] = ratio(
                 row.get("bare_tokens_per_s"), row.get("static_tokens_per_s")
             )
-            row["windows"] = "/".join(
-                str(row[k]) for k in ("bare_window_s", "served_window_s") if k in row
-            )
+            row["windows"] = "/".join(str(row[k]) for k in row if k.endswith("_window_s"))
         if "arrivals" in plan.sections:
             results["arrivals"] = [arrivals[k] for k in sorted(arrivals)]
         if "mixed" in plan.sections:
             results["mixed"] = mixed
         if "single" in plan.sections:
             single["repeats"] = plan.single_repeats
-            single["overhead_ms"] = (
-                single["served_median_ms"] - single["bare_median_ms"]
-                if "served_median_ms" in single and "bare_median_ms" in single
-                else None
-            )
+            for backend in plan.backends:
+                bare, served = key(backend, "bare"), key(backend, "served")
+                overhead = f"{served}_overhead_ms" if backend != "torch" else "overhead_ms"
+                single[overhead] = (
+                    single[f"{served}_median_ms"] - single[f"{bare}_median_ms"]
+                    if f"{served}_median_ms" in single and f"{bare}_median_ms" in single
+                    else None
+                )
             results["single"] = single
         save()
 
-    started = time.perf_counter()
-    weights = in_passing_thread(  # the engine's thread is then the only OpenMP pool
-        lambda: GPTJ.from_checkpoint(model.path, dtype=TORCH_DTYPES[dtype], device=plan.device)
-    )
-    engine = TorchEngine(
-        weights,
-        max_batch_size=int(settings["max_batch_size"]),
-        max_prefill_tokens=int(settings["max_prefill_tokens"]),
-    ).start()
-    progress(f"bare engine ready ({dtype}, {time.perf_counter() - started:.1f}s)")
-    try:
-        _drive(BareTarget(engine, ids, model.eos_token_id), plan, arrivals, mixed, single, progress)
-    finally:
-        engine.stop()
-        del engine
-    if "arrivals" in plan.sections:
-        _forward_ceilings(weights, [len(i) for i in ids], plan, arrivals, progress)
-    del weights
-    publish()
-    if not plan.served:
-        return
-    started = time.perf_counter()
-    progress("starting Triton on a copy of the model repository ...")
-    with running_server(
-        model.path, CACHE / "serving", out / "tritonserver.log", plan.device
-    ) as srv:
-        progress(f"Triton ready on gRPC {srv.grpc_url} ({time.perf_counter() - started:.0f}s)")
-        target = ServedTarget(srv.grpc_url, texts, [len(i) for i in ids])
-        try:
-            got = target.request(0, 16)
-            if got != 16:
-                raise RuntimeError(f"the server generated {got} tokens of 16: end token not banned")
-            _drive(target, plan, arrivals, mixed, single, progress)
-        finally:
-            target.close()
-    publish()
+    for backend in plan.backends:  # one system at a time: never two on the CPU at once
+        _bare(backend, model, ids, plan, settings, tables, progress)
+        publish()
+        if plan.served:
+            _served(backend, model, texts, ids, plan, settings, tables, out, progress)
+            publish()

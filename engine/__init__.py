@@ -46,6 +46,9 @@ _WHERE = {
     "OpenVINOBackend": "engine.openvino_backend",
     "ModelShape": "engine.openvino_model",
     "require_export": "engine.openvino_model",
+    "compile_properties": "engine.openvino_model",
+    "PRECISIONS": "engine.openvino_model",
+    "BLOCK_SIZE": "engine.openvino_model",
 }
 
 __all__ = sorted(_WHERE)

@@ -1,0 +1,65 @@
+"""Number and table formatting shared by every bench table: pure functions, unit-tested."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from reporting import tables
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator, or None when either is missing or the denominator is 0."""
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator
+
+
+def fmt(value: float | int | None, digits: int = 0, suffix: str = "") -> str:
+    """A number for a table: thousands separators, ``digits`` decimals; "—" for missing."""
+    if value is None:
+        return "—"
+    return f"{value:,.{digits}f}{suffix}"
+
+
+def rate(value: float | None) -> str:
+    """tokens/s for a table: whole numbers, one decimal below 10 (a 350M model at batch 1)."""
+    return fmt(value, 1 if value is not None and value < 10 else 0)
+
+
+def verdict(value: float | None, limit: float, at_most: bool) -> str:
+    """ "ok" / "MISSED" against a target (at most / at least ``limit``); "—" without a value."""
+    if value is None:
+        return "—"
+    good = value <= limit if at_most else value >= limit
+    return "ok" if good else "MISSED"
+
+
+def _align(headers: Sequence[str]) -> str:
+    """Bench marks a numeric column with a leading space in its header: right-aligned."""
+    return "".join("r" if h.startswith(" ") else "l" for h in headers)
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A GitHub markdown table (the one table helper, :mod:`reporting.tables`)."""
+    return "\n".join(tables.table([h.strip() for h in headers], rows, _align(headers)))
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """The same table for a terminal: padded columns, numeric ones right-justified."""
+    return "\n".join(tables.text_table([h.strip() for h in headers], rows, _align(headers)))
+
+
+Table = tuple[str, str, list[str], list[list[str]]]  # title, context line, headers, rows
+
+
+def context(results: dict[str, Any], *parts: str) -> str:
+    machine = results.get("machine_label", "")
+    return " · ".join(p for p in (f"machine: {machine}", *parts) if p)
+
+
+def model_text(results: dict[str, Any], name: str) -> str:
+    for model in results.get("models", []):
+        if model["name"] == name:
+            return f"model: {name} ({model['description']})"
+    return f"model: {name}"

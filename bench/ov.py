@@ -1,0 +1,139 @@
+"""The openvino backend as a benchmarked system: its dtype, its end token, its own pipeline.
+
+The backend (engine/openvino_backend.py) refuses ``bad_words_list`` (OpenVINO GenAI has no
+banned-token list), which is how the bench makes the torch engine generate every token asked
+for. For the openvino backend the bench sends instead an ``end_id`` that stands in for the
+end token: a token id inside the vocabulary (the last one, the rarest merge of a byte-level
+BPE) other than the model's end token, so the real end token is an ordinary token and
+generation stops only at the length asked for. Should the model produce the stand-in, the
+request ends early and the bench sees it: every runner counts the tokens really generated
+(kernels fail the cell, traffic reports the short requests). It changes no cost per token.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from engine import PRECISIONS
+
+CPU_FLAGS = ("avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "avx2", "fma")
+OPENVINO_DTYPES = tuple(PRECISIONS)  # float32, bfloat16: what compile_properties takes
+
+
+def cpu_flags(cpuinfo: str | None = None) -> list[str]:
+    """Which of the flags that decide bf16/int8 speed this CPU has (/proc/cpuinfo)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return []
+    words: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            words.update(value.split())
+    return [flag for flag in CPU_FLAGS if flag in words]
+
+
+def bf16_native(flags: list[str] | None = None) -> bool:
+    """Whether the CPU computes bfloat16 natively (AVX-512 BF16 or AMX)."""
+    found = cpu_flags() if flags is None else flags
+    return "avx512_bf16" in found or "amx_bf16" in found
+
+
+def served_dtype(flags: list[str] | None = None) -> str:
+    """The openvino backend's dtype in this run: bfloat16 where native, else float32."""
+    return "bfloat16" if bf16_native(flags) else "float32"
+
+
+def stand_in_end_id(vocab_size: int, eos_token_id: int) -> int:
+    """The ``end_id`` sent to the openvino backend so the real end token never stops it:
+    the last id of the vocabulary (the one before it when that is the end token)."""
+    if vocab_size < 2:
+        raise ValueError(f"a vocabulary of {vocab_size} has no stand-in for the end token")
+    last = vocab_size - 1
+    return last - 1 if last == eos_token_id else last
+
+
+def start_backend(
+    checkpoint: Path,
+    dtype: str,
+    max_batch_size: int,
+    max_prefill_tokens: int = 4096,
+    prefix_caching: bool = True,
+    max_cache_tokens: int | None = None,
+) -> Any:
+    """The project's OpenVINOBackend on ``checkpoint``'s export, started (no KV-cache budget:
+    a full context per row, as the served config's 0 means)."""
+    from engine import ModelShape, OpenVINOBackend, require_export
+
+    shape = ModelShape.read(checkpoint)
+    return OpenVINOBackend(
+        require_export(checkpoint),
+        shape,
+        dtype=dtype,
+        max_batch_size=max_batch_size,
+        max_prefill_tokens=max(max_prefill_tokens, max_batch_size),
+        prefix_caching=prefix_caching,
+        max_cache_tokens=max_cache_tokens or None,
+    ).start()
+
+
+class PipelineGenerate:
+    """OpenVINO GenAI's own ``ContinuousBatchingPipeline.generate`` on a batch: the pipeline
+    without this project's backend or server around it (``min_new_tokens`` keeps every row
+    to the length asked for)."""
+
+    def __init__(self, checkpoint: Path, dtype: str, max_batch_size: int) -> None:
+        import openvino_genai
+
+        from engine import BLOCK_SIZE, ModelShape, compile_properties, require_export
+
+        shape = ModelShape.read(checkpoint)
+        scheduler = openvino_genai.SchedulerConfig()
+        scheduler.num_kv_blocks = -(-max_batch_size * shape.context // BLOCK_SIZE)
+        scheduler.max_num_seqs = max_batch_size
+        scheduler.max_num_batched_tokens = max(4096, max_batch_size)
+        scheduler.dynamic_split_fuse = True
+        scheduler.enable_prefix_caching = False
+        self.pipe = openvino_genai.ContinuousBatchingPipeline(
+            str(require_export(checkpoint)), scheduler, "CPU", compile_properties(dtype)
+        )
+        self.eos = shape.eos_token_id
+
+    def generate_ids(
+        self, prompts: list[list[int]], new: int, sampled: bool, seed: int
+    ) -> list[list[int]]:
+        import numpy as np
+        import openvino
+        import openvino_genai
+
+        from bench.settings import SAMPLED
+
+        configs = []
+        for i in range(len(prompts)):
+            config = openvino_genai.GenerationConfig()
+            config.max_new_tokens = new
+            config.min_new_tokens = new
+            config.set_eos_token_id(self.eos)
+            if sampled:
+                config.do_sample = True
+                config.top_k = SAMPLED["top_k"]
+                config.top_p = SAMPLED["top_p"]
+                config.temperature = SAMPLED["temperature"]
+                config.rng_seed = seed + i
+            configs.append(config)
+        tensors = [openvino.Tensor(np.array([p], dtype=np.int64)) for p in prompts]
+        results = self.pipe.generate(tensors, configs)
+        return [list(r.m_generation_ids[0]) for r in results]
+
+    def timed(self, prompts: list[list[int]], new: int, sampled: bool, seed: int) -> dict:
+        """One warm-up call on two prompts, then the batch: tokens/s and tokens made."""
+        self.generate_ids(prompts[:2], 2, sampled, seed)
+        started = time.perf_counter()
+        out = self.generate_ids(prompts, new, sampled, seed)
+        seconds = time.perf_counter() - started
+        made = sum(len(ids) for ids in out)
+        return {"tokens_per_s": made / seconds, "tokens": made, "seconds": seconds}
