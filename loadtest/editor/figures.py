@@ -73,10 +73,10 @@ class EngineFigures:
     wasted_per_abandoned: float | None
     sequences: float  # sequences the engine finished or dropped
     cancelled: float
-    prompt_tokens: float  # prefilled
+    prompt_tokens: float  # received: every prompt the engine admitted, whole
     prompt_tokens_per_request: float | None
     reused_tokens: float | None  # None: NOT_REPORTED
-    reuse_share: float | None  # reused / (prefilled + reused)
+    reuse_share: float | None  # reused / received: reuse_share()
     reuse_note: str
 
 
@@ -110,6 +110,26 @@ def reuse_metric() -> str | None:
     return None
 
 
+def reuse_share(received: float, reused: float | None) -> float | None:
+    """Prompt tokens the prefix cache held over prompt tokens the engine received (its
+    prompt-token counter counts every admitted prompt whole, reused blocks included). An upper
+    bound: the reuse counter is the backend's own index of blocks, which the pipeline may have
+    evicted meanwhile."""
+    if reused is None or not received:
+        return None
+    return reused / received
+
+
+def reuse_line(received: float, reused: float) -> str:
+    """One line for a report that has the two engine counters (the seed sweep's)."""
+    share = reuse_share(received, reused)
+    return (
+        f"Prefix-cache reuse: {reused:,.0f} of {received:,.0f} prompt tokens received "
+        f"({'-' if share is None else f'{share:.1%}'}; `{names.ENGINE_PROMPT_TOKENS_REUSED}`, "
+        "an upper bound)"
+    )
+
+
 def engine_figures(
     increases: dict[str, float], records: Sequence[EditorRecord], exact_tokens: bool
 ) -> EngineFigures:
@@ -128,7 +148,7 @@ def engine_figures(
     )
     abandoned = sum(r.outcome == ABANDONED for r in records)
     sequences = get(names.ENGINE_REQUESTS)
-    prefilled = get(names.ENGINE_PROMPT_TOKENS)
+    received = get(names.ENGINE_PROMPT_TOKENS)
     metric = reuse_metric()
     reused = None
     if metric is not None and (metric in increases or metric + "_total" in increases):
@@ -142,12 +162,10 @@ def engine_figures(
         wasted_per_abandoned=wasted / abandoned if abandoned else None,
         sequences=sequences,
         cancelled=get(names.ENGINE_CANCELLED),
-        prompt_tokens=prefilled,
-        prompt_tokens_per_request=prefilled / sequences if sequences else None,
+        prompt_tokens=received,
+        prompt_tokens_per_request=received / sequences if sequences else None,
         reused_tokens=reused,
-        reuse_share=reused / (prefilled + reused)
-        if reused is not None and prefilled + reused
-        else None,
+        reuse_share=reuse_share(received, reused),
         reuse_note=(
             f"{metric} over the run"
             if reused is not None

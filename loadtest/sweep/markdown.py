@@ -16,6 +16,7 @@ from contract.tensors import (
     POSTPROCESSING_MODEL,
     PREPROCESSING_MODEL,
 )
+from loadtest.editor.figures import reuse_line
 from loadtest.machine import machine_lines
 from loadtest.metrics import MODELS, sample_name
 from loadtest.results import (
@@ -108,10 +109,16 @@ def _metric_listing(row: LengthResult) -> list[str]:
         names.ENGINE_STEPS,
         names.ENGINE_STEP_ROWS,
         names.ENGINE_GENERATED_TOKENS,
+        names.ENGINE_PROMPT_TOKENS,
+        names.ENGINE_PROMPT_TOKENS_REUSED,
     ):
         value = row.increase(sample_name(metric), ENGINE_MODEL)
         lines.append(f'{metric}{{model="{ENGINE_MODEL}"}} {value:.0f}')
-    return lines
+    received, reused = (row.increase(sample_name(m), ENGINE_MODEL) for m in _REUSE)
+    return [*lines, "# " + reuse_line(received, reused)]
+
+
+_REUSE = (names.ENGINE_PROMPT_TOKENS, names.ENGINE_PROMPT_TOKENS_REUSED)
 
 
 def _busy(row: LengthResult, stage: str) -> str:
