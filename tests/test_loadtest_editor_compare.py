@@ -24,6 +24,12 @@ from loadtest.editor.compare import (
     set_caching,
     write_comparison,
 )
+from loadtest.editor.drill import (
+    DrillOutcome,
+    abandon_at_first_piece,
+    drill_figures,
+    drill_prompts,
+)
 from loadtest.editor.figures import (
     ABANDONED,
     ANSWERED,
@@ -34,6 +40,7 @@ from loadtest.editor.figures import (
     reuse_line,
     reuse_share,
 )
+from loadtest.editor.protocols import Exchange
 from loadtest.editor.report import EditorRun
 from loadtest.editor.typist import TypingStyle
 from loadtest.editor.window import Clipper
@@ -141,6 +148,66 @@ def test_an_anchored_prefix_keeps_its_start_while_the_cursor_moves_within_a_step
         Clipper(CharEncoder(), context=200, max_tokens=32, anchor_chars=-1)
 
 
+# --- the abandonment drill ---------------------------------------------------------------------
+
+
+class ScriptedExchange(Exchange):
+    """An exchange whose pieces arrive on the scripted polls: ``script`` lists, per poll,
+    the tokens of a piece (0: nothing yet), then "end" or "error"."""
+
+    def __init__(self, script: list) -> None:
+        super().__init__()
+        self.script = list(script)
+        self.polls = 0
+        self.abandoned = False
+
+    def wait(self, deadline: float) -> bool:
+        self.polls += 1
+        step = self.script.pop(0) if self.script else 0
+        if step == "end":
+            self.finished, self.completion_tokens = True, self.tokens_read + 3
+        elif step == "error":
+            self._fail("HTTP 500: boom")
+        elif step:
+            self._piece(step)
+        return self.over
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+
+def test_the_drill_leaves_at_the_first_piece_and_counts_what_was_read():
+    late = ScriptedExchange([0, 0, 2, 1, 1])
+    outcome = abandon_at_first_piece(late)
+    assert outcome == DrillOutcome(ABANDONED, 2) and late.abandoned and late.polls == 3
+    quick = ScriptedExchange(["end"])  # the model ended the text before any piece: answered
+    assert abandon_at_first_piece(quick) == DrillOutcome(ANSWERED, 3) and not quick.abandoned
+    failed = abandon_at_first_piece(ScriptedExchange(["error"]))
+    assert failed.outcome == ERROR and failed.error == "HTTP 500: boom"
+    silent = ScriptedExchange([])
+    assert abandon_at_first_piece(silent, limit_s=0.0).outcome == ERROR and silent.abandoned
+
+
+def test_drill_figures_are_unread_tokens_per_abandoned_request():
+    outcomes = [DrillOutcome(ABANDONED, 1)] * 4 + [DrillOutcome(ANSWERED, 10)]
+    d = drill_figures(outcomes, generated=22.0, max_tokens=200, sse=True)
+    assert (d.requests, d.abandoned, d.answered, d.errors, d.tokens_read) == (5, 4, 1, 0, 14)
+    assert d.unread_per_abandoned == pytest.approx((22 - 14) / 4) and "SSE" in d.bound
+    assert drill_figures(outcomes, None, 200, sse=False).unread_per_abandoned is None
+    none = drill_figures([DrillOutcome(ANSWERED, 5)], 5.0, 200, sse=False)
+    assert none.unread_per_abandoned is None and "SSE" not in none.bound
+
+
+def test_drill_prompts_take_the_files_in_turn_up_to_their_middle_line(tmp_path):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("".join(f"a{i}\n" for i in range(10)))
+    b.write_text("".join(f"b{i}\n" for i in range(4)))
+    prompts = drill_prompts([a, b, tmp_path / "missing.py"], lambda text, at: text[:at], 3)
+    assert prompts == ["a0\na1\na2\na3\na4\n", "b0\nb1\n", "a0\na1\na2\na3\na4\n"]
+    with pytest.raises(RuntimeError, match="no held-out file"):
+        drill_prompts([tmp_path / "missing.py"], lambda text, at: text, 1)
+
+
 # --- targets -----------------------------------------------------------------------------------
 
 
@@ -168,6 +235,7 @@ def _run(
     errors: int = 0,
     after: str = "answered a plain request in 20 ms",
     engine: bool = True,
+    drill: tuple[int, float] | None = None,  # abandoned, unread tokens
 ) -> EditorRun:
     """A half whose answered requests (ten of them) all took ``ttft`` to the first token and
     whose engine generated ``wasted`` tokens no reader got (abandoned requests read 2 each)."""
@@ -205,6 +273,11 @@ def _run(
         problems=[],
         machine=machine_info(),
         model=ModelInfo(),
+        drill=None
+        if drill is None
+        else drill_figures(
+            [DrillOutcome(ABANDONED, 1)] * drill[0], drill[0] + drill[1], 200, False
+        ),
     )
 
 
@@ -234,6 +307,11 @@ def test_tokens_after_abandonment_are_per_abandoned_request_in_each_half():
     # abandoned requests whose engine counters were not read cannot pass
     unread = _verdicts(_run(100.0), _run(300.0, engine=False))
     assert unread["abandoned requests"] == NOT_MEASURED
+    # the drill counts like the typists: it can pass alone, and fail a passing half
+    drilled = _verdicts(_run(100.0, abandoned=0, drill=(8, 16.0)), _run(300.0, abandoned=0))
+    assert drilled["abandoned requests"] == PASS
+    spilled = _verdicts(_run(100.0, drill=(8, 17.0)), _run(300.0))
+    assert spilled["abandoned requests"] == FAIL
 
 
 def test_errors_and_the_after_check_fail_in_either_half():
@@ -254,7 +332,7 @@ def test_the_comparison_report_puts_the_halves_side_by_side(tmp_path):
     assert "3 of 4 PASS" in report
     assert "| first token p50 ms (answered) | 100 | 400 | 0.25 |" in report
     assert "| first token | " in report and "100 ms / 400 ms = 0.25 | **PASS** |" in report
-    assert "**FAIL**" in report and "cache-off: 3.00 over 4 abandoned" in report
+    assert "**FAIL**" in report and "cache-off typists: 3.00 over 4 abandoned" in report
     assert "| prefix-cache reuse share (at most) | 60.0% | 60.0% | 1.00 |" in report
     assert "cache-on 1.50 -> 2.50" in report and "avx512f" in report
     assert report.startswith("# Editor traffic, prefix cache on vs off: run\n")

@@ -31,6 +31,7 @@ def _run(server, tmp_path, protocol: str, *extra: str) -> dict:
         "--model-repository", str(server.model_repository),
         "--out", str(out),
         "--no-compare",
+        "--drill", "2",
         *extra,
     ]  # fmt: skip
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
@@ -55,6 +56,12 @@ def test_a_short_run_balances_its_books(server, tmp_path, protocol):
     assert f["answered"] <= engine["sequences"] <= f["requests"]
     assert engine["generated_tokens"] >= engine["delivered_tokens"] > 0 or not f["answered"]
     assert summary["after"].startswith("answered")
+    # the drill: two long completions left at their first piece, after the typing
+    drill = summary["drill"]
+    assert drill["requests"] == 2 and drill["errors"] == 0, drill
+    assert drill["abandoned"] + drill["answered"] == 2
+    assert drill["generated"] >= drill["tokens_read"] > 0
+    assert "Abandonment drill" in summary["report"]
     assert f"editor {protocol}" in summary["stdout"] and "first token p50" in summary["stdout"]
     # a server without fill-in-the-middle refuses the suffix: then the run says so loudly
     suffix = summary["suffix"]
@@ -88,6 +95,7 @@ def test_the_comparison_types_twice_on_servers_it_starts_with_the_cache_on_then_
         "--progress-every", "2",
         "--model-repository", str(openvino_model_repository),
         "--out", str(out),
+        "--drill", "2",
     ]  # fmt: skip
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     print(done.stdout[-5000:], done.stderr[-5000:], sep="\n")
@@ -109,6 +117,7 @@ def test_the_comparison_types_twice_on_servers_it_starts_with_the_cache_on_then_
             in (out / half / "tritonserver.log").read_text()
         )
         assert halves[half]["figures"]["requests"] >= 2  # each typist pauses within a burst
+        assert halves[half]["drill"]["requests"] == 2 and halves[half]["drill"]["errors"] == 0
     # with the cache off the engine keeps no index of blocks: nothing can be reused
     assert halves["cache-off"]["figures"]["engine"]["reused_tokens"] == 0
     assert halves["cache-on"]["figures"]["engine"]["reused_tokens"] is not None

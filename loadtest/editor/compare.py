@@ -23,6 +23,7 @@ from pathlib import Path
 
 from contract import metrics as names
 from contract.tensors import ENGINE_MODEL
+from loadtest.editor.drill import DRILL_TOKENS
 from loadtest.editor.report import EditorRun
 from loadtest.markdown import number, percent
 from serving.paths import checkpoint_dir
@@ -120,20 +121,20 @@ def _ttft(on: EditorRun, off: EditorRun) -> Target:
 def _waste(on: EditorRun, off: EditorRun) -> Target:
     goal = (
         f"<= {WASTE_PER_ABANDONED:g} tokens generated per abandoned request after its client "
-        "left, in each half (measured: tokens generated that no reader got, an upper bound)"
+        "left, in each half: the typists' abandoned requests and the abandonment drill's "
+        "(measured: tokens generated that no reader got, an upper bound)"
     )
     parts, verdicts = [], []
     for label, run in ((ON, on), (OFF, off)):
-        f, e = run.figures, run.figures.engine
-        if e is None:
-            parts.append(f"{label}: engine counters unread")
-            verdicts.append(NOT_MEASURED)
-        elif not f.abandoned:
-            parts.append(f"{label}: no request abandoned")
-        else:
-            per = e.wasted_per_abandoned or 0.0
-            parts.append(f"{label}: {per:.2f} over {f.abandoned} abandoned")
-            verdicts.append(PASS if per <= WASTE_PER_ABANDONED else FAIL)
+        for source, per, abandoned in _waste_sources(run):
+            if abandoned == 0:
+                parts.append(f"{label} {source}: none abandoned")
+            elif per is None:
+                parts.append(f"{label} {source}: engine counters unread")
+                verdicts.append(NOT_MEASURED)
+            else:
+                parts.append(f"{label} {source}: {per:.2f} over {abandoned} abandoned")
+                verdicts.append(PASS if per <= WASTE_PER_ABANDONED else FAIL)
     if not verdicts:
         verdict = NOT_MEASURED
     elif FAIL in verdicts:
@@ -143,9 +144,19 @@ def _waste(on: EditorRun, off: EditorRun) -> Target:
     return Target("abandoned requests", goal, "; ".join(parts), verdict)
 
 
+def _waste_sources(run: EditorRun) -> list[tuple[str, float | None, int]]:
+    """(source, unread tokens per abandoned request or None, abandoned requests)."""
+    f, e, d = run.figures, run.figures.engine, run.drill
+    sources = [("typists", None if e is None else e.wasted_per_abandoned, f.abandoned)]
+    if d is not None:
+        sources.append(("drill", d.unread_per_abandoned, d.abandoned))
+    return sources
+
+
 def _errors(on: EditorRun, off: EditorRun) -> Target:
-    a, b = on.figures.errors, off.figures.errors
-    return Target("errors", "0 errors", f"{ON} {a}, {OFF} {b}", PASS if a + b == 0 else FAIL)
+    a, b = (r.figures.errors + (r.drill.errors if r.drill else 0) for r in (on, off))
+    measured = f"{ON} {a}, {OFF} {b} (typists and drill)"
+    return Target("errors", "0 errors", measured, PASS if a + b == 0 else FAIL)
 
 
 def _after(on: EditorRun, off: EditorRun) -> Target:
@@ -182,6 +193,9 @@ ROWS: list[Row] = [
     ("tokens generated", _engine(lambda e: e.generated_tokens), 0),
     ("generated for abandoned requests, unread (at most)", _engine(lambda e: e.wasted_tokens), 0),
     ("... per abandoned request (at most)", _engine(lambda e: e.wasted_per_abandoned), 2),
+    ("drill: abandoned at the first piece", lambda r: r.drill and r.drill.abandoned, 0),
+    ("drill: generated after the client left, per abandoned (at most)",
+     lambda r: r.drill and r.drill.unread_per_abandoned, 2),
 ]  # fmt: skip
 
 
@@ -269,7 +283,8 @@ def render(c: Comparison) -> str:
         f"{'sent' if c.on.suffix['send'] else 'NOT SENT'} (up to {s['suffix_share']:.0%} of "
         f"the prompt budget), prefix cut anchored in steps of {s.get('anchor_chars', 0)} "
         "characters (0: the exact longest tail; see loadtest/editor/window.py), sampling "
-        f"{s['sampling']}.",
+        f"{s['sampling']}; then the abandonment drill, {s.get('drill', 0)} completions of "
+        f"{DRILL_TOKENS} tokens abandoned at their first piece (loadtest/editor/drill.py).",
         f"- Each half on a Triton this run started from a copy of the model repository with "
         f"`prefix_caching` true ({ON}) or false ({OFF}), confirmed by the engine's log; "
         "run folders `cache-on/` and `cache-off/` hold each half's report.",

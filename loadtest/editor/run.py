@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
+from contract import metrics as names
 from contract.corpus import held_out_files
 from contract.tensors import ENGINE_MODEL, STREAM_MODEL
 from loadtest.editor.compare import (
@@ -42,6 +43,14 @@ from loadtest.editor.compare import (
     check_caching,
     cpu_flags,
     write_comparison,
+)
+from loadtest.editor.drill import (
+    DRILL_REQUESTS,
+    DRILL_TOKENS,
+    DrillFigures,
+    drill_figures,
+    drill_prompts,
+    run_drill,
 )
 from loadtest.editor.drive import Typing, progress_line
 from loadtest.editor.figures import EngineFigures, editor_figures, engine_figures
@@ -121,6 +130,13 @@ def parser() -> argparse.ArgumentParser:
         default=TypingStyle().pause_s,
         help="a pause's shortest and longest seconds, MIN,MAX (%(default)s)",
     )
+    p.add_argument(
+        "--drill",
+        type=int,
+        default=DRILL_REQUESTS,
+        help=f"after the typing, this many {DRILL_TOKENS}-token completions abandoned at their "
+        "first piece, to measure tokens generated after a client left; 0: none (%(default)s)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help=f"a short run: {QUICK}")
     p.add_argument("--progress-every", type=float, help="seconds between progress lines")
@@ -170,8 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(exc))
     if not endpoints.is_local:
         p.error(f"--host must be on this machine (127.0.0.1 or localhost), got {args.host}")
-    if args.typists < 1 or args.duration <= 0 or args.max_tokens < 1 or args.anchor_chars < 0:
-        p.error("--typists and --max-tokens must be >= 1, --duration > 0, --anchor-chars >= 0")
+    if args.typists < 1 or args.duration <= 0 or args.max_tokens < 1:
+        p.error("--typists and --max-tokens must be >= 1 and --duration > 0")
+    if args.anchor_chars < 0 or args.drill < 0:
+        p.error("--anchor-chars and --drill must be >= 0")
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     kind = "compare" if args.compare else args.protocol
     out = args.out or RESULTS / f"{stamp}-editor-{kind}"
@@ -245,9 +263,9 @@ def type_once(
     files = held_out_files()
     if not files:
         raise SystemExit("no held-out standard-library files found to type")
-    checkpoint = checkpoint_dir(model_repository)
+    tokenizer = CheckpointTokenizer(checkpoint_dir(model_repository))
     clipper = Clipper(
-        CheckpointTokenizer(checkpoint),
+        tokenizer,
         model_context(model_repository),
         args.max_tokens,
         args.suffix_share,
@@ -308,6 +326,18 @@ def type_once(
             note = str(exc)
         if drained is None or drained.running or drained.pending:
             problems.append(f"the server did not drain within {drain_s:.0f} s: {drained}")
+        drill = None
+        if args.drill:
+            drill_clipper = Clipper(tokenizer, clipper.context, DRILL_TOKENS)
+            prompts = drill_prompts(
+                files, lambda text, at: drill_clipper.clip(text, at, False).prefix, args.drill
+            )
+            drill = _drill(args.protocol, _address(args.protocol, server), endpoints, prompts)
+            log.info(
+                f"abandonment drill: {drill.abandoned} of {drill.requests} abandoned at their "
+                f"first piece; at most {drill.unread_per_abandoned} tokens generated after the "
+                "client left, per abandoned request"
+            )
         after = _after_check(sender)
         if not after.startswith("answered"):
             problems.append(f"after the run: {after}")
@@ -323,6 +353,7 @@ def type_once(
                 "max_tokens": args.max_tokens,
                 "suffix_share": args.suffix_share,
                 "anchor_chars": args.anchor_chars,
+                "drill": args.drill,
                 "context": clipper.context,
                 "files": len(files),
                 "seed": args.seed,
@@ -337,6 +368,7 @@ def type_once(
             problems=problems,
             machine=machine_info(),
             model=server.describe(),
+            drill=drill,
         )
         paths = write_report(out, run, records)
     f = run.figures
@@ -349,6 +381,22 @@ def type_once(
         log.warning(mode.note)
     log.info("report: " + ", ".join(p.name for p in paths) + f" in {out}")
     return run
+
+
+def _drill(protocol: str, address: str, endpoints: Endpoints, prompts: list[str]) -> DrillFigures:
+    """The abandonment drill (:mod:`loadtest.editor.drill`) between two readings of the
+    engine's generated-token counter, the second after the server drained."""
+    sender = Sender(protocol, address, DRILL_TOKENS)
+    before = read_snapshot(endpoints.metrics_url)
+    outcomes = run_drill(lambda prompt, seed: sender.open(prompt, "", seed=seed), prompts)
+    wait_for_drain(endpoints.metrics_url, 60.0)
+    generated: float | None = None
+    try:
+        deltas = snapshot_deltas(before, read_snapshot(endpoints.metrics_url))
+        generated = deltas.get(names.ENGINE_GENERATED_TOKENS, ENGINE_MODEL)
+    except OSError as exc:
+        log.warning(f"the engine's counters could not be read after the drill: {exc}")
+    return drill_figures(outcomes, generated, DRILL_TOKENS, sse=protocol == "openai")
 
 
 def _started_here(server: TritonTarget | OpenAITarget) -> bool:
