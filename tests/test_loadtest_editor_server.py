@@ -118,6 +118,10 @@ def test_the_comparison_types_twice_on_servers_it_starts_with_the_cache_on_then_
         )
         assert halves[half]["figures"]["requests"] >= 2  # each typist pauses within a burst
         assert halves[half]["drill"]["requests"] == 2 and halves[half]["drill"]["errors"] == 0
+        config = (out / half / "engine_config.pbtxt").read_text()
+        assert f'"prefix_caching" value: {{ string_value: "{str(caching).lower()}" }}' in config
+    # the repository copies were temporary: nothing of them is left in the run folder
+    assert not list(out.rglob("model.py"))
     # with the cache off the engine keeps no index of blocks: nothing can be reused
     assert halves["cache-off"]["figures"]["engine"]["reused_tokens"] == 0
     assert halves["cache-on"]["figures"]["engine"]["reused_tokens"] is not None

@@ -24,7 +24,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
@@ -215,19 +217,16 @@ def compare(args: argparse.Namespace, endpoints: Endpoints, out: Path, command: 
         )
     runs: dict[str, EditorRun] = {}
     loads: dict[str, tuple[float, float]] = {}
-    for label, caching in HALVES:
-        folder = out / label
-        repository = cache_repository(args.model_repository, folder / "model_repository", caching)
-        http, grpc, metrics = free_ports(3)
-        half = Endpoints(
-            f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}/metrics"
-        )
-        log.info(f"--- {label}: prefix_caching {str(caching).lower()} ---")
-        before = os.getloadavg()[0]
-        runs[label] = type_once(
-            args, half, repository, folder, command, expect_caching=caching, fresh=True
-        )
-        loads[label] = (before, os.getloadavg()[0])
+    copies = Path(tempfile.mkdtemp(prefix="editor-compare-"))  # outside the source tree
+    try:
+        for label, caching in HALVES:
+            folder = out / label
+            repository = cache_repository(args.model_repository, copies / label, caching)
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(repository / ENGINE_MODEL / "config.pbtxt", folder / "engine_config.pbtxt")
+            runs[label], loads[label] = _half(args, repository, folder, command, caching)
+    finally:
+        shutil.rmtree(copies, ignore_errors=True)
     comparison = Comparison(
         out.name,
         runs[ON],
@@ -246,6 +245,20 @@ def compare(args: argparse.Namespace, endpoints: Endpoints, out: Path, command: 
     if problems:
         return 1
     return 0 if comparison.all_pass else TARGETS_MISSED
+
+
+def _half(
+    args: argparse.Namespace, repository: Path, folder: Path, command: str, caching: bool
+) -> tuple[EditorRun, tuple[float, float]]:
+    """One half on a Triton started on free ports; with the load average around it."""
+    http, grpc, metrics = free_ports(3)
+    half = Endpoints(
+        f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}/metrics"
+    )
+    log.info(f"--- {folder.name}: prefix_caching {str(caching).lower()} ---")
+    before = os.getloadavg()[0]
+    run = type_once(args, half, repository, folder, command, expect_caching=caching, fresh=True)
+    return run, (before, os.getloadavg()[0])
 
 
 def type_once(
