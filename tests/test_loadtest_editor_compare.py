@@ -189,13 +189,18 @@ def test_the_drill_leaves_at_the_first_piece_and_counts_what_was_read():
 
 
 def test_drill_figures_are_unread_tokens_per_abandoned_request():
-    outcomes = [DrillOutcome(ABANDONED, 1)] * 4 + [DrillOutcome(ANSWERED, 10)]
-    d = drill_figures(outcomes, generated=22.0, max_tokens=200, sse=True)
+    outcomes = [DrillOutcome(ABANDONED, 1, generated=g) for g in (2.0, 3.0, 3.0, 4.0)]
+    outcomes.append(DrillOutcome(ANSWERED, 10, generated=10.0))
+    d = drill_figures(outcomes, max_tokens=200, sse=True)
     assert (d.requests, d.abandoned, d.answered, d.errors, d.tokens_read) == (5, 4, 1, 0, 14)
+    assert d.generated == 22.0 and d.unread_each == [1.0, 2.0, 2.0, 3.0]
     assert d.unread_per_abandoned == pytest.approx((22 - 14) / 4) and "SSE" in d.bound
-    assert drill_figures(outcomes, None, 200, sse=False).unread_per_abandoned is None
-    none = drill_figures([DrillOutcome(ANSWERED, 5)], 5.0, 200, sse=False)
-    assert none.unread_per_abandoned is None and "SSE" not in none.bound
+    # one request whose count was not read: no total, and it is left out of the list
+    unread = drill_figures([*outcomes, DrillOutcome(ABANDONED, 1)], 200, sse=False)
+    assert unread.unread_per_abandoned is None and unread.generated is None
+    assert unread.unread_each == [1.0, 2.0, 2.0, 3.0] and "SSE" not in unread.bound
+    none = drill_figures([DrillOutcome(ANSWERED, 5, generated=5.0)], 200, sse=False)
+    assert none.unread_per_abandoned is None and none.unread_each == []
 
 
 def test_drill_prompts_take_the_files_in_turn_up_to_their_middle_line(tmp_path):
@@ -276,7 +281,7 @@ def _run(
         drill=None
         if drill is None
         else drill_figures(
-            [DrillOutcome(ABANDONED, 1)] * drill[0], drill[0] + drill[1], 200, False
+            [DrillOutcome(ABANDONED, 1, generated=1 + drill[1] / drill[0])] * drill[0], 200, False
         ),
     )
 
@@ -335,6 +340,7 @@ def test_the_comparison_report_puts_the_halves_side_by_side(tmp_path):
     assert "**FAIL**" in report and "cache-off typists: 3.00 over 4 abandoned" in report
     assert "| prefix-cache reuse share (at most) | 60.0% | 60.0% | 1.00 |" in report
     assert "cache-on 1.50 -> 2.50" in report and "avx512f" in report
+    assert "| drill: the most for one request (at most) | - | - | - |" in report
     assert report.startswith("# Editor traffic, prefix cache on vs off: run\n")
     data = json.loads((tmp_path / "comparison.json").read_text())
     assert [t["verdict"] for t in data["targets"]] == [PASS, FAIL, PASS, PASS]

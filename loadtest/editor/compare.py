@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from contract import metrics as names
 from contract.tensors import ENGINE_MODEL
 from loadtest.editor.drill import DRILL_TOKENS
@@ -174,6 +176,13 @@ def _engine(get: Callable) -> Callable[[EditorRun], float | None]:
     return lambda run: None if run.figures.engine is None else get(run.figures.engine)
 
 
+def _each(statistic: Callable) -> Callable[[EditorRun], float | None]:
+    """A statistic of the drill's unread tokens per abandoned request, where there are any."""
+    return lambda run: (
+        float(statistic(run.drill.unread_each)) if run.drill and run.drill.unread_each else None
+    )
+
+
 ROWS: list[Row] = [
     ("requests", lambda r: r.figures.requests, 0),
     ("answered", lambda r: r.figures.answered, 0),
@@ -196,6 +205,8 @@ ROWS: list[Row] = [
     ("drill: abandoned at the first piece", lambda r: r.drill and r.drill.abandoned, 0),
     ("drill: generated after the client left, per abandoned (at most)",
      lambda r: r.drill and r.drill.unread_per_abandoned, 2),
+    ("drill: the most for one request (at most)", _each(max), 0),
+    ("drill: the median request (at most)", _each(np.median), 1),
 ]  # fmt: skip
 
 

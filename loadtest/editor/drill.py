@@ -8,7 +8,8 @@ so a run may abandon few or none while streaming, and "tokens generated after th
 needs abandoned streams to mean anything. Here every request asks for :data:`DRILL_TOKENS`
 tokens and is abandoned at its first piece, so (unless the model ends the text at once, which
 is counted as answered) each one is abandoned mid-generation by construction. Requests go one
-at a time after the server drained, so the counter's increase is theirs alone.
+at a time, and the engine's counters are read before each and again once the engine has
+finished it (its finished-sequences counter moved on), so each request's count is its own.
 
 The figure is an upper bound of the tokens generated after the client left: it also counts any
 token generated before the client left but not yet read (in flight between the engine and the
@@ -36,6 +37,7 @@ class DrillOutcome:
     outcome: str  # answered, abandoned, error
     tokens_read: int  # abandoned: read before leaving; answered: the whole completion
     error: str = ""
+    generated: float | None = None  # the engine's tokens for this request; None: not read
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class DrillFigures:
     tokens_read: int
     generated: float | None  # the engine's counter over the drill; None: not read
     unread_per_abandoned: float | None  # (generated - read) / abandoned: an upper bound
+    unread_each: list[float]  # the same for each abandoned request whose count was read
     bound: str  # why it is an upper bound
     error_messages: list[str]
 
@@ -67,15 +70,6 @@ def abandon_at_first_piece(exchange: Exchange, limit_s: float = 60.0) -> DrillOu
         return DrillOutcome(ANSWERED, exchange.tokens_read if read is None else read)
     exchange.abandon()
     return DrillOutcome(ABANDONED, exchange.tokens_read)
-
-
-def run_drill(
-    open_exchange: Callable[[str, int], Exchange], prompts: Sequence[str]
-) -> list[DrillOutcome]:
-    """Each prompt once, one at a time (``open_exchange(prompt, seed)``)."""
-    return [
-        abandon_at_first_piece(open_exchange(prompt, seed)) for seed, prompt in enumerate(prompts)
-    ]
 
 
 def drill_prompts(files: Sequence[Path], clip: Callable[[str, int], str], count: int) -> list[str]:
@@ -99,26 +93,27 @@ def drill_prompts(files: Sequence[Path], clip: Callable[[str, int], str], count:
     return prompts
 
 
-def drill_figures(
-    outcomes: Sequence[DrillOutcome], generated: float | None, max_tokens: int, sse: bool
-) -> DrillFigures:
-    abandoned = sum(o.outcome == ABANDONED for o in outcomes)
+def drill_figures(outcomes: Sequence[DrillOutcome], max_tokens: int, sse: bool) -> DrillFigures:
+    abandoned = [o for o in outcomes if o.outcome == ABANDONED]
     read = sum(o.tokens_read for o in outcomes)
+    counted = all(o.generated is not None for o in outcomes)
+    generated = sum(o.generated or 0.0 for o in outcomes) if counted else None
     per = None
     if generated is not None and abandoned:
-        per = (generated - read) / abandoned
+        per = (generated - read) / len(abandoned)
     bound = "tokens generated before the client left but not yet read count too" + (
         "; over SSE a piece read counts as one token" if sse else ""
     )
     return DrillFigures(
         requests=len(outcomes),
-        abandoned=abandoned,
+        abandoned=len(abandoned),
         answered=sum(o.outcome == ANSWERED for o in outcomes),
         errors=sum(o.outcome == ERROR for o in outcomes),
         max_tokens=max_tokens,
         tokens_read=read,
         generated=generated,
         unread_per_abandoned=per,
+        unread_each=[o.generated - o.tokens_read for o in abandoned if o.generated is not None],
         bound=bound,
         error_messages=[o.error for o in outcomes if o.error],
     )

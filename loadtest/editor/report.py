@@ -184,7 +184,13 @@ def _drill(d: DrillFigures | None) -> str:
         f"{d.max_tokens} tokens, each abandoned at its first piece: {d.abandoned} abandoned, "
         f"{d.answered} answered, {d.errors} errors; the engine generated {generated} tokens, "
         f"the clients read {d.tokens_read}: tokens generated after the client left, {per} per "
-        f"abandoned request (an upper bound: {d.bound})."
+        f"abandoned request (an upper bound: {d.bound})"
+        + (
+            f"; each abandoned request alone: median {float(np.median(d.unread_each)):.1f}, "
+            f"most {max(d.unread_each):.0f}."
+            if d.unread_each
+            else "."
+        )
         + (f" Errors: {'; '.join(d.error_messages[:5])}" if d.error_messages else "")
     )
 

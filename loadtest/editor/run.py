@@ -22,6 +22,7 @@ the report (:mod:`loadtest.editor.report`). Traffic only goes to this machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
@@ -29,7 +30,7 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -50,12 +51,12 @@ from loadtest.editor.drill import (
     DRILL_REQUESTS,
     DRILL_TOKENS,
     DrillFigures,
+    abandon_at_first_piece,
     drill_figures,
     drill_prompts,
-    run_drill,
 )
 from loadtest.editor.drive import Typing, progress_line
-from loadtest.editor.figures import EngineFigures, editor_figures, engine_figures
+from loadtest.editor.figures import ERROR, EngineFigures, editor_figures, engine_figures
 from loadtest.editor.protocols import SAMPLING, Sender
 from loadtest.editor.report import EditorRun, write_report
 from loadtest.editor.suffix import ProbeError, probe
@@ -349,7 +350,7 @@ def type_once(
             log.info(
                 f"abandonment drill: {drill.abandoned} of {drill.requests} abandoned at their "
                 f"first piece; at most {drill.unread_per_abandoned} tokens generated after the "
-                "client left, per abandoned request"
+                f"client left, per abandoned request (each: {drill.unread_each})"
             )
         after = _after_check(sender)
         if not after.startswith("answered"):
@@ -397,19 +398,47 @@ def type_once(
 
 
 def _drill(protocol: str, address: str, endpoints: Endpoints, prompts: list[str]) -> DrillFigures:
-    """The abandonment drill (:mod:`loadtest.editor.drill`) between two readings of the
-    engine's generated-token counter, the second after the server drained."""
+    """The abandonment drill (:mod:`loadtest.editor.drill`): one request at a time, each
+    between two readings of the engine's counters, the second once the engine finished it."""
     sender = Sender(protocol, address, DRILL_TOKENS)
-    before = read_snapshot(endpoints.metrics_url)
-    outcomes = run_drill(lambda prompt, seed: sender.open(prompt, "", seed=seed), prompts)
-    wait_for_drain(endpoints.metrics_url, 60.0)
-    generated: float | None = None
-    try:
-        deltas = snapshot_deltas(before, read_snapshot(endpoints.metrics_url))
-        generated = deltas.get(names.ENGINE_GENERATED_TOKENS, ENGINE_MODEL)
-    except OSError as exc:
-        log.warning(f"the engine's counters could not be read after the drill: {exc}")
-    return drill_figures(outcomes, generated, DRILL_TOKENS, sse=protocol == "openai")
+    outcomes = []
+    for seed, prompt in enumerate(prompts):
+        try:
+            before = _engine_counts(endpoints.metrics_url)
+        except OSError as exc:
+            log.warning(f"the engine's counters could not be read for the drill: {exc}")
+            before = None
+        outcome = abandon_at_first_piece(sender.open(prompt, "", seed=seed))
+        generated = None
+        if before is not None:
+            limit = 5.0 if outcome.outcome == ERROR else 60.0  # a refused one never got there
+            generated = _tokens_once_finished(endpoints.metrics_url, before, limit)
+        outcomes.append(replace(outcome, generated=generated))
+    return drill_figures(outcomes, DRILL_TOKENS, sse=protocol == "openai")
+
+
+def _engine_counts(metrics_url: str) -> tuple[float, float]:
+    """The engine's finished sequences and generated tokens so far."""
+    snapshot = read_snapshot(metrics_url)
+    return (
+        snapshot.value(names.ENGINE_REQUESTS, model=ENGINE_MODEL),
+        snapshot.value(names.ENGINE_GENERATED_TOKENS, model=ENGINE_MODEL),
+    )
+
+
+def _tokens_once_finished(
+    metrics_url: str, before: tuple[float, float], limit_s: float
+) -> float | None:
+    """The tokens generated since ``before``, read once the engine's finished-sequences
+    counter has moved on (the engine counts a sequence's tokens as it finishes it, cancelled
+    or not); None if it did not within ``limit_s``."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if _engine_counts(metrics_url)[0] > before[0]:
+                return _engine_counts(metrics_url)[1] - before[1]
+        time.sleep(0.05)
+    return None
 
 
 def _started_here(server: TritonTarget | OpenAITarget) -> bool:
