@@ -37,14 +37,13 @@ from loadtest.editor.figures import (
     EditorRecord,
     editor_figures,
     engine_figures,
-    reuse_line,
-    reuse_share,
 )
 from loadtest.editor.protocols import Exchange
 from loadtest.editor.report import EditorRun
 from loadtest.editor.typist import TypingStyle
 from loadtest.editor.window import Clipper
 from loadtest.machine import machine_info
+from loadtest.metrics import reuse_line, reuse_share
 from loadtest.results import ModelInfo
 from serving.paths import MODEL_REPOSITORY, checkpoint_dir
 

@@ -27,7 +27,7 @@ from contract import metrics as names
 from contract.tensors import ENGINE_MODEL
 from loadtest.editor.drill import DRILL_TOKENS
 from loadtest.editor.report import EditorRun
-from loadtest.markdown import number, percent
+from reporting.tables import number, percent
 from serving.paths import checkpoint_dir
 
 ON, OFF = "cache-on", "cache-off"

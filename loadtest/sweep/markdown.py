@@ -16,9 +16,8 @@ from contract.tensors import (
     POSTPROCESSING_MODEL,
     PREPROCESSING_MODEL,
 )
-from loadtest.editor.figures import reuse_line
 from loadtest.machine import machine_lines
-from loadtest.metrics import MODELS, sample_name
+from loadtest.metrics import MODELS, reuse_line, sample_name
 from loadtest.results import (
     RPS_LATENCY_CHART,
     STAGE_SHARES_CHART,
