@@ -115,12 +115,14 @@ format: setup-dev  ## ruff format and autofix
 prometheus-install:  ## install Debian's prometheus (apt-get; root or sudo) unless on PATH
 	bash scripts/install-prometheus.sh
 
-# PROFILE=editor: simulated typists instead of the sweep (PROTOCOL openai, the default there, or grpc)
+# PROFILE=editor: simulated typists instead of the sweep (PROTOCOL openai, the default there, or grpc),
+# prefix cache on vs off on two servers it starts itself; COMPARE=0: one run against HOST instead
 EDITOR_PROTOCOL = $(if $(filter command line environment,$(origin PROTOCOL)),$(PROTOCOL),openai)
 loadtest: model $(if $(PROFILE),,prometheus-install)  ## Locust sweep over output lengths (~10 min; QUICK=1 ~1 min); PROFILE=editor: typists
 ifeq ($(PROFILE),editor)
 	$(BIN)/python -m loadtest.editor --protocol $(EDITOR_PROTOCOL) --host $(HOST) $(if $(QUICK),--quick) \
-		$(if $(USERS),--typists $(USERS)) $(if $(DURATION),--duration $(DURATION))
+		$(if $(USERS),--typists $(USERS)) $(if $(DURATION),--duration $(DURATION)) \
+		$(if $(filter 0,$(COMPARE)),--no-compare)
 else ifneq ($(PROFILE),)
 	@echo "unknown PROFILE=$(PROFILE): leave it out for the sweep, or PROFILE=editor" >&2; exit 2
 else

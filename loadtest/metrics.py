@@ -202,3 +202,26 @@ def window_figures(d: Deltas, models: Iterable[str] = MODELS) -> WindowFigures:
         queue_share=_ratio(sum(queue.values()), request_us),
         engine_busy=_ratio(engine_compute / 1e6, window),
     )
+
+
+# --- the prefix cache: shared by the sweep's and the editor profile's reports ------------
+
+
+def reuse_share(received: float, reused: float | None) -> float | None:
+    """Prompt tokens the prefix cache held over prompt tokens the engine received (its
+    prompt-token counter counts every admitted prompt whole, reused blocks included). An upper
+    bound: the reuse counter is the backend's own index of blocks, which the pipeline may have
+    evicted meanwhile."""
+    if reused is None or not received:
+        return None
+    return reused / received
+
+
+def reuse_line(received: float, reused: float) -> str:
+    """One line for a report that has the two engine counters (the seed sweep's)."""
+    share = reuse_share(received, reused)
+    return (
+        f"Prefix-cache reuse: {reused:,.0f} of {received:,.0f} prompt tokens received "
+        f"({'-' if share is None else f'{share:.1%}'}; `{names.ENGINE_PROMPT_TOKENS_REUSED}`, "
+        "an upper bound)"
+    )

@@ -285,7 +285,7 @@ def test_tokens_for_abandoned_requests_are_generated_minus_delivered():
 def test_reuse_is_reported_only_when_the_contract_names_it_and_the_engine_exports_it(
     monkeypatch,
 ):
-    increases = {names.ENGINE_PROMPT_TOKENS: 300.0, names.ENGINE_REQUESTS: 1.0}
+    increases = {names.ENGINE_PROMPT_TOKENS: 1000.0, names.ENGINE_REQUESTS: 1.0}
     monkeypatch.setattr(names, "ENGINE_PREFIX_CACHE_REUSED_TOKENS", "x_reused_tokens_total", False)
     assert figures_module.reuse_metric() == "x_reused_tokens_total"
     absent = engine_figures(increases, [], exact_tokens=False)

@@ -1,7 +1,8 @@
 """The editor profile against the real test server, over both protocols: a short run whose
 books must balance, and a run whose pauses are too short for any answer, so that every request
 is abandoned by construction (whatever the machine's speed) and the server must still answer
-normally afterwards."""
+normally afterwards; and the cache-on/off comparison, whose two halves run on servers it
+starts itself from the openvino repository."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ def _run(server, tmp_path, protocol: str, *extra: str) -> dict:
         "--metrics-url", server.metrics_url,
         "--model-repository", str(server.model_repository),
         "--out", str(out),
+        "--no-compare",
+        "--drill", "2",
         *extra,
     ]  # fmt: skip
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
@@ -53,6 +56,12 @@ def test_a_short_run_balances_its_books(server, tmp_path, protocol):
     assert f["answered"] <= engine["sequences"] <= f["requests"]
     assert engine["generated_tokens"] >= engine["delivered_tokens"] > 0 or not f["answered"]
     assert summary["after"].startswith("answered")
+    # the drill: two long completions left at their first piece, after the typing
+    drill = summary["drill"]
+    assert drill["requests"] == 2 and drill["errors"] == 0, drill
+    assert drill["abandoned"] + drill["answered"] == 2
+    assert drill["generated"] >= drill["tokens_read"] > 0
+    assert "Abandonment drill" in summary["report"]
     assert f"editor {protocol}" in summary["stdout"] and "first token p50" in summary["stdout"]
     # a server without fill-in-the-middle refuses the suffix: then the run says so loudly
     suffix = summary["suffix"]
@@ -72,3 +81,50 @@ def test_requests_abandoned_at_once_leave_the_server_answering(server, tmp_path,
     assert f["first_token_ms"] == {"p50": None, "p95": None}
     assert summary["after"].startswith("answered"), summary["after"]
     assert summary["problems"] == []
+
+
+def test_the_comparison_types_twice_on_servers_it_starts_with_the_cache_on_then_off(
+    openvino_model_repository, tmp_path
+):
+    out = tmp_path / "compare"
+    command = [
+        sys.executable, "-m", "loadtest.editor",
+        "--protocol", "grpc",
+        "--typists", "2",
+        "--duration", "4",
+        "--progress-every", "2",
+        "--model-repository", str(openvino_model_repository),
+        "--out", str(out),
+        "--drill", "2",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    print(done.stdout[-5000:], done.stderr[-5000:], sep="\n")
+    # 0: every target met; 3: a target missed (on a tiny model the cache may not pay): both
+    # are a run that completed; 1 or anything else is a broken run
+    assert done.returncode in (0, 3), done.stdout[-2000:] + done.stderr[-2000:]
+    data = json.loads((out / "comparison.json").read_text())
+    verdicts = {t["name"]: t["verdict"] for t in data["targets"]}
+    assert set(verdicts) == {"first token", "abandoned requests", "errors", "after the run"}
+    assert verdicts["errors"] == "PASS" and verdicts["after the run"] == "PASS", data["targets"]
+    assert data["all_pass"] == (done.returncode == 0)
+    halves = {
+        h: json.loads((out / h / "summary.json").read_text()) for h in ("cache-on", "cache-off")
+    }
+    for half, caching in (("cache-on", True), ("cache-off", False)):
+        assert halves[half]["settings"]["prefix_caching"] is caching
+        assert (
+            f"prefix cache {'on' if caching else 'off'}"
+            in (out / half / "tritonserver.log").read_text()
+        )
+        assert halves[half]["figures"]["requests"] >= 2  # each typist pauses within a burst
+        assert halves[half]["drill"]["requests"] == 2 and halves[half]["drill"]["errors"] == 0
+        config = (out / half / "engine_config.pbtxt").read_text()
+        assert f'"prefix_caching" value: {{ string_value: "{str(caching).lower()}" }}' in config
+    # the repository copies were temporary: nothing of them is left in the run folder
+    assert not list(out.rglob("model.py"))
+    # with the cache off the engine keeps no index of blocks: nothing can be reused
+    assert halves["cache-off"]["figures"]["engine"]["reused_tokens"] == 0
+    assert halves["cache-on"]["figures"]["engine"]["reused_tokens"] is not None
+    report = (out / "comparison.md").read_text()
+    assert "| figure | cache-on | cache-off | on / off |" in report and "load average" in report
+    assert f"of {len(verdicts)} PASS" in report

@@ -168,6 +168,7 @@ def test_the_report_is_drawn_from_typed_results(result, tmp_path):
     assert "| 8 | 198 | 19.80 | 200 |" in report
     assert "### Output Length: 32" in report and "![](timeseries_len_0032.png)" in report
     assert 'nv_inference_count{model="ensemble"} 200' in report
+    assert "# Prefix-cache reuse: " in report  # reused over received, beside the listing
     assert "Preprocessing spends 2.00% of the model inference time (1.50% counting" in report
     assert "Postprocessing spends 1.00% of the model inference time.\n" in report
     assert "- 1 requests failed: {'boom': 1}" in report

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from contract import metrics as names
+from loadtest.metrics import reuse_share
 
 ANSWERED, ABANDONED, ERROR = "answered", "abandoned", "error"
 OUTCOMES = (ANSWERED, ABANDONED, ERROR)
@@ -73,10 +74,10 @@ class EngineFigures:
     wasted_per_abandoned: float | None
     sequences: float  # sequences the engine finished or dropped
     cancelled: float
-    prompt_tokens: float  # prefilled
+    prompt_tokens: float  # received: every prompt the engine admitted, whole
     prompt_tokens_per_request: float | None
     reused_tokens: float | None  # None: NOT_REPORTED
-    reuse_share: float | None  # reused / (prefilled + reused)
+    reuse_share: float | None  # reused / received: reuse_share()
     reuse_note: str
 
 
@@ -128,7 +129,7 @@ def engine_figures(
     )
     abandoned = sum(r.outcome == ABANDONED for r in records)
     sequences = get(names.ENGINE_REQUESTS)
-    prefilled = get(names.ENGINE_PROMPT_TOKENS)
+    received = get(names.ENGINE_PROMPT_TOKENS)
     metric = reuse_metric()
     reused = None
     if metric is not None and (metric in increases or metric + "_total" in increases):
@@ -142,12 +143,10 @@ def engine_figures(
         wasted_per_abandoned=wasted / abandoned if abandoned else None,
         sequences=sequences,
         cancelled=get(names.ENGINE_CANCELLED),
-        prompt_tokens=prefilled,
-        prompt_tokens_per_request=prefilled / sequences if sequences else None,
+        prompt_tokens=received,
+        prompt_tokens_per_request=received / sequences if sequences else None,
         reused_tokens=reused,
-        reuse_share=reused / (prefilled + reused)
-        if reused is not None and prefilled + reused
-        else None,
+        reuse_share=reuse_share(received, reused),
         reuse_note=(
             f"{metric} over the run"
             if reused is not None

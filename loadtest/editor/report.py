@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from loadtest.editor.drill import DrillFigures
 from loadtest.editor.figures import (
     ABANDONED,
     ANSWERED,
@@ -53,6 +54,7 @@ class EditorRun:
     problems: list[str]  # typist threads that died, typists still busy, a failed after-check
     machine: MachineInfo
     model: ModelInfo
+    drill: DrillFigures | None = None  # the abandonment drill after the typing (drill.py)
 
 
 def write_report(out: Path, run: EditorRun, records: Sequence[EditorRecord]) -> list[Path]:
@@ -129,6 +131,7 @@ def render(run: EditorRun) -> str:
             errors_section=_errors(f),
             after=run.after,
         )
+        + _drill(run.drill)
         + (
             "\n\n## Problems\n\n" + "\n".join(f"- {p}" for p in run.problems)
             if run.problems
@@ -168,6 +171,27 @@ def _engine(e: EngineFigures | None, reason: str) -> str:
         prefilled=number(e.prompt_tokens_per_request, 0),
         reuse=reuse,
         bound=bound,
+    )
+
+
+def _drill(d: DrillFigures | None) -> str:
+    if d is None:
+        return ""
+    per = "-" if d.unread_per_abandoned is None else f"at most {d.unread_per_abandoned:.2f}"
+    generated = "unread" if d.generated is None else f"{d.generated:,.0f}"
+    return (
+        f"\n\nAbandonment drill (after the typing, one at a time): {d.requests} requests of "
+        f"{d.max_tokens} tokens, each abandoned at its first piece: {d.abandoned} abandoned, "
+        f"{d.answered} answered, {d.errors} errors; the engine generated {generated} tokens, "
+        f"the clients read {d.tokens_read}: tokens generated after the client left, {per} per "
+        f"abandoned request (an upper bound: {d.bound})"
+        + (
+            f"; each abandoned request alone: median {float(np.median(d.unread_each)):.1f}, "
+            f"most {max(d.unread_each):.0f}."
+            if d.unread_each
+            else "."
+        )
+        + (f" Errors: {'; '.join(d.error_messages[:5])}" if d.error_messages else "")
     )
 
 

@@ -1,10 +1,19 @@
-"""``make loadtest PROFILE=editor``: simulated typists against the served model, one run.
+"""``make loadtest PROFILE=editor``: simulated typists against the served model, with the
+engine's prefix cache on and then off.
 
-    python -m loadtest.editor --protocol openai --host 127.0.0.1:8000 [--quick]
+    python -m loadtest.editor --protocol openai [--quick] [--no-compare --host 127.0.0.1:8000]
 
-In order: find or start Triton (and, for ``openai``, the API in front of it) as the sweep does
-(:mod:`loadtest.targets`); the held-out files (:mod:`contract.corpus`) and the checkpoint's
-tokenizer and context; the suffix probe (:mod:`loadtest.editor.suffix`); the typists
+By default (the comparison) the same typists (same seed) type twice, each half against a Triton
+this run starts on free ports from a copy of the model repository whose engine config sets
+``prefix_caching`` true, then false (:mod:`loadtest.editor.compare`, which also evaluates the
+targets and writes ``comparison.md``); a server already at ``--host`` is left alone. With
+``--no-compare``, one run against the server at ``--host``, as configured. Exit status: 0, every
+target met (or the single run clean); 1, a problem (a typist died, no drain, no answer after
+the run); 3, the comparison ran but missed a target.
+
+Each run, in order: find or start Triton (and, for ``openai``, the API in front of it) as the
+sweep does (:mod:`loadtest.targets`); the held-out files (:mod:`contract.corpus`) and the
+checkpoint's tokenizer and context; the suffix probe (:mod:`loadtest.editor.suffix`); the typists
 (:mod:`loadtest.editor.drive`) between two readings of the engine's counters, the second after
 the server drained; one plain request to see that the server answers normally after the run;
 the report (:mod:`loadtest.editor.report`). Traffic only goes to this machine.
@@ -13,18 +22,41 @@ the report (:mod:`loadtest.editor.report`). Traffic only goes to this machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
+import shutil
 import sys
+import tempfile
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
+from contract import metrics as names
 from contract.corpus import held_out_files
 from contract.tensors import ENGINE_MODEL, STREAM_MODEL
+from loadtest.editor.compare import (
+    HALVES,
+    OFF,
+    ON,
+    Comparison,
+    cache_repository,
+    check_caching,
+    cpu_flags,
+    write_comparison,
+)
+from loadtest.editor.drill import (
+    DRILL_REQUESTS,
+    DRILL_TOKENS,
+    DrillFigures,
+    abandon_at_first_piece,
+    drill_figures,
+    drill_prompts,
+)
 from loadtest.editor.drive import Typing, progress_line
-from loadtest.editor.figures import EngineFigures, editor_figures, engine_figures
+from loadtest.editor.figures import ERROR, EngineFigures, editor_figures, engine_figures
 from loadtest.editor.protocols import SAMPLING, Sender
 from loadtest.editor.report import EditorRun, write_report
 from loadtest.editor.suffix import ProbeError, probe
@@ -35,21 +67,26 @@ from loadtest.metrics import read_snapshot, snapshot_deltas
 from loadtest.soak.server import model_context, wait_for_drain
 from loadtest.targets import TARGETS, Endpoints, OpenAITarget, TritonTarget
 from serving.paths import MODEL_REPOSITORY, REPO_ROOT, checkpoint_dir
+from serving.process import free_ports, http_ready
 
 log = logging.getLogger("loadtest.editor")
 RESULTS = REPO_ROOT / "loadtest" / "results"
 PROTOCOLS = ("openai", "grpc")
+ANCHOR_CHARS = 512  # see loadtest.editor.window: about a visit's typing, a fifth of a prefix
+TARGETS_MISSED = 3  # exit status: the comparison ran cleanly but missed a target
 
 
 @dataclass(frozen=True)
 class Preset:
     typists: int
-    duration: float
+    duration: float  # --no-compare
     progress_every: float
+    half_duration: float  # each half of the comparison
 
 
-DEFAULTS = Preset(4, 90.0, 10.0)
-QUICK = Preset(2, 25.0, 5.0)  # with the server's start and the drain, about a minute
+DEFAULTS = Preset(4, 90.0, 10.0, 90.0)
+# with the server's start and the drain, about a minute (the comparison: two short halves)
+QUICK = Preset(2, 25.0, 5.0, 10.0)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -57,21 +94,51 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m loadtest.editor", description=__doc__.split("\n")[0]
     )
     p.add_argument("--protocol", choices=PROTOCOLS, default="openai", help="openai (SSE) or grpc")
-    p.add_argument("--host", default="127.0.0.1:8000", help="Triton's HTTP host:port (local)")
+    p.add_argument(
+        "--compare",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="prefix cache on vs off, each on a server this run starts (default); "
+        "--no-compare: one run against --host as it is configured",
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1:8000",
+        help="Triton's HTTP host:port (local), for --no-compare (the comparison starts its own)",
+    )
     p.add_argument("--grpc-url", help="Triton's gRPC host:port (default: HTTP port + 1)")
     p.add_argument("--metrics-url", help="Triton's metrics URL (default: HTTP port + 2)")
     p.add_argument("--typists", type=int, help=f"simulated typists ({DEFAULTS.typists})")
-    p.add_argument("--duration", type=float, help=f"seconds of typing ({DEFAULTS.duration:.0f})")
+    p.add_argument(
+        "--duration",
+        type=float,
+        help=f"seconds of typing ({DEFAULTS.duration:.0f}; "
+        f"each half of the comparison: {DEFAULTS.half_duration:.0f})",
+    )
     p.add_argument("--max-tokens", type=int, default=32, help="tokens per completion (32)")
     p.add_argument(
         "--no-suffix", action="store_true", help="send prefixes only (default: with suffixes)"
     )
     p.add_argument("--suffix-share", type=float, default=0.25, help="of the prompt budget (0.25)")
     p.add_argument(
+        "--anchor-chars",
+        type=int,
+        default=ANCHOR_CHARS,
+        help="the prefix's left cut moves in steps of this many characters (at a line start), "
+        "so that a prefix cache can reuse it; 0: the exact longest tail (%(default)s)",
+    )
+    p.add_argument(
         "--pause",
         type=_pair,
         default=TypingStyle().pause_s,
         help="a pause's shortest and longest seconds, MIN,MAX (%(default)s)",
+    )
+    p.add_argument(
+        "--drill",
+        type=int,
+        default=DRILL_REQUESTS,
+        help=f"after the typing, this many {DRILL_TOKENS}-token completions abandoned at their "
+        "first piece, to measure tokens generated after a client left; 0: none (%(default)s)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help=f"a short run: {QUICK}")
@@ -113,37 +180,121 @@ def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     preset = QUICK if args.quick else DEFAULTS
-    typists = args.typists or preset.typists
-    duration = args.duration or preset.duration
-    every = args.progress_every or preset.progress_every
+    args.typists = args.typists or preset.typists
+    args.duration = args.duration or (preset.half_duration if args.compare else preset.duration)
+    args.progress_every = args.progress_every or preset.progress_every
     try:
         endpoints = Endpoints.from_host(args.host, args.grpc_url, args.metrics_url)
     except ValueError as exc:
         p.error(str(exc))
     if not endpoints.is_local:
         p.error(f"--host must be on this machine (127.0.0.1 or localhost), got {args.host}")
-    if typists < 1 or duration <= 0 or args.max_tokens < 1:
+    if args.typists < 1 or args.duration <= 0 or args.max_tokens < 1:
         p.error("--typists and --max-tokens must be >= 1 and --duration > 0")
+    if args.anchor_chars < 0 or args.drill < 0:
+        p.error("--anchor-chars and --drill must be >= 0")
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = args.out or RESULTS / f"{stamp}-editor-{args.protocol}"
+    kind = "compare" if args.compare else args.protocol
+    out = args.out or RESULTS / f"{stamp}-editor-{kind}"
     out.mkdir(parents=True, exist_ok=True)
     _console()
     log.info(f"run folder {out}")
+    command = " ".join(["python -m loadtest.editor", *(argv or sys.argv[1:])])
+    if args.compare:
+        return compare(args, endpoints, out, command)
+    run = type_once(args, endpoints, args.model_repository, out, command)
+    for problem in run.problems:
+        log.error(f"problem: {problem}")
+    return 1 if run.problems else 0
+
+
+def compare(args: argparse.Namespace, endpoints: Endpoints, out: Path, command: str) -> int:
+    """The same typists (same seed) twice, each half on a Triton this run starts on free ports
+    from a copy of the model repository whose engine config sets ``prefix_caching``."""
+    if http_ready(f"{endpoints.http_url}/v2/health/ready"):
+        log.info(
+            f"the server at {endpoints.host} is left alone: the comparison starts its own two "
+            "servers, one with the prefix cache on and one with it off (--no-compare uses it)"
+        )
+    runs: dict[str, EditorRun] = {}
+    loads: dict[str, tuple[float, float]] = {}
+    copies = Path(tempfile.mkdtemp(prefix="editor-compare-"))  # outside the source tree
+    try:
+        for label, caching in HALVES:
+            folder = out / label
+            repository = cache_repository(args.model_repository, copies / label, caching)
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(repository / ENGINE_MODEL / "config.pbtxt", folder / "engine_config.pbtxt")
+            runs[label], loads[label] = _half(args, repository, folder, command, caching)
+    finally:
+        shutil.rmtree(copies, ignore_errors=True)
+    comparison = Comparison(
+        out.name,
+        runs[ON],
+        runs[OFF],
+        loads,
+        cpu_flags(),
+        datetime.now().isoformat(timespec="seconds"),
+    )
+    paths = write_comparison(out, comparison)
+    for target in comparison.targets:
+        log.info(f"target: {target.verdict} {target.name}: {target.measured}")
+    log.info("comparison: " + ", ".join(p.name for p in paths) + f" in {out}")
+    problems = [f"{label}: {p}" for label, run in runs.items() for p in run.problems]
+    for problem in problems:
+        log.error(f"problem: {problem}")
+    if problems:
+        return 1
+    return 0 if comparison.all_pass else TARGETS_MISSED
+
+
+def _half(
+    args: argparse.Namespace, repository: Path, folder: Path, command: str, caching: bool
+) -> tuple[EditorRun, tuple[float, float]]:
+    """One half on a Triton started on free ports; with the load average around it."""
+    http, grpc, metrics = free_ports(3)
+    half = Endpoints(
+        f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}/metrics"
+    )
+    log.info(f"--- {folder.name}: prefix_caching {str(caching).lower()} ---")
+    before = os.getloadavg()[0]
+    run = type_once(args, half, repository, folder, command, expect_caching=caching, fresh=True)
+    return run, (before, os.getloadavg()[0])
+
+
+def type_once(
+    args: argparse.Namespace,
+    endpoints: Endpoints,
+    model_repository: Path,
+    out: Path,
+    command: str,
+    expect_caching: bool | None = None,
+    fresh: bool = False,
+) -> EditorRun:
+    """One run of the typists against the server at ``endpoints`` (found or started; with
+    ``fresh``, always started here), its report written into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
     files = held_out_files()
     if not files:
         raise SystemExit("no held-out standard-library files found to type")
-    checkpoint = checkpoint_dir(args.model_repository)
+    tokenizer = CheckpointTokenizer(checkpoint_dir(model_repository))
     clipper = Clipper(
-        CheckpointTokenizer(checkpoint),
-        model_context(args.model_repository),
+        tokenizer,
+        model_context(model_repository),
         args.max_tokens,
         args.suffix_share,
+        args.anchor_chars,
     )
     style = TypingStyle(pause_s=args.pause)
+    typists, duration, every = args.typists, args.duration, args.progress_every
     started = time.time()
     with ExitStack() as stack:
         target = OpenAITarget if args.protocol == "openai" else TARGETS["grpc"].server
-        server = stack.enter_context(target(endpoints, args.model_repository, out))
+        server = stack.enter_context(target(endpoints, model_repository, out))
+        if fresh and not _started_here(server):
+            raise SystemExit(f"a server already answered at {endpoints.host}: not one of ours")
+        if expect_caching is not None:
+            check_caching(out / "tritonserver.log", expect_caching)
         if not server.model_ready(STREAM_MODEL):
             raise SystemExit(f"`{STREAM_MODEL}` is not ready at {endpoints.host}")
         sender = Sender(args.protocol, _address(args.protocol, server), args.max_tokens)
@@ -189,6 +340,18 @@ def main(argv: list[str] | None = None) -> int:
             note = str(exc)
         if drained is None or drained.running or drained.pending:
             problems.append(f"the server did not drain within {drain_s:.0f} s: {drained}")
+        drill = None
+        if args.drill:
+            drill_clipper = Clipper(tokenizer, clipper.context, DRILL_TOKENS)
+            prompts = drill_prompts(
+                files, lambda text, at: drill_clipper.clip(text, at, False).prefix, args.drill
+            )
+            drill = _drill(args.protocol, _address(args.protocol, server), endpoints, prompts)
+            log.info(
+                f"abandonment drill: {drill.abandoned} of {drill.requests} abandoned at their "
+                f"first piece; at most {drill.unread_per_abandoned} tokens generated after the "
+                f"client left, per abandoned request (each: {drill.unread_each})"
+            )
         after = _after_check(sender)
         if not after.startswith("answered"):
             problems.append(f"after the run: {after}")
@@ -196,18 +359,21 @@ def main(argv: list[str] | None = None) -> int:
             name=out.name,
             started=datetime.fromtimestamp(started).isoformat(timespec="seconds"),
             seconds=round(time.time() - started, 1),
-            command=" ".join(["python -m loadtest.editor", *(argv or sys.argv[1:])]),
+            command=command,
             protocol=args.protocol,
             settings={
                 "typists": typists,
                 "duration_s": duration,
                 "max_tokens": args.max_tokens,
                 "suffix_share": args.suffix_share,
+                "anchor_chars": args.anchor_chars,
+                "drill": args.drill,
                 "context": clipper.context,
                 "files": len(files),
                 "seed": args.seed,
                 "sampling": SAMPLING,
                 "engine_note": note,
+                "prefix_caching": "as configured" if expect_caching is None else expect_caching,
                 **{k: v for k, v in asdict(style).items() if k != "pauses_per_file"},
             },
             suffix={**asdict(mode), "refused": mode.refused},
@@ -216,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             problems=problems,
             machine=machine_info(),
             model=server.describe(),
+            drill=drill,
         )
         paths = write_report(out, run, records)
     f = run.figures
@@ -227,9 +394,56 @@ def main(argv: list[str] | None = None) -> int:
     if mode.refused:
         log.warning(mode.note)
     log.info("report: " + ", ".join(p.name for p in paths) + f" in {out}")
-    for problem in problems:
-        log.error(f"problem: {problem}")
-    return 1 if problems else 0
+    return run
+
+
+def _drill(protocol: str, address: str, endpoints: Endpoints, prompts: list[str]) -> DrillFigures:
+    """The abandonment drill (:mod:`loadtest.editor.drill`): one request at a time, each
+    between two readings of the engine's counters, the second once the engine finished it."""
+    sender = Sender(protocol, address, DRILL_TOKENS)
+    outcomes = []
+    for seed, prompt in enumerate(prompts):
+        try:
+            before = _engine_counts(endpoints.metrics_url)
+        except OSError as exc:
+            log.warning(f"the engine's counters could not be read for the drill: {exc}")
+            before = None
+        outcome = abandon_at_first_piece(sender.open(prompt, "", seed=seed))
+        generated = None
+        if before is not None:
+            limit = 5.0 if outcome.outcome == ERROR else 60.0  # a refused one never got there
+            generated = _tokens_once_finished(endpoints.metrics_url, before, limit)
+        outcomes.append(replace(outcome, generated=generated))
+    return drill_figures(outcomes, DRILL_TOKENS, sse=protocol == "openai")
+
+
+def _engine_counts(metrics_url: str) -> tuple[float, float]:
+    """The engine's finished sequences and generated tokens so far."""
+    snapshot = read_snapshot(metrics_url)
+    return (
+        snapshot.value(names.ENGINE_REQUESTS, model=ENGINE_MODEL),
+        snapshot.value(names.ENGINE_GENERATED_TOKENS, model=ENGINE_MODEL),
+    )
+
+
+def _tokens_once_finished(
+    metrics_url: str, before: tuple[float, float], limit_s: float
+) -> float | None:
+    """The tokens generated since ``before``, read once the engine's finished-sequences
+    counter has moved on (the engine counts a sequence's tokens as it finishes it, cancelled
+    or not); None if it did not within ``limit_s``."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if _engine_counts(metrics_url)[0] > before[0]:
+                return _engine_counts(metrics_url)[1] - before[1]
+        time.sleep(0.05)
+    return None
+
+
+def _started_here(server: TritonTarget | OpenAITarget) -> bool:
+    triton = server.triton if isinstance(server, OpenAITarget) else server
+    return triton.started
 
 
 def _after_check(sender: Sender) -> str:

@@ -6,6 +6,14 @@ the prefix is as long as the context allows and never over it: a prompt over the
 be refused, and a load test of refusals measures nothing. The cut falls on a token boundary;
 re-encoding a cut string can merge differently at the cut, which :data:`MARGIN_TOKENS` absorbs
 (as it does the few tokens a fill-in-the-middle prompt adds around the suffix).
+
+A prefix clipped to exactly the longest tail that fits starts one character later at every
+keystroke, so no two requests share a first token and a prefix cache can reuse nothing. With
+``anchor_chars`` the cut moves in steps instead, as an editor that wants its server's prefix
+cache to work keeps it: at the first line start at or after the next multiple of
+``anchor_chars`` past the exact cut, so requests typed at one place share the prefix's start
+until the cursor has moved a step on (the prefix is then shorter than the budget by less than a
+step and a line). ``anchor_chars=0`` is the exact tail.
 """
 
 from __future__ import annotations
@@ -60,6 +68,7 @@ class Clipper:
     context: int
     max_tokens: int
     suffix_share: float = 0.25  # of the prompt budget the suffix may take
+    anchor_chars: int = 0  # the prefix's cut moves in steps of this many characters; 0: exact
 
     def __post_init__(self) -> None:
         if self.budget < 16:
@@ -70,6 +79,8 @@ class Clipper:
             )
         if not 0 <= self.suffix_share < 1:
             raise ValueError(f"suffix_share must be in [0, 1), got {self.suffix_share}")
+        if self.anchor_chars < 0:
+            raise ValueError(f"anchor_chars must be >= 0, got {self.anchor_chars}")
 
     @property
     def budget(self) -> int:
@@ -83,6 +94,13 @@ class Clipper:
         if with_suffix:
             suffix, suffix_tokens = self._head(text[cursor:], int(self.budget * self.suffix_share))
         prefix, prefix_tokens = self._tail(text[:cursor], self.budget - suffix_tokens)
+        cut = cursor - len(prefix)
+        if self.anchor_chars and cut > 0:
+            step = -(-cut // self.anchor_chars) * self.anchor_chars  # the next multiple
+            newline = text.find("\n", step - 1, cursor - 1)
+            if newline != -1:  # else no line starts in between: the exact cut stays
+                prefix = text[newline + 1 : cursor]
+                prefix_tokens = len(self.encoder.offsets(prefix))
         return Window(prefix, suffix, prefix_tokens, suffix_tokens)
 
     def _tail(self, text: str, tokens: int) -> tuple[str, int]:

@@ -17,7 +17,7 @@ from contract.tensors import (
     PREPROCESSING_MODEL,
 )
 from loadtest.machine import machine_lines
-from loadtest.metrics import MODELS, sample_name
+from loadtest.metrics import MODELS, reuse_line, sample_name
 from loadtest.results import (
     RPS_LATENCY_CHART,
     STAGE_SHARES_CHART,
@@ -108,10 +108,16 @@ def _metric_listing(row: LengthResult) -> list[str]:
         names.ENGINE_STEPS,
         names.ENGINE_STEP_ROWS,
         names.ENGINE_GENERATED_TOKENS,
+        names.ENGINE_PROMPT_TOKENS,
+        names.ENGINE_PROMPT_TOKENS_REUSED,
     ):
         value = row.increase(sample_name(metric), ENGINE_MODEL)
         lines.append(f'{metric}{{model="{ENGINE_MODEL}"}} {value:.0f}')
-    return lines
+    received, reused = (row.increase(sample_name(m), ENGINE_MODEL) for m in _REUSE)
+    return [*lines, "# " + reuse_line(received, reused)]
+
+
+_REUSE = (names.ENGINE_PROMPT_TOKENS, names.ENGINE_PROMPT_TOKENS_REUSED)
 
 
 def _busy(row: LengthResult, stage: str) -> str:

@@ -1,0 +1,119 @@
+"""The abandonment drill: after the typing, a few long completions, one at a time, each
+abandoned as soon as its first piece of text arrives; the engine's generated-token counter
+over the drill, less what the clients read, is what the engine generated for requests whose
+client had left.
+
+Why a drill beside the typists: a fast model answers most typists' requests within their pause,
+so a run may abandon few or none while streaming, and "tokens generated after the client left"
+needs abandoned streams to mean anything. Here every request asks for :data:`DRILL_TOKENS`
+tokens and is abandoned at its first piece, so (unless the model ends the text at once, which
+is counted as answered) each one is abandoned mid-generation by construction. Requests go one
+at a time, and the engine's counters are read before each and again once the engine has
+finished it (its finished-sequences counter moved on), so each request's count is its own.
+
+The figure is an upper bound of the tokens generated after the client left: it also counts any
+token generated before the client left but not yet read (in flight between the engine and the
+client), and over SSE a piece read counts as one token although it may carry more.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadtest.editor.figures import ABANDONED, ANSWERED, ERROR
+from loadtest.editor.protocols import Exchange
+from loadtest.editor.typist import line_starts
+
+DRILL_TOKENS = 200  # long enough that no answer can arrive before its first piece is read
+DRILL_REQUESTS = 8
+POLL_S = 0.001  # how often the drill looks for the first piece (the client's reaction time)
+
+
+@dataclass(frozen=True)
+class DrillOutcome:
+    outcome: str  # answered, abandoned, error
+    tokens_read: int  # abandoned: read before leaving; answered: the whole completion
+    error: str = ""
+    generated: float | None = None  # the engine's tokens for this request; None: not read
+
+
+@dataclass(frozen=True)
+class DrillFigures:
+    requests: int
+    abandoned: int
+    answered: int
+    errors: int
+    max_tokens: int
+    tokens_read: int
+    generated: float | None  # the engine's counter over the drill; None: not read
+    unread_per_abandoned: float | None  # (generated - read) / abandoned: an upper bound
+    unread_each: list[float]  # the same for each abandoned request whose count was read
+    bound: str  # why it is an upper bound
+    error_messages: list[str]
+
+
+def abandon_at_first_piece(exchange: Exchange, limit_s: float = 60.0) -> DrillOutcome:
+    """Read until the first piece of text (or the end, or a failure), then leave."""
+    deadline = time.monotonic() + limit_s
+    while exchange.first_token_s is None and not exchange.over:
+        if time.monotonic() >= deadline:
+            exchange.abandon()
+            return DrillOutcome(ERROR, 0, f"no first piece within {limit_s:.0f} s")
+        exchange.wait(time.monotonic() + POLL_S)
+    if exchange.error:
+        return DrillOutcome(ERROR, exchange.tokens_read, exchange.error)
+    if exchange.finished:
+        read = exchange.completion_tokens
+        return DrillOutcome(ANSWERED, exchange.tokens_read if read is None else read)
+    exchange.abandon()
+    return DrillOutcome(ABANDONED, exchange.tokens_read)
+
+
+def drill_prompts(files: Sequence[Path], clip: Callable[[str, int], str], count: int) -> list[str]:
+    """``count`` prompts: each file's text before the line at its middle, clipped by ``clip``
+    (text, cursor) to leave room for the drill's completion; files taken in turn."""
+    prompts: list[str] = []
+    texts = []
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        starts = line_starts(text)
+        if starts:
+            texts.append((text, starts[len(starts) // 2]))
+    if not texts and count:
+        raise RuntimeError("no held-out file gives a drill prompt")
+    while len(prompts) < count:
+        text, cursor = texts[len(prompts) % len(texts)]
+        prompts.append(clip(text, cursor))
+    return prompts
+
+
+def drill_figures(outcomes: Sequence[DrillOutcome], max_tokens: int, sse: bool) -> DrillFigures:
+    abandoned = [o for o in outcomes if o.outcome == ABANDONED]
+    read = sum(o.tokens_read for o in outcomes)
+    counted = all(o.generated is not None for o in outcomes)
+    generated = sum(o.generated or 0.0 for o in outcomes) if counted else None
+    per = None
+    if generated is not None and abandoned:
+        per = (generated - read) / len(abandoned)
+    bound = "tokens generated before the client left but not yet read count too" + (
+        "; over SSE a piece read counts as one token" if sse else ""
+    )
+    return DrillFigures(
+        requests=len(outcomes),
+        abandoned=len(abandoned),
+        answered=sum(o.outcome == ANSWERED for o in outcomes),
+        errors=sum(o.outcome == ERROR for o in outcomes),
+        max_tokens=max_tokens,
+        tokens_read=read,
+        generated=generated,
+        unread_per_abandoned=per,
+        unread_each=[o.generated - o.tokens_read for o in abandoned if o.generated is not None],
+        bound=bound,
+        error_messages=[o.error for o in outcomes if o.error],
+    )
