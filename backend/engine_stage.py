@@ -99,15 +99,15 @@ def resolve_device(name: str) -> str:
 
 class EngineHold:
     """A test hook (config parameter ``test_hooks``): hold the engine still, from control
-        datagrams on the cancel channel. ``hold``: the engine's thread waits once its current step
-        ends and new requests wait before they are submitted; ``hold_after:N``: the engine runs N
-        more steps, then its thread waits (submissions go on); ``advance:N``: a held engine runs N
-        steps and holds again; ``release`` ends any of them; ``submitted`` answers how many requests
-    have been submitted to the engine so far. It holds
-        inside the stub (a stub stopped by a signal is called unhealthy by Triton within a second).
-        Tests use it to make a condition true by construction (a request still running when its
-        cancellation arrives, a burst that joins one batch, a piece delivered while generation has
-        not ended), not by the machine's speed."""
+    datagrams on the cancel channel. ``hold``: the engine's thread waits once its current step
+    ends and new requests wait before they are submitted; ``hold_after:N``: the engine runs N
+    more steps, then its thread waits (submissions go on); ``advance:N``: a held engine runs N
+    steps and holds again; ``release`` ends any of them; ``submitted`` answers how many
+    requests have been submitted to the engine so far. It holds inside the stub (a stub stopped
+    by a signal is called unhealthy by Triton within a second). Tests use it to make a
+    condition true by construction (a request still running when its cancellation arrives, a
+    burst that joins one batch, a piece delivered while generation has not ended), not by the
+    machine's speed."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
