@@ -33,9 +33,13 @@ def channel_address(model: str, server_pid: int | None = None) -> str:
     return f"\0codegen-cancel-{server_pid or os.getppid()}-{model}"
 
 
-def new_key() -> str:
-    """A key no other request has: the BLS request id a cancellation names."""
-    return KEY_PREFIX + uuid.uuid4().hex
+def new_key(owner_pid: int | None = None) -> str:
+    """A key no other request has: the BLS request id a cancellation names. With the caller
+    stub's pid in it (``codegen-<pid>-<random>``) the engine also tells that stub of each
+    response (backend/bls_ready.py)."""
+    if owner_pid is None:
+        return KEY_PREFIX + uuid.uuid4().hex
+    return f"{KEY_PREFIX}{owner_pid}-{uuid.uuid4().hex}"
 
 
 class CancelSender:

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from backend.bls_ready import ReadyListener
 from backend.cancel import CancelSender, new_key
 from backend.io import FINAL, error_response, response, tokenize
 from backend.unary_stop import answer_stop, stopped_message
@@ -173,6 +174,7 @@ class EngineCalls:
         self.slots = threading.BoundedSemaphore(max_in_flight)
         self.pool = ThreadPoolExecutor(max_in_flight, thread_name_prefix="engine-call")
         self.cancels = CancelSender(engine_model)
+        self.ready = ReadyListener()
         self.poll_s = poll_s
         self.retired = _Retired(keep_iterators_s)
         self._lock = threading.Lock()
@@ -200,7 +202,7 @@ class EngineCalls:
                 "slots taken: exiting this stub so that the launcher restarts the server"
             )
             os._exit(70)  # EX_SOFTWARE; the launcher's watchdog sees the dead stub
-        call = Call(sender, new_key(), requested, client_id)
+        call = Call(sender, new_key(self.ready.pid), requested, client_id)
         with self._lock:
             self._watched[call.key] = call
             self._in_flight += 1
@@ -270,34 +272,39 @@ class EngineCalls:
                     self.cancel(call)
 
     def responses(self, call: Call, arrays: Mapping[str, np.ndarray], stream: bool) -> Iterator:
-        """The engine's responses to one request (model-stage tensors), as they come. The
-        caller reads them to the end (the final response); the iterator is then kept alive a
-        while (``_Retired`` says why)."""
+        """The engine's responses to one request (model-stage tensors), as they come, each
+        read only once the engine said it is there (backend/bls_ready.py says why). The caller
+        reads them to the end (the final response); the iterator is then kept alive a while
+        (``_Retired`` says why)."""
         inputs = [pb_utils.Tensor(name, array) for name, array in arrays.items()]
         if stream:
             inputs.append(pb_utils.Tensor("stream", np.array([[True]])))
+        self.ready.expect(call.key)
         replies = pb_utils.InferenceRequest(
             model_name=self.engine_model,
             inputs=inputs,
             requested_output_names=[spec.name for spec in ENGINE_OUTPUTS],
             request_id=call.key,
         ).exec(decoupled=True)
+        told = self.ready.responses(call.key, replies)
         finished = False
         try:
-            yield from replies
+            for reply in told:  # noqa: UP028 (``yield from`` would close ``told`` early)
+                yield reply
             finished = True
         finally:
             if not finished:  # the caller stopped early (a bug): stop the engine, read on
                 self.cancel(call)
-                for _ in replies:
+                for _ in told:
                     pass
             self.retired.add(replies)
-            del replies
+            del replies, told
 
     def stop(self) -> None:
         self._stopping.set()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.cancels.close()
+        self.ready.close()
 
 
 def engine_error(reply) -> str | None:

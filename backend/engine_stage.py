@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
+from backend.bls_ready import ReadyTeller, TellingSender, owner_pid
 from backend.cancel import CancelListener, CancelRegistry
 from backend.io import (
     FINAL,
@@ -171,10 +172,12 @@ class Stage:
     cancels: CancelRegistry
     listener: CancelListener
     hold: EngineHold
+    teller: ReadyTeller
 
     def stop(self) -> None:
         self.listener.close()
         self.engine.stop()
+        self.teller.close()
 
 
 BACKENDS = ("auto", "openvino", "torch")
@@ -224,7 +227,7 @@ def start_engine(args: dict) -> Stage:
         f"{args['model_name']}: serving {checkpoint.resolve()} ({kind} backend, "
         f"{described}, KV-cache budget {engine.max_cache_tokens} positions)"
     )
-    return Stage(engine, checkpoint, params, cancels, listener, hold)
+    return Stage(engine, checkpoint, params, cancels, listener, hold, ReadyTeller())
 
 
 def _torch(
@@ -297,7 +300,10 @@ def submit_requests(stage: Stage, requests) -> None:
     """
     engine = stage.engine
     for request in requests:
+        key = _request_key(request)
         sender = request.get_response_sender()
+        if owner_pid(key) is not None:  # a BLS caller: it reads each response once told
+            sender = TellingSender(sender, key, stage.teller)
         try:
             arrays = read_inputs(request, ENGINE_INPUTS)
             stream = "stream" in arrays and bool(np.asarray(arrays.pop("stream")).any())
@@ -311,7 +317,6 @@ def submit_requests(stage: Stage, requests) -> None:
             pb_utils.Logger.log_error(f"could not read a request: {exc!r}")
             sender.send(error_response(f"internal error reading the request: {exc}"), FINAL)
             continue
-        key = _request_key(request)
         done = functools.partial(stage.cancels.forget, key)
         requested = requested_outputs(request)
         if stream:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from contract.tensors import ENGINE_MODEL
+from client.request import CompletionRequest
+from contract.tensors import ENGINE_MODEL, ENSEMBLE_MODEL
 from modelbuild.openvino_export import ensure_export
 from modelbuild.train import BuildConfig, build
 from serving.paths import MODEL_REPOSITORY, checkpoint_dir
@@ -91,3 +94,54 @@ def _serve(repository: Path, tmp_path_factory):
         raise
     yield triton
     triton.stop()
+
+
+SERVERS = ("server", "openvino_server")
+
+
+def answers(triton: TritonServer, timeout: float = 120.0) -> str | None:
+    """None if the server completes a one-token request within ``timeout``, else why not."""
+    import tritonclient.grpc as grpcclient
+
+    if triton.process.poll() is not None:
+        return f"tritonserver exited with code {triton.process.returncode}"
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
+    try:
+        request = CompletionRequest(("def probe():\n",), max_tokens=1)
+        client.infer(ENSEMBLE_MODEL, request.infer_inputs(grpcclient), client_timeout=timeout)
+    except Exception as exc:
+        return f"a one-token request failed: {exc}"
+    finally:
+        client.close()
+    return None
+
+
+def _stacks(triton: TritonServer) -> str:
+    """py-spy dumps of the server's python-backend stubs: where a wedged one waits."""
+    found = subprocess.run(["pgrep", "-P", str(triton.process.pid)], capture_output=True,
+                           text=True)  # fmt: skip
+    dumps = []
+    for pid in found.stdout.split():
+        spy = str(Path(sys.executable).parent / "py-spy")
+        dump = subprocess.run([spy, "dump", "--pid", pid], capture_output=True, text=True)
+        dumps.append(dump.stdout[-3000:] or dump.stderr[-300:])
+    return "\n".join(dumps)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """After a failed test on a shared server, check the server still answers; if it does
+    not, end the session at once with its log and stacks, rather than let every later test
+    wait out its timeout on a dead server (CI would only time out, saying nothing)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    for name in SERVERS:
+        triton = item.funcargs.get(name)
+        if triton is None or (why := answers(triton)) is None:
+            continue
+        log = triton.log_file.read_text()[-6000:] if triton.log_file else ""
+        print(f"\n=== the test server stopped answering after {item.nodeid}: {why}")
+        print(f"=== tritonserver log (end):\n{log}\n=== stub stacks:\n{_stacks(triton)}")
+        pytest.exit(f"the test server stopped answering after {item.nodeid}: {why}", 3)
