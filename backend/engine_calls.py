@@ -408,9 +408,11 @@ def stream_pieces(
     sender,
     arrays: Mapping[str, np.ndarray],
     requested: frozenset[str] | None = None,
+    client_id: str = "",
 ) -> None:
     """The streaming model: tokenize (BLS to ``preprocessing``), stream the engine's tokens
-    (BLS to ``engine``), send text pieces as they complete."""
+    (BLS to ``engine``), send text pieces as they complete. A stop request naming
+    ``client_id`` ends it with an error saying so."""
 
     def work(call: Call) -> None:
         try:
@@ -430,7 +432,8 @@ def stream_pieces(
         for reply in calls.responses(call, stage, stream=True):
             if (error := engine_error(reply)) is not None:
                 if wanted and not call.client_gone():
-                    call.final(error_response(error))
+                    why = stopped_message(client_id) if call.stopped else error
+                    call.final(error_response(why))
                 else:
                     call.final()  # close the request; nobody reads it
                 wanted = False
@@ -451,4 +454,4 @@ def stream_pieces(
         else:
             call.final()
 
-    calls.start(sender, work, requested)
+    calls.start(sender, work, requested, client_id)

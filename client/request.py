@@ -157,10 +157,11 @@ def to_infer_inputs(tensors: dict[str, np.ndarray], protocol: ModuleType) -> lis
 
 
 def stop_tensors(prompt: str = "") -> dict[str, np.ndarray]:
-    """A stop request's tensors: sent with the request id of a unary request still generating,
-    it ends that request (whose client gets an error saying it was stopped) and is answered at
-    once with nothing generated. The ensemble's required inputs must be there; their values
-    do not matter (``prompt`` comes back as the answer's text)."""
+    """A stop request's tensors: sent with the request id of a request still generating (to
+    ``ensemble``, ``gptj`` or ``ensemble_stream``), it ends that request (whose client gets an
+    error saying it was stopped) and is answered at once with nothing generated. The
+    ensemble's required inputs must be there; their values do not matter (``prompt`` comes
+    back as a unary answer's text)."""
     tensors = CompletionRequest((prompt or " ",), max_tokens=1).tensors()
     required = {spec.name for spec in ENSEMBLE_INPUTS if not spec.optional}
     tensors = {name: array for name, array in tensors.items() if name in required}

@@ -10,12 +10,13 @@ import json
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any
 
-from client.request import CompletionRequest, generate_body, requested_outputs
+from client.request import CompletionRequest, generate_body, requested_outputs, stop_inputs
 from client.results import CodegenError, Completion, TimedOutError
 from contract.tensors import STREAM_MODEL
 
@@ -47,6 +48,7 @@ class StreamCancel:
 
 
 _WOKEN = object()  # what a cancel puts on a gRPC stream's answer queue
+STOP_WAIT_S = 2.0  # how long a stream left early waits for its stop request's answer
 
 
 def _protocol_module(protocol: str) -> ModuleType:
@@ -165,7 +167,9 @@ class CompletionStream(Iterator[str]):
 def grpc_pieces(
     owner: CodegenClient, request: CompletionRequest, cancel: StreamCancel
 ) -> Iterator[_Piece]:
-    """Pieces from gRPC bidirectional streaming; leaving early cancels the request."""
+    """Pieces from gRPC bidirectional streaming; leaving early stops the request: a stop
+    request with its id on the same stream (which does not depend on Triton passing the
+    stream's cancellation on), then the stream cancelled."""
     module = owner._module()
     try:
         # one client per stream: a gRPC client carries at most one stream at a time
@@ -174,7 +178,8 @@ def grpc_pieces(
         raise owner._error(exc) from exc
     answers: queue.Queue = queue.Queue()
     cancel.wake = lambda: answers.put((None, _WOKEN))
-    finished = False
+    request_id = f"codegen-stream-{uuid.uuid4().hex}"
+    finished = started = False
     try:
         if cancel.requested.is_set():
             raise StreamCancelledError()
@@ -184,8 +189,10 @@ def grpc_pieces(
                 STREAM_MODEL,
                 request.infer_inputs(module),
                 outputs=requested_outputs(module),
+                request_id=request_id,
                 enable_empty_final_response=True,
             )
+            started = True
         except Exception as exc:
             # a stream that failed (e.g. nothing listens) reports why through the callback
             reported = None
@@ -217,10 +224,33 @@ def grpc_pieces(
                 return
     finally:
         cancel.wake = None
+        if started and not finished:
+            with contextlib.suppress(Exception):
+                _send_stop(client, module, request_id, answers)
         with contextlib.suppress(Exception):
             client.stop_stream(cancel_requests=not finished)
         with contextlib.suppress(Exception):
             client.close()
+
+
+def _send_stop(client: Any, module: ModuleType, request_id: str, answers: queue.Queue) -> None:
+    """Send the stop request for ``request_id`` on its stream and wait (a little) until the
+    stream or the stop request ends: either way the generation has stopped."""
+    client.async_stream_infer(
+        STREAM_MODEL, stop_inputs(module), request_id=request_id, enable_empty_final_response=True
+    )
+    deadline = time.monotonic() + STOP_WAIT_S
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            result, error = answers.get(timeout=left)
+        except queue.Empty:
+            return
+        if error is _WOKEN:
+            continue
+        if error is not None:
+            return
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            return
 
 
 def http_pieces(

@@ -171,18 +171,18 @@ PREPROCESSING_TO_MODEL_STAGE = {
 }
 
 # Every model's declared I/O, for the config check.
-# Not a request option: a control input of the unary path (TensorRT-LLM's convention). A
-# request with `stop` true and the request id of a unary request still generating stops that
-# generation; the ensemble passes it to the model stage, which answers it at once.
+# Not a request option: a control input (TensorRT-LLM's convention). A request with `stop` true
+# and the request id of a request still generating stops that generation: the ensemble passes
+# it to the model stage, and the streaming model takes it itself; each answers it at once.
 STOP_INPUT = _scalar(
     "stop",
     "TYPE_BOOL",
-    doc="not in the FasterTransformer contract: true stops the unary request with this request id",
+    doc="not in the FasterTransformer contract: true stops the request with this request id",
 )
 
 MODEL_IO = {
     ENSEMBLE_MODEL: ((*ENSEMBLE_INPUTS, STOP_INPUT), ENSEMBLE_OUTPUTS),
-    STREAM_MODEL: (ENSEMBLE_INPUTS, STREAM_OUTPUTS),
+    STREAM_MODEL: ((*ENSEMBLE_INPUTS, STOP_INPUT), STREAM_OUTPUTS),
     PREPROCESSING_MODEL: (PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS),
     MODEL_STAGE: ((*MODEL_STAGE_INPUTS, STOP_INPUT), MODEL_STAGE_OUTPUTS),
     POSTPROCESSING_MODEL: (POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS),

@@ -1,7 +1,7 @@
 """A raw client of the unary ensemble stops its own generation: a second request with the same
 request id and ``stop`` true (TensorRT-LLM's convention). Triton 2.51 does not pass a client's
 cancellation of a unary ensemble request on to the step already running, so this is how a
-client that gives up stops the work (docs/api.md, "Stopping a unary request").
+client that gives up stops the work (docs/api.md, "Stopping a request").
 
 By construction: the engine is held (the request waits at its door, in the model stage), and the
 stop request is answered while it is held, so the generation of 500 tokens cannot have finished

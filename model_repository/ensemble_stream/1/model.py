@@ -5,14 +5,18 @@ the server's one engine, shared with the unary path) -> incremental detokenizati
 ``postprocessing.detokenize.IncrementalDecoder``, which never splits a character, so the
 pieces concatenate to exactly the unary completion. A client that goes away cancels its
 request (Triton marks it cancelled), which is passed on to the engine; it drops the sequence at
-its next step. The logic is in backend/engine_calls.py.
+its next step. A stop request (``stop`` true, the stream's request id) does the same at once.
+The logic is in backend/engine_calls.py.
 """
 
 from pathlib import Path
 
+import numpy as np
+
 from backend.engine_calls import EngineCalls, copied, stream_pieces
 from backend.io import engine_limits, model_parameters, read_inputs, requested_outputs
-from contract.tensors import ENSEMBLE_INPUTS
+from backend.unary_stop import answer_stream_stop, client_request_id
+from contract.tensors import ENSEMBLE_INPUTS, STOP_INPUT
 from postprocessing.detokenize import Postprocessor
 
 
@@ -24,14 +28,15 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            arrays = copied(read_inputs(request, ENSEMBLE_INPUTS))
+            arrays = copied(read_inputs(request, (*ENSEMBLE_INPUTS, STOP_INPUT)))
+            sender, client_id = request.get_response_sender(), client_request_id(request)
+            if bool(np.asarray(arrays.pop(STOP_INPUT.name, False)).any()):
+                answer_stream_stop(self.calls, sender, client_id)
+                continue
             stream_pieces(
-                self.calls,
-                self.postprocessor,
-                request.get_response_sender(),
-                arrays,
-                requested_outputs(request),
-            )
+                self.calls, self.postprocessor, sender, arrays, requested_outputs(request),
+                client_id,
+            )  # fmt: skip
         return None
 
     def finalize(self):
