@@ -17,8 +17,9 @@ in ``send`` for ever, every stream of ``ensemble_stream`` waiting, readiness sti
 The cycle needs ``Next`` to wait. So the engine model says, after each response to a caller's
 request has been handed over (its ``send`` returns only once the caller's stub has queued the
 response in the iterator), "one more for key K" on a Unix stream socket the caller listens on,
-and the caller calls ``next()`` only when a response is waiting: ``Next`` then never waits,
-and takes the iterator's mutex while holding the GIL, which breaks the cycle.
+and the caller calls ``next()`` only when a response is waiting or the iterator has ended:
+``Next`` then never waits, and takes the iterator's mutex while holding the GIL, which breaks
+the cycle.
 
 The socket lives in Linux's abstract namespace under the caller stub's pid, which is written
 into the BLS request id (``codegen-<pid>-<random>``, backend/cancel.py's key), so the engine
@@ -56,12 +57,12 @@ def owner_pid(key: str) -> int | None:
 
 
 class _Waiting:
-    """What the engine said of one request: responses handed over and not yet read, and
-    whether the last one (the final flag) was among them."""
+    """What the engine said of one request: how many responses it handed over, and whether
+    the last one (the final flag) was among them."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
-        self.unread = 0
+        self.told = 0
         self.final = False
 
 
@@ -102,35 +103,47 @@ class ReadyListener:
         if waiting is None:  # a request already read to its end (or not ours)
             return
         with waiting.cond:
-            waiting.unread += 1
+            waiting.told += 1
             waiting.final = waiting.final or final
             waiting.cond.notify()
 
     def responses(self, key: str, replies) -> Iterator:
         """``replies`` (the iterator ``exec(decoupled=True)`` returned for request ``key``),
-        each response read only once the engine said it is waiting. Register the key with
-        :meth:`expect` before ``exec``."""
+        each response read only once it is there. Register the key with :meth:`expect` before
+        ``exec``.
+
+        The first response is there when ``exec`` returns, and may come from Triton rather
+        than the engine (a full queue, a queue timeout), with no word. An error response is
+        always the last (the engine sends no other kind: contract/tensors.py, ENGINE_ERROR),
+        so after one the iterator is finished. Any other response ``k`` is read once the
+        engine told of ``k`` responses; once it told of its final one and all were read, the
+        iterator is finished: ``next()`` then ends it without waiting."""
         with self._lock:
             waiting = self._keys.setdefault(key, _Waiting())
+        read, after_error = 0, False
         try:
             while True:
-                with waiting.cond:
-                    told = waiting.cond.wait_for(
-                        lambda: waiting.unread > 0 or waiting.final, timeout=WORD_TIMEOUT_S
-                    )
-                    if told and waiting.unread == 0:
-                        break  # the final response was read: the iterator is finished
-                    if told:
-                        waiting.unread -= 1
-                if not told:
-                    log.warning("no word of a response to %s in %.0f s: reading anyway", key,
-                                WORD_TIMEOUT_S)  # fmt: skip
+                if read and not after_error:
+                    self._wait(key, waiting, read)
                 try:
-                    yield next(replies)
+                    reply = next(replies)
                 except StopIteration:
                     break
+                read += 1
+                after_error = reply.has_error()
+                yield reply
         finally:
             self.forget(key)
+
+    def _wait(self, key: str, waiting: _Waiting, read: int) -> None:
+        """Until response ``read + 1`` is there, or the last one was read."""
+        with waiting.cond:
+            told = waiting.cond.wait_for(
+                lambda: waiting.told > read or waiting.final, timeout=WORD_TIMEOUT_S
+            )
+        if not told:
+            log.warning("no word of a response to %s in %.0f s: reading anyway", key,
+                        WORD_TIMEOUT_S)  # fmt: skip
 
     def expect(self, key: str) -> None:
         """Count the engine's word on ``key`` from now on (before its request is sent)."""

@@ -14,6 +14,19 @@ from backend.bls_ready import ReadyListener, ReadyTeller, TellingSender, owner_p
 from backend.cancel import new_key
 
 
+class Reply(str):
+    """A response: its text, and whether it is an error response."""
+
+    error = False
+
+    def has_error(self) -> bool:
+        return self.error
+
+
+class Rejection(Reply):
+    error = True
+
+
 class FakeReplies:
     """A response iterator that fails the test if ``next()`` is called with nothing queued:
     the engine queues a response, then tells (as python_backend's send returns after the
@@ -27,7 +40,7 @@ class FakeReplies:
 
     def queue(self, reply: object, final: bool) -> None:
         with self.lock:
-            self.queued.append((reply, final))
+            self.queued.append((Reply(reply) if type(reply) is str else reply, final))
 
     def __next__(self):
         with self.lock:
@@ -38,7 +51,7 @@ class FakeReplies:
                 raise AssertionError("next() called with no response queued")
             reply, final = self.queued.pop(0)
             self.finished = final
-            return reply
+            return reply if reply is not None else Reply("")
 
 
 class FakeSender:
@@ -81,9 +94,10 @@ def test_each_response_is_read_only_after_the_engine_told_of_it(listener):
     def reader() -> None:
         read.extend(listener.responses(key, replies))
 
+    sender.send("token 0")  # exec returns once the first response is there
     thread = threading.Thread(target=reader)
     thread.start()
-    for token in range(50):
+    for token in range(1, 50):
         sender.send(f"token {token}")
         if token % 7 == 0:
             time.sleep(0.01)  # the reader catches up and waits for word
@@ -91,7 +105,7 @@ def test_each_response_is_read_only_after_the_engine_told_of_it(listener):
     thread.join(timeout=30)
     teller.close()
     assert not thread.is_alive()
-    assert read == [f"token {token}" for token in range(50)] + [None]
+    assert read == [f"token {token}" for token in range(50)] + [""]
     assert replies.empty_reads == 0
 
 
@@ -120,4 +134,33 @@ def test_a_caller_that_is_not_listening_does_not_stop_the_engine():
     teller = ReadyTeller(timeout_s=0.5)
     teller.tell(new_key(999_999_999), final=False)  # nobody listens there: logged, no raise
     teller.tell("codegen-" + "0" * 32, final=False)  # no pid in it: a direct client
+    teller.close()
+
+
+def test_a_response_from_triton_itself_is_read_without_word(listener):
+    """A full queue or a queue timeout: Triton answers the BLS request with an error and the
+    engine never sees it, so no word comes; it is the first and last response."""
+    key = new_key(listener.pid)
+    replies = FakeReplies()
+    replies.queue(Rejection("the queue is full"), final=True)
+    listener.expect(key)
+    read = list(listener.responses(key, replies))
+    assert read == ["the queue is full"] and read[0].has_error()
+    assert replies.empty_reads == 0
+
+
+def test_the_first_response_needs_no_word(listener):
+    """``exec`` returns with the first response queued: reading it waits for nothing."""
+    key = new_key(listener.pid)
+    replies = FakeReplies()
+    replies.queue("first", final=False)  # the engine's word is still on its way
+    listener.expect(key)
+    told = listener.responses(key, replies)
+    assert next(told) == "first"
+    teller = ReadyTeller()
+    sender = TellingSender(FakeSender(replies), key, teller)
+    teller.tell(key, final=False)  # the late word of the first response
+    sender.send("second", 1)
+    assert list(told) == ["second"]
+    assert replies.empty_reads == 0
     teller.close()
