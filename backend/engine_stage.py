@@ -3,7 +3,8 @@
 Only the ``engine`` model runs it: the unary model stage (``gptj``) and the streaming model
 (``ensemble_stream``) call that model (backend/engine_calls.py), so every request shares one
 copy of the weights and one running batch. A unary request gets one final response in the
-model stage's layout; a streamed one (input ``stream``) a response per token.
+model stage's layout; a streamed one (input ``stream``) responses as tokens come
+(backend/engine_replies.py).
 """
 
 from __future__ import annotations
