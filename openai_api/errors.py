@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from client import CodegenError, InvalidRequestError, ServerUnavailableError
+from contract.fim import NO_FIM
 
 # The contract's option names (which the client library's messages use) -> OpenAI's.
 CONTRACT_TO_OPENAI = {
@@ -84,6 +85,8 @@ def from_client_error(exc: BaseException, triton_url: str) -> OpenAIError:
         )
     message = str(exc)
     lowered = message.lower()
+    if NO_FIM in message:  # the server's tokenizer decides, so it refuses in the stream
+        return bad_option("suffix", NO_FIM)
     if CONTEXT_OVERFLOW in message:
         return OpenAIError(
             413,

@@ -522,3 +522,16 @@ def test_the_playground_streams_a_completion_in_a_browser(api, browser, tmp_path
     if os.environ.get("PLAYGROUND_SCREENSHOT"):  # how docs/playground.png was made
         shutil.copy(screenshot, os.environ["PLAYGROUND_SCREENSHOT"])
     print(f"screenshot: {screenshot}")
+
+
+def test_a_suffix_the_served_model_cannot_fill_is_a_400_naming_suffix():
+    """The server's tokenizer decides whether a model does fill-in-the-middle, so a model
+    without FIM tokens refuses `suffix` in the stream (before any byte is sent); the API
+    answers 400 naming the option, not 500."""
+    from client import CodegenError
+    from contract.fim import NO_FIM
+    from openai_api.errors import from_client_error
+
+    error = from_client_error(CodegenError(f"[StatusCode.INTERNAL] {NO_FIM}"), "127.0.0.1:8001")
+    assert (error.status, error.body()["error"]["param"]) == (400, "suffix")
+    assert NO_FIM in error.body()["error"]["message"]
