@@ -13,7 +13,7 @@ import uuid
 
 import tritonclient.grpc as grpcclient
 from engine_hold import engine_held, wait_for
-from server_metrics import engine_counters, sample, scrape
+from server_metrics import engine_counters, sample, scrape, settled_scrape
 
 from client import CodegenClient, CompletionRequest
 from client.request import requested_outputs, stop_inputs
@@ -87,10 +87,13 @@ def test_the_client_library_sends_a_stop_when_it_leaves_a_stream(server):
     with CodegenClient(server.grpc_url, "grpc", timeout=120) as codegen:
         stream = codegen.stream(PROMPT, max_tokens=400)
         next(stream)
-        started = executions()
-        with engine_held(server):
+        with engine_held(server):  # nothing moves but what this test sends
+            started = sample(settled_scrape(server), "nv_inference_exec_count", STREAM_MODEL)
             stream.close()  # sends the stop request and waits (a little) for its answer
-            assert executions() == started + 1  # the stop request ran in ensemble_stream
+            wait_for(
+                lambda: executions() == started + 1,  # Triton counts it once execute returned
+                "the stop request never ran in ensemble_stream",
+            )
     wait_for(
         lambda: engine_counters(server)[names.ENGINE_CANCELLED] > before[names.ENGINE_CANCELLED],
         "the engine never dropped the stream its client left",
