@@ -3,8 +3,7 @@
 Only the ``engine`` model runs it: the unary model stage (``gptj``) and the streaming model
 (``ensemble_stream``) call that model (backend/engine_calls.py), so every request shares one
 copy of the weights and one running batch. A unary request gets one final response in the
-model stage's layout; a streamed one (input ``stream``) responses as tokens come
-(backend/engine_replies.py).
+model stage's layout; a streamed one (input ``stream``) a response per token.
 """
 
 from __future__ import annotations
@@ -23,21 +22,21 @@ import triton_python_backend_utils as pb_utils
 
 from backend.bls_ready import ReadyTeller, TellingSender, owner_pid
 from backend.cancel import CancelListener, CancelRegistry
-from backend.engine_replies import ResponsePump, StreamReply, UnaryReply
 from backend.io import (
     FINAL,
     error_response,
     model_parameters,
     read_inputs,
     requested_outputs,
+    response,
 )
 from contract import metrics as names
 from contract.options import DEFAULT_MAX_BEAM_WIDTH, InvalidRequestError
-from contract.tensors import ENGINE_INPUTS
+from contract.tensors import ENGINE_ERROR, ENGINE_INPUTS
 from engine.gptj import GPTJ
-from engine.interface import GenerationBackend, GenerationResult, Listener
+from engine.interface import GenerationBackend, GenerationRequest, GenerationResult, Listener
 from engine.openvino_model import ModelShape, require_export
-from engine.tensors import parse_request
+from engine.tensors import parse_request, tensors_from_results
 from engine.threads import in_passing_thread
 from engine.torch_engine import TorchEngine
 
@@ -174,12 +173,10 @@ class Stage:
     listener: CancelListener
     hold: EngineHold
     teller: ReadyTeller
-    pump: ResponsePump
 
     def stop(self) -> None:
         self.listener.close()
         self.engine.stop()
-        self.pump.close()
         self.teller.close()
 
 
@@ -230,7 +227,7 @@ def start_engine(args: dict) -> Stage:
         f"{args['model_name']}: serving {checkpoint.resolve()} ({kind} backend, "
         f"{described}, KV-cache budget {engine.max_cache_tokens} positions)"
     )
-    return Stage(engine, checkpoint, params, cancels, listener, hold, ReadyTeller(), ResponsePump())
+    return Stage(engine, checkpoint, params, cancels, listener, hold, ReadyTeller())
 
 
 def _torch(
@@ -324,15 +321,121 @@ def submit_requests(stage: Stage, requests) -> None:
         requested = requested_outputs(request)
         if stream:
             listeners: Sequence[Listener] = [
-                StreamReply(stage.pump, sender, rows[0], log_probs, done, requested)
+                _TokenStream(sender, rows[0], log_probs, done, requested)
             ]
         else:
             width = rows[0].beam.width
-            reply = UnaryReply(stage.pump, sender, len(rows), log_probs, width, done, requested)
-            listeners = reply.listeners()
+            listeners = _Reply(sender, len(rows), log_probs, width, done, requested).listeners()
         stage.hold.before_submit()
         engine.wait_for_room(sum(row.rows for row in rows))
         for row, listener in zip(rows, listeners, strict=True):
             listener.handle = engine.submit(row, listener)
             stage.cancels.track(key, listener.handle)
         stage.hold.on_submitted()
+
+
+CANCELLED = "cancelled: the client went away or its timeout passed"
+CHECK_EVERY = 8  # tokens between two questions to Triton whether a client went away
+
+
+class _Reply:
+    """Collects the rows of one unary request and sends its single response."""
+
+    def __init__(
+        self,
+        sender,
+        rows: int,
+        return_log_probs: bool,
+        beam_width: int,
+        done: Callable[[], None],
+        requested: frozenset[str] | None = None,
+    ) -> None:
+        self.sender = sender
+        self.requested = requested
+        self.results: list[GenerationResult | None] = [None] * rows
+        self.return_log_probs = return_log_probs
+        self.beam_width = beam_width
+        self.done = done
+        self.lock = threading.Lock()
+
+    def listeners(self) -> list[_Row]:
+        return [_Row(self, index) for index in range(len(self.results))]
+
+    def finish(self, index: int, result: GenerationResult) -> None:
+        with self.lock:
+            self.results[index] = result
+            if any(r is None for r in self.results):
+                return
+        self.done()
+        errors = [r.error for r in self.results if r.error]
+        if any(r.finish_reason == "cancelled" for r in self.results):
+            errors.append(CANCELLED)
+        if errors:
+            self.sender.send(error_response(errors[0]), flags=FINAL)
+        else:
+            outputs = tensors_from_results(self.results, self.return_log_probs, self.beam_width)
+            self.sender.send(response(outputs, self.requested), flags=FINAL)
+
+
+class _Row:
+    """One prompt of a unary request: only its end matters, and whether its client is still
+    there (a direct client of the engine model; a BLS caller cancels through the channel),
+    asked every few tokens (a question to the server, so not every token)."""
+
+    def __init__(self, reply: _Reply, index: int) -> None:
+        self.reply, self.index, self.handle = reply, index, None
+        self.tokens = 0
+
+    def on_token(self, token_id: int, log_prob: float) -> None:
+        self.tokens += 1
+        if self.tokens % CHECK_EVERY == 0 and self.reply.sender.is_cancelled():
+            self.handle.cancel()  # the engine drops the row at its next step
+
+    def on_finish(self, result: GenerationResult) -> None:
+        self.reply.finish(self.index, result)
+
+
+class _TokenStream:
+    """One streamed prompt: a response per generated token (that token, the length so far),
+    then a final response (an error, or none)."""
+
+    def __init__(
+        self,
+        sender,
+        row: GenerationRequest,
+        log_probs: bool,
+        done: Callable[[], None],
+        requested: frozenset[str] | None = None,
+    ):
+        self.sender, self.done, self.handle = sender, done, None
+        self.requested = requested
+        self.length = len(row.prompt_ids)
+        self.want_log_probs = log_probs
+        self.cumulative = 0.0
+
+    def on_token(self, token_id: int, log_prob: float) -> None:
+        self.length += 1
+        if not self.want_log_probs:
+            log_prob = 0.0
+        self.cumulative += log_prob
+        if self.length % CHECK_EVERY == 0 and self.sender.is_cancelled():
+            self.handle.cancel()
+            return
+        outputs = {
+            "output_ids": np.array([[[token_id]]], dtype=np.uint32),
+            "sequence_length": np.array([[self.length]], dtype=np.uint32),
+            "cum_log_probs": np.array([[self.cumulative]], dtype=np.float32),
+            "output_log_probs": np.array([[[log_prob]]], dtype=np.float32),
+        }
+        self.sender.send(response(outputs, self.requested))
+
+    def on_finish(self, result: GenerationResult) -> None:
+        self.done()
+        message = result.error or (CANCELLED if result.finish_reason == "cancelled" else None)
+        if message is None:
+            self.sender.send(flags=FINAL)
+        elif self.requested is None or ENGINE_ERROR.name in self.requested:
+            error = np.array([[message.encode()]], dtype=np.object_)
+            self.sender.send(response({ENGINE_ERROR.name: error}, self.requested), flags=FINAL)
+        else:  # a direct gRPC client that did not ask for the error output
+            self.sender.send(error_response(message), flags=FINAL)

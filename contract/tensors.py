@@ -191,17 +191,17 @@ INPUT_SPECS = {spec.name: spec for spec in (*ENSEMBLE_INPUTS, STOP_INPUT)}
 
 # The one model that hosts the engine (decoupled): `gptj` and `ensemble_stream` call it (BLS),
 # so both paths share one copy of the weights and one running batch. It takes the model stage's
-# inputs and answers in its layout; with `stream` true (one prompt) it sends responses as tokens
-# come instead, whose outputs hold only that response's new tokens, then a final one.
+# inputs and answers in its layout; with `stream` true (one prompt) it sends a response per
+# generated token instead, whose outputs hold only that response's new tokens, then a final one.
 ENGINE_MODEL = "engine"
 ENGINE_INPUTS = (
     *MODEL_STAGE_INPUTS,
     _scalar(
         "stream",
         "TYPE_BOOL",
-        doc="true: responses with the tokens generated since the last one (one token each unless"
-        " the sender fell behind), then a final one; absent or false: one final response, the"
-        " gptj stage's layout. One prompt to stream.",
+        doc="true: a response per generated token (outputs: that response's new tokens), then a"
+        " final one; absent or false: one final response, the gptj stage's layout. One prompt"
+        " to stream.",
     ),
 )
 # How an engine stream that already sent tokens reports its end by error or cancellation: a

@@ -1,6 +1,6 @@
 """Triton adapter for the streaming pipeline (decoupled): one response per piece of text.
 
-preprocessing (a BLS call) -> the ``engine`` model (a BLS call streaming responses as tokens come;
+preprocessing (a BLS call) -> the ``engine`` model (a BLS call streaming a response per token;
 the server's one engine, shared with the unary path) -> incremental detokenization with
 ``postprocessing.detokenize.IncrementalDecoder``, which never splits a character, so the
 pieces concatenate to exactly the unary completion. A client that goes away cancels its
