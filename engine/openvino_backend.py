@@ -154,12 +154,20 @@ class OpenVINOBackend(QueueWorker[_Request]):
     def limits(self) -> ModelLimits:
         return ModelLimits(self.shape.vocab_size, self.shape.context, self.max_beam_width)
 
+    def _bans_only_the_end(self, request: GenerationRequest) -> bool:
+        """Whether the request's bad words are only its end token (FasterTransformer clients
+        ban it to get answers of full length): honoured by ``min_new_tokens``, which holds the
+        end token back until ``max_new_tokens``."""
+        end_id = request.end_token(self.shape.vocab_size, self.shape.eos_token_id)
+        return bool(request.bad_words) and all(list(w) == [end_id] for w in request.bad_words)
+
     def _refuse_what_cannot_be_honoured(self, request: GenerationRequest) -> None:
         elsewhere = "or serve with backend torch (engine/config.pbtxt)"
-        if request.bad_words:
+        if request.bad_words and not self._bans_only_the_end(request):
             raise InvalidRequestError(
-                "bad_words_list is not supported by the openvino backend (OpenVINO GenAI has no "
-                f"banned-token list): send the request without bad words, {elsewhere}"
+                "bad_words_list is not supported by the openvino backend beyond the end token "
+                "(OpenVINO GenAI has no banned-token list): send the request without bad words, "
+                f"or with only the end token, {elsewhere}"
             )
         if request.beam.diversity_rate != 0.0:
             raise InvalidRequestError(
@@ -243,6 +251,8 @@ class OpenVINOBackend(QueueWorker[_Request]):
         request, sampling = entry.request, entry.request.sampling
         config = openvino_genai.GenerationConfig()
         config.max_new_tokens = request.max_new_tokens
+        if request.bad_words:  # only the end token (refused otherwise): full-length answers
+            config.min_new_tokens = request.max_new_tokens
         config.set_eos_token_id(entry.end_id)
         config.stop_token_ids = {entry.end_id}
         if request.beam.width > 1:

@@ -193,6 +193,7 @@ def test_beam_search_equals_the_torch_engine(hf_model, engine, len_penalty):
     ("changes", "message"),
     [
         ({"bad_words": [[5]]}, "bad_words_list is not supported by the openvino backend"),
+        ({"bad_words": [[5], [6, 7]], "end_id": 5}, "beyond the end token"),
         ({"beam": BeamParams(2, diversity_rate=-1.0)}, "beam_search_diversity_rate"),
         ({"beam": BeamParams(2), "stop_words": [[5]]}, "stop words with beam_width > 1"),
         ({"sampling": SamplingParams(temperature=0.7, top_k=4)}, "temperature 1"),
@@ -210,6 +211,18 @@ def test_what_cannot_be_honoured_is_refused_with_what_to_do(engine, changes, mes
     request.return_log_probs = False  # log probs not asked for: temperature is fine
     if "sampling" in changes:
         assert len(engine.generate(request).output_ids) == 8
+
+
+def test_banning_only_the_end_token_gives_full_length_answers(engine):
+    """By construction: the end token is the one the model picks first, so without the ban the
+    answer ends at once; banning it (FasterTransformer's bad words) must give all 12 tokens."""
+    prompt = prompts(1, seed=7)[0]
+    first = engine.generate(GenerationRequest(prompt, 1)).output_ids[0]
+    ended = engine.generate(GenerationRequest(prompt, 12, end_id=first))
+    assert ended.output_ids == [] and ended.finish_reason != "length"  # the end is not output
+    banned = engine.generate(GenerationRequest(prompt, 12, end_id=first, bad_words=[[first]]))
+    assert len(banned.output_ids) == 12 and first not in banned.output_ids
+    assert banned.finish_reason == "length"
 
 
 def test_a_cancelled_request_ends_within_one_step(engine):
