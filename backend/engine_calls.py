@@ -27,7 +27,7 @@ import triton_python_backend_utils as pb_utils
 from backend.bls_ready import ReadyListener
 from backend.cancel import CancelSender, new_key
 from backend.io import FINAL, error_response, response, tokenize
-from backend.unary_stop import answer_stop, stopped_message
+from backend.stop_request import answer_stop, stopped_message
 from contract import metrics as names
 from contract.options import InvalidRequestError
 from contract.tensors import ENGINE_ERROR, ENGINE_MODEL, ENGINE_OUTPUTS, STOP_INPUT

@@ -15,7 +15,7 @@ import numpy as np
 
 from backend.engine_calls import EngineCalls, copied, stream_pieces
 from backend.io import engine_limits, model_parameters, read_inputs, requested_outputs
-from backend.unary_stop import answer_stream_stop, client_request_id
+from backend.stop_request import answer_stream_stop, client_request_id
 from contract.tensors import ENSEMBLE_INPUTS, STOP_INPUT
 from postprocessing.detokenize import Postprocessor
 

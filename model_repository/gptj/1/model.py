@@ -8,7 +8,7 @@ requests overlap and batch in the engine; backend/engine_calls.py has the logic.
 
 from backend.engine_calls import EngineCalls, copied, forward_final
 from backend.io import engine_limits, read_inputs, requested_outputs
-from backend.unary_stop import client_request_id
+from backend.stop_request import client_request_id
 from contract.tensors import MODEL_STAGE_INPUTS, STOP_INPUT
 
 
