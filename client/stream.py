@@ -226,31 +226,35 @@ def grpc_pieces(
         cancel.wake = None
         if started and not finished:
             with contextlib.suppress(Exception):
-                _send_stop(client, module, request_id, answers)
+                finished = _send_stop(client, module, request_id, answers)
         with contextlib.suppress(Exception):
             client.stop_stream(cancel_requests=not finished)
         with contextlib.suppress(Exception):
             client.close()
 
 
-def _send_stop(client: Any, module: ModuleType, request_id: str, answers: queue.Queue) -> None:
-    """Send the stop request for ``request_id`` on its stream and wait (a little) until the
-    stream or the stop request ends: either way the generation has stopped."""
+def _send_stop(client: Any, module: ModuleType, request_id: str, answers: queue.Queue) -> bool:
+    """Send the stop request for ``request_id`` on its stream and wait (a little) until both
+    the stop request and the stream's request ended (a final response or an error each).
+    True: both did, so the stream can be closed without a gRPC cancel. Triton 2.51 races a
+    cancellation that arrives while a request is completing (a segfault in its gRPC stream
+    handler: triton-inference-server/server#7840), and a stop completes the request just then."""
     client.async_stream_infer(
         STREAM_MODEL, stop_inputs(module), request_id=request_id, enable_empty_final_response=True
     )
+    ends = 0
     deadline = time.monotonic() + STOP_WAIT_S
-    while (left := deadline - time.monotonic()) > 0:
+    while ends < 2 and (left := deadline - time.monotonic()) > 0:
         try:
             result, error = answers.get(timeout=left)
         except queue.Empty:
-            return
+            break
         if error is _WOKEN:
             continue
-        if error is not None:
-            return
-        if result.get_response().parameters["triton_final_response"].bool_param:
-            return
+        ended = error is not None  # an error response is its request's last
+        if ended or result.get_response().parameters["triton_final_response"].bool_param:
+            ends += 1
+    return ends == 2
 
 
 def http_pieces(
