@@ -80,7 +80,8 @@ class CompletionStream(Iterator[str]):
     Iterate it for the text pieces; once exhausted, :attr:`completion` holds the whole
     :class:`Completion` (with token counts). Closing it early (``close()``, leaving a ``with``
     block, ``break`` followed by the stream being dropped, Ctrl-C) cancels the request on the
-    server: the gRPC stream is cancelled, the HTTP connection is closed.
+    server: the gRPC request is stopped (see :func:`grpc_pieces`), the HTTP connection is
+    closed.
     """
 
     def __init__(
@@ -169,7 +170,8 @@ def grpc_pieces(
 ) -> Iterator[_Piece]:
     """Pieces from gRPC bidirectional streaming; leaving early stops the request: a stop
     request with its id on the same stream (which does not depend on Triton passing the
-    stream's cancellation on), then the stream cancelled."""
+    stream's cancellation on), then the stream closed; cancelled only if the stop went
+    unanswered (:func:`_send_stop` says why)."""
     module = owner._module()
     try:
         # one client per stream: a gRPC client carries at most one stream at a time
