@@ -211,6 +211,7 @@ def grpc_pieces(
             if error is _WOKEN or cancel.requested.is_set():
                 raise StreamCancelledError()
             if error is not None:
+                finished = True  # an error response is the request's last: nothing to stop
                 raise owner._error(error)
             final = result.get_response().parameters["triton_final_response"].bool_param
             text = result.as_numpy("OUTPUT_0")

@@ -113,3 +113,17 @@ def test_a_stream_read_to_its_end_sends_no_stop(monkeypatch, answers_stop):
     assert "".join(codegen.stream("def f():", max_tokens=50)) == "piece"
     (fake,) = _FakeTriton.instances
     assert len(fake.requests) == 1 and fake.cancelled is False
+
+
+def test_a_stream_the_server_refused_sends_no_stop(monkeypatch):
+    codegen = _codegen(monkeypatch, answers_stop=True)
+
+    def refused(self, model, inputs, **kw):
+        self.requests.append([tensor.name() for tensor in inputs])
+        self.callback(result=None, error=RuntimeError("the prompt is too long"))
+
+    monkeypatch.setattr(_FakeTriton, "async_stream_infer", refused)
+    with pytest.raises(Exception, match="too long"):
+        next(codegen.stream("def f():", max_tokens=50))
+    (fake,) = _FakeTriton.instances
+    assert len(fake.requests) == 1 and fake.cancelled is False
