@@ -34,6 +34,7 @@ from contract.tensors import ENGINE_ERROR, ENGINE_MODEL, ENGINE_OUTPUTS, STOP_IN
 from engine.interface import ModelLimits
 from engine.tensors import parse_request
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
+from preprocessing.tokenize import Preprocessor
 
 # Requests a caller runs at once: the engine's queue (256) and batch (64) hold no more. Past
 # this, execute waits and the next requests wait in the caller's own bounded Triton queue.
@@ -404,19 +405,20 @@ class _Pieces:
 
 def stream_pieces(
     calls: EngineCalls,
+    preprocessor: Preprocessor,
     postprocessor: Postprocessor,
     sender,
     arrays: Mapping[str, np.ndarray],
     requested: frozenset[str] | None = None,
     client_id: str = "",
 ) -> None:
-    """The streaming model: tokenize (BLS to ``preprocessing``), stream the engine's tokens
-    (BLS to ``engine``), send text pieces as they complete. A stop request naming
+    """The streaming model: tokenize (in process, ``preprocessing``'s logic), stream the
+    engine's tokens (BLS to ``engine``), send text pieces as they complete. A stop request naming
     ``client_id`` ends it with an error saying so."""
 
     def work(call: Call) -> None:
         try:
-            stage = tokenize(arrays)
+            stage = tokenize(preprocessor, arrays)
         except InvalidRequestError as exc:
             call.final(error_response(str(exc)))
             return

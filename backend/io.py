@@ -15,11 +15,11 @@ from contract.tensors import (
     ENGINE_MODEL,
     ENSEMBLE_TO_PREPROCESSING,
     INPUT_SPECS,
-    PREPROCESSING_MODEL,
     PREPROCESSING_TO_MODEL_STAGE,
     TensorSpec,
 )
 from engine.interface import ModelLimits
+from preprocessing.tokenize import Preprocessor
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -82,27 +82,20 @@ def error_response(message: str):
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
 
-def tokenize(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def tokenize(preprocessor: Preprocessor, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The model-stage tensors of an ensemble-shaped request (its tensors by name): its text
-    tokenized by the ``preprocessing`` model (a BLS call, wired as the ensemble wires it), plus
-    its options under their own names."""
-    inputs = []
+    tokenized in this process by ``preprocessor``, the logic the ``preprocessing`` model runs,
+    with the inputs wired as the ensemble wires them, plus its options under their own names.
+    In process rather than a BLS call to ``preprocessing``: one stub round trip less before a
+    stream's first token, and one process less to wait for a core while the engine computes."""
+    inputs = {}
     for stage_name, name in ENSEMBLE_TO_PREPROCESSING.items():
         if name not in arrays:
             if INPUT_SPECS[name].optional:
                 continue
             raise InvalidRequestError(f"input {name} is required")
-        inputs.append(pb_utils.Tensor(stage_name, arrays[name]))
-    answer = pb_utils.InferenceRequest(
-        model_name=PREPROCESSING_MODEL,
-        requested_output_names=list(PREPROCESSING_TO_MODEL_STAGE),
-        inputs=inputs,
-    ).exec()
-    if answer.has_error():
-        raise InvalidRequestError(answer.error().message())
-    tokenized = {
-        stage: pb_utils.get_output_tensor_by_name(answer, name).as_numpy()
-        for name, stage in PREPROCESSING_TO_MODEL_STAGE.items()
-    }
+        inputs[stage_name] = arrays[name]
+    answer = preprocessor.tensors(inputs)
+    tokenized = {stage: answer[name] for name, stage in PREPROCESSING_TO_MODEL_STAGE.items()}
     options = {k: v for k, v in arrays.items() if k not in ENSEMBLE_TO_PREPROCESSING.values()}
     return {**tokenized, **options}

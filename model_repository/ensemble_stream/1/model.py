@@ -1,7 +1,8 @@
 """Triton adapter for the streaming pipeline (decoupled): one response per piece of text.
 
-preprocessing (a BLS call) -> the ``engine`` model (a BLS call streaming a response per token;
-the server's one engine, shared with the unary path) -> incremental detokenization with
+tokenize here (``preprocessing.tokenize.Preprocessor``, the ``preprocessing`` model's logic)
+-> the ``engine`` model (a BLS call streaming a response per token; the server's one engine,
+shared with the unary path) -> incremental detokenization with
 ``postprocessing.detokenize.IncrementalDecoder``, which never splits a character, so the
 pieces concatenate to exactly the unary completion. A client that goes away cancels its
 request (Triton marks it cancelled), which is passed on to the engine; it drops the sequence at
@@ -18,11 +19,13 @@ from backend.io import engine_limits, model_parameters, read_inputs, requested_o
 from backend.stop_request import answer_stream_stop, client_request_id
 from contract.tensors import ENSEMBLE_INPUTS, STOP_INPUT
 from postprocessing.detokenize import Postprocessor
+from preprocessing.tokenize import Preprocessor
 
 
 class TritonPythonModel:
     def initialize(self, args):
         path = model_parameters(args)["tokenizer_path"]
+        self.preprocessor = Preprocessor(Path(args["model_repository"]) / path)
         self.postprocessor = Postprocessor(Path(args["model_repository"]) / path)
         self.calls = EngineCalls(args["model_name"], engine_limits(args))
 
@@ -34,8 +37,8 @@ class TritonPythonModel:
                 answer_stream_stop(self.calls, sender, client_id)
                 continue
             stream_pieces(
-                self.calls, self.postprocessor, sender, arrays, requested_outputs(request),
-                client_id,
+                self.calls, self.preprocessor, self.postprocessor, sender, arrays,
+                requested_outputs(request), client_id,
             )  # fmt: skip
         return None
 
