@@ -40,9 +40,25 @@ from engine.tensors import parse_request, tensors_from_results
 from engine.threads import in_passing_thread
 from engine.torch_engine import TorchEngine
 
+# Per-step figures reach Triton at most this often, and at every request's end and when the
+# engine goes idle: in python_backend r24.10 each metric update is a round trip to the server,
+# and seven of them after every forward pass took a third as long as the pass itself on the
+# default model (py-spy on the engine stub under unary traffic).
+STEP_METRICS_EVERY_S = 0.05
+_STEP_COUNTERS = (
+    names.ENGINE_STEPS,
+    names.ENGINE_STEP_ROWS,
+    names.ENGINE_COMPUTE_DURATION_US,
+    names.ENGINE_PROMPT_TOKENS,
+)
+
 
 class EngineMetrics:
-    """The engine's counters on Triton's metrics endpoint (contract/metrics.py says why)."""
+    """The engine's counters on Triton's metrics endpoint (contract/metrics.py says why).
+    Per-request counters are sent as each request ends; per-step ones are summed here and
+    sent with them, or every ``STEP_METRICS_EVERY_S``, or when the engine goes idle. One lock
+    around every update (two threads updating one metric at once crash r24.10: see
+    ``backend.engine_calls.CallerMetrics``)."""
 
     def __init__(self, model_name: str) -> None:
         labels = {"model": model_name}
@@ -59,34 +75,49 @@ class EngineMetrics:
                 self.m[name] = family.Metric(labels=labels)
         self.engine: GenerationBackend | None = None
         self.after_step: Callable[[], None] = lambda: None
+        self._lock = threading.Lock()
+        self._unsent = dict.fromkeys(_STEP_COUNTERS, 0.0)
+        self._last_step = 0.0  # Unix time of the last forward pass, once there was one
+        self._sent_at = 0.0
 
     def on_step(self, rows: int, new_tokens: int, prompt_tokens: int, seconds: float) -> None:
-        self.m[names.ENGINE_STEPS].increment(1)
-        self.m[names.ENGINE_STEP_ROWS].increment(rows)
-        self.m[names.ENGINE_COMPUTE_DURATION_US].increment(seconds * 1e6)
-        self.m[names.ENGINE_PROMPT_TOKENS].increment(prompt_tokens)
-        self.m[names.ENGINE_LAST_STEP].set(time.time())
-        self._gauges()
+        with self._lock:
+            self._unsent[names.ENGINE_STEPS] += 1
+            self._unsent[names.ENGINE_STEP_ROWS] += rows
+            self._unsent[names.ENGINE_COMPUTE_DURATION_US] += seconds * 1e6
+            self._unsent[names.ENGINE_PROMPT_TOKENS] += prompt_tokens
+            self._last_step = time.time()
+            if time.monotonic() - self._sent_at >= STEP_METRICS_EVERY_S:
+                self._send_steps()
         self.after_step()  # the engine's thread: a held engine (EngineHold) waits here
 
     def on_idle(self) -> None:
-        """The engine released its cache."""
-        self._gauges()
+        """The engine has nothing to run (or released its cache): send what is pending."""
+        with self._lock:
+            self._send_steps()
 
-    def _gauges(self) -> None:
+    def _send_steps(self) -> None:
+        for name, value in self._unsent.items():
+            if value:
+                self.m[name].increment(value)
+                self._unsent[name] = 0.0
+        if self._last_step:
+            self.m[names.ENGINE_LAST_STEP].set(self._last_step)
         if self.engine is not None:
             self.m[names.ENGINE_RUNNING].set(self.engine.running)
             self.m[names.ENGINE_KV_CACHE_BYTES].set(self.engine.cache_bytes)
+        self._sent_at = time.monotonic()
 
     def on_finish(self, result: GenerationResult) -> None:
-        self._gauges()
-        self.m[names.ENGINE_REQUESTS].increment(1)
-        if result.finish_reason == "cancelled":
-            self.m[names.ENGINE_CANCELLED].increment(1)
-        self.m[names.ENGINE_GENERATED_TOKENS].increment(len(result.output_ids))
-        self.m[names.ENGINE_PROMPT_TOKENS_REUSED].increment(result.reused_prompt_tokens)
-        self.m[names.ENGINE_REQUEST_DURATION_US].increment(result.total_seconds * 1e6)
-        self.m[names.ENGINE_QUEUE_DURATION_US].increment(result.queue_seconds * 1e6)
+        with self._lock:
+            self._send_steps()
+            self.m[names.ENGINE_REQUESTS].increment(1)
+            if result.finish_reason == "cancelled":
+                self.m[names.ENGINE_CANCELLED].increment(1)
+            self.m[names.ENGINE_GENERATED_TOKENS].increment(len(result.output_ids))
+            self.m[names.ENGINE_PROMPT_TOKENS_REUSED].increment(result.reused_prompt_tokens)
+            self.m[names.ENGINE_REQUEST_DURATION_US].increment(result.total_seconds * 1e6)
+            self.m[names.ENGINE_QUEUE_DURATION_US].increment(result.queue_seconds * 1e6)
 
 
 def resolve_device(name: str) -> str:

@@ -214,7 +214,7 @@ class OpenVINOBackend(QueueWorker[_Request]):
 
     def _work(self) -> None:
         """The owner thread: nothing escapes it; a failed step fails the running requests."""
-        while self._queue.next_turn(bool(self._running)):
+        while self._queue.next_turn(bool(self._running), getattr(self.observer, "on_idle", None)):
             try:
                 self._add(self._queue.take_all())
                 self._drop_cancelled()

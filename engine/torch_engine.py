@@ -135,11 +135,12 @@ class TorchEngine(QueueWorker[Row]):
                         self._finish(row, "error", error=f"generation failed: {exc}")
 
     def _release_cache(self) -> None:
-        """Nothing runs: give the KV cache's memory back; it grows again on demand."""
-        if self._batch.release_cache():
-            idle = getattr(self.observer, "on_idle", None)
-            if idle is not None:
-                idle()
+        """Nothing runs: give the KV cache's memory back (it grows again on demand), and tell
+        the observer that the engine is idle."""
+        self._batch.release_cache()
+        idle = getattr(self.observer, "on_idle", None)
+        if idle is not None:
+            idle()
 
     def _drop_cancelled(self) -> None:
         """Cancellation takes effect before the next step: the rows leave the batch now."""
