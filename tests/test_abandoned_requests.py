@@ -25,21 +25,21 @@ def calls_in_flight(server, model: str) -> float:
 
 
 def test_a_stream_its_grpc_client_cancels_gives_its_slot_back(server):
-    """By construction: the engine is held still (tests/engine_hold.py) from the first piece
-    until the cancellation has been passed on: the engine certainly ends the stream as
+    """By construction: the engine is held still (tests/engine_hold.py) after its first few
+    steps until the cancellation has been passed on: the engine certainly ends the stream as
     cancelled, after it sent tokens."""
     before = engine_counters(server)
     sent_before = cancels_sent(server, STREAM_MODEL)
     request = CompletionRequest(("def f(x):\n",), max_tokens=400)
     answers: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    client.start_stream(callback=lambda result, error: answers.put((result, error)))
-    client.async_stream_infer(
-        STREAM_MODEL, request.infer_inputs(grpcclient), outputs=requested_outputs(grpcclient)
-    )
-    _, error = answers.get(timeout=120)
-    assert error is None, error
-    with engine_held(server):
+    with engine_held(server, after_steps=4):
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        client.async_stream_infer(
+            STREAM_MODEL, request.infer_inputs(grpcclient), outputs=requested_outputs(grpcclient)
+        )
+        _, error = answers.get(timeout=120)
+        assert error is None, error
         client.stop_stream(cancel_requests=True)
         wait_for(
             lambda: cancels_sent(server, STREAM_MODEL) > sent_before,

@@ -57,10 +57,12 @@ def _stop(server, request_id: str) -> tuple[object, object]:
 def test_a_stop_request_ends_the_stream_with_its_id(server):
     request_id = f"stop-stream-{uuid.uuid4().hex}"
     before = engine_counters(server)
-    client, answers = _open_stream(server, request_id)
-    _, error = answers.get(timeout=120)
-    assert error is None, error
-    with engine_held(server):
+    # the engine holds after a few steps: the stream is still generating when the stop
+    # comes, however fast the engine runs ahead of its reader
+    with engine_held(server, after_steps=4):
+        client, answers = _open_stream(server, request_id)
+        _, error = answers.get(timeout=120)
+        assert error is None, error
         result, error = _stop(server, request_id)
         assert error is None, error
         assert result.get_response().parameters["triton_final_response"].bool_param
@@ -84,16 +86,20 @@ def test_a_stop_request_for_no_stream_is_refused(server):
 def test_the_client_library_sends_a_stop_when_it_leaves_a_stream(server):
     executions = lambda: sample(scrape(server), "nv_inference_exec_count", STREAM_MODEL) or 0  # noqa: E731
     before = engine_counters(server)
-    with CodegenClient(server.grpc_url, "grpc", timeout=120) as codegen:
+    # the engine holds after a few steps (the stream still generating when it is left), and
+    # nothing moves but what this test sends
+    with (
+        CodegenClient(server.grpc_url, "grpc", timeout=120) as codegen,
+        engine_held(server, after_steps=4),
+    ):
         stream = codegen.stream(PROMPT, max_tokens=400)
         next(stream)
-        with engine_held(server):  # nothing moves but what this test sends
-            started = sample(settled_scrape(server), "nv_inference_exec_count", STREAM_MODEL)
-            stream.close()  # sends the stop request and waits (a little) for its answer
-            wait_for(
-                lambda: executions() == started + 1,  # Triton counts it once execute returned
-                "the stop request never ran in ensemble_stream",
-            )
+        started = sample(settled_scrape(server), "nv_inference_exec_count", STREAM_MODEL)
+        stream.close()  # sends the stop request and waits (a little) for its answer
+        wait_for(
+            lambda: executions() == started + 1,  # Triton counts it once execute returned
+            "the stop request never ran in ensemble_stream",
+        )
     wait_for(
         lambda: engine_counters(server)[names.ENGINE_CANCELLED] > before[names.ENGINE_CANCELLED],
         "the engine never dropped the stream its client left",
