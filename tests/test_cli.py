@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from engine_hold import engine_held
 
 from client import CodegenClient, CompletionRequest
 from client.cli import (
@@ -227,17 +228,19 @@ def test_ctrl_c_stops_a_stream(server, protocol):
     url = server.grpc_url if protocol == "grpc" else server.http_url
     command = [CODEGEN] if CODEGEN else [sys.executable, "-m", "client.cli"]
     args = ["complete", "--stream", PROMPT, "-n", "400", "--url", url, "--protocol", protocol]
-    process = subprocess.Popen(
-        [*command, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        # a shell without job control starts background children with SIGINT ignored
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    assert process.stdout is not None
-    assert process.stdout.read(1)  # it has started streaming
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=60)
+    # the engine holds after a few steps: the stream is still going when Ctrl-C comes
+    with engine_held(server, after_steps=4):
+        process = subprocess.Popen(
+            [*command, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            # a shell without job control starts background children with SIGINT ignored
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        assert process.stdout is not None
+        assert process.stdout.read(1)  # it has started streaming
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
     assert process.returncode == EXIT_INTERRUPTED
     assert b"interrupted" in err
 
