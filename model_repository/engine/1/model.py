@@ -2,8 +2,7 @@
 ``ensemble_stream`` call (BLS): one copy of the weights, one running batch for both paths.
 
 ``execute`` validates and submits each request, then returns ``None``; the engine's thread
-answers through the response senders (backend/engine_answers.py), once per request (unary)
-or with each new token (``stream``; several at once when the reader lags).
+answers through the response senders, once per request (unary) or once per token (``stream``).
 A caller whose client went away cancels through the channel in backend/cancel.py.
 """
 
