@@ -3,7 +3,8 @@
 Only the ``engine`` model runs it: the unary model stage (``gptj``) and the streaming model
 (``ensemble_stream``) call that model (backend/engine_calls.py), so every request shares one
 copy of the weights and one running batch. A unary request gets one final response in the
-model stage's layout; a streamed one (input ``stream``) a response per token.
+model stage's layout; a streamed one (input ``stream``) responses with its new tokens, sent
+by backend/engine_answers.py's thread.
 """
 
 from __future__ import annotations
@@ -22,21 +23,15 @@ import triton_python_backend_utils as pb_utils
 
 from backend.bls_ready import ReadyTeller, TellingSender, owner_pid
 from backend.cancel import CancelListener, CancelRegistry
-from backend.io import (
-    FINAL,
-    error_response,
-    model_parameters,
-    read_inputs,
-    requested_outputs,
-    response,
-)
+from backend.engine_answers import Deliveries, Reply, TokenStream
+from backend.io import FINAL, error_response, model_parameters, read_inputs, requested_outputs
 from contract import metrics as names
 from contract.options import DEFAULT_MAX_BEAM_WIDTH, InvalidRequestError
-from contract.tensors import ENGINE_ERROR, ENGINE_INPUTS
+from contract.tensors import ENGINE_INPUTS
 from engine.gptj import GPTJ
-from engine.interface import GenerationBackend, GenerationRequest, GenerationResult, Listener
+from engine.interface import GenerationBackend, GenerationResult, Listener
 from engine.openvino_model import ModelShape, require_export
-from engine.tensors import parse_request, tensors_from_results
+from engine.tensors import parse_request
 from engine.threads import in_passing_thread
 from engine.torch_engine import TorchEngine
 
@@ -56,11 +51,13 @@ _STEP_COUNTERS = (
 class EngineMetrics:
     """The engine's counters on Triton's metrics endpoint (contract/metrics.py says why).
     Per-request counters are sent as each request ends; per-step ones are summed here and
-    sent with them, or every ``STEP_METRICS_EVERY_S``, or when the engine goes idle. One lock
-    around every update (two threads updating one metric at once crash r24.10: see
+    sent with them, or every ``STEP_METRICS_EVERY_S``, or when the engine goes idle. The
+    engine's thread only adds up and reads the gauges; the updates (each a round trip to the
+    server) are made by ``deliveries``' one thread, after the responses handed to it before
+    (two threads updating one metric at once crash r24.10: see
     ``backend.engine_calls.CallerMetrics``)."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, deliveries: Deliveries) -> None:
         labels = {"model": model_name}
         kinds = [
             (names.ENGINE_METRIC_HELP, pb_utils.MetricFamily.COUNTER),
@@ -75,6 +72,7 @@ class EngineMetrics:
                 self.m[name] = family.Metric(labels=labels)
         self.engine: GenerationBackend | None = None
         self.after_step: Callable[[], None] = lambda: None
+        self.deliveries = deliveries
         self._lock = threading.Lock()
         self._unsent = dict.fromkeys(_STEP_COUNTERS, 0.0)
         self._last_step = 0.0  # Unix time of the last forward pass, once there was one
@@ -87,37 +85,52 @@ class EngineMetrics:
             self._unsent[names.ENGINE_COMPUTE_DURATION_US] += seconds * 1e6
             self._unsent[names.ENGINE_PROMPT_TOKENS] += prompt_tokens
             self._last_step = time.time()
-            if time.monotonic() - self._sent_at >= STEP_METRICS_EVERY_S:
-                self._send_steps()
+            due = time.monotonic() - self._sent_at >= STEP_METRICS_EVERY_S
+        if due:
+            self.deliveries.call(self._updates())
         self.after_step()  # the engine's thread: a held engine (EngineHold) waits here
 
     def on_idle(self) -> None:
         """The engine has nothing to run (or released its cache): send what is pending."""
-        with self._lock:
-            self._send_steps()
-
-    def _send_steps(self) -> None:
-        for name, value in self._unsent.items():
-            if value:
-                self.m[name].increment(value)
-                self._unsent[name] = 0.0
-        if self._last_step:
-            self.m[names.ENGINE_LAST_STEP].set(self._last_step)
-        if self.engine is not None:
-            self.m[names.ENGINE_RUNNING].set(self.engine.running)
-            self.m[names.ENGINE_KV_CACHE_BYTES].set(self.engine.cache_bytes)
-        self._sent_at = time.monotonic()
+        self.deliveries.call(self._updates())
 
     def on_finish(self, result: GenerationResult) -> None:
+        self.deliveries.call(self._updates(result))
+
+    def _updates(self, result: GenerationResult | None = None) -> Callable[[], None]:
+        """(the engine's thread) The metric updates due now, as one call for deliveries:
+        the per-step sums so far, the gauges as they are, and ``result``'s counters."""
         with self._lock:
-            self._send_steps()
-            self.m[names.ENGINE_REQUESTS].increment(1)
+            steps = {name: value for name, value in self._unsent.items() if value}
+            self._unsent = dict.fromkeys(_STEP_COUNTERS, 0.0)
+            last_step = self._last_step
+            self._sent_at = time.monotonic()
+        gauges = {}
+        if self.engine is not None:
+            gauges = {
+                names.ENGINE_RUNNING: self.engine.running,
+                names.ENGINE_KV_CACHE_BYTES: self.engine.cache_bytes,
+            }
+        if last_step:
+            gauges[names.ENGINE_LAST_STEP] = last_step
+        counters = dict(steps)
+        if result is not None:
+            counters[names.ENGINE_REQUESTS] = 1
             if result.finish_reason == "cancelled":
-                self.m[names.ENGINE_CANCELLED].increment(1)
-            self.m[names.ENGINE_GENERATED_TOKENS].increment(len(result.output_ids))
-            self.m[names.ENGINE_PROMPT_TOKENS_REUSED].increment(result.reused_prompt_tokens)
-            self.m[names.ENGINE_REQUEST_DURATION_US].increment(result.total_seconds * 1e6)
-            self.m[names.ENGINE_QUEUE_DURATION_US].increment(result.queue_seconds * 1e6)
+                counters[names.ENGINE_CANCELLED] = 1
+            counters[names.ENGINE_GENERATED_TOKENS] = len(result.output_ids)
+            counters[names.ENGINE_PROMPT_TOKENS_REUSED] = result.reused_prompt_tokens
+            counters[names.ENGINE_REQUEST_DURATION_US] = result.total_seconds * 1e6
+            counters[names.ENGINE_QUEUE_DURATION_US] = result.queue_seconds * 1e6
+
+        def send() -> None:
+            for name, value in counters.items():
+                if value:
+                    self.m[name].increment(value)
+            for name, value in gauges.items():
+                self.m[name].set(value)
+
+        return send
 
 
 def resolve_device(name: str) -> str:
@@ -204,10 +217,12 @@ class Stage:
     listener: CancelListener
     hold: EngineHold
     teller: ReadyTeller
+    deliveries: Deliveries
 
     def stop(self) -> None:
         self.listener.close()
         self.engine.stop()
+        self.deliveries.stop()  # what the engine answered last is still sent
         self.teller.close()
 
 
@@ -235,7 +250,8 @@ def start_engine(args: dict) -> Stage:
     kind = resolve_backend(
         os.environ.get("CODEGEN_BACKEND") or params.get("backend", "auto"), device
     )
-    metrics = EngineMetrics(args["model_name"])
+    deliveries = Deliveries()
+    metrics = EngineMetrics(args["model_name"], deliveries)
     limits = {
         "max_batch_size": int(params.get("engine_max_batch_size", "64")),
         "max_prefill_tokens": int(params.get("engine_max_prefill_tokens", "4096")),
@@ -258,7 +274,7 @@ def start_engine(args: dict) -> Stage:
         f"{args['model_name']}: serving {checkpoint.resolve()} ({kind} backend, "
         f"{described}, KV-cache budget {engine.max_cache_tokens} positions)"
     )
-    return Stage(engine, checkpoint, params, cancels, listener, hold, ReadyTeller())
+    return Stage(engine, checkpoint, params, cancels, listener, hold, ReadyTeller(), deliveries)
 
 
 def _torch(
@@ -352,121 +368,15 @@ def submit_requests(stage: Stage, requests) -> None:
         requested = requested_outputs(request)
         if stream:
             listeners: Sequence[Listener] = [
-                _TokenStream(sender, rows[0], log_probs, done, requested)
+                TokenStream(sender, rows[0], log_probs, done, stage.deliveries, requested)
             ]
         else:
             width = rows[0].beam.width
-            listeners = _Reply(sender, len(rows), log_probs, width, done, requested).listeners()
+            reply = Reply(sender, len(rows), log_probs, width, done, stage.deliveries, requested)
+            listeners = reply.listeners()
         stage.hold.before_submit()
         engine.wait_for_room(sum(row.rows for row in rows))
         for row, listener in zip(rows, listeners, strict=True):
             listener.handle = engine.submit(row, listener)
             stage.cancels.track(key, listener.handle)
         stage.hold.on_submitted()
-
-
-CANCELLED = "cancelled: the client went away or its timeout passed"
-CHECK_EVERY = 8  # tokens between two questions to Triton whether a client went away
-
-
-class _Reply:
-    """Collects the rows of one unary request and sends its single response."""
-
-    def __init__(
-        self,
-        sender,
-        rows: int,
-        return_log_probs: bool,
-        beam_width: int,
-        done: Callable[[], None],
-        requested: frozenset[str] | None = None,
-    ) -> None:
-        self.sender = sender
-        self.requested = requested
-        self.results: list[GenerationResult | None] = [None] * rows
-        self.return_log_probs = return_log_probs
-        self.beam_width = beam_width
-        self.done = done
-        self.lock = threading.Lock()
-
-    def listeners(self) -> list[_Row]:
-        return [_Row(self, index) for index in range(len(self.results))]
-
-    def finish(self, index: int, result: GenerationResult) -> None:
-        with self.lock:
-            self.results[index] = result
-            if any(r is None for r in self.results):
-                return
-        self.done()
-        errors = [r.error for r in self.results if r.error]
-        if any(r.finish_reason == "cancelled" for r in self.results):
-            errors.append(CANCELLED)
-        if errors:
-            self.sender.send(error_response(errors[0]), flags=FINAL)
-        else:
-            outputs = tensors_from_results(self.results, self.return_log_probs, self.beam_width)
-            self.sender.send(response(outputs, self.requested), flags=FINAL)
-
-
-class _Row:
-    """One prompt of a unary request: only its end matters, and whether its client is still
-    there (a direct client of the engine model; a BLS caller cancels through the channel),
-    asked every few tokens (a question to the server, so not every token)."""
-
-    def __init__(self, reply: _Reply, index: int) -> None:
-        self.reply, self.index, self.handle = reply, index, None
-        self.tokens = 0
-
-    def on_token(self, token_id: int, log_prob: float) -> None:
-        self.tokens += 1
-        if self.tokens % CHECK_EVERY == 0 and self.reply.sender.is_cancelled():
-            self.handle.cancel()  # the engine drops the row at its next step
-
-    def on_finish(self, result: GenerationResult) -> None:
-        self.reply.finish(self.index, result)
-
-
-class _TokenStream:
-    """One streamed prompt: a response per generated token (that token, the length so far),
-    then a final response (an error, or none)."""
-
-    def __init__(
-        self,
-        sender,
-        row: GenerationRequest,
-        log_probs: bool,
-        done: Callable[[], None],
-        requested: frozenset[str] | None = None,
-    ):
-        self.sender, self.done, self.handle = sender, done, None
-        self.requested = requested
-        self.length = len(row.prompt_ids)
-        self.want_log_probs = log_probs
-        self.cumulative = 0.0
-
-    def on_token(self, token_id: int, log_prob: float) -> None:
-        self.length += 1
-        if not self.want_log_probs:
-            log_prob = 0.0
-        self.cumulative += log_prob
-        if self.length % CHECK_EVERY == 0 and self.sender.is_cancelled():
-            self.handle.cancel()
-            return
-        outputs = {
-            "output_ids": np.array([[[token_id]]], dtype=np.uint32),
-            "sequence_length": np.array([[self.length]], dtype=np.uint32),
-            "cum_log_probs": np.array([[self.cumulative]], dtype=np.float32),
-            "output_log_probs": np.array([[[log_prob]]], dtype=np.float32),
-        }
-        self.sender.send(response(outputs, self.requested))
-
-    def on_finish(self, result: GenerationResult) -> None:
-        self.done()
-        message = result.error or (CANCELLED if result.finish_reason == "cancelled" else None)
-        if message is None:
-            self.sender.send(flags=FINAL)
-        elif self.requested is None or ENGINE_ERROR.name in self.requested:
-            error = np.array([[message.encode()]], dtype=np.object_)
-            self.sender.send(response({ENGINE_ERROR.name: error}, self.requested), flags=FINAL)
-        else:  # a direct gRPC client that did not ask for the error output
-            self.sender.send(error_response(message), flags=FINAL)

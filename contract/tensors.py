@@ -199,9 +199,9 @@ ENGINE_INPUTS = (
     _scalar(
         "stream",
         "TYPE_BOOL",
-        doc="true: a response per generated token (outputs: that response's new tokens), then a"
-        " final one; absent or false: one final response, the gptj stage's layout. One prompt"
-        " to stream.",
+        doc="true: responses carrying the tokens generated since the last (one each while the"
+        " reader keeps up), then a final one; absent or false: one final response, the gptj"
+        " stage's layout. One prompt to stream.",
     ),
 )
 # How an engine stream that already sent tokens reports its end by error or cancellation: a

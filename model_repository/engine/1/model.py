@@ -2,7 +2,8 @@
 ``ensemble_stream`` call (BLS): one copy of the weights, one running batch for both paths.
 
 ``execute`` validates and submits each request, then returns ``None``; the engine's thread
-answers through the response senders, once per request (unary) or once per token (``stream``).
+answers through the response senders (backend/engine_answers.py), once per request (unary)
+or with each new token (``stream``; several at once when the reader lags).
 A caller whose client went away cancels through the channel in backend/cancel.py.
 """
 

@@ -1,0 +1,227 @@
+"""The engine model's answers, sent by a thread of their own rather than the engine's.
+
+In python_backend r24.10 a response's ``send`` is a round trip: it returns once the caller's
+stub has queued the response (backend/bls_ready.py), about 0.25 ms on an idle 2-core machine
+and more under load. Sent from the engine's thread, every streamed token held up the next
+forward pass: with 16 streams py-spy found the engine's thread 46% of the time in ``send`` and
+20% in the forward pass, and streams made a fifth of the tokens per second of unary requests.
+
+So the engine's thread only records what is to be said, and :class:`Deliveries` says it, in
+order. A stream whose earlier tokens are still waiting when new ones come gets them all in one
+response (its outputs hold that response's new tokens, as the contract allows), so a slow
+reader never makes the backlog longer than one response per stream. The metrics' round trips
+(backend/engine_stage.py, ``EngineMetrics``) go through the same thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from backend.io import FINAL, error_response, response
+from contract.tensors import ENGINE_ERROR
+from engine.interface import GenerationRequest, GenerationResult
+from engine.tensors import tensors_from_results
+
+log = logging.getLogger(__name__)
+
+CANCELLED = "cancelled: the client went away or its timeout passed"
+CHECK_EVERY = 8  # tokens between two questions to Triton whether a client went away
+
+
+class Deliveries:
+    """One thread that runs what the engine's thread hands it, in the order handed."""
+
+    def __init__(self, name: str = "engine-answers") -> None:
+        self._cond = threading.Condition()
+        self._work: deque[Callable[[], None]] = deque()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def call(self, work: Callable[[], None]) -> None:
+        with self._cond:
+            self._work.append(work)
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._work and not self._stopping:
+                    self._cond.wait()
+                if not self._work:
+                    return
+                work = self._work.popleft()
+            try:
+                work()
+            except Exception:  # one answer failing must not stop the others
+                log.exception("sending an engine answer failed")
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Send what is queued, then end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout_s)
+
+
+class Reply:
+    """Collects the rows of one unary request; its single response is sent by ``deliveries``."""
+
+    def __init__(
+        self,
+        sender,
+        rows: int,
+        return_log_probs: bool,
+        beam_width: int,
+        done: Callable[[], None],
+        deliveries: Deliveries,
+        requested: frozenset[str] | None = None,
+    ) -> None:
+        self.sender = sender
+        self.requested = requested
+        self.results: list[GenerationResult | None] = [None] * rows
+        self.return_log_probs = return_log_probs
+        self.beam_width = beam_width
+        self.done = done
+        self.deliveries = deliveries
+        self.lock = threading.Lock()
+
+    def listeners(self) -> list[Row]:
+        return [Row(self, index) for index in range(len(self.results))]
+
+    def finish(self, index: int, result: GenerationResult) -> None:
+        with self.lock:
+            self.results[index] = result
+            if any(r is None for r in self.results):
+                return
+        self.done()
+        self.deliveries.call(self._send)
+
+    def _send(self) -> None:
+        results = [r for r in self.results if r is not None]
+        errors = [r.error for r in results if r.error]
+        if any(r.finish_reason == "cancelled" for r in results):
+            errors.append(CANCELLED)
+        if errors:
+            self.sender.send(error_response(errors[0]), flags=FINAL)
+        else:
+            outputs = tensors_from_results(results, self.return_log_probs, self.beam_width)
+            self.sender.send(response(outputs, self.requested), flags=FINAL)
+
+
+class Row:
+    """One prompt of a unary request: only its end matters, and whether its client is still
+    there (a direct client of the engine model; a BLS caller cancels through the channel),
+    asked every few tokens (a question to the server, so not every token)."""
+
+    def __init__(self, reply: Reply, index: int) -> None:
+        self.reply, self.index, self.handle = reply, index, None
+        self.tokens = 0
+
+    def on_token(self, token_id: int, log_prob: float) -> None:
+        self.tokens += 1
+        if self.tokens % CHECK_EVERY == 0 and self.reply.sender.is_cancelled():
+            self.handle.cancel()  # the engine drops the row at its next step
+
+    def on_finish(self, result: GenerationResult) -> None:
+        self.reply.finish(self.index, result)
+
+
+class TokenStream:
+    """One streamed prompt: responses carrying the tokens generated since the last one (one
+    each while the reader keeps up), then a final response (an error, or none)."""
+
+    def __init__(
+        self,
+        sender,
+        row: GenerationRequest,
+        log_probs: bool,
+        done: Callable[[], None],
+        deliveries: Deliveries,
+        requested: frozenset[str] | None = None,
+    ):
+        self.sender, self.done, self.handle = sender, done, None
+        self.deliveries = deliveries
+        self.requested = requested
+        self.length = len(row.prompt_ids)
+        self.want_log_probs = log_probs
+        self.cumulative = 0.0
+        self._lock = threading.Lock()
+        self._tokens: list[int] = []  # generated, not yet handed to deliveries
+        self._log_probs: list[float] = []
+        self._result: GenerationResult | None = None
+        self._queued = False  # a flush is waiting in deliveries
+        self._unchecked = 0  # tokens sent since Triton was last asked about the client
+        self._gone = False
+
+    def on_token(self, token_id: int, log_prob: float) -> None:
+        with self._lock:
+            if self._gone:
+                return
+            self._tokens.append(token_id)
+            self._log_probs.append(log_prob if self.want_log_probs else 0.0)
+            self._queue()
+
+    def on_finish(self, result: GenerationResult) -> None:
+        self.done()
+        with self._lock:
+            self._result = result
+            self._queue()
+
+    def _queue(self) -> None:
+        """(under the lock) Have deliveries flush this stream, once however many wait."""
+        if not self._queued:
+            self._queued = True
+            self.deliveries.call(self._flush)
+
+    def _flush(self) -> None:
+        """Deliveries' thread: send what is waiting, in one response, then the end if it came."""
+        with self._lock:
+            tokens, log_probs = self._tokens, self._log_probs
+            self._tokens, self._log_probs = [], []
+            result, self._queued = self._result, False
+        if tokens and not self._gone:
+            try:
+                self._send_tokens(tokens, log_probs)
+            except Exception:  # the end, if it came, is still sent: the request must close
+                log.exception("sending a stream's tokens failed; it is cancelled")
+        if result is not None:
+            self._send_end(result)
+
+    def _send_tokens(self, tokens: list[int], log_probs: list[float]) -> None:
+        self._unchecked += len(tokens)
+        if self._unchecked >= CHECK_EVERY:
+            self._unchecked = 0
+            if self.sender.is_cancelled():  # a direct client left: stop generating for it
+                self._gone = True
+                self.handle.cancel()
+                return
+        self.length += len(tokens)
+        self.cumulative += sum(log_probs)
+        outputs = {
+            "output_ids": np.array([[tokens]], dtype=np.uint32),
+            "sequence_length": np.array([[self.length]], dtype=np.uint32),
+            "cum_log_probs": np.array([[self.cumulative]], dtype=np.float32),
+            "output_log_probs": np.array([[log_probs]], dtype=np.float32),
+        }
+        try:
+            self.sender.send(response(outputs, self.requested))
+        except Exception:
+            self._gone = True  # the request cannot be answered any more: stop generating it
+            self.handle.cancel()
+            raise
+
+    def _send_end(self, result: GenerationResult) -> None:
+        message = result.error or (CANCELLED if result.finish_reason == "cancelled" else None)
+        if message is None:
+            self.sender.send(flags=FINAL)
+        elif self.requested is None or ENGINE_ERROR.name in self.requested:
+            error = np.array([[message.encode()]], dtype=np.object_)
+            self.sender.send(response({ENGINE_ERROR.name: error}, self.requested), flags=FINAL)
+        else:  # a direct gRPC client that did not ask for the error output
+            self.sender.send(error_response(message), flags=FINAL)
