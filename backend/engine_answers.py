@@ -2,15 +2,17 @@
 
 In python_backend r24.10 a response's ``send`` is a round trip: it returns once the caller's
 stub has queued the response (backend/bls_ready.py), about 0.25 ms on an idle 2-core machine
-and more under load. Sent from the engine's thread, every streamed token held up the next
-forward pass: with 16 streams py-spy found the engine's thread 46% of the time in ``send`` and
-20% in the forward pass, and streams made a fifth of the tokens per second of unary requests.
+and more under load. Sent from the engine's thread, every answer held up the next forward pass.
 
 So the engine's thread only records what is to be said, and :class:`Deliveries` says it, in
 order. A stream whose earlier tokens are still waiting when new ones come gets them all in one
-response (its outputs hold that response's new tokens, as the contract allows), so a slow
-reader never makes the backlog longer than one response per stream. The metrics' round trips
-(backend/engine_stage.py, ``EngineMetrics``) go through the same thread.
+response (its outputs hold that response's new tokens, as the contract allows). The metrics'
+round trips (backend/engine_stage.py, ``EngineMetrics``) go through the same thread.
+
+How far a stream may run ahead of its hand-over is bounded (``stream_run_ahead`` tokens, the
+engine's config): after each step the engine's thread waits while a stream has that many tokens
+not handed over. Unbounded, a fast model generated tens of tokens for a client that had already
+left (they were on their way to it); bounded at 1, a step waits for every stream's sends.
 """
 
 from __future__ import annotations
@@ -30,15 +32,24 @@ from engine.tensors import tensors_from_results
 log = logging.getLogger(__name__)
 
 CANCELLED = "cancelled: the client went away or its timeout passed"
+# The longest the engine's thread waits for its answers to catch up (a caller that hangs must
+# not stop everyone's generation)
+KEEP_UP_S = 1.0
+# How far a stream's generation may run ahead of its answers' hand-over: streams' sends
+# overlap the engine's next steps, yet an abandoned stream's tokens stay few
 CHECK_EVERY = 8  # tokens between two questions to Triton whether a client went away
 
 
 class Deliveries:
     """One thread that runs what the engine's thread hands it, in the order handed."""
 
-    def __init__(self, name: str = "engine-answers") -> None:
+    def __init__(self, run_ahead: int = 1, name: str = "engine-answers") -> None:
+        if run_ahead < 1:
+            raise ValueError(f"stream_run_ahead must be at least 1, got {run_ahead}")
+        self.run_ahead = run_ahead
         self._cond = threading.Condition()
         self._work: deque[Callable[[], None]] = deque()
+        self._behind: set[int] = set()  # streams with run_ahead or more tokens unsent
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -46,7 +57,24 @@ class Deliveries:
     def call(self, work: Callable[[], None]) -> None:
         with self._cond:
             self._work.append(work)
-            self._cond.notify()
+            self._cond.notify_all()
+
+    def behind(self, stream: int, is_behind: bool) -> None:
+        """Stream ``stream`` (an id) has ``run_ahead`` or more unsent tokens, or no more."""
+        with self._cond:
+            if is_behind:
+                self._behind.add(stream)
+            elif stream in self._behind:
+                self._behind.discard(stream)
+                self._cond.notify_all()
+
+    def keep_up(self) -> None:
+        """(the engine's thread, after each step) Wait while a stream has ``run_ahead`` or more
+        tokens not handed over, so that a client that leaves finds little generated for it."""
+        with self._cond:
+            caught_up = self._cond.wait_for(lambda: not self._behind, KEEP_UP_S)
+        if not caught_up:
+            log.warning("the engine's answers are over %.0f s behind: stepping on", KEEP_UP_S)
 
     def _run(self) -> None:
         while True:
@@ -157,6 +185,7 @@ class TokenStream:
         self._result: GenerationResult | None = None
         self._queued = False  # a flush is waiting in deliveries
         self._unchecked = 0  # tokens sent since Triton was last asked about the client
+        self._unsent = 0  # generated, their response not yet handed over
         self._gone = False
 
     def on_token(self, token_id: int, log_prob: float) -> None:
@@ -165,6 +194,9 @@ class TokenStream:
                 return
             self._tokens.append(token_id)
             self._log_probs.append(log_prob if self.want_log_probs else 0.0)
+            self._unsent += 1
+            if self._unsent == self.deliveries.run_ahead:
+                self.deliveries.behind(id(self), True)
             self._queue()
 
     def on_finish(self, result: GenerationResult) -> None:
@@ -190,6 +222,10 @@ class TokenStream:
                 self._send_tokens(tokens, log_probs)
             except Exception:  # the end, if it came, is still sent: the request must close
                 log.exception("sending a stream's tokens failed; it is cancelled")
+        with self._lock:
+            self._unsent -= len(tokens)
+            if self._unsent < self.deliveries.run_ahead or self._gone or result is not None:
+                self.deliveries.behind(id(self), False)
         if result is not None:
             self._send_end(result)
 

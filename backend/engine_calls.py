@@ -386,12 +386,16 @@ class _Pieces:
         }  # fmt: skip
         return response(outputs, self.call.requested)
 
-    def push(self, token_id: int, log_prob: float) -> bool:
-        """Add a token; send a piece if it completes one. False: the client went away."""
-        self.length += 1
-        self.cumulative += log_prob
-        self.pending.append(log_prob)
-        piece = self.decoder.push(token_id)
+    def push(self, token_ids: list[int], log_probs: list[float]) -> bool:
+        """Add one engine response's tokens; send the text they complete as one piece (several
+        tokens when the engine ran ahead of this reader). False: the client went away."""
+        text = []
+        for token_id, log_prob in zip(token_ids, log_probs, strict=True):
+            self.length += 1
+            self.cumulative += log_prob
+            self.pending.append(log_prob)
+            text.append(self.decoder.push(token_id))
+        piece = "".join(text)
         if not piece:
             return True
         if self.call.client_gone():
@@ -444,13 +448,9 @@ def stream_pieces(
             if tokens is None or not wanted:
                 continue  # the final response carries nothing; or a cancelled stream drains
             chosen = pb_utils.get_output_tensor_by_name(reply, "output_log_probs").as_numpy()
-            for token, log_prob in zip(
-                tokens.as_numpy().reshape(-1).tolist(), chosen.reshape(-1).tolist(), strict=True
-            ):
-                if not pieces.push(token, log_prob):
-                    wanted = False
-                    calls.cancel(call)  # the engine drops the row at its next step
-                    break
+            if not pieces.push(tokens.as_numpy().reshape(-1).tolist(), chosen.reshape(-1).tolist()):
+                wanted = False
+                calls.cancel(call)  # the engine drops the row at its next step
         if wanted:
             pieces.finish()
         else:

@@ -250,7 +250,7 @@ def start_engine(args: dict) -> Stage:
     kind = resolve_backend(
         os.environ.get("CODEGEN_BACKEND") or params.get("backend", "auto"), device
     )
-    deliveries = Deliveries()
+    deliveries = Deliveries(int(params.get("stream_run_ahead", "1")))
     metrics = EngineMetrics(args["model_name"], deliveries)
     limits = {
         "max_batch_size": int(params.get("engine_max_batch_size", "64")),
@@ -266,7 +266,12 @@ def start_engine(args: dict) -> Stage:
     metrics.engine = engine
     cancels = CancelRegistry()
     hold = EngineHold(params.get("test_hooks", "false") == "true")
-    metrics.after_step = hold.after_step
+
+    def after_step() -> None:
+        deliveries.keep_up()
+        hold.after_step()
+
+    metrics.after_step = after_step
     listener = CancelListener(args["model_name"], cancels.cancel, on_control=hold.control)
     engine.start()
     threading.Thread(target=_exit_if_engine_dies, args=(engine,), daemon=True).start()

@@ -120,7 +120,7 @@ class Watchdog:
 
 
 def kill_server_tree(pid: int) -> None:
-    """SIGKILL tritonserver and its stubs (its process group: it runs in its own session), so
+    """SIGKILL tritonserver and its stubs (its process group: it leads one of its own), so
     that nothing is left behind even when the server is hung or stopped."""
     try:
         children = psutil.Process(pid).children(recursive=True)
