@@ -6,8 +6,14 @@ layout, and postprocessing turns a finished sequence back into the text the clie
 prefix and the generated middle, never a sentinel). Pure lists of ints: no tokenizer here.
 
 - StarCoder/SantaCoder (and the default model): ``<fim_prefix>P<fim_suffix>S<fim_middle>M``
-  (PSM, what a request gets); training also uses SPM, ``<fim_prefix><fim_suffix>S<fim_middle>PM``
-  (the variant of Bavarian et al. 2022 that bigcode's models train on).
+  (PSM); training also uses SPM, ``<fim_prefix><fim_suffix>S<fim_middle>PM`` (the variant of
+  Bavarian et al. 2022 that bigcode's models train on). A request gets PSM unless the
+  deployment asks for SPM (``fim_order`` in the preprocessing and ensemble_stream configs). SPM
+  puts the prefix last, so an editor's next request (a few more characters before the cursor,
+  the same text after it) starts with everything the last one did but the prefix's end: a
+  prefix cache reuses all of it, where in PSM every keystroke changes what precedes the suffix.
+  But a prompt then ends where the prefix does, and on the default model a middle that starts
+  a line came out as if no suffix had been sent (docs/fim.md): PSM stays the default.
 - CodeGen2: ``P<mask_1>S<|endoftext|><sep><mask_1>M<eom>`` (Salesforce's model card); the model
   ends a middle with ``<eom>``, so a request stops there.
 """
@@ -36,6 +42,14 @@ class FimLayout:
 
     style: str  # "starcoder" or "codegen2"
     ids: dict[str, int]  # sentinel text -> token id
+    order: str = "psm"  # starcoder: "psm" or "spm" (see above); codegen2 has one layout
+
+    def __post_init__(self) -> None:
+        if self.order not in ("psm", "spm") or (self.order == "spm" and self.style != "starcoder"):
+            raise ValueError(
+                f"fim_order {self.order!r}: the {self.style} layout has no such prompt order "
+                "(psm, or spm for StarCoder-style tokens)"
+            )
 
     @property
     def sentinels(self) -> frozenset[int]:
@@ -51,6 +65,8 @@ class FimLayout:
         """The prompt asking for the middle between ``prefix`` and ``suffix`` (token ids)."""
         if self.style == "starcoder":
             pre, suf, mid = (self.ids[t] for t in STARCODER_TOKENS)
+            if self.order == "spm":
+                return [pre, suf, *suffix, mid, *prefix]
             return [pre, *prefix, suf, *suffix, mid]
         mask, sep, eot = (self.ids[t] for t in CODEGEN2_PROMPT)
         return [*prefix, mask, *suffix, eot, sep, mask]

@@ -72,8 +72,8 @@ def _run(engine: TorchEngine, requests: list[GenerationRequest]) -> list[Generat
     return [r for r in results if r is not None]
 
 
-def evaluate(checkpoint: Path, count: int, seed: int) -> dict:
-    pre, post = Preprocessor(checkpoint), Postprocessor(checkpoint)
+def evaluate(checkpoint: Path, count: int, seed: int, fim_order: str = "psm") -> dict:
+    pre, post = Preprocessor(checkpoint, fim_order), Postprocessor(checkpoint)
     cases = masked_lines(count, seed)
     # enough characters for the tokens kept (code has at least one character per token)
     prefixes = pre.encode_all([p[-8 * PREFIX_TOKENS :] for p, _, _ in cases])
@@ -132,16 +132,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     parser.add_argument("--lines", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--fim-order", choices=("psm", "spm"), default="psm", help="the prompt layout (psm)"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
-    report = evaluate(args.checkpoint, args.lines, args.seed)
+    report = evaluate(args.checkpoint, args.lines, args.seed, args.fim_order)
     report["machine"] = machine()
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
     print(
         f"{report['lines']} masked lines of held-out files, seed {args.seed}, greedy, "
-        f"prefix {PREFIX_TOKENS} / suffix {SUFFIX_TOKENS} tokens, {report['checkpoint']}"
+        f"prefix {PREFIX_TOKENS} / suffix {SUFFIX_TOKENS} tokens, {args.fim_order.upper()}, "
+        f"{report['checkpoint']}"
     )
     print(f"machine: {report['machine']}")
     print("| condition | exact match | lines | mean similarity | seconds |")

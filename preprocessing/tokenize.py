@@ -11,6 +11,7 @@ the cursor (it may then be empty), and the model gets both in the checkpoint's o
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -87,9 +88,13 @@ class _Texts:
 class Preprocessor:
     """Turns the ensemble's text inputs into the model stage's token tensors."""
 
-    def __init__(self, tokenizer_path: str | Path) -> None:
+    def __init__(self, tokenizer_path: str | Path, fim_order: str = "psm") -> None:
+        """``fim_order``: the layout of a fill-in-the-middle prompt, "psm" or "spm" (a
+        StarCoder-style checkpoint trained on both; contract/fim.py says what each costs)."""
         self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_path))
         self.fim = tokenizer_layout(self.tokenizer)
+        if self.fim is not None and fim_order != self.fim.order:
+            self.fim = replace(self.fim, order=fim_order)  # refuses what the layout lacks
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

@@ -18,6 +18,7 @@ from openai_api import Settings
 
 PREFIX = "def add(a, b):\n    "
 SUFFIX = "\n    return total\n"
+CONTINUE_PROMPT = f"<fim_prefix>{PREFIX}<fim_suffix>{SUFFIX}<fim_middle>"  # its StarCoder template
 KEY = "editor-secret"
 # what Continue's default (StarCoder-style) autocomplete template stops on
 CONTINUE_STOPS = [
@@ -44,6 +45,17 @@ def greedy_middle(server) -> str:
     with CodegenClient(server.grpc_url, "grpc") as codegen:
         request = CompletionRequest(PREFIX, max_tokens=12, temperature=0.0, suffix=SUFFIX)
         return codegen.send(request)[0].completion
+
+
+@pytest.fixture(scope="module")
+def template_middle(server) -> str:
+    """What the server's own client gets, greedy, for Continue's rendered StarCoder template
+    (PSM in text; a ``suffix`` request gets SPM when the checkpoint trained it)."""
+    with CodegenClient(server.grpc_url, "grpc") as codegen:
+        request = CompletionRequest(CONTINUE_PROMPT, max_tokens=12, temperature=0.0)
+        shown = codegen.send(request)[0].completion  # a FIM sequence shows prefix + middle
+        assert shown.startswith(PREFIX)
+        return shown.removeprefix(PREFIX)
 
 
 def sse_events(response: httpx.Response) -> tuple[list[dict], list[str]]:
@@ -119,7 +131,7 @@ def test_tabby_openai_completion_backend(server, keyed_api, greedy_middle):
     assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
 
 
-def test_continue_autocomplete_with_its_starcoder_template(keyed_api, greedy_middle):
+def test_continue_autocomplete_with_its_starcoder_template(keyed_api, template_middle):
     """Continue's autocomplete through its OpenAI provider: the legacy completions endpoint,
     the prompt rendered with its default template (the default model's own sentinels), its stop
     words, temperature 0.01, stream: true, a Bearer key."""
@@ -129,7 +141,7 @@ def test_continue_autocomplete_with_its_starcoder_template(keyed_api, greedy_mid
         "temperature": 0.01,
         "stream": True,
         "stop": CONTINUE_STOPS,
-        "prompt": f"<fim_prefix>{PREFIX}<fim_suffix>{SUFFIX}<fim_middle>",
+        "prompt": CONTINUE_PROMPT,
     }
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     url = f"{keyed_api.url}/v1/completions"
@@ -139,11 +151,11 @@ def test_continue_autocomplete_with_its_starcoder_template(keyed_api, greedy_mid
     assert payloads[-1] == "[DONE]"
     text = check_chunks(events, "codegen")
     assert not any(stop in text for stop in CONTINUE_STOPS)
-    # the template's sentinels are the model's FIM tokens: greedy, it is the suffix request
+    # the template's sentinels are the model's FIM tokens: greedy, the middle is the client's
     with httpx.stream(
         "POST", url, json=body | {"temperature": 0}, headers=headers, timeout=120
     ) as response:
-        assert check_chunks(sse_events(response)[0], "codegen") == greedy_middle
+        assert check_chunks(sse_events(response)[0], "codegen") == template_middle
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -4,6 +4,7 @@ preprocessing builds from a checkpoint's own sentinels, and the text postprocess
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +72,17 @@ def test_starcoder_prompt_is_psm_and_reads_back_as_prefix_then_middle():
     assert STAR.visible([1, 2, 20, 21, 3, 10, 11, 30]) == [10, 11, 30]
     # a plain sequence is unchanged, less any sentinel the model produced
     assert STAR.visible([10, 11, 3, 12]) == [10, 11, 12]
+
+
+def test_starcoder_spm_puts_the_prefix_last_and_reads_back_the_same():
+    spm = replace(STAR, order="spm")
+    prompt = spm.prompt([10, 11], [20, 21])
+    assert prompt == [1, 2, 20, 21, 3, 10, 11]
+    assert spm.visible([*prompt, 30, 31]) == [10, 11, 30, 31]
+    # the next keystroke's prompt starts with all of this one's (a prefix cache reuses it)
+    assert spm.prompt([10, 11, 12], [20, 21])[: len(prompt)] == prompt
+    with pytest.raises(ValueError, match="the codegen2 layout has no such prompt order"):
+        replace(CG2, order="spm")
 
 
 def test_codegen2_prompt_follows_its_model_card_and_hides_its_sentinels():
@@ -159,6 +171,18 @@ def test_the_default_tokenizer_has_the_starcoder_sentinels(tiny_checkpoint):
     pre = Preprocessor(tiny_checkpoint)
     assert pre.fim is not None and pre.fim.style == "starcoder"
     assert set(pre.tokenizer.all_special_tokens) == {"<|endoftext|>", *STARCODER_TOKENS}
+
+
+def test_the_fim_order_is_the_deployments_choice_psm_by_default(tiny_checkpoint):
+    assert Preprocessor(tiny_checkpoint).fim.order == "psm"
+    pre = Preprocessor(tiny_checkpoint, fim_order="spm")
+    sentinels = [pre.tokenizer.convert_tokens_to_ids(t) for t in STARCODER_TOKENS]
+    out = pre.tensors(request([b"def f(x):\n    "], [b"\n    return y\n"]))
+    expected = [sentinels[0], sentinels[1], *pre.encode("\n    return y\n"), sentinels[2],
+                *pre.encode("def f(x):\n    ")]  # fmt: skip
+    assert out["INPUT_ID"][0, : len(expected)].tolist() == expected
+    with pytest.raises(ValueError, match="fim_order 'middle'"):
+        Preprocessor(tiny_checkpoint, fim_order="middle")
 
 
 def test_suffix_builds_the_fim_prompt_and_an_empty_one_does_not(tiny_checkpoint):

@@ -76,6 +76,8 @@ def test_pauses_follow_the_style_and_move_the_cursor_forward():
         assert 0 < pause.cursor <= len(TEXT)  # a prefix is never empty
         assert cursor is None or pause.cursor > cursor
         cursor = pause.cursor
+    # the stretch typed is new code: the text after it is the suffix all visit long
+    assert {pause.suffix_at for pause in made} == {made[-1].cursor}
     assert style.longest_step_s == pytest.approx(5 * 0.2 + 1.5)
 
 
@@ -136,6 +138,10 @@ def test_the_prefix_is_clipped_from_the_left_and_the_suffix_from_the_right():
     assert window.prefix_tokens + window.suffix_tokens == budget
     alone = clipper.clip(TEXT, cursor, with_suffix=False)
     assert alone.suffix == "" and alone.prefix == TEXT[cursor - budget : cursor]
+    # the suffix from where the stretch being typed ends, not from the cursor
+    later = clipper.clip(TEXT, cursor, with_suffix=True, suffix_at=cursor + 300)
+    assert later.suffix == TEXT[cursor + 300 : cursor + 300 + int(budget * 0.25)]
+    assert later.prefix == window.prefix
     short = clipper.clip(TEXT, 10, with_suffix=False)
     assert short.prefix == TEXT[:10] and short.prefix_tokens == 10
 

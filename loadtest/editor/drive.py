@@ -83,7 +83,7 @@ class Typing:
 
     def _request(self, index: int, visit: Visit) -> None:
         pause = visit.pause
-        window = self.clipper.clip(visit.text, pause.cursor, self.suffix.send)
+        window = self.clipper.clip(visit.text, pause.cursor, self.suffix.send, pause.suffix_at)
         ticket = self.begin()
         sent = time.monotonic()
         with self.lock:

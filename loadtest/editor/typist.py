@@ -1,11 +1,13 @@
 """Simulated typists: where in a real file a typist pauses, after how much typing, for how long.
 
-A typist opens a held-out source file at a random line, then types the file's own text forward:
-bursts of keystrokes (one character each; a newline takes the next line's indentation with it,
-as an editor's auto-indent does) at human intervals, each burst followed by a pause. An editor
-sends a completion when the typing pauses and abandons it at the next keystroke, so each
-:class:`Pause` is one request: sent at the pause's start with the text before the cursor (the
-prefix) and after it (the suffix), and abandoned ``pause_s`` later unless answered by then.
+A typist opens a held-out source file at a random line and writes the stretch of code that
+follows it, as if that stretch were new: bursts of keystrokes (one character each; a newline
+takes the next line's indentation with it, as an editor's auto-indent does) at human intervals,
+each burst followed by a pause. An editor sends a completion when the typing pauses and
+abandons it at the next keystroke, so each :class:`Pause` is one request: sent at the pause's
+start with the text before the cursor (the prefix) and the file's text after the stretch (the
+suffix: what an editor has below the code being written, the same all visit long), and
+abandoned ``pause_s`` later unless answered by then.
 
 Everything here comes from a seeded ``random.Random``: the same seed gives the same schedule,
 which the tests check without a server. What is sent of the text (clipped to the model's
@@ -50,6 +52,7 @@ class Pause:
     """One pause in typing: the request an editor sends and abandons at the next keystroke."""
 
     cursor: int  # characters of the file before the cursor
+    suffix_at: int  # where the text after the cursor starts: the end of the stretch typed
     typing_s: float  # the keystrokes before this pause took this long
     keystrokes: int
     pause_s: float  # the next keystroke comes this long after the request is sent
@@ -75,7 +78,18 @@ def line_starts(text: str) -> list[int]:
 def pauses(text: str, rng: random.Random, style: TypingStyle) -> Iterator[Pause]:
     """The pauses of one visit to ``text``: from a random line start in the file's second half
     (so that the text before the cursor is long, as in a file being worked on), bursts and
-    pauses until the file ends or ``style.pauses_per_file`` pauses."""
+    pauses until the file ends or ``style.pauses_per_file`` pauses; every pause's suffix starts
+    where the last one's cursor is (the stretch typed is new code, not yet in the file)."""
+    visit = list(_typed(text, rng, style))
+    end = visit[-1][0] if visit else 0
+    for cursor, typing_s, keystrokes, pause_s in visit:
+        yield Pause(cursor, end, typing_s, keystrokes, pause_s)
+
+
+def _typed(
+    text: str, rng: random.Random, style: TypingStyle
+) -> Iterator[tuple[int, float, int, float]]:
+    """(cursor, typing seconds, keystrokes, pause seconds) of each pause of one visit."""
     starts = line_starts(text)
     if not starts:
         return
@@ -90,7 +104,7 @@ def pauses(text: str, rng: random.Random, style: TypingStyle) -> Iterator[Pause]
             keystrokes += 1
         if keystrokes == 0:
             return  # the end of the file: nothing typed, no new request
-        yield Pause(cursor, typing_s, keystrokes, rng.uniform(*style.pause_s))
+        yield cursor, typing_s, keystrokes, rng.uniform(*style.pause_s)
 
 
 def _size(path: Path) -> int:

@@ -87,12 +87,15 @@ class Clipper:
         """Prompt tokens (prefix + suffix) a request may carry."""
         return self.context - self.max_tokens - MARGIN_TOKENS
 
-    def clip(self, text: str, cursor: int, with_suffix: bool) -> Window:
-        """The window at ``cursor``; the suffix takes at most ``suffix_share`` of the budget
-        and the prefix the rest."""
+    def clip(
+        self, text: str, cursor: int, with_suffix: bool, suffix_at: int | None = None
+    ) -> Window:
+        """The window at ``cursor``; the suffix (the text from ``suffix_at``, by default the
+        cursor) takes at most ``suffix_share`` of the budget and the prefix the rest."""
         suffix, suffix_tokens = "", 0
         if with_suffix:
-            suffix, suffix_tokens = self._head(text[cursor:], int(self.budget * self.suffix_share))
+            after = text[cursor if suffix_at is None else suffix_at :]
+            suffix, suffix_tokens = self._head(after, int(self.budget * self.suffix_share))
         prefix, prefix_tokens = self._tail(text[:cursor], self.budget - suffix_tokens)
         cut = cursor - len(prefix)
         if self.anchor_chars and cut > 0:

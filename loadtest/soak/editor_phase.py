@@ -53,7 +53,7 @@ def lone_first_token_s(
     """First token of one full-context request alone on the idle server: the machine's speed,
     which the stall check scales its bound to (loadtest.soak.stall)."""
     visit = next(Typist(0, held_out_files(), seed).visits())
-    window = clipper.clip(visit.text, visit.pause.cursor, with_suffix)
+    window = clipper.clip(visit.text, visit.pause.cursor, with_suffix, visit.pause.suffix_at)
     exchange = sender.open(window.prefix, window.suffix, seed)
     if not exchange.wait(time.monotonic() + 120.0):
         exchange.abandon()

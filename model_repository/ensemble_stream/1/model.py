@@ -24,8 +24,11 @@ from preprocessing.tokenize import Preprocessor
 
 class TritonPythonModel:
     def initialize(self, args):
-        path = model_parameters(args)["tokenizer_path"]
-        self.preprocessor = Preprocessor(Path(args["model_repository"]) / path)
+        params = model_parameters(args)
+        path = params["tokenizer_path"]
+        self.preprocessor = Preprocessor(
+            Path(args["model_repository"]) / path, params.get("fim_order", "psm")
+        )
         self.postprocessor = Postprocessor(Path(args["model_repository"]) / path)
         self.calls = EngineCalls(args["model_name"], engine_limits(args))
 

@@ -12,8 +12,11 @@ from preprocessing.tokenize import Preprocessor
 
 class TritonPythonModel:
     def initialize(self, args):
-        path = model_parameters(args)["tokenizer_path"]
-        self.preprocessor = Preprocessor(Path(args["model_repository"]) / path)
+        params = model_parameters(args)
+        path = params["tokenizer_path"]
+        self.preprocessor = Preprocessor(
+            Path(args["model_repository"]) / path, params.get("fim_order", "psm")
+        )
 
     def execute(self, requests):
         inputs = [read_inputs(request, PREPROCESSING_INPUTS) for request in requests]
