@@ -35,8 +35,6 @@ CANCELLED = "cancelled: the client went away or its timeout passed"
 # The longest the engine's thread waits for its answers to catch up (a caller that hangs must
 # not stop everyone's generation)
 KEEP_UP_S = 1.0
-# How far a stream's generation may run ahead of its answers' hand-over: streams' sends
-# overlap the engine's next steps, yet an abandoned stream's tokens stay few
 CHECK_EVERY = 8  # tokens between two questions to Triton whether a client went away
 
 

@@ -1,0 +1,143 @@
+"""The engine's answers thread (backend/engine_answers.py) without a server: a stream's tokens
+go out in order, those that wait are sent together, and the engine's thread waits after a step
+while a stream is ``stream_run_ahead`` tokens ahead of its hand-over. The sender here blocks
+until the test lets it go, so every wait below is true by construction."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+import types
+
+import numpy as np
+import pytest
+
+from engine.interface import GenerationRequest, GenerationResult
+
+FINAL = 1
+
+
+class _Response:
+    def __init__(self, tensors=(), error=None) -> None:
+        self.tensors = {t.name: t.value for t in tensors}
+        self.error = error
+
+
+class _Tensor:
+    def __init__(self, name: str, value: np.ndarray) -> None:
+        self.name, self.value = name, value
+
+
+@pytest.fixture
+def answers(monkeypatch):
+    """backend.engine_answers imported against a stand-in for python_backend's utilities,
+    which only a Triton stub provides; removed again afterwards."""
+    fake = types.ModuleType("triton_python_backend_utils")
+    fake.TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL
+    fake.InferenceResponse = _Response
+    fake.Tensor = _Tensor
+    fake.TritonError = str
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
+    for name in ("backend.io", "backend.engine_answers"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    module = importlib.import_module("backend.engine_answers")
+    yield module
+    for name in ("backend.io", "backend.engine_answers"):
+        sys.modules.pop(name, None)
+
+
+class GatedSender:
+    """Sends only while the gate is open; records what it sent."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.sent: list[tuple[list[int] | None, int]] = []
+        self.waiting = threading.Event()  # a send is blocked at the gate
+
+    def send(self, response=None, flags: int = 0) -> None:
+        self.waiting.set()
+        assert self.gate.wait(60), "the test never opened the gate"
+        ids = None if response is None else response.tensors["output_ids"].reshape(-1).tolist()
+        self.sent.append((ids, flags))
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
+class Handle:
+    def cancel(self) -> None:
+        raise AssertionError("nothing here cancels")
+
+
+def _stream(answers, deliveries, sender):
+    stream = answers.TokenStream(
+        sender, GenerationRequest([1, 2, 3], 8), False, lambda: None, deliveries
+    )
+    stream.handle = Handle()
+    return stream
+
+
+def _done(tokens: list[int]) -> GenerationResult:
+    return GenerationResult([1, 2, 3], tokens, [0.0] * len(tokens), "length")
+
+
+def _keep_up_in_thread(deliveries) -> threading.Thread:
+    thread = threading.Thread(target=deliveries.keep_up, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_run_ahead_1_waits_after_a_step_until_its_token_is_handed_over(answers):
+    deliveries = answers.Deliveries(run_ahead=1)
+    sender = GatedSender()
+    stream = _stream(answers, deliveries, sender)
+    stream.on_token(10, 0.0)  # the step's token: its send now waits at the gate
+    assert sender.waiting.wait(60)
+    step = _keep_up_in_thread(deliveries)
+    step.join(0.2)
+    assert step.is_alive(), "the engine stepped on with its token not handed over"
+    sender.gate.set()
+    step.join(60)
+    assert not step.is_alive()
+    stream.on_finish(_done([10]))
+    deliveries.stop()
+    assert sender.sent == [([10], 0), (None, FINAL)]
+
+
+def test_run_ahead_2_lets_one_step_overlap_the_send_and_coalesces_what_waits(answers):
+    deliveries = answers.Deliveries(run_ahead=2)
+    sender = GatedSender()
+    stream = _stream(answers, deliveries, sender)
+    stream.on_token(10, 0.0)
+    assert sender.waiting.wait(60)  # token 10's send is blocked
+    first = _keep_up_in_thread(deliveries)
+    first.join(60)
+    assert not first.is_alive(), "one token ahead is within run_ahead 2"
+    stream.on_token(11, 0.0)  # two not handed over: the next step waits
+    stream.on_token(12, 0.0)
+    second = _keep_up_in_thread(deliveries)
+    second.join(0.2)
+    assert second.is_alive()
+    sender.gate.set()
+    second.join(60)
+    assert not second.is_alive()
+    stream.on_finish(_done([10, 11, 12]))
+    deliveries.stop()
+    # 11 and 12 waited together behind 10's send: one response
+    assert sender.sent == [([10], 0), ([11, 12], 0), (None, FINAL)]
+
+
+def test_a_finished_stream_never_holds_the_engine(answers):
+    deliveries = answers.Deliveries(run_ahead=1)
+    sender = GatedSender()
+    sender.gate.set()
+    stream = _stream(answers, deliveries, sender)
+    stream.on_token(10, 0.0)
+    stream.on_finish(_done([10]))
+    deliveries.stop()
+    step = _keep_up_in_thread(deliveries)
+    step.join(60)
+    assert not step.is_alive()
+    with pytest.raises(ValueError, match="stream_run_ahead must be at least 1"):
+        answers.Deliveries(run_ahead=0)
