@@ -74,15 +74,16 @@ def openvino_model_repository(tmp_path_factory, tiny_checkpoint) -> Path:
 
 @pytest.fixture(scope="session")
 def server(model_repository, tmp_path_factory):
-    yield from _serve(model_repository, tmp_path_factory)
+    yield from serve(model_repository, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def openvino_server(openvino_model_repository, tmp_path_factory):
-    yield from _serve(openvino_model_repository, tmp_path_factory)
+    yield from serve(openvino_model_repository, tmp_path_factory)
 
 
-def _serve(repository: Path, tmp_path_factory):
+def serve(repository: Path, tmp_path_factory):
+    """Triton on ``repository`` (free ports) until the fixture ends; its log tail on failure."""
     log = tmp_path_factory.mktemp("logs") / "tritonserver.log"
     triton = TritonServer(repository, Ports(*free_ports(3)), log_file=log)
     triton.start()

@@ -5,17 +5,20 @@ transformers' greedy search on the same FIM prompt, and old clients unchanged.""
 from __future__ import annotations
 
 import json
+import shutil
 import urllib.request
 
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from conftest import serve
 from transformers import GPTJForCausalLM, PreTrainedTokenizerFast
 from tritonclient.utils import InferenceServerException
 
 from client import CodegenClient
 from client.request import CompletionRequest, requested_outputs
+from contract.tensors import PREPROCESSING_MODEL, STREAM_MODEL
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
 PREFIX = "def add(a, b):\n    "
@@ -29,15 +32,19 @@ def reference(tiny_checkpoint):
     return tokenizer, model
 
 
-def fim_greedy(reference, prefix: str, suffix: str, new: int) -> tuple[str, int, int]:
-    """transformers' greedy middle for the StarCoder PSM prompt, the prompt's tokens and the
-    generated ones (the end token not counted, as the server counts)."""
+def fim_greedy(
+    reference, prefix: str, suffix: str, new: int, order: str = "psm"
+) -> tuple[str, int, int]:
+    """transformers' greedy middle for the StarCoder PSM (or SPM) prompt, the prompt's tokens
+    and the generated ones (the end token not counted, as the server counts)."""
     tokenizer, model = reference
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     pre, suf, mid = tokenizer.convert_tokens_to_ids(
         ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
     )
     ids = [pre, *encode(prefix), suf, *encode(suffix), mid]
+    if order == "spm":
+        ids = [pre, suf, *encode(suffix), mid, *encode(prefix)]
     with torch.no_grad():
         out = model.generate(
             torch.tensor([ids]), max_new_tokens=new, do_sample=False, pad_token_id=0
@@ -113,3 +120,30 @@ def test_a_suffix_row_per_prompt_is_required(server):
     suffix.set_data_from_numpy(request.tensors()["suffix"][:1])
     with pytest.raises(InferenceServerException, match="suffix"):
         module.InferenceServerClient(server.grpc_url).infer("ensemble", [*bad, suffix])
+
+
+@pytest.fixture(scope="module")
+def spm_server(model_repository, tmp_path_factory):
+    """The tiny model's server with ``fim_order`` spm in both models that build prompts."""
+    repo = tmp_path_factory.mktemp("spm") / "model_repository"
+    shutil.copytree(model_repository, repo, symlinks=True)
+    psm = 'key: "fim_order" value: { string_value: "psm" }'
+    for model in (PREPROCESSING_MODEL, STREAM_MODEL):
+        config = repo / model / "config.pbtxt"
+        assert psm in config.read_text()
+        config.write_text(config.read_text().replace(psm, psm.replace("psm", "spm")))
+    yield from serve(repo, tmp_path_factory)
+
+
+def test_fim_order_spm_reaches_both_paths(spm_server, reference):
+    middle, prompt, generated = fim_greedy(reference, PREFIX, SUFFIX, 12, order="spm")
+    with CodegenClient(spm_server.grpc_url, "grpc") as codegen:
+        unary = codegen.send(CompletionRequest(PREFIX, max_tokens=12, suffix=SUFFIX))[0]
+        stream = codegen.open_stream(CompletionRequest(PREFIX, max_tokens=12, suffix=SUFFIX))
+        with stream:
+            pieces = list(stream)
+    assert unary.text == PREFIX + middle
+    assert "".join(pieces) == middle
+    done = stream.completion
+    assert done is not None
+    assert (done.prompt_tokens, done.completion_tokens) == (prompt, generated)
