@@ -7,13 +7,14 @@ prefix and the generated middle, never a sentinel). Pure lists of ints: no token
 
 - StarCoder/SantaCoder (and the default model): ``<fim_prefix>P<fim_suffix>S<fim_middle>M``
   (PSM); training also uses SPM, ``<fim_prefix><fim_suffix>S<fim_middle>PM`` (the variant of
-  Bavarian et al. 2022 that bigcode's models train on). A request gets PSM unless the
-  deployment asks for SPM (``fim_order`` in the preprocessing and ensemble_stream configs). SPM
-  puts the prefix last, so an editor's next request (a few more characters before the cursor,
-  the same text after it) starts with everything the last one did but the prefix's end: a
-  prefix cache reuses all of it, where in PSM every keystroke changes what precedes the suffix.
-  But a prompt then ends where the prefix does, and on the default model a middle that starts
-  a line came out as if no suffix had been sent (docs/fim.md): PSM stays the default.
+  Bavarian et al. 2022 that bigcode's models train on). SPM puts the prefix last, so an
+  editor's next request (a few more characters before the cursor, the same text after it)
+  starts with everything the last one did but the prefix's end: a prefix cache reuses all of
+  it, where in PSM every keystroke changes what precedes the suffix. The prompt then ends at
+  the cursor, which needs a tokenizer that ends it on a token the model knows (the default
+  model's does: modelbuild/tokenizer.py). ``fim_order`` in the preprocessing and
+  ensemble_stream configs picks the order; its default, "auto", takes the one ``make model``
+  built the checkpoint for (SPM for the default model) and PSM for any other (docs/fim.md).
 - CodeGen2: ``P<mask_1>S<|endoftext|><sep><mask_1>M<eom>`` (Salesforce's model card); the model
   ends a middle with ``<eom>``, so a request stops there.
 """

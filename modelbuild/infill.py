@@ -72,7 +72,7 @@ def _run(engine: TorchEngine, requests: list[GenerationRequest]) -> list[Generat
     return [r for r in results if r is not None]
 
 
-def evaluate(checkpoint: Path, count: int, seed: int, fim_order: str = "psm") -> dict:
+def evaluate(checkpoint: Path, count: int, seed: int, fim_order: str = "auto") -> dict:
     pre, post = Preprocessor(checkpoint, fim_order), Postprocessor(checkpoint)
     cases = masked_lines(count, seed)
     # enough characters for the tokens kept (code has at least one character per token)
@@ -89,7 +89,13 @@ def evaluate(checkpoint: Path, count: int, seed: int, fim_order: str = "psm") ->
             for p, s in zip(prefixes, suffixes, strict=True)
         ]
     engine = TorchEngine(GPTJ.from_checkpoint(checkpoint)).start()
-    report: dict = {"checkpoint": str(checkpoint), "lines": len(cases), "seed": seed}
+    order = pre.fim.order if pre.fim is not None else "none"
+    report: dict = {
+        "checkpoint": str(checkpoint),
+        "lines": len(cases),
+        "seed": seed,
+        "order": order,
+    }
     try:
         for name, requests in conditions.items():
             started = time.perf_counter()
@@ -133,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lines", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--fim-order", choices=("psm", "spm"), default="psm", help="the prompt layout (psm)"
+        "--fim-order",
+        choices=("auto", "psm", "spm"),
+        default="auto",
+        help="the prompt layout (auto: the checkpoint's own, as the server's default)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
@@ -144,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(
         f"{report['lines']} masked lines of held-out files, seed {args.seed}, greedy, "
-        f"prefix {PREFIX_TOKENS} / suffix {SUFFIX_TOKENS} tokens, {args.fim_order.upper()}, "
+        f"prefix {PREFIX_TOKENS} / suffix {SUFFIX_TOKENS} tokens, {report['order'].upper()}, "
         f"{report['checkpoint']}"
     )
     print(f"machine: {report['machine']}")

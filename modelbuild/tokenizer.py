@@ -1,5 +1,12 @@
 """A byte-level BPE tokenizer (GPT-2 style, so any text round-trips) trained on the corpus.
 
+Each newline and each line's indentation are tokens of their own (``LAYOUT``), never merged
+with what follows. An editor's prompt ends at the cursor, and the cursor is most often at a
+line's start or after its indentation: GPT-2's rule would make that ending a token the model
+seldom saw in training (``"\n   "`` then ``" return"``), and the model would start another
+line instead of writing this one. Here the text up to the cursor tokenizes as the whole file
+does (``"\n"``, ``"    "``, ``"return"``).
+
 Its special tokens are the end of text and, with ``fim``, StarCoder's fill-in-the-middle
 sentinels (``contract.fim``), so a model trained with it can be asked to fill a gap.
 """
@@ -8,12 +15,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from contract.fim import STARCODER_TOKENS
 
 END_OF_TEXT = "<|endoftext|>"
+# A newline, and the spaces and tabs that start a line, each split off before byte-level BPE.
+LAYOUT = Regex(r"\r?\n|(?<=\n)[ \t]+")
+
+
+def code_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(LAYOUT, behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
 
 
 def train_tokenizer(
@@ -21,7 +39,7 @@ def train_tokenizer(
 ) -> PreTrainedTokenizerFast:
     fim_tokens = list(STARCODER_TOKENS) if fim else []
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = code_pre_tokenizer()
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -57,6 +57,10 @@ class BuildConfig:
     # it costs in left-to-right loss (python -m modelbuild.fim_cost measures it).
     fim_rate: float = 0.5
     fim_spm_rate: float = 0.5
+    # The prompt order a server asks this model in (``fim_order`` "auto"): SPM, whose prompt
+    # ends at the cursor, so an editor's resent prompt is all in the prefix cache but its end;
+    # the tokenizer keeps that ending a token the model trained on (docs/fim.md measures both).
+    fim_order: str = "spm"
 
     @property
     def train_tokens(self) -> int:
@@ -299,7 +303,8 @@ def model_card(facts: dict, completions: list[tuple[str, str]]) -> str:
         f"| parameters | {facts['parameters']:,} ({facts['parameters'] / 1e6:.2f}M) |",
         f"| architecture | {build['n_layer']} layers, {build['n_embd']} wide, {build['n_head']} "
         f"heads, rotary dim {build['rotary_dim']}, context {build['n_positions']} |",
-        f"| tokenizer | byte-level BPE, {build['vocab_size']} tokens |",
+        f"| tokenizer | byte-level BPE, {build['vocab_size']} tokens; newlines and indentation "
+        "are tokens of their own (`modelbuild/tokenizer.py`) |",
         f"| training | {build['steps']} steps x {build['batch_size']} x {build['block_size']} "
         f"tokens = {facts['training_tokens']:,} tokens, {facts['train_seconds']:.0f}s, "
         f"seed {build['seed']} |",
@@ -310,7 +315,8 @@ def model_card(facts: dict, completions: list[tuple[str, str]]) -> str:
         f" each document (or piece of one) in a training window made a FIM example with "
         f"probability {build['fim_rate']:.0%} ({build['fim_spm_rate']:.0%} of those in SPM "
         "order, the rest PSM; `modelbuild/fim.py`); held-out loss of "
-        f"a middle given its prefix and suffix {facts['held_out_middle_loss']:.3f} nats/token |",
+        f"a middle given its prefix and suffix {facts['held_out_middle_loss']:.3f} nats/token; "
+        f"served in {build.get('fim_order', 'psm').upper()} order (`fim_order` auto) |",
         "",
         "## Greedy completions (40 tokens, the serving engine, no penalties)",
         "",

@@ -10,6 +10,7 @@ the cursor (it may then be empty), and the model gets both in the checkpoint's o
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -85,16 +86,30 @@ class _Texts:
         return [*self.prompts, *self.suffixes, *words]
 
 
+def built_fim_order(checkpoint: Path, style: str) -> str:
+    """The prompt order ``make model`` built a checkpoint for (its build.json's
+    ``build.fim_order``); PSM for any other checkpoint, and always for a layout with one order."""
+    try:
+        build = json.loads((checkpoint / "build.json").read_text()).get("build", {})
+    except (OSError, ValueError):
+        return "psm"
+    return build.get("fim_order", "psm") if style == "starcoder" else "psm"
+
+
 class Preprocessor:
     """Turns the ensemble's text inputs into the model stage's token tensors."""
 
-    def __init__(self, tokenizer_path: str | Path, fim_order: str = "psm") -> None:
+    def __init__(self, tokenizer_path: str | Path, fim_order: str = "auto") -> None:
         """``fim_order``: the layout of a fill-in-the-middle prompt, "psm" or "spm" (a
-        StarCoder-style checkpoint trained on both; contract/fim.py says what each costs)."""
+        StarCoder-style checkpoint trained on both; contract/fim.py says what each costs), or
+        "auto": the order the checkpoint's build names (:func:`built_fim_order`)."""
         self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_path))
         self.fim = tokenizer_layout(self.tokenizer)
-        if self.fim is not None and fim_order != self.fim.order:
-            self.fim = replace(self.fim, order=fim_order)  # refuses what the layout lacks
+        if self.fim is not None:
+            order = built_fim_order(Path(tokenizer_path), self.fim.style)
+            order = order if fim_order == "auto" else fim_order
+            if order != self.fim.order:
+                self.fim = replace(self.fim, order=order)  # refuses what the layout lacks
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

@@ -3,7 +3,9 @@ preprocessing builds from a checkpoint's own sentinels, and the text postprocess
 
 from __future__ import annotations
 
+import json
 import random
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -164,6 +166,24 @@ def test_held_out_middle_windows_score_only_the_middle(tiny_checkpoint):
         assert labels[scored[-1]] == pre.tokenizer.eos_token_id  # to the end token after it
 
 
+def test_a_prompt_cut_at_a_line_start_or_its_indentation_tokenizes_as_the_whole_file(
+    tiny_checkpoint,
+):
+    """The cursor's usual places: what precedes them is a run of the file's own tokens, so the
+    model saw that ending in training (GPT-2's rule would merge the newline and indentation
+    with the next word, an ending the model seldom saw)."""
+    pre = Preprocessor(tiny_checkpoint)
+    text = "class Stack:\n    def push(self, item):\n\n        self.items.append(item)\n"
+    whole = pre.encode(text)
+    cuts = [i + 1 for i, c in enumerate(text) if c == "\n"]  # line starts
+    cuts += [i for i in range(1, len(text)) if text[i - 1] == " " and text[i] not in " \n"]
+    for cut in cuts:
+        if text[:cut].endswith((" ", "\n")) and text[:cut].strip(" ").endswith("\n"):
+            part = pre.encode(text[:cut])
+            assert whole[: len(part)] == part, repr(text[:cut])
+    assert [pre.tokenizer.decode([t]) for t in pre.encode("\n        x")] == ["\n", "        ", "x"]
+
+
 # -- preprocessing and postprocessing ----------------------------------------------------------
 
 
@@ -173,9 +193,17 @@ def test_the_default_tokenizer_has_the_starcoder_sentinels(tiny_checkpoint):
     assert set(pre.tokenizer.all_special_tokens) == {"<|endoftext|>", *STARCODER_TOKENS}
 
 
-def test_the_fim_order_is_the_deployments_choice_psm_by_default(tiny_checkpoint):
-    assert Preprocessor(tiny_checkpoint).fim.order == "psm"
-    pre = Preprocessor(tiny_checkpoint, fim_order="spm")
+def test_the_fim_order_is_the_builds_unless_the_deployment_says(tiny_checkpoint, tmp_path):
+    # auto (the default): the order `make model` wrote into build.json, SPM for the default model
+    assert json.loads((tiny_checkpoint / "build.json").read_text())["build"]["fim_order"] == "spm"
+    assert Preprocessor(tiny_checkpoint).fim.order == "spm"
+    assert Preprocessor(tiny_checkpoint, fim_order="psm").fim.order == "psm"
+    # a checkpoint `make model` did not build (no build.json) gets PSM
+    other = tmp_path / "imported"
+    shutil.copytree(tiny_checkpoint, other)
+    (other / "build.json").unlink()
+    assert Preprocessor(other).fim.order == "psm"
+    pre = Preprocessor(tiny_checkpoint)
     sentinels = [pre.tokenizer.convert_tokens_to_ids(t) for t in STARCODER_TOKENS]
     out = pre.tensors(request([b"def f(x):\n    "], [b"\n    return y\n"]))
     expected = [sentinels[0], sentinels[1], *pre.encode("\n    return y\n"), sentinels[2],
@@ -186,7 +214,7 @@ def test_the_fim_order_is_the_deployments_choice_psm_by_default(tiny_checkpoint)
 
 
 def test_suffix_builds_the_fim_prompt_and_an_empty_one_does_not(tiny_checkpoint):
-    pre = Preprocessor(tiny_checkpoint)
+    pre = Preprocessor(tiny_checkpoint, fim_order="psm")
     sentinels = [pre.tokenizer.convert_tokens_to_ids(t) for t in STARCODER_TOKENS]
     out = pre.tensors(request([b"def f(x):\n    ", b"import os"], [b"\n    return y\n", b""]))
     fim = pre.encode("def f(x):\n    ")

@@ -33,10 +33,11 @@ def reference(tiny_checkpoint):
 
 
 def fim_greedy(
-    reference, prefix: str, suffix: str, new: int, order: str = "psm"
+    reference, prefix: str, suffix: str, new: int, order: str = "spm"
 ) -> tuple[str, int, int]:
-    """transformers' greedy middle for the StarCoder PSM (or SPM) prompt, the prompt's tokens
-    and the generated ones (the end token not counted, as the server counts)."""
+    """transformers' greedy middle for the StarCoder SPM prompt (the order the project's model
+    is built for, so the server's default) or PSM prompt, the prompt's tokens and the generated
+    ones (the end token not counted, as the server counts)."""
     tokenizer, model = reference
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     pre, suf, mid = tokenizer.convert_tokens_to_ids(
@@ -123,21 +124,22 @@ def test_a_suffix_row_per_prompt_is_required(server):
 
 
 @pytest.fixture(scope="module")
-def spm_server(model_repository, tmp_path_factory):
-    """The tiny model's server with ``fim_order`` spm in both models that build prompts."""
-    repo = tmp_path_factory.mktemp("spm") / "model_repository"
+def psm_server(model_repository, tmp_path_factory):
+    """The tiny model's server with ``fim_order`` psm in both models that build prompts."""
+    repo = tmp_path_factory.mktemp("psm") / "model_repository"
     shutil.copytree(model_repository, repo, symlinks=True)
-    psm = 'key: "fim_order" value: { string_value: "psm" }'
+    auto = 'key: "fim_order" value: { string_value: "auto" }'
     for model in (PREPROCESSING_MODEL, STREAM_MODEL):
         config = repo / model / "config.pbtxt"
-        assert psm in config.read_text()
-        config.write_text(config.read_text().replace(psm, psm.replace("psm", "spm")))
+        assert auto in config.read_text()
+        config.write_text(config.read_text().replace(auto, auto.replace("auto", "psm")))
     yield from serve(repo, tmp_path_factory)
 
 
-def test_fim_order_spm_reaches_both_paths(spm_server, reference):
-    middle, prompt, generated = fim_greedy(reference, PREFIX, SUFFIX, 12, order="spm")
-    with CodegenClient(spm_server.grpc_url, "grpc") as codegen:
+def test_fim_order_psm_reaches_both_paths(psm_server, reference):
+    middle, prompt, generated = fim_greedy(reference, PREFIX, SUFFIX, 12, order="psm")
+    assert middle != fim_greedy(reference, PREFIX, SUFFIX, 12)[0]  # the orders tell apart
+    with CodegenClient(psm_server.grpc_url, "grpc") as codegen:
         unary = codegen.send(CompletionRequest(PREFIX, max_tokens=12, suffix=SUFFIX))[0]
         stream = codegen.open_stream(CompletionRequest(PREFIX, max_tokens=12, suffix=SUFFIX))
         with stream:

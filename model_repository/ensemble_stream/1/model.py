@@ -27,7 +27,7 @@ class TritonPythonModel:
         params = model_parameters(args)
         path = params["tokenizer_path"]
         self.preprocessor = Preprocessor(
-            Path(args["model_repository"]) / path, params.get("fim_order", "psm")
+            Path(args["model_repository"]) / path, params.get("fim_order", "auto")
         )
         self.postprocessor = Postprocessor(Path(args["model_repository"]) / path)
         self.calls = EngineCalls(args["model_name"], engine_limits(args))

@@ -15,7 +15,7 @@ class TritonPythonModel:
         params = model_parameters(args)
         path = params["tokenizer_path"]
         self.preprocessor = Preprocessor(
-            Path(args["model_repository"]) / path, params.get("fim_order", "psm")
+            Path(args["model_repository"]) / path, params.get("fim_order", "auto")
         )
 
     def execute(self, requests):
