@@ -210,7 +210,8 @@ def test_what_cannot_be_honoured_is_refused_with_what_to_do(engine, changes, mes
         engine.submit(request, Collect())
     request.return_log_probs = False  # log probs not asked for: temperature is fine
     if "sampling" in changes:
-        assert len(engine.generate(request).output_ids) == 8
+        result = engine.generate(request)
+        assert result.finish_reason in ("length", "end_id") and 1 <= len(result.output_ids) <= 8
 
 
 def test_banning_only_the_end_token_gives_full_length_answers(engine):

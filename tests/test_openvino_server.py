@@ -7,7 +7,9 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 from server_metrics import sample, scrape, settled_scrape
+from transformers import GPTJForCausalLM, PreTrainedTokenizerFast
 
 from client.client import CodegenClient, CodegenError
 from contract import metrics as names
@@ -46,11 +48,31 @@ def test_a_stream_gives_the_unary_text_piece_by_piece(any_server):
     assert len(pieces) > 1 and "".join(pieces) == unary
 
 
-def test_stop_words_end_generation_on_both_backends(any_server):
+@pytest.fixture(scope="module")
+def greedy_tokens(tiny_checkpoint) -> tuple[PreTrainedTokenizerFast, list[int]]:
+    """transformers' greedy tokens for PROMPT (the server's, as the greedy tests show)."""
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tiny_checkpoint))
+    model = GPTJForCausalLM.from_pretrained(str(tiny_checkpoint)).eval()
+    ids = torch.tensor([tokenizer.encode(PROMPT)])
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=30, do_sample=False, pad_token_id=0)
+    return tokenizer, out[0, ids.shape[1] :].tolist()
+
+
+def test_stop_words_end_generation_on_both_backends(any_server, greedy_tokens):
+    """Stop words are matched on the generated tokens: the word is a generated token whose
+    text tokenizes back to it, the latest such one not seen before it, whatever the model."""
+    tokenizer, generated = greedy_tokens
     free = complete(any_server, max_tokens=30).completion
-    word = free[4:7]
+    assert free == tokenizer.decode(generated)
+    at = max(
+        k
+        for k, token in enumerate(generated[:-1])
+        if token not in generated[:k] and tokenizer.encode(tokenizer.decode([token])) == [token]
+    )
+    word = tokenizer.decode([generated[at]])
     stopped = complete(any_server, max_tokens=30, stop_words=(word, "zzzq")).completion
-    assert word in stopped and free.startswith(stopped) and len(stopped) < len(free)
+    assert stopped == tokenizer.decode(generated[: at + 1]) and len(stopped) < len(free)
 
 
 def test_seeded_sampling_repeats_and_log_probs_sum(any_server):

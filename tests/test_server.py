@@ -151,10 +151,12 @@ def test_log_probs_sum_and_match_the_model(server, reference):
     cum = result.as_numpy("cum_log_probs").reshape(-1)[0]
     assert output.shape == (8,) and np.all(output < 0)
     assert cum == pytest.approx(output.sum(), rel=1e-5)
-    ids = tokenizer(texts(result)[0], return_tensors="pt").input_ids
-    prompt_len = len(tokenizer.encode(PROMPT))
-    with torch.no_grad():
+    prompt_ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    prompt_len = prompt_ids.shape[1]
+    with torch.no_grad():  # the model's own greedy tokens: their text need not re-tokenize so
+        ids = model.generate(prompt_ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
         logp = torch.log_softmax(model(ids).logits[0], -1)
+    assert texts(result)[0] == tokenizer.decode(ids[0])  # the server's greedy tokens too
     expected = [logp[prompt_len - 1 + i, ids[0, prompt_len + i]].item() for i in range(8)]
     np.testing.assert_allclose(output, expected, atol=1e-3)
 
