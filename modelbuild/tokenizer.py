@@ -1,6 +1,7 @@
 """A byte-level BPE tokenizer (GPT-2 style, so any text round-trips) trained on the corpus.
 
-Each newline and each line's indentation are tokens of their own (``LAYOUT``), never merged
+Each newline and each line's indentation are tokens of their own
+(``preprocessing.line_tokens.code_pre_tokenizer``), never merged
 with what follows. An editor's prompt ends at the cursor, and the cursor is most often at a
 line's start or after its indentation: GPT-2's rule would make that ending a token the model
 seldom saw in training (``"\n   "`` then ``" return"``), and the model would start another
@@ -15,23 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from contract.fim import STARCODER_TOKENS
+from preprocessing.line_tokens import code_pre_tokenizer
 
 END_OF_TEXT = "<|endoftext|>"
-# A newline, and the spaces and tabs that start a line, each split off before byte-level BPE.
-LAYOUT = Regex(r"\r?\n|(?<=\n)[ \t]+")
-
-
-def code_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
-    return pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(LAYOUT, behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False),
-        ]
-    )
 
 
 def train_tokenizer(

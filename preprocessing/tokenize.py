@@ -26,6 +26,7 @@ from contract.options import (
     InvalidRequestError,
 )
 from contract.words import decode_words, word_list
+from preprocessing.line_tokens import LineTokens, splits_lines
 
 Tensors = dict[str, np.ndarray]
 WORD_INPUTS = {"BAD_WORDS_DICT": "INPUT_2 (bad words)", "STOP_WORDS_DICT": "INPUT_3 (stop words)"}
@@ -110,6 +111,9 @@ class Preprocessor:
             order = order if fim_order == "auto" else fim_order
             if order != self.fim.order:
                 self.fim = replace(self.fim, order=order)  # refuses what the layout lacks
+        self.lines = (
+            LineTokens(self._encode_all) if splits_lines(self.tokenizer.backend_tokenizer) else None
+        )
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -117,6 +121,9 @@ class Preprocessor:
     def encode_all(self, texts: Sequence[str]) -> list[list[int]]:
         if not texts:
             return []
+        return self.lines.encode_all(texts) if self.lines else self._encode_all(texts)
+
+    def _encode_all(self, texts: Sequence[str]) -> list[list[int]]:
         return self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
 
     def tensors(self, inputs: Mapping[str, np.ndarray]) -> Tensors:

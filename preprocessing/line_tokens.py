@@ -1,0 +1,92 @@
+"""Line-aware tokenization: the code pre-tokenizer, and the token ids of a resent prefix.
+
+The default model's tokenizer (``make model``) splits off each newline and each line's
+indentation before byte-level BPE (:func:`code_pre_tokenizer`; modelbuild/tokenizer.py says
+why). No token then spans a newline, so a text's tokens are those of its part before its last
+newline followed by those of the rest, the newline on: ``encode(a + b) == encode(a) +
+encode(b)`` whenever ``b`` starts with a newline. An editor resends the file on each pause in
+typing, a few characters more each time; :class:`LineTokens` remembers the ids of texts up to
+their last newline, so only the last line is tokenized again (0.6 ms of tokenizer work for a
+3,000-character prefix otherwise, on every keystroke). No tokenizer library caches this; it is
+only sound for tokenizers with this rule, which :func:`splits_lines` checks exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from tokenizers import Regex, pre_tokenizers
+
+# A newline, and the spaces and tabs that start a line, each split off before byte-level BPE.
+LAYOUT = r"\r?\n|(?<=\n)[ \t]+"
+CACHED_HEADS = 64  # texts up to their last newline remembered (a few editors' files each)
+MIN_HEAD_CHARS = 256  # shorter heads cost less to tokenize than to look up
+
+
+def code_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(LAYOUT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
+
+
+def _state(component) -> dict | None:
+    return json.loads(component.__getstate__()) if component is not None else None
+
+
+def splits_lines(backend) -> bool:
+    """Whether a ``tokenizers.Tokenizer`` pre-tokenizes with :func:`code_pre_tokenizer` and
+    nothing (no normalizer) could join text across a newline."""
+    return backend.normalizer is None and _state(backend.pre_tokenizer) == _state(
+        code_pre_tokenizer()
+    )
+
+
+class LineTokens:
+    """Token ids of texts, the part before each text's last newline looked up in an LRU."""
+
+    def __init__(self, encode_all, entries: int = CACHED_HEADS) -> None:
+        self._encode_all = encode_all  # list[str] -> list[list[int]], no special tokens added
+        self._entries = entries
+        self._heads: OrderedDict[str, list[int]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+
+    def encode_all(self, texts: Sequence[str]) -> list[list[int]]:
+        cuts = [_head_end(text) for text in texts]
+        with self._lock:
+            known = {}
+            for text, cut in zip(texts, cuts, strict=True):
+                if cut and (ids := self._heads.get(text[:cut])) is not None:
+                    self._heads.move_to_end(text[:cut])
+                    known[text[:cut]] = ids
+                    self.hits += 1
+        missing = list(dict.fromkeys(t[:c] for t, c in zip(texts, cuts, strict=True) if c))
+        missing = [head for head in missing if head not in known]
+        rests = [text[cut:] for text, cut in zip(texts, cuts, strict=True)]
+        encoded = self._encode_all(missing + rests) if missing or rests else []
+        new = dict(zip(missing, encoded[: len(missing)], strict=True))
+        with self._lock:
+            for head, ids in new.items():
+                self._heads[head] = ids
+            while len(self._heads) > self._entries:
+                self._heads.popitem(last=False)
+        heads = known | new
+        return [
+            [*heads[text[:cut]], *rest] if cut else rest
+            for text, cut, rest in zip(texts, cuts, encoded[len(missing) :], strict=True)
+        ]
+
+
+def _head_end(text: str) -> int:
+    """Where the text's part before its last newline ends (a ``\\r\\n`` stays whole); 0 when
+    that part is too short to be worth remembering."""
+    cut = text.rfind("\n")
+    if cut > 0 and text[cut - 1] == "\r":
+        cut -= 1
+    return cut if cut >= MIN_HEAD_CHARS else 0
