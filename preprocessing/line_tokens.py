@@ -24,6 +24,9 @@ from tokenizers import Regex, pre_tokenizers
 LAYOUT = r"\r?\n|(?<=\n)[ \t]+"
 CACHED_HEADS = 64  # texts up to their last newline remembered (a few editors' files each)
 MIN_HEAD_CHARS = 256  # shorter heads cost less to tokenize than to look up
+# Longer heads are tokenized whole each time: a model's context holds a few thousand tokens of
+# code, and this bounds what the cache holds (64 x 32 KiB of text and its ids, about 20 MiB).
+MAX_HEAD_CHARS = 32_768
 
 
 def code_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
@@ -85,8 +88,8 @@ class LineTokens:
 
 def _head_end(text: str) -> int:
     """Where the text's part before its last newline ends (a ``\\r\\n`` stays whole); 0 when
-    that part is too short to be worth remembering."""
+    that part is too short to be worth remembering or too long to keep."""
     cut = text.rfind("\n")
     if cut > 0 and text[cut - 1] == "\r":
         cut -= 1
-    return cut if cut >= MIN_HEAD_CHARS else 0
+    return cut if MIN_HEAD_CHARS <= cut <= MAX_HEAD_CHARS else 0

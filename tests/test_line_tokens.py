@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from modelbuild.corpus import read_texts, split
-from preprocessing.line_tokens import MIN_HEAD_CHARS, LineTokens, splits_lines
+from preprocessing.line_tokens import MAX_HEAD_CHARS, MIN_HEAD_CHARS, LineTokens, splits_lines
 from preprocessing.tokenize import Preprocessor
 
 
@@ -52,6 +52,8 @@ def test_a_short_head_or_a_tokenizer_without_the_rule_is_not_cached(tiny_checkpo
     lines = LineTokens(encode_all)
     lines.encode_all(["a" * 10 + "\nb"])  # head shorter than MIN_HEAD_CHARS: one piece
     assert calls[-1] == ["a" * 10 + "\nb"]
+    huge = "a" * (MAX_HEAD_CHARS + 1) + "\nb"  # too long to keep: one piece, nothing kept
+    assert lines.encode_all([huge]) == [[len(huge)]] and calls[-1] == [huge]
     head = "a" * MIN_HEAD_CHARS
     assert lines.encode_all([head + "\nb", head + "\nbc"]) == [
         [MIN_HEAD_CHARS, 2],
