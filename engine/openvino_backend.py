@@ -17,6 +17,12 @@ Float32 compiles with float32 inference and a float32 KV cache (the CPU plugin's
 this kind of CPU are bfloat16 and a u8 cache), so greedy output equals transformers' token for
 token. The prefix cache keeps the KV blocks of earlier requests; :class:`PrefixIndex` counts the
 prompt tokens it can serve, since the pipeline reports no per-request reuse.
+
+The pipeline's ``step()`` holds the GIL for the whole forward pass. At Python's default switch
+interval (5 ms) a thread of the same process that wants the GIL (a server submitting the next
+request, another sending an answer) waits through a whole step or more, so requests reached the
+engine late and steps ran with a third of the clients' rows. :meth:`OpenVINOBackend.start` sets
+the interval to :data:`GIL_SWITCH_S`, so they get their turn as each step ends.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
+import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -46,6 +53,11 @@ from engine.scheduler import RequestQueue
 from engine.worker import QueueWorker
 
 log = logging.getLogger(__name__)
+
+# The longest a thread waiting for the GIL waits before asking for it (module docstring). The
+# interval is the process's: a lower one only makes threads that run Python at once take
+# shorter turns.
+GIL_SWITCH_S = 0.0005
 
 
 class PrefixIndex:
@@ -150,6 +162,10 @@ class OpenVINOBackend(QueueWorker[_Request]):
         super().__init__(RequestQueue(max_batch_size, observer))
         self._running: dict[int, _Request] = {}
         self._next_id = 0
+
+    def start(self) -> OpenVINOBackend:
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
+        return super().start()
 
     # -- interface ----------------------------------------------------------------------------
 

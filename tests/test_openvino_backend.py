@@ -4,6 +4,7 @@ guarantees (budget, backpressure, cancellation, fault isolation), and clear refu
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import pytest
@@ -16,7 +17,7 @@ from contract.options import BeamParams, InvalidRequestError, SamplingParams
 from engine import TorchEngine
 from engine.gptj import GPTJ
 from engine.interface import GenerationBackend, GenerationRequest, GenerationResult, NullListener
-from engine.openvino_backend import OpenVINOBackend, PrefixIndex
+from engine.openvino_backend import GIL_SWITCH_S, OpenVINOBackend, PrefixIndex
 from engine.openvino_model import ModelShape, compile_properties, export_problem, require_export
 from modelbuild.openvino_export import ensure_export
 
@@ -86,6 +87,12 @@ def test_both_backends_implement_the_interface(hf_model, engine):
     torch_engine = TorchEngine(GPTJ.from_checkpoint(hf_model[1]), max_batch_size=2)
     assert isinstance(torch_engine, GenerationBackend)
     assert isinstance(engine, GenerationBackend)
+
+
+def test_a_started_backend_lets_waiting_threads_in_between_steps(engine):
+    """The pipeline's step holds the GIL: at the default 5 ms switch interval, a server's
+    threads waited through whole steps to submit and answer (engine/openvino_backend.py)."""
+    assert sys.getswitchinterval() <= GIL_SWITCH_S
 
 
 def test_greedy_matches_transformers_generate_in_a_mixed_batch(hf_model, engine):
