@@ -1,19 +1,24 @@
-"""Sections ``arrivals``, ``mixed`` and ``single``: traffic against each backend bare, then
+"""Sections ``arrivals``, ``mixed`` and ``single``: traffic against each backend bare and
 served.
 
-For each backend (the torch engine, then the openvino backend) everything bare runs first, in
-this process, with the backend configured as the served one (``model_repository/engine/
-config.pbtxt``: batch size, prefill and KV-cache budgets; dtype: the config's for torch,
-bfloat16 for openvino where the CPU has it natively); the backend is then stopped and Triton
-started on a copy of the repository serving that backend, so no two systems share the CPU.
-Row keys: ``bare_*`` / ``served_*`` are the torch engine's, ``openvino_bare_*`` /
+For each backend (the torch engine, then the openvino backend) the bare backend starts in this
+process, configured as the served one (``model_repository/engine/config.pbtxt``: batch size,
+prefill and KV-cache budgets; dtype: the config's for torch, bfloat16 for openvino where the CPU
+has it natively), and Triton on a copy of the repository serving that backend. Both are up; only
+one runs at a time, so no two systems share the CPU. Arrivals alternate between them, each
+system measured in two half windows in mirrored order (bare, served, served, bare; with the
+OpenVINO pipeline's own ``generate`` in the middle at the target length): a machine whose speed
+drifts during the run (shared cores swung by a third within minutes) weighs on all alike, where
+measuring one system after the other put the drift into the ratio. Mixed and single run bare,
+then served. Row keys: ``bare_*`` / ``served_*`` are the torch engine's, ``openvino_bare_*`` /
 ``openvino_served_*`` the openvino backend's.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +63,22 @@ def target_length(lengths: tuple[int, ...]) -> int:
     return TARGET_LENGTH if TARGET_LENGTH in lengths else max(lengths)
 
 
-def _window(m: Measurement, what: str, progress: Progress, length: int) -> str:
-    rate = m.rate()
-    short = m.short_of()
-    progress(
-        f"{what} {length} tokens: {rate:,.0f} tok/s over {m.window_s:.1f}s "
-        f"({len(m.records)} requests{f', {short} SHORT' if short else ''})"
-    )
-    return f"{m.window_s:.0f}"
+def mirrored(systems: list[Any]) -> list[Any]:
+    """Each system twice, the second pass in reverse (A B C C B A): a linear drift in the
+    machine's speed adds the same to every system's mean."""
+    return systems + systems[::-1]
+
+
+class PipelineWindow:
+    """The OpenVINO pipeline's own ``generate`` as one of the alternating arrivals systems."""
+
+    name = "pipeline"
+
+    def __init__(self, pipe: PipelineGenerate, ids: list[list[int]], seed: int) -> None:
+        self.pipe, self.ids, self.seed = pipe, ids, seed
+
+    def rate(self, length: int, seconds: float) -> float:
+        return self.pipe.rate_over(self.ids, length, True, self.seed, seconds)
 
 
 def _mixed_row(
@@ -105,35 +118,65 @@ def _forward_ceilings(
         progress(f"arrivals forward ceiling {length} tokens: {ceiling:,.0f} tok/s")
 
 
+def _arrivals(
+    targets: list[BareTarget | ServedTarget],
+    plan: Plan,
+    arrivals: dict[int, dict[str, Any]],
+    progress: Progress,
+    pipeline: PipelineWindow | None = None,
+) -> None:
+    """Closed-loop arrivals at each length, the systems alternating in mirrored half windows
+    (module docstring); a system's rate is the mean of its two windows'."""
+    half = (plan.window_s / 2, plan.max_window_s / 2, plan.warmup_cap_s)
+    for length in plan.lengths:
+        row = arrivals.setdefault(length, {"length": length})
+        systems: list[Any] = list(targets)
+        if pipeline is not None and length == target_length(plan.lengths):
+            systems.append(pipeline)
+        rates: dict[str, list[float]] = {}
+        for system in mirrored(systems):
+            path = system.name
+            if isinstance(system, PipelineWindow):
+                rate = system.rate(length, half[0])
+                progress(f"arrivals {path} generate {length} tokens: {rate:,.0f} tok/s")
+            else:
+                m = closed_loop(system, [length] * plan.clients, *half)
+                rate = m.rate()
+                short = m.short_of()
+                row[f"{path}_requests"] = row.get(f"{path}_requests", 0) + len(m.records)
+                row[f"{path}_short"] = row.get(f"{path}_short", 0) + short
+                row[f"{path}_window_s"] = round(row.get(f"{path}_window_s", 0) + m.window_s)
+                progress(
+                    f"arrivals {path} {length} tokens: {rate:,.0f} tok/s over "
+                    f"{m.window_s:.1f}s ({len(m.records)} requests"
+                    f"{f', {short} SHORT' if short else ''})"
+                )
+            rates.setdefault(path, []).append(rate)
+        for path, values in rates.items():
+            row[f"{path}_tokens_per_s"] = sum(values) / len(values)
+            row[f"{path}_window_rates"] = [round(v) for v in values]
+        bare = targets[0]
+        if bare.name == "bare":  # the torch engine fed whole batches
+            rate, rounds, short = static_batches(bare, plan.clients, length, plan.window_s)
+            row["static_tokens_per_s"] = rate
+            row["static_rounds"] = rounds
+            row["static_short"] = short
+            progress(
+                f"arrivals static {length} tokens: {rate:,.0f} tok/s ({rounds} rounds of "
+                f"{plan.clients}{f', {short} SHORT' if short else ''})"
+            )
+
+
 def _drive(
     target: BareTarget | ServedTarget,
     plan: Plan,
-    arrivals: dict[int, dict[str, Any]],
     mixed: list[dict[str, Any]],
     single: dict[str, Any],
     progress: Progress,
 ) -> None:
-    """Run the chosen traffic sections against one target, filling the result rows."""
+    """Run the mixed and single sections against one target, filling the result rows."""
     path = target.name
     windows = (plan.window_s, plan.max_window_s, plan.warmup_cap_s)
-    if "arrivals" in plan.sections:
-        for length in plan.lengths:
-            progress(f"arrivals {path} {length} tokens: {plan.clients} clients ...")
-            m = closed_loop(target, [length] * plan.clients, *windows)
-            row = arrivals.setdefault(length, {"length": length})
-            row[f"{path}_tokens_per_s"] = m.rate()
-            row[f"{path}_requests"] = len(m.records)
-            row[f"{path}_short"] = m.short_of()
-            row[f"{path}_window_s"] = _window(m, f"arrivals {path}", progress, length)
-            if target.name == "bare":  # the torch engine fed whole batches
-                rate, rounds, short = static_batches(target, plan.clients, length, plan.window_s)
-                row["static_tokens_per_s"] = rate
-                row["static_rounds"] = rounds
-                row["static_short"] = short
-                progress(
-                    f"arrivals static {length} tokens: {rate:,.0f} tok/s ({rounds} rounds of "
-                    f"{plan.clients}{f', {short} SHORT' if short else ''})"
-                )
     if "mixed" in plan.sections:
         short, long = plan.mixed_short, plan.mixed_long
         progress(
@@ -159,81 +202,67 @@ def _drive(
         )
 
 
-def _reference_generates(
-    backend: str,
+def _transformers_reference(
     model: ModelInfo,
-    ids: list[list[int]],
     plan: Plan,
-    settings: dict[str, Any],
     arrivals: dict[int, dict[str, Any]],
     progress: Progress,
 ) -> None:
-    """What the served system is held against at the target length, each alone: transformers'
-    static-batch ``generate`` (after the torch backend; the faster of float32 and, where
-    native, bfloat16) and the OpenVINO pipeline's own ``generate`` on the same batch of code
-    prompts (after the openvino backend)."""
+    """What the served system is held against at the target length: transformers'
+    static-batch ``generate``, alone, after the torch backend (the faster of float32 and,
+    where native, bfloat16)."""
     length = target_length(plan.lengths)
     row = arrivals.setdefault(length, {"length": length})
-    if backend == "torch":
-        prompts = random_prompts(plan.clients, 32, model.vocab_size, model.eos_token_id, plan.seed)
-        dtypes = ("float32", "bfloat16") if bf16_native() else ("float32",)
-        for dtype in dtypes:
+    prompts = random_prompts(plan.clients, 32, model.vocab_size, model.eos_token_id, plan.seed)
+    dtypes = ("float32", "bfloat16") if bf16_native() else ("float32",)
+    for dtype in dtypes:
 
-            def once(dtype: str = dtype) -> tuple[float, int]:
-                runner = TransformersRunner(model.path, dtype, plan.device)
-                try:
-                    generate(runner, prompts[:2], 2, True, plan.seed)  # warm-up
-                    started = time.perf_counter()  # a probe sets how many tokens fit
-                    generate(runner, prompts, PROBE_TOKENS, True, plan.seed)
-                    probe_s = time.perf_counter() - started
-                    new = fit_tokens(probe_s, PROBE_TOKENS, REFERENCE_BUDGET_S, length, 8)
-                    started = time.perf_counter()
-                    made = sum(generate(runner, prompts, new, True, plan.seed))
-                    return made / (time.perf_counter() - started), new
-                finally:
-                    runner.close()
+        def once(dtype: str = dtype) -> tuple[float, int]:
+            runner = TransformersRunner(model.path, dtype, plan.device)
+            try:
+                generate(runner, prompts[:2], 2, True, plan.seed)  # warm-up
+                started = time.perf_counter()  # a probe sets how many tokens fit
+                generate(runner, prompts, PROBE_TOKENS, True, plan.seed)
+                probe_s = time.perf_counter() - started
+                new = fit_tokens(probe_s, PROBE_TOKENS, REFERENCE_BUDGET_S, length, 8)
+                started = time.perf_counter()
+                made = sum(generate(runner, prompts, new, True, plan.seed))
+                return made / (time.perf_counter() - started), new
+            finally:
+                runner.close()
 
-            rate, new = in_passing_thread(once)
-            row[f"transformers_{dtype}_tokens_per_s"] = rate
-            row[f"transformers_{dtype}_new_tokens"] = new
-            progress(
-                f"transformers generate {dtype}, {plan.clients} x {new} of {length} tokens: "
-                f"{rate:,.0f} tok/s"
-            )
-            if rate > (row.get("transformers_static_tokens_per_s") or 0):
-                row["transformers_static_tokens_per_s"] = rate
-                row["transformers_static_dtype"] = dtype
-                row["transformers_static_new_tokens"] = new
-    else:
-        pipe = PipelineGenerate(model.path, str(settings["openvino_dtype"]), plan.clients)
-        timed = pipe.timed(ids[: plan.clients], length, True, plan.seed)
-        del pipe
-        row["pipeline_tokens_per_s"] = timed["tokens_per_s"]
+        rate, new = in_passing_thread(once)
+        row[f"transformers_{dtype}_tokens_per_s"] = rate
+        row[f"transformers_{dtype}_new_tokens"] = new
         progress(
-            f"OpenVINO pipeline generate, {plan.clients} x {length}: "
-            f"{timed['tokens_per_s']:,.0f} tok/s"
+            f"transformers generate {dtype}, {plan.clients} x {new} of {length} tokens: "
+            f"{rate:,.0f} tok/s"
         )
+        if rate > (row.get("transformers_static_tokens_per_s") or 0):
+            row["transformers_static_tokens_per_s"] = rate
+            row["transformers_static_dtype"] = dtype
+            row["transformers_static_new_tokens"] = new
 
 
+@contextmanager
 def _bare(
     backend: str,
     model: ModelInfo,
     ids: list[list[int]],
     plan: Plan,
     settings: dict[str, Any],
-    tables: tuple[dict[int, dict[str, Any]], list[dict[str, Any]], dict[str, Any]],
     progress: Progress,
-) -> None:
-    """One backend in this process, configured as the served one: traffic, then (stopped)
-    the forward ceilings (torch) and the reference generates."""
-    arrivals = tables[0]
+) -> Iterator[tuple[BareTarget, GPTJ | None]]:
+    """One backend in this process, configured as the served one; stopped on exit. Yields
+    the target and (torch) the weights, for the forward ceilings once the engine is gone."""
     started = time.perf_counter()
+    weights = None
     if backend == "torch":
         dtype = str(settings["dtype"])
         weights = in_passing_thread(  # the engine's thread is then the only OpenMP pool
             lambda: GPTJ.from_checkpoint(model.path, dtype=TORCH_DTYPES[dtype], device=plan.device)
         )
-        engine = TorchEngine(
+        engine: Any = TorchEngine(
             weights,
             max_batch_size=int(settings["max_batch_size"]),
             max_prefill_tokens=int(settings["max_prefill_tokens"]),
@@ -250,17 +279,46 @@ def _bare(
         target = BareTarget(engine, ids, None, end_id=end_id, name=key(backend, "bare"))
     progress(f"bare {backend} ready ({dtype}, {time.perf_counter() - started:.1f}s)")
     try:
-        _drive(target, plan, *tables, progress)
+        yield target, weights
     finally:
         engine.stop()
         del engine
-    if backend == "torch" and "arrivals" in plan.sections:
-        _forward_ceilings(weights, [len(i) for i in ids], plan, arrivals, progress)
-    if "arrivals" in plan.sections:
-        _reference_generates(backend, model, ids, plan, settings, arrivals, progress)
 
 
+@contextmanager
 def _served(
+    backend: str,
+    model: ModelInfo,
+    texts: list[str],
+    ids: list[list[int]],
+    settings: dict[str, Any],
+    out: Path,
+    device: str,
+    progress: Progress,
+) -> Iterator[ServedTarget]:
+    """Triton on a copy of the repository serving ``backend``; stopped on exit."""
+    started = time.perf_counter()
+    dtype = str(settings["dtype"] if backend == "torch" else settings["openvino_dtype"])
+    progress(f"starting Triton ({backend} backend, {dtype}) on a copy of the repository ...")
+    end_id = None if backend == "torch" else stand_in_end_id(model.vocab_size, model.eos_token_id)
+    with running_server(
+        model.path, CACHE / "serving", out / f"tritonserver-{backend}.log", device,
+        backend=backend, parameters={"dtype": dtype},
+    ) as srv:  # fmt: skip
+        progress(f"Triton ready on gRPC {srv.grpc_url} ({time.perf_counter() - started:.0f}s)")
+        target = ServedTarget(
+            srv.grpc_url, texts, [len(i) for i in ids], end_id, key(backend, "served")
+        )
+        try:
+            got = target.request(0, 16)
+            if got != 16:
+                raise RuntimeError(f"the server made {got} tokens of 16: end token not kept out")
+            yield target
+        finally:
+            target.close()
+
+
+def _backend_traffic(
     backend: str,
     model: ModelInfo,
     texts: list[str],
@@ -271,25 +329,29 @@ def _served(
     out: Path,
     progress: Progress,
 ) -> None:
-    """Triton on a copy of the repository serving ``backend``; the same traffic through it."""
-    started = time.perf_counter()
-    dtype = str(settings["dtype"] if backend == "torch" else settings["openvino_dtype"])
-    progress(f"starting Triton ({backend} backend, {dtype}) on a copy of the repository ...")
-    end_id = None if backend == "torch" else stand_in_end_id(model.vocab_size, model.eos_token_id)
-    with running_server(
-        model.path, CACHE / "serving", out / f"tritonserver-{backend}.log", plan.device,
-        backend=backend, parameters={"dtype": dtype},
-    ) as srv:  # fmt: skip
-        progress(f"Triton ready on gRPC {srv.grpc_url} ({time.perf_counter() - started:.0f}s)")
-        name = key(backend, "served")
-        target = ServedTarget(srv.grpc_url, texts, [len(i) for i in ids], end_id, name)
-        try:
-            got = target.request(0, 16)
-            if got != 16:
-                raise RuntimeError(f"the server made {got} tokens of 16: end token not kept out")
-            _drive(target, plan, *tables, progress)
-        finally:
-            target.close()
+    """One backend bare and served (and, for openvino, the pipeline's own ``generate``), all
+    up at once and measured one at a time; then, torch alone, its references."""
+    arrivals, mixed, single = tables
+    with ExitStack() as stack:
+        bare, weights = stack.enter_context(_bare(backend, model, ids, plan, settings, progress))
+        targets: list[BareTarget | ServedTarget] = [bare]
+        if plan.served:
+            served = _served(backend, model, texts, ids, settings, out, plan.device, progress)
+            targets.append(stack.enter_context(served))
+        if "arrivals" in plan.sections:
+            pipeline = None
+            if backend != "torch":
+                dtype = str(settings["openvino_dtype"])
+                generate_pipe = PipelineGenerate(model.path, dtype, plan.clients)
+                stack.callback(generate_pipe.close)
+                pipeline = PipelineWindow(generate_pipe, ids[: plan.clients], plan.seed)
+            _arrivals(targets, plan, arrivals, progress, pipeline)
+        for target in targets:
+            _drive(target, plan, mixed, single, progress)
+    if backend == "torch" and "arrivals" in plan.sections:
+        assert weights is not None
+        _forward_ceilings(weights, [len(i) for i in ids], plan, arrivals, progress)
+        _transformers_reference(model, plan, arrivals, progress)
 
 
 def run_traffic(
@@ -355,8 +417,5 @@ def run_traffic(
         save()
 
     for backend in plan.backends:  # one system at a time: never two on the CPU at once
-        _bare(backend, model, ids, plan, settings, tables, progress)
+        _backend_traffic(backend, model, texts, ids, plan, settings, tables, out, progress)
         publish()
-        if plan.served:
-            _served(backend, model, texts, ids, plan, settings, tables, out, progress)
-            publish()

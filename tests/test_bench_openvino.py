@@ -16,10 +16,17 @@ from bench.server import GPTJ_CONFIG, pbtxt_parameters, set_pbtxt_parameters
 from bench.settings import make_plan
 from bench.systems import OpenVINORunner, TransformersRunner, generate, unsupported
 from bench.targets import held_at, target_rows, targets_table
-from bench.traffic import key, target_length
+from bench.traffic import key, mirrored, target_length
 from engine.interface import GenerationRequest, Handle
 
 CPUINFO = "processor\t: 0\nflags\t\t: fpu avx2 fma avx512f avx512_vnni avx512_bf16 sse\n"
+
+
+def test_arrivals_measure_each_system_twice_in_mirrored_order():
+    assert mirrored(["bare", "served", "pipeline"]) == [
+        "bare", "served", "pipeline", "pipeline", "served", "bare",
+    ]  # fmt: skip
+    assert mirrored(["bare"]) == ["bare", "bare"]
 
 
 def test_cpu_flags_and_bf16_native():
@@ -234,8 +241,9 @@ def test_openvino_runner_makes_every_token_and_float32_matches_transformers(tiny
     pipe = PipelineGenerate(tiny_checkpoint, "float32", max_batch_size=4)
     assert pipe.generate_ids(prompts, 20, sampled=False, seed=0) == expected
     assert [len(ids) for ids in pipe.generate_ids(prompts, 20, sampled=True, seed=1)] == [20] * 3
-    timed = pipe.timed(prompts, 8, sampled=True, seed=2)
-    assert timed["tokens"] == 24 and timed["tokens_per_s"] > 0
+    assert pipe.rate_over(prompts, 8, sampled=True, seed=2, seconds=0.0) > 0
+    pipe.close()
+    assert pipe.pipe is None
 
 
 def test_quick_plan_still_selects_everything():
