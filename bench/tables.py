@@ -246,7 +246,9 @@ def arrival_tables(results: dict[str, Any]) -> list[Table]:
                 results,
                 f"bare = threads submitting to an in-process Engine; served = CodegenClient over "
                 f"gRPC to Triton's ensemble; static = {clients} submitted at once, wait for all, "
-                f"repeat; forward ceiling = {clients} rows / one decode forward pass at the "
+                f"repeat; bare and served alternate in mirrored half windows (bare, served, "
+                f"served, bare), each rate the mean of its two; forward ceiling = {clients} rows "
+                f"/ one decode forward pass at the "
                 f"positions the clients hold (no sampling, prefill or serving: no scheduler "
                 f"beats it); targets bare >= {THROUGHPUT_TARGET:,.0f} tok/s at output "
                 f"{THROUGHPUT_TARGET_LENGTH}, served/bare >= {SERVED_OVER_BARE_MIN}, "
@@ -301,8 +303,10 @@ def openvino_arrival_tables(results: dict[str, Any]) -> list[Table]:
                 "each system alone (bare: in this process; served: Triton with the engine "
                 "model's backend set to it); pipeline = OpenVINO GenAI's own "
                 f"ContinuousBatchingPipeline.generate on {clients} of the same code prompts "
-                f"(min_new_tokens); transformers = GPTJForCausalLM.generate, a static batch of "
-                f"{clients} 32-token prompts, the faster of its dtypes; both sampled as above",
+                "(min_new_tokens), batches back to back; bare, served and pipeline alternate in "
+                "mirrored half windows (A B C C B A); transformers = GPTJForCausalLM.generate, "
+                f"a static batch of {clients} 32-token prompts, the faster of its dtypes; both "
+                "sampled as above",
             ),
             [
                 " output tokens",
