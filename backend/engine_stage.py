@@ -35,23 +35,18 @@ from engine.tensors import parse_request
 from engine.threads import in_passing_thread
 from engine.torch_engine import TorchEngine
 
-# Per-step figures reach Triton at most this often, and at every request's end and when the
-# engine goes idle: in python_backend r24.10 each metric update is a round trip to the server,
-# and seven of them after every forward pass took a third as long as the pass itself on the
-# default model (py-spy on the engine stub under unary traffic).
-STEP_METRICS_EVERY_S = 0.05
-_STEP_COUNTERS = (
-    names.ENGINE_STEPS,
-    names.ENGINE_STEP_ROWS,
-    names.ENGINE_COMPUTE_DURATION_US,
-    names.ENGINE_PROMPT_TOKENS,
-)
+# The engine's figures reach Triton at most this often, and when the engine goes idle: in
+# python_backend r24.10 each metric update is a round trip to the server. Seven of them after
+# every forward pass took a third as long as the pass itself on the default model, and the ten
+# sent at every request's end were, at 16 clients, more of the answering thread's time than
+# the answers (py-spy on the engine stub under unary traffic).
+METRICS_EVERY_S = 0.05
 
 
 class EngineMetrics:
     """The engine's counters on Triton's metrics endpoint (contract/metrics.py says why).
-    Per-request counters are sent as each request ends; per-step ones are summed here and
-    sent with them, or every ``STEP_METRICS_EVERY_S``, or when the engine goes idle. The
+    Counters are summed here, per step and per finished request, and sent every
+    ``METRICS_EVERY_S`` and when the engine goes idle, with the gauges as they are then. The
     engine's thread only adds up and reads the gauges; the updates (each a round trip to the
     server) are made by ``deliveries``' one thread, after the responses handed to it before
     (two threads updating one metric at once crash r24.10: see
@@ -74,19 +69,26 @@ class EngineMetrics:
         self.after_step: Callable[[], None] = lambda: None
         self.deliveries = deliveries
         self._lock = threading.Lock()
-        self._unsent = dict.fromkeys(_STEP_COUNTERS, 0.0)
+        self._unsent: dict[str, float] = {}
         self._last_step = 0.0  # Unix time of the last forward pass, once there was one
         self._sent_at = 0.0
 
-    def on_step(self, rows: int, new_tokens: int, prompt_tokens: int, seconds: float) -> None:
+    def _add(self, counters: dict[str, float]) -> bool:
+        """Add to the unsent counters; whether it is time to send them."""
         with self._lock:
-            self._unsent[names.ENGINE_STEPS] += 1
-            self._unsent[names.ENGINE_STEP_ROWS] += rows
-            self._unsent[names.ENGINE_COMPUTE_DURATION_US] += seconds * 1e6
-            self._unsent[names.ENGINE_PROMPT_TOKENS] += prompt_tokens
-            self._last_step = time.time()
-            due = time.monotonic() - self._sent_at >= STEP_METRICS_EVERY_S
-        if due:
+            for name, value in counters.items():
+                self._unsent[name] = self._unsent.get(name, 0.0) + value
+            return time.monotonic() - self._sent_at >= METRICS_EVERY_S
+
+    def on_step(self, rows: int, new_tokens: int, prompt_tokens: int, seconds: float) -> None:
+        self._last_step = time.time()
+        step = {
+            names.ENGINE_STEPS: 1,
+            names.ENGINE_STEP_ROWS: rows,
+            names.ENGINE_COMPUTE_DURATION_US: seconds * 1e6,
+            names.ENGINE_PROMPT_TOKENS: prompt_tokens,
+        }
+        if self._add(step):
             self.deliveries.call(self._updates())
         self.after_step()  # the engine's thread: a held engine (EngineHold) waits here
 
@@ -95,15 +97,23 @@ class EngineMetrics:
         self.deliveries.call(self._updates())
 
     def on_finish(self, result: GenerationResult) -> None:
-        self.deliveries.call(self._updates(result))
+        counters = {
+            names.ENGINE_REQUESTS: 1,
+            names.ENGINE_CANCELLED: int(result.finish_reason == "cancelled"),
+            names.ENGINE_GENERATED_TOKENS: len(result.output_ids),
+            names.ENGINE_PROMPT_TOKENS_REUSED: result.reused_prompt_tokens,
+            names.ENGINE_REQUEST_DURATION_US: result.total_seconds * 1e6,
+            names.ENGINE_QUEUE_DURATION_US: result.queue_seconds * 1e6,
+        }
+        if self._add(counters):
+            self.deliveries.call(self._updates())
 
-    def _updates(self, result: GenerationResult | None = None) -> Callable[[], None]:
+    def _updates(self) -> Callable[[], None]:
         """(the engine's thread) The metric updates due now, as one call for deliveries:
-        the per-step sums so far, the gauges as they are, and ``result``'s counters."""
+        the counters summed so far and the gauges as they are."""
         with self._lock:
-            steps = {name: value for name, value in self._unsent.items() if value}
-            self._unsent = dict.fromkeys(_STEP_COUNTERS, 0.0)
-            last_step = self._last_step
+            counters = {name: value for name, value in self._unsent.items() if value}
+            self._unsent = {}
             self._sent_at = time.monotonic()
         gauges = {}
         if self.engine is not None:
@@ -111,22 +121,12 @@ class EngineMetrics:
                 names.ENGINE_RUNNING: self.engine.running,
                 names.ENGINE_KV_CACHE_BYTES: self.engine.cache_bytes,
             }
-        if last_step:
-            gauges[names.ENGINE_LAST_STEP] = last_step
-        counters = dict(steps)
-        if result is not None:
-            counters[names.ENGINE_REQUESTS] = 1
-            if result.finish_reason == "cancelled":
-                counters[names.ENGINE_CANCELLED] = 1
-            counters[names.ENGINE_GENERATED_TOKENS] = len(result.output_ids)
-            counters[names.ENGINE_PROMPT_TOKENS_REUSED] = result.reused_prompt_tokens
-            counters[names.ENGINE_REQUEST_DURATION_US] = result.total_seconds * 1e6
-            counters[names.ENGINE_QUEUE_DURATION_US] = result.queue_seconds * 1e6
+        if self._last_step:
+            gauges[names.ENGINE_LAST_STEP] = self._last_step
 
         def send() -> None:
             for name, value in counters.items():
-                if value:
-                    self.m[name].increment(value)
+                self.m[name].increment(value)
             for name, value in gauges.items():
                 self.m[name].set(value)
 
@@ -164,7 +164,8 @@ class EngineHold:
         self._steps_left: int | None = None
         self._submitted = 0
 
-    def after_step(self) -> None:
+    def after_step(self, before_holding: Callable[[], None]) -> None:
+        """(the engine's thread) Wait here while held; ``before_holding`` runs first."""
         if not self.enabled:
             return
         with self._lock:
@@ -173,6 +174,8 @@ class EngineHold:
                 if self._steps_left <= 0:
                     self._steps_left = None
                     self._steps.clear()
+        if not self._steps.is_set():
+            before_holding()
         self._steps.wait()
 
     def before_submit(self) -> None:
@@ -269,7 +272,7 @@ def start_engine(args: dict) -> Stage:
 
     def after_step() -> None:
         deliveries.keep_up()
-        hold.after_step()
+        hold.after_step(metrics.on_idle)  # a held engine's figures so far reach the server
 
     metrics.after_step = after_step
     listener = CancelListener(args["model_name"], cancels.cancel, on_control=hold.control)
