@@ -174,8 +174,7 @@ def grpc_pieces(
     unanswered (:func:`_send_stop` says why)."""
     module = owner._module()
     try:
-        # one client per stream: a gRPC client carries at most one stream at a time
-        client = module.InferenceServerClient(owner.target.address, ssl=owner.target.ssl)
+        client = owner.stream_connection()
     except Exception as exc:
         raise owner._error(exc) from exc
     answers: queue.Queue = queue.Queue()
@@ -230,10 +229,12 @@ def grpc_pieces(
         if started and not finished:
             with contextlib.suppress(Exception):
                 finished = _send_stop(client, module, request_id, answers)
-        with contextlib.suppress(Exception):
+        clean = finished
+        try:
             client.stop_stream(cancel_requests=not finished)
-        with contextlib.suppress(Exception):
-            client.close()
+        except Exception:
+            clean = False
+        owner.stream_ended(client, clean)
 
 
 def _send_stop(client: Any, module: ModuleType, request_id: str, answers: queue.Queue) -> bool:
