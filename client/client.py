@@ -30,7 +30,6 @@ The data it returns and raises is in :mod:`client.results`, streaming in :mod:`c
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -65,10 +64,6 @@ from client.stream import (
 )
 from contract.options import InvalidRequestError
 from contract.tensors import ENSEMBLE_MODEL
-
-# Idle gRPC stream connections a client keeps: one per stream open at once is what a caller
-# running streams side by side on one client reuses; more would only hold sockets.
-MAX_IDLE_STREAMS = 4
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -117,8 +112,6 @@ class CodegenClient:
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self._client: Any = None
-        self._idle_streams: list[Any] = []  # gRPC clients whose last stream ended cleanly
-        self._streams_lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -153,36 +146,12 @@ class CodegenClient:
             self._client = self._new_client()
         return self._client
 
-    def stream_connection(self) -> Any:
-        """A gRPC client for one stream (a client carries one stream at a time): one whose
-        last stream ended cleanly, or a new one. An editor opens a stream on every pause in
-        typing; reusing the connection saves its set-up (about 0.6 ms a stream here)."""
-        with self._streams_lock:
-            if self._idle_streams:
-                return self._idle_streams.pop()
-        return self._module().InferenceServerClient(self.target.address, ssl=self.target.ssl)
-
-    def stream_ended(self, connection: Any, clean: bool) -> None:
-        """Keep ``connection`` for the next stream if its stream ended cleanly (answered to the
-        end, or stopped and the stop answered), else close it."""
-        with self._streams_lock:
-            if clean and len(self._idle_streams) < MAX_IDLE_STREAMS:
-                self._idle_streams.append(connection)
-                return
-        with contextlib.suppress(Exception):
-            connection.close()
-
     def close(self) -> None:
-        """Close the connections (a later call opens a new one)."""
+        """Close the connection (a later call opens a new one)."""
         if self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.close()
             self._client = None
-        with self._streams_lock:
-            idle, self._idle_streams = self._idle_streams, []
-        for connection in idle:
-            with contextlib.suppress(Exception):
-                connection.close()
 
     def __enter__(self) -> CodegenClient:
         return self

@@ -174,7 +174,8 @@ def grpc_pieces(
     unanswered (:func:`_send_stop` says why)."""
     module = owner._module()
     try:
-        client = owner.stream_connection()
+        # one client per stream: a gRPC client carries at most one stream at a time
+        client = module.InferenceServerClient(owner.target.address, ssl=owner.target.ssl)
     except Exception as exc:
         raise owner._error(exc) from exc
     answers: queue.Queue = queue.Queue()
@@ -229,12 +230,10 @@ def grpc_pieces(
         if started and not finished:
             with contextlib.suppress(Exception):
                 finished = _send_stop(client, module, request_id, answers)
-        clean = finished
-        try:
+        with contextlib.suppress(Exception):
             client.stop_stream(cancel_requests=not finished)
-        except Exception:
-            clean = False
-        owner.stream_ended(client, clean)
+        with contextlib.suppress(Exception):
+            client.close()
 
 
 def _send_stop(client: Any, module: ModuleType, request_id: str, answers: queue.Queue) -> bool:

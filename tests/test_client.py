@@ -268,26 +268,6 @@ def test_stream_delivers_pieces_as_they_are_generated(codegen, server):
     assert done is not None and done.completion_tokens == 250
 
 
-def test_grpc_streams_one_after_another_share_a_connection(server):
-    """An editor opens a stream on every pause in typing: one that ended cleanly leaves its
-    connection for the next; one in use is not handed out twice; a failed one is closed."""
-    with CodegenClient(server.grpc_url, "grpc", timeout=120) as client:
-        assert "".join(client.stream(PROMPT, 8))
-        kept = list(client._idle_streams)
-        assert len(kept) == 1
-        stream = client.stream(PROMPT, 200)
-        assert next(stream)
-        assert client._idle_streams == []  # the open stream holds it
-        stream.close()  # left early: stopped, then kept only if the stop was answered
-        assert len(client._idle_streams) <= 1
-        assert "".join(client.stream(PROMPT, 8)) == client.complete(PROMPT, 8).completion
-    assert client._idle_streams == []  # closed with the client
-    with CodegenClient(f"127.0.0.1:{closed_port()}", "grpc", timeout=5) as nowhere:
-        with pytest.raises(ServerUnavailableError):
-            next(nowhere.stream(PROMPT, 8))
-        assert nowhere._idle_streams == []
-
-
 def test_stream_of_multibyte_text(codegen):
     prompt = "# naïve café → 日本語\n"
     unary = codegen.complete(prompt, 12)
