@@ -94,6 +94,11 @@ class ModelLimits:
                     raise InvalidRequestError(f"{kind} word {list(word)} has invalid token ids")
 
 
+class NotHonouredError(InvalidRequestError):
+    """A valid request that this backend cannot honour exactly (an option its engine lacks),
+    which another backend can: the caller may run it there instead of refusing it."""
+
+
 def check_cache_budget(request: GenerationRequest, needed: int, budget: int) -> None:
     """Refuse a request whose KV cache (``needed`` positions, as the backend allocates them)
     could never fit the server's budget."""

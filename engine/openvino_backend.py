@@ -8,10 +8,13 @@ the FasterTransformer way is done here or refused (:meth:`OpenVINOBackend.valida
 - stop words are matched on the generated tokens here, and the request is stopped before the
   next step, so nothing past the word is produced or reported;
 - the end token: the pipeline reports it as the last generated token; it is dropped here;
-- ``bad_words_list`` (the pipeline has no such list), ``beam_search_diversity_rate`` (the
-  pipeline's diversity is between beam groups, not FasterTransformer's rank penalty), stop words
-  with beam search, and log probs under a temperature or repetition penalty (the pipeline
-  reports the model's own log probs, before them) are refused with what to send instead.
+- log probs under a temperature or repetition penalty: the pipeline reports the model's own,
+  before them, so they are computed beside it (engine/openvino_log_probs.py);
+- ``bad_words_list`` (the pipeline has no such list), ``beam_search_diversity_rate`` with beams
+  (the pipeline's diversity is between beam groups, not FasterTransformer's rank penalty; with
+  one beam there is nothing to diversify, and it is ignored, as FasterTransformer does), stop
+  words with beam search, and beams' log probs under a temperature or penalty raise
+  :class:`NotHonouredError`, naming what to send instead.
 
 Float32 compiles with float32 inference and a float32 KV cache (the CPU plugin's defaults on
 this kind of CPU are bfloat16 and a u8 cache), so greedy output equals transformers' token for
@@ -38,16 +41,18 @@ from pathlib import Path
 
 import numpy as np
 
-from contract.options import DEFAULT_MAX_BEAM_WIDTH, InvalidRequestError
+from contract.options import DEFAULT_MAX_BEAM_WIDTH
 from engine.interface import (
     Beam,
     GenerationRequest,
     Handle,
     Listener,
     ModelLimits,
+    NotHonouredError,
     StepObserver,
     check_cache_budget,
 )
+from engine.openvino_log_probs import LogProbScorer, ScoredRow, effective_temperature, needs_scoring
 from engine.openvino_model import BLOCK_SIZE, ModelShape, compile_properties
 from engine.scheduler import RequestQueue
 from engine.worker import QueueWorker
@@ -114,6 +119,7 @@ class _Request:
     reused: int = 0
     tokens: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    scored: ScoredRow | None = None  # log probs under temperature/penalty, computed here
 
     def stopped(self) -> bool:
         """Whether the newest generated token completed a stop word."""
@@ -155,9 +161,11 @@ class OpenVINOBackend(QueueWorker[_Request]):
         scheduler.max_num_batched_tokens = max(max_prefill_tokens, max_batch_size)
         scheduler.dynamic_split_fuse = True
         scheduler.enable_prefix_caching = prefix_caching
+        properties = compile_properties(dtype, threads)
         self.pipe = openvino_genai.ContinuousBatchingPipeline(
-            str(model_dir), scheduler, device, compile_properties(dtype, threads)
+            str(model_dir), scheduler, device, properties
         )
+        self.scorer = LogProbScorer(model_dir, properties, shape.vocab_size)
         self.index = PrefixIndex(self.blocks)
         super().__init__(RequestQueue(max_batch_size, observer))
         self._running: dict[int, _Request] = {}
@@ -191,30 +199,32 @@ class OpenVINOBackend(QueueWorker[_Request]):
     def _refuse_what_cannot_be_honoured(self, request: GenerationRequest) -> None:
         elsewhere = "or serve with backend torch (engine/config.pbtxt)"
         if request.bad_words and not self._bans_only_the_end(request):
-            raise InvalidRequestError(
+            raise NotHonouredError(
                 "bad_words_list is not supported by the openvino backend beyond the end token "
                 "(OpenVINO GenAI has no banned-token list): send the request without bad words, "
                 f"or with only the end token, {elsewhere}"
             )
-        if request.beam.diversity_rate != 0.0:
-            raise InvalidRequestError(
+        if request.beam.width > 1 and request.beam.diversity_rate != 0.0:  # no beams: no rate
+            raise NotHonouredError(
                 "beam_search_diversity_rate is not supported by the openvino backend (its "
                 "diversity is between beam groups, not FasterTransformer's rank penalty): send "
                 f"0, {elsewhere}"
             )
         if request.beam.width > 1 and request.stop_words:
-            raise InvalidRequestError(
+            raise NotHonouredError(
                 "stop words with beam_width > 1 are not supported by the openvino backend: send "
                 f"the beam search without stop words, {elsewhere}"
             )
         sampling = request.sampling
-        if request.return_log_probs and (
-            sampling.temperature != 1.0 or sampling.repetition_penalty != 1.0
+        if (
+            request.beam.width > 1
+            and request.return_log_probs
+            and (effective_temperature(sampling) != 1.0 or sampling.repetition_penalty != 1.0)
         ):
-            raise InvalidRequestError(
-                "is_return_log_probs with temperature or repetition_penalty other than 1.0 is "
-                "not supported by the openvino backend (it reports the model's own log probs, "
-                "before temperature and penalties): ask with temperature 1 and "
+            raise NotHonouredError(
+                "is_return_log_probs with beam_width > 1 under a temperature or "
+                "repetition_penalty other than 1.0 is not supported by the openvino backend (its "
+                "beams report the model's own log probs): ask with temperature 1 and "
                 f"repetition_penalty 1, or without log probs, {elsewhere}"
             )
 
@@ -257,8 +267,11 @@ class OpenVINOBackend(QueueWorker[_Request]):
             if entry.handle.cancelled.is_set():
                 self._finish(entry, "cancelled")
                 continue
+            request = entry.request
             try:
-                ids = np.array([entry.request.prompt_ids], dtype=np.int64)
+                if needs_scoring(request.sampling, request.beam.width, request.return_log_probs):
+                    entry.scored = self.scorer.open(request.prompt_ids, request.sampling)
+                ids = np.array([request.prompt_ids], dtype=np.int64)
                 entry.ov_handle = self.pipe.add_request(
                     self._next_id, _tensor(ids), self._config(entry)
                 )
@@ -340,6 +353,8 @@ class OpenVINOBackend(QueueWorker[_Request]):
                 self._end(entry, "end_id")
                 return len(ids)
             entry.tokens.append(token)
+            if entry.scored is not None:
+                log_prob = entry.scored.log_prob(token)
             entry.log_probs.append(log_prob if entry.request.return_log_probs else 0.0)
             try:
                 entry.listener.on_token(token, entry.log_probs[-1])
@@ -388,6 +403,7 @@ class OpenVINOBackend(QueueWorker[_Request]):
         for key, value in list(self._running.items()):
             if value is entry:
                 del self._running[key]
+        entry.scored = None  # its KV state goes with it
         handle = entry.ov_handle
         if handle is not None and not _finished(handle):
             handle.cancel() if reason == "cancelled" else handle.stop()

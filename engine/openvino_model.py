@@ -70,11 +70,44 @@ BLOCK_SIZE = 32  # positions per KV block of the CPU plugin's paged attention
 PRECISIONS = {"float32": "f32", "bfloat16": "bf16"}
 
 
-def compile_properties(dtype: str, threads: int = 0) -> dict[str, object]:
+# What a precision needs of the CPU, as OpenVINO's OPTIMIZATION_CAPABILITIES names it, and the
+# CPU flags that give it (for the message).
+NEEDS = {"bfloat16": ("BF16", "avx512_bf16 or amx_bf16")}
+
+
+class PrecisionError(ValueError):
+    """A dtype this CPU cannot run, with what to set instead."""
+
+
+def cpu_capabilities() -> list[str]:
+    """What OpenVINO's CPU plugin says this CPU supports (``BF16`` only with native bfloat16)."""
+    import openvino  # imported where used: importing the module must not need it
+
+    return list(openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+
+
+def compile_properties(
+    dtype: str, threads: int = 0, capabilities: list[str] | None = None
+) -> dict[str, object]:
     """CPU plugin properties: ``dtype`` for the math and the KV cache alike (the plugin's own
-    defaults, bfloat16 and a u8 cache on CPUs with AVX512-BF16, would not match transformers)."""
+    defaults, bfloat16 and a u8 cache on CPUs with AVX512-BF16, would not match transformers).
+
+    A dtype the CPU has no instructions for is refused here, at load (``capabilities``: what
+    the CPU supports, asked of OpenVINO when not given): on an AVX2 CPU the plugin emulates
+    bfloat16 math, slower than float32, and its paged attention takes only an f32 cache, so a
+    bfloat16 engine would compile and then fail inside the first request.
+    """
     if dtype not in PRECISIONS:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(PRECISIONS)} for openvino")
+    if dtype in NEEDS:
+        capability, flags = NEEDS[dtype]
+        found = cpu_capabilities() if capabilities is None else capabilities
+        if capability not in found:
+            raise PrecisionError(
+                f"dtype {dtype} needs a CPU with native {dtype} ({flags} in lscpu's flags); "
+                f"this one has none (OpenVINO's CPU capabilities: {', '.join(found)}): set "
+                'dtype "float32" in engine/config.pbtxt'
+            )
     precision = PRECISIONS[dtype]
     properties: dict[str, object] = {
         "INFERENCE_PRECISION_HINT": precision,
@@ -86,6 +119,37 @@ def compile_properties(dtype: str, threads: int = 0) -> dict[str, object]:
     if threads > 0:
         properties["INFERENCE_NUM_THREADS"] = threads
     return properties
+
+
+# config.json keys per family: (layers, width, context). GPT-J's names, or the Llama family's
+# (Llama, Qwen2, Mistral, Starcoder2 share them). CodeGen is converted to GPT-J by the import.
+_SHAPE_KEYS = {
+    "gptj": ("n_layer", "n_embd", "n_positions"),
+    **dict.fromkeys(
+        ("llama", "qwen2", "mistral", "starcoder2"),
+        ("num_hidden_layers", "hidden_size", "max_position_embeddings"),
+    ),
+}
+MODEL_TYPES = tuple(_SHAPE_KEYS)  # the config.json model_types the engine serves
+
+
+class UnsupportedModelError(ValueError):
+    """A checkpoint of a family the engine does not serve; the message names the supported."""
+
+
+def unsupported(model_type: object, source: object) -> UnsupportedModelError:
+    return UnsupportedModelError(
+        f"{source} is a {model_type!r} model; the served model types are "
+        f"{', '.join(MODEL_TYPES)} (a CodeGen checkpoint is converted to gptj by "
+        "`make model MODEL=<folder>`)"
+    )
+
+
+def _first_id(value: object) -> int | None:
+    """An end id from a config: Llama 3 and Qwen2 list several; the first is the model's own."""
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value if isinstance(value, int) else None
 
 
 @dataclass(frozen=True)
@@ -100,12 +164,22 @@ class ModelShape:
 
     @classmethod
     def read(cls, folder: Path) -> ModelShape:
-        cfg = json.loads((Path(folder) / "config.json").read_text())
-        eos = cfg.get("eos_token_id")
+        """Read any served family's config.json; refuse another family by name (a bare
+        KeyError on a missing GPT-J key said nothing about why)."""
+        folder = Path(folder)
+        cfg = json.loads((folder / "config.json").read_text())
+        model_type = cfg.get("model_type", "gptj")
+        if model_type not in _SHAPE_KEYS:
+            raise unsupported(model_type, folder)
+        layers, width, context = _SHAPE_KEYS[model_type]
+        eos = _first_id(cfg.get("eos_token_id"))
+        generation = folder / "generation_config.json"
+        if eos is None and generation.is_file():  # where many checkpoints keep it instead
+            eos = _first_id(json.loads(generation.read_text()).get("eos_token_id"))
         return cls(
             vocab_size=cfg["vocab_size"],
-            context=cfg.get("n_positions") or cfg["max_position_embeddings"],
-            eos_token_id=(eos[0] if isinstance(eos, list) else eos) or 0,
-            n_layer=cfg["n_layer"],
-            n_embd=cfg["n_embd"],
+            context=cfg[context],
+            eos_token_id=eos or 0,  # none at all: token 0, as before
+            n_layer=cfg[layers],
+            n_embd=cfg[width],
         )

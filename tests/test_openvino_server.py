@@ -89,10 +89,19 @@ def test_bad_words_are_refused_with_what_to_do(openvino_server):
     assert complete(openvino_server, max_tokens=8).completion  # and it keeps serving
 
 
-def test_log_probs_under_a_temperature_are_refused_not_changed(openvino_server):
-    with pytest.raises(CodegenError, match="temperature 1 and repetition_penalty 1"):
-        complete(openvino_server, max_tokens=8, top_k=4, temperature=0.7, return_log_probs=True)
-    assert complete(openvino_server, max_tokens=8, top_k=4, temperature=0.7, seed=1).completion
+def test_log_probs_under_a_temperature_and_penalty_equal_the_torch_backends(
+    server, openvino_server
+):
+    """The contract's log probs (after penalty and temperature), computed beside the
+    pipeline, whose own are the model's raw ones; greedy, so both backends pick the same."""
+    options = {"max_tokens": 16, "temperature": 0.7, "repetition_penalty": 1.3}
+    torch_answer = complete(server, return_log_probs=True, **options)
+    answer = complete(openvino_server, return_log_probs=True, **options)
+    assert answer.completion == torch_answer.completion
+    assert answer.log_probs == pytest.approx(torch_answer.log_probs, abs=1e-3)
+    raw = complete(openvino_server, return_log_probs=True, max_tokens=16, repetition_penalty=1.3)
+    assert raw.completion == answer.completion  # temperature does not change a greedy choice
+    assert raw.log_probs != pytest.approx(answer.log_probs, abs=1e-3)  # but it does the log probs
 
 
 def test_beam_search_answers_every_beam(any_server):

@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 from engine_hold import engine_held, submitted, wait_for
 from server_metrics import sample, scrape, settled_scrape
 from transformers import GPTJForCausalLM, PreTrainedTokenizerFast
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+from tritonclient.utils import InferenceServerException
 
 from client.request import CompletionRequest, requested_outputs, to_infer_inputs
 from contract import metrics as names
@@ -74,41 +74,6 @@ def test_greedy_completion_matches_transformers(server, reference, protocol):
     assert text.startswith(PROMPT)
     assert text == expected_text
     assert result.as_numpy("sequence_length").reshape(-1)[0] == expected_length
-
-
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_client_written_for_the_fastertransformer_ensemble_works_unchanged(server, protocol):
-    """The request exactly as the original project's client built it (GPT-2 ids included)."""
-    module = PROTOCOLS[protocol]
-
-    def tensor(name, array):
-        item = module.InferInput(name, array.shape, np_to_triton_dtype(array.dtype))
-        item.set_data_from_numpy(array)
-        return item
-
-    one = np.ones([1, 1])
-    inputs = [
-        tensor("INPUT_0", np.array([["def helloworld():"]]).astype(object)),
-        tensor("INPUT_1", (16 * one).astype(np.uint32)),
-        tensor("INPUT_2", np.array([[""]], dtype=object)),
-        tensor("INPUT_3", np.array([[""]], dtype=object)),
-        tensor("runtime_top_k", (3 * one).astype(np.uint32)),
-        tensor("runtime_top_p", (0.92 * one).astype(np.float32)),
-        tensor("temperature", (0.5 * one).astype(np.float32)),
-        tensor("len_penalty", (-1 * one).astype(np.float32)),
-        tensor("repetition_penalty", (1.1 * one).astype(np.float32)),
-        tensor("random_seed", (42 * one).astype(np.uint64)),
-        tensor("is_return_log_probs", one.astype(bool)),
-        tensor("beam_width", one.astype(np.uint32)),
-        tensor("beam_search_diversity_rate", (0.5 * one).astype(np.float32)),
-        tensor("start_id", (220 * one).astype(np.uint32)),
-        tensor("end_id", (50256 * one).astype(np.uint32)),
-    ]
-    result = client(server, protocol).infer("ensemble", inputs)
-    output0 = result.as_numpy("OUTPUT_0")
-    assert output0[0].decode("utf-8").startswith("def helloworld():")
-    again = client(server, protocol).infer("ensemble", inputs).as_numpy("OUTPUT_0")
-    assert again[0] == output0[0]  # seed 42 twice: the same text
 
 
 def test_batch_of_prompts_in_one_request_gets_each_its_own_completion(server, reference):
