@@ -28,8 +28,9 @@ from backend.io import FINAL, error_response, model_parameters, read_inputs, req
 from contract import metrics as names
 from contract.options import DEFAULT_MAX_BEAM_WIDTH, InvalidRequestError
 from contract.tensors import ENGINE_INPUTS
-from engine.gptj import GPTJ
+from engine.fallback import REASONS, with_fallback
 from engine.interface import GenerationBackend, GenerationResult, Listener
+from engine.models import load_model
 from engine.openvino_model import ModelShape, require_export
 from engine.tensors import parse_request
 from engine.threads import in_passing_thread
@@ -65,15 +66,19 @@ class EngineMetrics:
                 family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
                 self.families.append(family)
                 self.m[name] = family.Metric(labels=labels)
+        name, kind = names.ENGINE_FALLBACK_REQUESTS, pb_utils.MetricFamily.COUNTER
+        family = pb_utils.MetricFamily(name=name, description=names.ENGINE_FALLBACK_HELP, kind=kind)
+        self.families.append(family)  # counted by reason (engine/fallback.py): m[name, reason]
+        self.m |= {(name, r): family.Metric(labels={**labels, "reason": r}) for r in REASONS}
         self.engine: GenerationBackend | None = None
         self.after_step: Callable[[], None] = lambda: None
         self.deliveries = deliveries
         self._lock = threading.Lock()
-        self._unsent: dict[str, float] = {}
+        self._unsent: dict[str | tuple[str, str], float] = {}
         self._last_step = 0.0  # Unix time of the last forward pass, once there was one
         self._sent_at = 0.0
 
-    def _add(self, counters: dict[str, float]) -> bool:
+    def _add(self, counters: dict) -> bool:
         """Add to the unsent counters; whether it is time to send them."""
         with self._lock:
             for name, value in counters.items():
@@ -91,6 +96,10 @@ class EngineMetrics:
         if self._add(step):
             self.deliveries.call(self._updates())
         self.after_step()  # the engine's thread: a held engine (EngineHold) waits here
+
+    def on_fallback(self, reason: str) -> None:
+        """(the submitting thread) A request went to the fallback engine, for ``reason``."""
+        self._add({(names.ENGINE_FALLBACK_REQUESTS, reason): 1})
 
     def on_idle(self) -> None:
         """The engine has nothing to run (or released its cache): send what is pending."""
@@ -295,7 +304,7 @@ def _torch(
     quantization = None if quantize == "none" else quantize
     # loaded in a thread that ends, so the engine's thread is the stub's only OpenMP pool
     model = in_passing_thread(
-        lambda: GPTJ.from_checkpoint(checkpoint, dtype=dtype, device=device, quantize=quantization)
+        lambda: load_model(checkpoint, dtype=dtype, device=device, quantize=quantization)
     )
     cfg = model.config
     described = (
@@ -319,11 +328,12 @@ def _openvino(
         require_export(checkpoint), shape, dtype=dtype, prefix_caching=caching, threads=threads,
         **limits,
     )  # fmt: skip
-    described = (
+    setting = params.get("fallback", "torch")  # what the pipeline cannot honour: torch or none
+    engine, fallback = with_fallback(setting, engine, checkpoint, threads, **limits)
+    return engine, (
         f"{shape.n_layer} layers, {shape.n_embd} wide, vocab {shape.vocab_size}, {dtype}, "
-        f"prefix cache {'on' if caching else 'off'}, on CPU"
+        f"prefix cache {'on' if caching else 'off'}, on CPU, {fallback}"
     )
-    return engine, described
 
 
 def _exit_if_engine_dies(engine: GenerationBackend, every: float = 1.0) -> None:

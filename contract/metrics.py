@@ -34,6 +34,11 @@ ENGINE_GENERATED_TOKENS = "codegen_engine_generated_tokens_total"
 ENGINE_RUNNING = "codegen_engine_running_sequences"
 ENGINE_LAST_STEP = "codegen_engine_last_step_timestamp_seconds"
 ENGINE_KV_CACHE_BYTES = "codegen_engine_kv_cache_bytes"
+# Labels: model and reason (engine/fallback.py, REASONS: bad_words, beam_diversity,
+# beam_stop_words, log_probs, other). Requests the openvino backend cannot honour exactly, run
+# on the torch engine instead of refused (docs/openvino.md); 0 on a server without a fallback.
+ENGINE_FALLBACK_REQUESTS = "codegen_engine_fallback_requests_total"
+ENGINE_FALLBACK_HELP = "Sequences the primary backend could not honour, run on the fallback engine"
 
 # Exported by the models that call the engine (label: model = gptj or ensemble_stream).
 CANCELS_SENT = "codegen_cancels_sent_total"

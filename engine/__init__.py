@@ -1,4 +1,4 @@
-"""GPT-J generation behind one interface: the torch engine and OpenVINO GenAI's
+"""GPT-J and Llama-family generation behind one interface: the torch engine and OpenVINO GenAI's
 continuous-batching pipeline, both :class:`GenerationBackend`s.
 
 The torch side, from the top down:
@@ -10,9 +10,11 @@ The torch side, from the top down:
   engine's admission under the batch, prefill and KV-cache budgets;
 - ``batch``: the running rows, the one owner of their cache, sampler, token and position rows;
 - ``step``: the forward step and what its tokens mean (stop words, end, length, beams);
-- ``gptj`` (the model), ``sampling``, ``beams``: what a step computes.
+- ``gptj`` and ``llama`` (the models, chosen by ``models``; their batched cache in ``cache``),
+  ``sampling``, ``beams``: what a step computes.
 
-``openvino_backend`` (:class:`OpenVINOBackend`) wraps the pipeline; ``interface`` holds the
+``openvino_backend`` (:class:`OpenVINOBackend`) wraps the pipeline, and ``fallback``
+(:class:`FallbackBackend`) runs what it cannot honour on a torch engine; ``interface`` holds the
 types both share; ``tensors`` converts the ``engine`` Triton model's tensors; ``threads`` loads
 weights off the engine's thread.
 
@@ -40,10 +42,16 @@ _WHERE = {
     "TorchEngine": "engine.torch_engine",
     "GPTJ": "engine.gptj",
     "GPTJConfig": "engine.gptj",
-    "KVCache": "engine.gptj",
-    "Segment": "engine.gptj",
+    "KVCache": "engine.cache",
+    "Segment": "engine.cache",
+    "Llama": "engine.llama",
+    "LlamaConfig": "engine.llama",
+    "CausalLM": "engine.models",
+    "load_model": "engine.models",
     "in_passing_thread": "engine.threads",
     "OpenVINOBackend": "engine.openvino_backend",
+    "FallbackBackend": "engine.fallback",
+    "torch_fallback": "engine.fallback",
     "ModelShape": "engine.openvino_model",
     "require_export": "engine.openvino_model",
     "compile_properties": "engine.openvino_model",

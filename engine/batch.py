@@ -18,8 +18,9 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from engine.beams import BeamSearch
-from engine.gptj import GPTJConfig, KVCache, Segment
+from engine.cache import KVCache, Segment
 from engine.interface import GenerationRequest, Handle, Listener
+from engine.models import ModelConfig
 from engine.sampling import Sampler
 
 
@@ -89,7 +90,7 @@ class Batch:
 
     def __init__(
         self,
-        config: GPTJConfig,
+        config: ModelConfig,
         dtype: torch.dtype,
         device: torch.device,
         max_batch_size: int,

@@ -1,4 +1,4 @@
-"""GPT-J in plain PyTorch, with a batched key/value cache built for continuous batching.
+"""GPT-J in plain PyTorch, on the batched key/value cache of engine/cache.py (continuous batching).
 
 The weights and their names are those of transformers' ``GPTJForCausalLM``, so any Hugging Face
 GPT-J checkpoint (``codegen-350M-mono-gptj`` included) loads unchanged. What differs from the
@@ -17,7 +17,6 @@ long request does not make every short one pay for its length.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -25,6 +24,17 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
+
+from engine.cache import (
+    KVCache,
+    Segment,
+    StepPlan,
+    plan_segment,
+    split_long_rows,
+    wanted_tokens,
+)
+
+__all__ = ["GPTJ", "GPTJConfig", "KVCache", "Segment", "StepPlan", "split_long_rows"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,11 @@ class GPTJConfig:
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def n_kv_head(self) -> int:
+        """Key/value heads, what the cache holds: all of them (the Llama family has fewer)."""
+        return self.n_head
 
     @property
     def inner_dim(self) -> int:
@@ -87,74 +102,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     x.copy_(torch.addcmul(x * cos, swapped, sin))
 
 
-@dataclass
-class KVCache:
-    """Keys and values of every running sequence: [n_layer, rows, n_head, capacity, head_dim].
-
-    Grows on demand (rows and length) so memory follows what is actually running.
-    """
-
-    keys: torch.Tensor
-    values: torch.Tensor
-
-    @classmethod
-    def empty(
-        cls, config: GPTJConfig, dtype: torch.dtype, device: torch.device | str = "cpu"
-    ) -> KVCache:
-        shape = (config.n_layer, 0, config.n_head, 0, config.head_dim)
-        return cls(
-            torch.zeros(shape, dtype=dtype, device=device),
-            torch.zeros(shape, dtype=dtype, device=device),
-        )
-
-    @property
-    def rows(self) -> int:
-        return self.keys.shape[1]
-
-    @property
-    def capacity(self) -> int:
-        return self.keys.shape[3]
-
-    @property
-    def nbytes(self) -> int:
-        return self.keys.nbytes + self.values.nbytes
-
-    @staticmethod
-    def capacity_for(length: int) -> int:
-        """Positions allocated for ``length``: powers of two, so reallocations are few."""
-        return 1 << max(6, math.ceil(math.log2(max(length, 1))))
-
-    def reserve(self, rows: int, length: int) -> None:
-        """Room for the first ``rows`` sequences (the running ones) at ``length`` positions
-        (their longest reach). A reallocation sizes the cache to exactly that, keeping those
-        rows, so it never holds more than the engine's admission allowed."""
-        if rows <= self.rows and length <= self.capacity:
-            return
-        new_len = self.capacity_for(length)
-        for name in ("keys", "values"):
-            old = getattr(self, name)
-            grown = old.new_zeros((old.shape[0], rows, old.shape[2], new_len, old.shape[4]))
-            keep_rows, keep_len = min(rows, old.shape[1]), min(new_len, old.shape[3])
-            grown[:, :keep_rows, :, :keep_len] = old[:, :keep_rows, :, :keep_len]
-            setattr(self, name, grown)
-
-    def reorder(self, dst: list[int], src: list[int], length: int) -> None:
-        """Row ``dst[i]`` takes row ``src[i]``'s first ``length`` positions (beams continuing
-        another beam); every source is read before any row is written."""
-        moved = [(d, s) for d, s in zip(dst, src, strict=True) if d != s]
-        if not moved:
-            return
-        to = torch.tensor([d for d, _ in moved], device=self.keys.device)
-        source = torch.tensor([s for _, s in moved], device=self.keys.device)
-        for tensor in (self.keys, self.values):
-            tensor[:, to, :, :length] = tensor[:, source, :, :length]
-
-    def move_row(self, src: int, dst: int, length: int) -> None:
-        """Copy row ``src`` into row ``dst`` (used to keep running rows contiguous)."""
-        self.keys[:, dst, :, :length] = self.keys[:, src, :, :length]
-        self.values[:, dst, :, :length] = self.values[:, src, :, :length]
-
-
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """The GPTJForCausalLM weights of a checkpoint folder (all *.safetensors shards), with
     tied embeddings untied and transformers' non-weight buffers left out."""
@@ -168,40 +115,6 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if "lm_head.weight" not in state:  # tied embeddings
         state["lm_head.weight"] = state["transformer.wte.weight"]
     return state
-
-
-@dataclass
-class Segment:
-    """Rows of one forward pass that take the same number of tokens each: the decode rows (one
-    token) or the prompts being prefilled (right-padded). ``rows`` are their cache rows."""
-
-    tokens: torch.Tensor  # [B, T]
-    start: torch.Tensor  # [B] position of each row's first token
-    last: torch.Tensor | None  # [B] the step whose logits are wanted; None: every step
-    rows: slice
-
-
-@dataclass
-class StepPlan:
-    """Index tensors one segment of a forward pass shares across its layers.
-
-    ``key_len`` is how many cache positions the batched attention reads. In a decode step the
-    rows longer than that (``long_rows``: row, length) are attended separately on their own row
-    of the cache, so one long request does not make every short one read its length.
-    """
-
-    row_index: torch.Tensor  # [B, 1]
-    positions: torch.Tensor  # [B, T]
-    key_len: int
-    mask: torch.Tensor | None  # [B, 1, T, key_len] allowed keys; None: plain causal prefill
-    long_rows: list[tuple[int, int]]
-    rows: slice  # the segment's cache rows
-    cos: torch.Tensor  # [B, T, 1, 1, rot] rotary tables at ``positions``
-    sin: torch.Tensor
-
-    @property
-    def tokens(self) -> int:
-        return self.positions.numel()
 
 
 class Attention(nn.Module):
@@ -350,20 +263,7 @@ class GPTJ(nn.Module):
     def plan(self, start: torch.Tensor, steps: int, rows: slice = slice(None)) -> StepPlan:
         """Positions, masks, rotary tables and the long-row split for a segment of ``steps``
         tokens per row, starting at ``start`` [B], in cache ``rows``."""
-        device = start.device
-        batch = start.shape[0]
-        positions = start[:, None] + torch.arange(steps, device=device)
-        row_index = torch.arange(batch, device=device)[:, None]
-        cos = self.cos[positions][:, :, None, None, :]  # [B, T, q|k, head, rot]
-        sin = self.sin[positions][:, :, None, None, :]
-        if steps > 1 and not bool(start.any()):  # prefill from position 0: plain causal
-            return StepPlan(row_index, positions, steps, None, [], rows, cos, sin)
-        lengths = (positions[:, -1] + 1).tolist()
-        key_len, long_rows = max(lengths), []
-        if steps == 1 and batch > 1:
-            key_len, long_rows = split_long_rows(lengths)
-        allowed = torch.arange(key_len, device=device)[None, None, :] <= positions[:, :, None]
-        return StepPlan(row_index, positions, key_len, allowed[:, None], long_rows, rows, cos, sin)
+        return plan_segment(self.cos, self.sin, start, steps, rows)
 
     def forward(
         self,
@@ -396,36 +296,8 @@ class GPTJ(nn.Module):
         x = self.transformer.wte(tokens[0] if len(tokens) == 1 else torch.cat(tokens))
         for layer, block in enumerate(self.transformer.h):
             x = block(x, cache.keys[layer], cache.values[layer], plans)
-        picked, offset = [], 0
-        for seg, plan in zip(segments, plans, strict=True):
-            if seg.last is None:
-                picked.append(torch.arange(offset, offset + plan.tokens, device=x.device))
-            else:
-                steps = seg.tokens.shape[1]
-                picked.append(offset + plan.row_index[:, 0] * steps + seg.last)
-            offset += plan.tokens
-        x = x[picked[0] if len(picked) == 1 else torch.cat(picked)]
+        x = x[wanted_tokens(segments, plans)]
         return self.lm_head(self.transformer.ln_f(x)).float()
-
-
-LONG_ROW_COST = 64  # a separate attention call costs about this many extra key positions
-MAX_LONG_ROWS = 8
-
-
-def split_long_rows(lengths: list[int]) -> tuple[int, list[tuple[int, int]]]:
-    """The batched key length and the rows attended alone, for the least keys read.
-
-    Reading ``key_len`` positions for every row costs ``rows * key_len``; each row taken out
-    costs its own length plus a call. Take out the longest rows while that lowers the total.
-    """
-    order = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)
-    best, best_cost, alone = 0, len(lengths) * lengths[order[0]], 0
-    for n in range(1, min(MAX_LONG_ROWS, len(lengths) - 1) + 1):
-        alone += lengths[order[n - 1]] + LONG_ROW_COST
-        cost = len(lengths) * lengths[order[n]] + alone
-        if cost < best_cost:
-            best, best_cost = n, cost
-    return lengths[order[best]], [(row, lengths[row]) for row in order[:best]]
 
 
 def fuse_qkv(state: dict[str, torch.Tensor], n_layer: int) -> dict[str, torch.Tensor]:

@@ -96,7 +96,12 @@ class ModelLimits:
 
 class NotHonouredError(InvalidRequestError):
     """A valid request that this backend cannot honour exactly (an option its engine lacks),
-    which another backend can: the caller may run it there instead of refusing it."""
+    which another backend can: the caller may run it there instead of refusing it. ``reason``
+    names the option, short (the fallback metric's label)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def check_cache_budget(request: GenerationRequest, needed: int, budget: int) -> None:

@@ -197,23 +197,26 @@ class OpenVINOBackend(QueueWorker[_Request]):
         return bool(request.bad_words) and all(list(w) == [end_id] for w in request.bad_words)
 
     def _refuse_what_cannot_be_honoured(self, request: GenerationRequest) -> None:
-        elsewhere = "or serve with backend torch (engine/config.pbtxt)"
+        elsewhere = 'or set fallback "torch" or backend "torch" (engine/config.pbtxt)'
         if request.bad_words and not self._bans_only_the_end(request):
             raise NotHonouredError(
                 "bad_words_list is not supported by the openvino backend beyond the end token "
                 "(OpenVINO GenAI has no banned-token list): send the request without bad words, "
-                f"or with only the end token, {elsewhere}"
+                f"or with only the end token, {elsewhere}",
+                "bad_words",
             )
         if request.beam.width > 1 and request.beam.diversity_rate != 0.0:  # no beams: no rate
             raise NotHonouredError(
                 "beam_search_diversity_rate is not supported by the openvino backend (its "
                 "diversity is between beam groups, not FasterTransformer's rank penalty): send "
-                f"0, {elsewhere}"
+                f"0, {elsewhere}",
+                "beam_diversity",
             )
         if request.beam.width > 1 and request.stop_words:
             raise NotHonouredError(
                 "stop words with beam_width > 1 are not supported by the openvino backend: send "
-                f"the beam search without stop words, {elsewhere}"
+                f"the beam search without stop words, {elsewhere}",
+                "beam_stop_words",
             )
         sampling = request.sampling
         if (
@@ -225,7 +228,8 @@ class OpenVINOBackend(QueueWorker[_Request]):
                 "is_return_log_probs with beam_width > 1 under a temperature or "
                 "repetition_penalty other than 1.0 is not supported by the openvino backend (its "
                 "beams report the model's own log probs): ask with temperature 1 and "
-                f"repetition_penalty 1, or without log probs, {elsewhere}"
+                f"repetition_penalty 1, or without log probs, {elsewhere}",
+                "log_probs",
             )
 
     @property

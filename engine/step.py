@@ -16,8 +16,8 @@ from collections.abc import Callable
 import torch
 
 from engine.batch import Batch, BeamGroup, Row
-from engine.gptj import GPTJ
 from engine.interface import StepObserver
+from engine.models import CausalLM
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class StepRunner:
     """Runs forward steps on ``batch`` with ``model``; ``finish`` answers a request."""
 
     def __init__(
-        self, model: GPTJ, batch: Batch, finish: Finish, observer: StepObserver | None = None
+        self, model: CausalLM, batch: Batch, finish: Finish, observer: StepObserver | None = None
     ) -> None:
         self.model, self.batch, self.finish, self.observer = model, batch, finish, observer
 

@@ -1,5 +1,5 @@
-"""The torch continuous-batching engine: GPT-J (engine.gptj) behind the GenerationBackend
-interface.
+"""The torch continuous-batching engine: GPT-J or a Llama-family model (engine/models.py) behind
+the GenerationBackend interface.
 
 ``submit(request, listener)`` queues a request; one worker thread runs the model. Before each
 step it admits waiting requests (:class:`~engine.scheduler.Scheduler`: free rows, the prefill
@@ -21,7 +21,7 @@ import torch
 
 from engine.batch import Batch, Row
 from engine.beams import Hypothesis
-from engine.gptj import GPTJ, KVCache
+from engine.cache import KVCache
 from engine.interface import (
     Beam,
     GenerationRequest,
@@ -30,6 +30,7 @@ from engine.interface import (
     ModelLimits,
     StepObserver,
 )
+from engine.models import CausalLM
 from engine.scheduler import EngineConfig, RequestQueue, Scheduler
 from engine.step import StepRunner
 from engine.worker import QueueWorker
@@ -38,7 +39,8 @@ log = logging.getLogger(__name__)
 
 
 class TorchEngine(QueueWorker[Row]):
-    """Runs GPT-J generation for many concurrent requests on one model (a GenerationBackend).
+    """Runs generation for many concurrent requests on one model, GPT-J or of the Llama family
+    (a GenerationBackend).
 
     Its limits are an :class:`EngineConfig`: given whole as ``config``, or its fields by name
     (``TorchEngine(model, max_batch_size=8)``); ``settings`` holds them."""
@@ -47,7 +49,7 @@ class TorchEngine(QueueWorker[Row]):
 
     def __init__(
         self,
-        model: GPTJ,
+        model: CausalLM,
         config: EngineConfig | None = None,
         observer: StepObserver | None = None,
         **limits: int | None,

@@ -3,14 +3,17 @@
     python -m modelbuild.deploy_cli import SRC [--out DIR] [--force]
     python -m modelbuild.deploy_cli export-ft [--checkpoint DIR] [--out DIR] [--tp N] [--dtype T]
 
-``SRC`` is a local Hugging Face folder (GPT-J or CodeGen) or a hub id. ``export-ft`` writes a
-Triton model repository (default ``build/ft_model_repository``) whose model stage runs on the
-FasterTransformer backend with the checkpoint split for ``--tp`` GPUs.
+``SRC`` is a local Hugging Face folder or a hub id: GPT-J, CodeGen (converted to GPT-J), or the
+Llama family (``model_type`` llama, qwen2, mistral, starcoder2: installed unchanged; see
+docs/models.md). ``export-ft`` (GPT-J only) writes a Triton model repository (default
+``build/ft_model_repository``) whose model stage runs on the FasterTransformer backend with the
+checkpoint split for ``--tp`` GPUs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -30,7 +33,7 @@ DTYPE_ALIASES = {
 
 
 def import_checkpoint(source: str, dest: Path, force: bool) -> Path:
-    """Install ``source`` (folder or hub id, GPT-J or CodeGen) as a GPT-J folder at ``dest``."""
+    """Install ``source`` (folder or hub id, of a supported family) as a folder at ``dest``."""
     path = importer.import_checkpoint(source, Path(dest), force=force)
     print(f"[make model] imported {source} -> {path}")
     return path
@@ -55,6 +58,11 @@ def export_fastertransformer(
         raise fastertransformer.ExportError(
             f"no checkpoint at {checkpoint}; run `make model` (or MODEL=<folder>) first"
         )
+    kind = json.loads((checkpoint / "config.json").read_text()).get("model_type", "gptj")
+    if kind != "gptj":
+        raise fastertransformer.ExportError(
+            f"{checkpoint} is a {kind!r} model; FasterTransformer's GPT-J backend runs gptj only"
+        )
     out = fastertransformer.write_ft_model_repository(
         checkpoint,
         Path(model_repository),
@@ -74,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m modelbuild.deploy_cli", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    imp = commands.add_parser("import", help="import a GPT-J or CodeGen checkpoint")
+    imp = commands.add_parser("import", help="import a GPT-J, CodeGen or Llama-family checkpoint")
     imp.add_argument("source", help="local Hugging Face folder, or a hub id")
     imp.add_argument("--out", type=Path, default=DEFAULT_CHECKPOINT)
     imp.add_argument("--force", action="store_true", help="replace an installed checkpoint")

@@ -1,6 +1,6 @@
-"""Install a Hugging Face GPT-J or CodeGen checkpoint where the model repository reads it.
+"""Install a Hugging Face checkpoint where the model repository reads it.
 
-Two source layouts are understood:
+Three source layouts are understood:
 
 * GPT-J (``model_type: gptj``, the layout of ``moyix/codegen-350M-mono-gptj``): the weights are
   already named as ``GPTJForCausalLM`` expects; they are copied into one ``model.safetensors``.
@@ -8,6 +8,8 @@ Two source layouts are understood:
   network as GPT-J except that each layer keeps query, key and value in one ``qkv_proj`` matrix,
   cut for 4 model-parallel shards, each shard holding its own heads in the order q, v, k. The
   rows are unpacked into GPT-J's ``q_proj`` / ``k_proj`` / ``v_proj``.
+* The Llama family (``model_type`` ``llama``, ``qwen2``, ``mistral`` or ``starcoder2``):
+  installed unchanged (modelbuild/llama_import.py).
 
 The source is a local folder (works offline) or a Hugging Face hub id (downloaded with
 ``huggingface_hub`` where the network allows; otherwise the import fails at once, telling the
@@ -31,17 +33,18 @@ from urllib.parse import urlparse
 import torch
 from safetensors.torch import load_file, save_file
 
+from engine.families import IMPORTED_TYPES, LLAMA_FAMILY
+from modelbuild import llama_import
+from modelbuild.checkpoint_files import (
+    TOKENIZER_FILES,
+    CheckpointImportError,
+    install_tokenizer,
+    write_model_card,
+)
+
 # the shard count CodeGen's qkv_proj was trained with (``mp_num`` in transformers' CodeGen)
 CODEGEN_MP_NUM = 4
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-)
 # configuration keys that mean the same in a CodeGen and a GPT-J config.json
 SHARED_CONFIG_KEYS = (
     "vocab_size",
@@ -64,6 +67,7 @@ SHARED_CONFIG_KEYS = (
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 HUB_PATTERNS = [
     "config.json",
+    "generation_config.json",
     "*.safetensors",
     "*.safetensors.index.json",
     "pytorch_model*.bin",
@@ -72,10 +76,6 @@ HUB_PATTERNS = [
     "LICENSE*",
     *TOKENIZER_FILES,
 ]
-
-
-class CheckpointImportError(RuntimeError):
-    """The checkpoint could not be imported; the message says why and what to do."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -292,93 +292,47 @@ def resolve_source(source: str, scratch: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------
-# tokenizer and model card
-
-
-def install_tokenizer(src: Path, dest: Path) -> None:
-    """Copy the tokenizer files; build tokenizer.json from vocab/merges when it is missing."""
-    copied = []
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            shutil.copy2(src / name, dest / name)
-            copied.append(name)
-    if not copied:
-        raise CheckpointImportError(
-            f"{src} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...); "
-            "the preprocessing and postprocessing models need the checkpoint's tokenizer"
-        )
-    if not (dest / "tokenizer.json").is_file():
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(src, use_fast=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            tokenizer.save_pretrained(tmp)
-            for name in TOKENIZER_FILES:
-                if (Path(tmp) / name).is_file() and not (dest / name).is_file():
-                    shutil.copy2(Path(tmp) / name, dest / name)
-    if not (dest / "tokenizer.json").is_file():
-        raise CheckpointImportError(f"could not build tokenizer.json from the tokenizer in {src}")
-
-
-def write_model_card(src: Path, dest: Path, source: str, kind: str, config: Mapping) -> None:
-    conversion = (
-        "CodeGen weights converted to GPT-J: each layer's fused `qkv_proj` (4 shards of "
-        "q, v, k blocks) was unpacked into `q_proj`, `k_proj`, `v_proj`; everything else is "
-        "unchanged."
-        if kind == "codegen"
-        else "GPT-J weights copied unchanged into model.safetensors."
-    )
-    lines = [
-        "# Model card",
-        "",
-        f"- Source: `{source}` ({kind} checkpoint)",
-        f"- Architecture: GPT-J, {config['n_layer']} layers, {config['n_embd']} hidden, "
-        f"{config['n_head']} heads, rotary_dim {config.get('rotary_dim')}, "
-        f"vocabulary {config['vocab_size']}, context {config['n_positions']}",
-        f"- Conversion: {conversion}",
-        "- Installed by `make model` (modelbuild/importer.py).",
-        "",
-    ]
-    readme = src / "README.md"
-    if readme.is_file():
-        lines += ["## Original model card", "", readme.read_text(errors="replace")]
-    else:
-        lines += ["The source carried no model card; check its license before serving it.", ""]
-    (dest / "MODEL_CARD.md").write_text("\n".join(lines))
-    for lic in src.glob("LICENSE*"):
-        shutil.copy2(lic, dest / lic.name)
-
-
-# ----------------------------------------------------------------------------------------------
 # the import
 
 
 def convert_folder(src: Path, dest: Path, source_name: str) -> str:
-    """Write a GPT-J checkpoint for the HF folder ``src`` into the empty folder ``dest``."""
+    """Write a servable checkpoint for the HF folder ``src`` into the empty folder ``dest``."""
     raw = read_config(src)
     kind = raw.get("model_type")
-    state = read_state_dict(src)
-    if kind == "gptj":
-        config = dict(raw)
-        config.setdefault("architectures", ["GPTJForCausalLM"])
-    elif kind == "codegen":
-        config = gptj_config_from_codegen(raw)
-        state = convert_codegen_state(state, config)
-    else:
+    if kind not in IMPORTED_TYPES:
         raise CheckpointImportError(
-            f"{source_name} is a {kind!r} model; only GPT-J (gptj) and CodeGen (codegen) "
-            "checkpoints can be served"
+            f"{source_name} is a {kind!r} model; only GPT-J, CodeGen and Llama-family "
+            f"checkpoints can be served (model_type {', '.join(IMPORTED_TYPES)})"
         )
-    state = _finish_state(state, config)
-    save_file(state, str(dest / "model.safetensors"), metadata={"format": "pt"})
-    (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if kind in LLAMA_FAMILY:
+        try:
+            config = llama_import.install(src, dest, raw, read_state_dict)
+        except ValueError as err:
+            raise CheckpointImportError(f"{source_name} ({kind}): {err}") from err
+    else:
+        config = _install_gptj(src, dest, raw)
     install_tokenizer(src, dest)
     write_model_card(src, dest, source_name, kind, config)
     return kind
 
 
+def _install_gptj(src: Path, dest: Path, raw: dict) -> dict:
+    """GPT-J weights as they are, CodeGen's converted to GPT-J; returns the config written."""
+    state = read_state_dict(src)
+    if raw["model_type"] == "gptj":
+        config = dict(raw)
+        config.setdefault("architectures", ["GPTJForCausalLM"])
+    else:
+        config = gptj_config_from_codegen(raw)
+        state = convert_codegen_state(state, config)
+    state = _finish_state(state, config)
+    save_file(state, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return config
+
+
 def import_checkpoint(source: str, dest: Path, force: bool = False) -> Path:
-    """Install ``source`` (folder or hub id) as a GPT-J checkpoint folder at ``dest``.
+    """Install ``source`` (folder or hub id) as a servable checkpoint folder at ``dest``.
 
     Refuses to replace a non-empty ``dest`` unless ``force``. Returns ``dest``.
     """

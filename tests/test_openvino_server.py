@@ -11,7 +11,7 @@ import torch
 from server_metrics import sample, scrape, settled_scrape
 from transformers import GPTJForCausalLM, PreTrainedTokenizerFast
 
-from client.client import CodegenClient, CodegenError
+from client.client import CodegenClient
 from contract import metrics as names
 from contract.tensors import ENGINE_MODEL
 
@@ -83,9 +83,11 @@ def test_seeded_sampling_repeats_and_log_probs_sum(any_server):
     assert all(lp < 0 for lp in first.log_probs)
 
 
-def test_bad_words_are_refused_with_what_to_do(openvino_server):
-    with pytest.raises(CodegenError, match="bad_words_list is not supported by the openvino"):
-        complete(openvino_server, max_tokens=8, bad_words=("return",))
+def test_bad_words_are_honoured_by_the_fallback_engine(server, openvino_server):
+    """The pipeline has no banned-token list: the request runs on the torch fallback, so its
+    answer is the torch backend's (tests/test_fallback.py counts it)."""
+    options = {"max_tokens": 12, "bad_words": ("return", ":")}
+    assert complete(openvino_server, **options).completion == complete(server, **options).completion
     assert complete(openvino_server, max_tokens=8).completion  # and it keeps serving
 
 
