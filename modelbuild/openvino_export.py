@@ -9,6 +9,10 @@ scripts/setup-export-venv.sh for why), so :func:`ensure_export` runs this module
 
     .venv-export/bin/python -m modelbuild.openvino_export CHECKPOINT [--force]
 
+The libraries' own output (torch.jit's TracerWarnings, transformers' and optimum's warnings and
+logs, progress bars, C++ messages) goes to ``build/logs/openvino-export-<time>.log``; the
+terminal gets one line per step, with its time, and on a failure the error and the log's path.
+
 Only the standard library is imported at the top: the server's environment imports this module
 to check an export, the export environment to make one.
 """
@@ -16,13 +20,20 @@ to check an export, the export environment to make one.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO, TypeVar
 
 from engine.openvino_model import (
     STAMP,
@@ -36,6 +47,97 @@ from engine.openvino_model import (
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXPORT_PYTHON = REPO_ROOT / ".venv-export" / "bin" / "python"
 EXPORT_DIR = export_dir(Path()).name
+LOG_DIR = REPO_ROOT / "build" / "logs"  # git-ignored
+
+T = TypeVar("T")
+
+
+class ExportStepError(Exception):
+    """A step of the export failed; its traceback is in the log."""
+
+    def __init__(self, label: str, log: Path, cause: BaseException) -> None:
+        super().__init__(f"{label}: {type(cause).__name__}: {cause}")
+        self.log = log
+
+
+class QuietSteps:
+    """Runs the export's steps with everything the libraries print sent to one log file,
+    and one progress line per step on the terminal: the export's TracerWarnings and library
+    warnings fill screens and hide what matters (how far it got, what failed)."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+
+    def run(self, label: str, step: Callable[[], T]) -> T:
+        """``step()``, its output in the log; prints "label ... 3.2 s" (or "failed")."""
+        print(f"[make model] export: {label} ...", end="", flush=True)
+        started = time.perf_counter()
+        with self.log.open("a", buffering=1) as log:
+            log.write(f"\n=== {label} ({time.strftime('%H:%M:%S')})\n")
+            try:
+                with _output_to(log):
+                    result = step()
+            except Exception as exc:
+                traceback.print_exc(file=log)
+                print(f" failed after {time.perf_counter() - started:.1f} s", flush=True)
+                raise ExportStepError(label, self.log, exc) from exc
+        print(f" {time.perf_counter() - started:.1f} s", flush=True)
+        return result
+
+
+@contextlib.contextmanager
+def _output_to(log: IO[str]) -> Iterator[None]:
+    """File descriptors 1 and 2 (C++ code, and the streams logging handlers were given) go
+    to ``log``, and so do Python warnings and ``sys.stdout``/``sys.stderr``, then all back.
+
+    ``sys.stdout``/``sys.stderr`` become streams over the descriptors themselves, not over the
+    log: a library imported in a step keeps the one it found (transformers' logging handler
+    does), and it must stay usable after the step."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    streams = sys.stdout, sys.stderr
+    fd_out, fd_err = (
+        open(fd, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
+        for fd in (1, 2)
+    )
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: IO[str] | None = None,
+        line: str | None = None,
+    ) -> None:
+        fd_err.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    log.flush()
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = show  # also where a caller records warnings (pytest)
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            sys.stdout, sys.stderr = fd_out, fd_err
+            yield
+    finally:
+        for stream in (fd_out, fd_err):
+            stream.flush()
+        sys.stdout, sys.stderr = streams
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
+def new_log() -> Path:
+    """A new log file under build/logs (the temp folder where the checkout is read-only)."""
+    name = f"openvino-export-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    try:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        (LOG_DIR / name).touch()
+        return LOG_DIR / name
+    except OSError:
+        return Path(tempfile.gettempdir()) / name
 
 
 def ensure_export(checkpoint: Path, force: bool = False) -> Path:
@@ -54,28 +156,56 @@ def ensure_export(checkpoint: Path, force: bool = False) -> Path:
     return require_export(checkpoint)
 
 
-def export(checkpoint: Path) -> Path:
+def export(checkpoint: Path, log: Path | None = None) -> Path:
     """Convert a Hugging Face GPT-J folder to OpenVINO IR with optimum-intel (float32 weights,
-    no weight compression: precision is chosen when the engine compiles it)."""
-    from optimum.intel import OVModelForCausalLM  # only in .venv-export
-
+    no weight compression: precision is chosen when the engine compiles it). The libraries'
+    output goes to ``log`` (a new file under build/logs); ExportStepError names it."""
     checkpoint = Path(checkpoint)
     out = export_dir(checkpoint)
     partial = out.with_name(EXPORT_DIR + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     started = time.perf_counter()
+    steps = QuietSteps(log or new_log())
     _progress(f"exporting {checkpoint} to OpenVINO IR (optimum-intel) ...")
-    model = OVModelForCausalLM.from_pretrained(
-        checkpoint, export=True, compile=False, load_in_8bit=False
+    ov_model = steps.run("loading optimum-intel", _import_optimum)
+    model = steps.run(
+        "loading the checkpoint and converting it to OpenVINO IR",
+        lambda: ov_model.from_pretrained(
+            checkpoint, export=True, compile=False, load_in_8bit=False
+        ),
     )
-    model.save_pretrained(partial)
-    (partial / STAMP).write_text(
-        json.dumps({"fingerprint": fingerprint(checkpoint), "source": str(checkpoint)}, indent=1)
+
+    def write() -> None:
+        model.save_pretrained(partial)
+        (partial / STAMP).write_text(
+            json.dumps(
+                {"fingerprint": fingerprint(checkpoint), "source": str(checkpoint)}, indent=1
+            )
+        )
+        shutil.rmtree(out, ignore_errors=True)
+        partial.rename(out)
+
+    steps.run(f"writing {out}", write)
+    _progress(
+        f"OpenVINO export -> {out} ({time.perf_counter() - started:.1f} s; "
+        f"the libraries' output is in {steps.log})"
     )
-    shutil.rmtree(out, ignore_errors=True)
-    partial.rename(out)
-    _progress(f"OpenVINO export -> {out} ({time.perf_counter() - started:.1f} s)")
     return out
+
+
+def _has_optimum_intel() -> bool:
+    """Whether optimum-intel is installed here, without importing it (its import is a step of
+    the export, with its warnings sent to the log)."""
+    try:
+        return importlib.util.find_spec("optimum.intel") is not None
+    except ImportError:
+        return False
+
+
+def _import_optimum() -> type:
+    from optimum.intel import OVModelForCausalLM  # only in .venv-export
+
+    return OVModelForCausalLM
 
 
 def _progress(message: str) -> None:
@@ -102,16 +232,21 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.checkpoint / "config.json").is_file():
         print(f"error: no checkpoint at {args.checkpoint}", file=sys.stderr)
         return 2
-    try:
-        import optimum.intel  # noqa: F401
-    except ImportError:  # running in .venv rather than .venv-export: hand over
+    if not _has_optimum_intel():  # running in .venv rather than .venv-export: hand over
         try:
             ensure_export(args.checkpoint, force=args.force)
         except ExportError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
         return 0
-    export(args.checkpoint)
+    try:
+        export(args.checkpoint)
+    except ExportStepError as failed:
+        print(f"error: the OpenVINO export failed while {failed}", file=sys.stderr)
+        print(
+            f"error: the traceback and the libraries' output are in {failed.log}", file=sys.stderr
+        )
+        return 1
     return 0
 
 

@@ -28,7 +28,9 @@ from serving.watchdog import (
     DIED_EXIT_CODE,
     HUNG_EXIT_CODE,
     Fault,
+    Stopping,
     Watchdog,
+    has_stubs,
     kill_server_tree,
     model_stubs,
 )
@@ -71,7 +73,9 @@ def server_environment() -> dict[str, str]:
     return env
 
 
-STOP_GRACE_S = 10.0  # a healthy server's time to finish its requests after a stop signal
+STOP_GRACE_S = 10  # a healthy server's time to finish its requests: its --exit-timeout-secs
+EXIT_MARGIN_S = 10.0  # past its exit timeout, the time it gets to exit before it is ended
+HUNG_PROBE_S = 2.0  # a server that does not answer /v2/health/live this fast when told to stop
 
 
 @dataclass
@@ -104,6 +108,7 @@ class TritonServer(ManagedServer):
         self.log_file = log_file
         self.extra_args = extra_args or []
         self.process: subprocess.Popen | None = None
+        self.stop_note: str | None = None  # why the last stop ended the server, if it did
 
     @property
     def host(self) -> str:
@@ -138,8 +143,21 @@ class TritonServer(ManagedServer):
             "--allow-metrics=true",
             "--metrics-interval-ms=1000",
             "--exit-on-error=true",
+            f"--exit-timeout-secs={STOP_GRACE_S}",
             *self.extra_args,
         ]
+
+    @property
+    def exit_timeout(self) -> float:
+        """Seconds tritonserver gives requests in flight after a stop signal (a later
+        ``--exit-timeout-secs`` among the extra flags wins, as in tritonserver)."""
+        value: float = STOP_GRACE_S
+        for at, flag in enumerate(self.extra_args):
+            if flag.startswith("--exit-timeout-secs="):
+                value = float(flag.split("=", 1)[1])
+            elif flag == "--exit-timeout-secs" and at + 1 < len(self.extra_args):
+                value = float(self.extra_args[at + 1])
+        return value
 
     def start(self) -> TritonServer:
         if not (self.model_repository / "ensemble").is_dir():
@@ -164,20 +182,43 @@ class TritonServer(ManagedServer):
     def live_url(self) -> str:
         return f"http://{self.host}:{self.ports.http}/v2/health/live"
 
+    def answers_now(self) -> bool:
+        """Whether the server answers at all now: asked before the stop signal, since Triton
+        2.51 closes its HTTP endpoint as soon as it gets one."""
+        return answers(self.live_url, timeout=HUNG_PROBE_S)
+
+    def signal_stop(self, grace: float | None = None, likely: str = "") -> Stopping:
+        """Send Triton's graceful stop; what to watch until it exits (see Stopping), and
+        what most likely holds it should it not exit within ``grace`` seconds."""
+        assert self.process is not None
+        had_stubs = has_stubs(self.process.pid)
+        self.process.send_signal(self.stop_signal)
+        stopping = Stopping(self.process.pid, self.exit_timeout + EXIT_MARGIN_S, had_stubs)
+        if grace is not None:
+            stopping.grace_s = grace
+        if likely:
+            stopping.likely = likely
+        return stopping
+
     def stop(self, timeout: float | None = None) -> int | None:
-        """Triton's graceful stop, for at most ``timeout`` seconds (STOP_GRACE_S), cut short
-        when it stops answering HTTP (a hung server); then it and its stubs are killed."""
+        """Triton's graceful stop (at most ``timeout`` seconds, by default its exit timeout and
+        a margin); a server that does not answer, or that only waits on open gRPC streams, is
+        ended (``stop_note`` says why). Its stubs never outlive it."""
         if self.process is None:
             return None
+        self.stop_note = None
         if self.process.poll() is None:
-            self.process.send_signal(self.stop_signal)
-            deadline = time.monotonic() + (STOP_GRACE_S if timeout is None else timeout)
-            while self.process.poll() is None and time.monotonic() < deadline:
-                try:
-                    self.process.wait(1.0)
-                except subprocess.TimeoutExpired:
-                    if not answers(self.ready_url, timeout=2.0):
-                        break
+            if not self.answers_now():
+                self.stop_note = "tritonserver did not answer when told to stop: killed"
+            else:
+                stopping = self.signal_stop(timeout)
+                while self.process.poll() is None:
+                    try:
+                        self.process.wait(0.5)
+                    except subprocess.TimeoutExpired:
+                        if note := stopping.why_end():
+                            self.stop_note = note
+                            break
         kill_server_tree(self.process.pid)
         return self.process.wait()
 
@@ -228,14 +269,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot start: {exc}", file=sys.stderr)
         return 1
 
-    stopping: list[float] = []  # when the first signal came
+    stop = StopRequest()
 
     def shutdown(signum: int, _frame: object) -> None:
-        """Only signal the child here; the main loop below waits for it (no wait() in here)."""
-        if not stopping:
+        """Only note the request here; the main loop below acts on it (no wait() in here). A
+        server still starting is sent its signal at once: there is nothing to probe yet."""
+        if stop.since is None:
             print(f"\n{signal.Signals(signum).name}: stopping tritonserver ...", flush=True)
-            stopping.append(time.monotonic())
-            server.process.send_signal(signal.SIGINT)  # Triton's graceful shutdown
+            stop.since = time.monotonic()
+            if not stop.serving:
+                stop.signalled = True
+                server.process.send_signal(signal.SIGINT)  # Triton's graceful shutdown
         else:
             print("second signal: killing tritonserver", flush=True)
             server.process.kill()
@@ -245,11 +289,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.wait_ready(args.timeout)
     except (RuntimeError, TimeoutError) as exc:
-        if stopping:
-            return _wait_for_exit(server, stopping)
+        if stop.since is not None:
+            return _wait_for_exit(server, stop)
         print(f"tritonserver failed to start: {exc}", file=sys.stderr)
         server.stop()
         return 1
+    stop.serving = True
     print(
         "\nTriton is ready (Ctrl-C stops it):\n"
         f"  HTTP     http://{server.http_url}   (e.g. /v2/models/ensemble)\n"
@@ -263,17 +308,23 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     watchdog = Watchdog(server.process.pid, server.live_url, stubs=model_stubs(server.process.pid))
-    return _wait_for_exit(server, stopping, watchdog=watchdog)
+    return _wait_for_exit(server, stop, watchdog=watchdog)
 
 
 STUB_DEATH_GRACE = 10.0  # seconds a server with a dead stub gets to stop before it is killed
 
 
+@dataclass
+class StopRequest:
+    """A stop signal the launcher got, shared by its signal handler and its main loop."""
+
+    since: float | None = None  # when the first signal came
+    serving: bool = False  # the server said ready (before that the handler signals it itself)
+    signalled: bool = False  # tritonserver was sent its stop signal
+
+
 def _wait_for_exit(
-    server: TritonServer,
-    stopping: list[float],
-    grace: float = STOP_GRACE_S,
-    watchdog: Watchdog | None = None,
+    server: TritonServer, stop: StopRequest, watchdog: Watchdog | None = None
 ) -> int:
     """Poll (rather than block in wait(), which a signal handler could deadlock) until the
     server exits, and leave no process behind.
@@ -281,39 +332,44 @@ def _wait_for_exit(
     While it serves, the watchdog (serving/watchdog.py) checks the server, its stubs and its
     liveness endpoint: a dead stub gets the server stopped, a hung server is killed at once,
     and the launcher exits with the fault's code so that a supervisor (Kubernetes, compose's
-    restart policy, systemd) starts a healthy one. After a stop signal a server that answers
-    gets ``grace`` seconds; one that no longer answers HTTP is killed at once.
+    restart policy, systemd) starts a healthy one. On a stop signal a server that does not
+    answer is killed at once; one that does gets Triton's graceful stop and its exit timeout,
+    and is ended only when all that is left is Triton waiting on clients (``Stopping``).
     """
     fault: Fault | None = None
-    next_answer_check = 0.0
+    stopping: Stopping | None = None
     while server.process.poll() is None:
         time.sleep(0.2)
-        now = time.monotonic()
-        if watchdog and not stopping and (fault := watchdog.check()):
+        if watchdog and stop.since is None and (fault := watchdog.check()):
             print(fault.message, file=sys.stderr, flush=True)
-            stopping.append(now)
+            stop.since, stop.signalled = time.monotonic(), True
             if fault.exit_code == HUNG_EXIT_CODE:
-                kill_server_tree(server.process.pid)
-            else:
-                server.process.send_signal(signal.SIGINT)
-        if not stopping:
-            continue
-        limit = STUB_DEATH_GRACE if fault else grace
-        if now - stopping[0] > limit:
-            print(f"tritonserver still running {limit:.0f}s after the signal: killing it")
-            kill_server_tree(server.process.pid)
-        elif watchdog and now >= next_answer_check:
-            next_answer_check = now + 1.0
-            if not answers(server.ready_url, timeout=2.0):
-                print("tritonserver does not answer while stopping: killing it", flush=True)
-                kill_server_tree(server.process.pid)
+                break
+            stopping = server.signal_stop(STUB_DEATH_GRACE, likely="the dead stub")
+        elif stop.since is not None and not stop.signalled:
+            stop.signalled = True
+            if not server.answers_now():
+                print(
+                    "tritonserver does not answer while stopping: killing it (it did not "
+                    f"answer {server.live_url} within {HUNG_PROBE_S:.0f} s: hung)",
+                    flush=True,
+                )
+                break
+            stopping = server.signal_stop()
+        elif stop.signalled and stopping is None:  # signalled by the handler while starting
+            stopping = Stopping(server.process.pid, server.exit_timeout + EXIT_MARGIN_S, False)
+        if stopping and (why := stopping.why_end()):
+            print(why, flush=True)
+            break
     kill_server_tree(server.process.pid)  # its stubs too, should any have outlived it
+    code = server.process.wait()
     if fault:
         return fault.exit_code
-    code = server.process.returncode
-    if not stopping:
+    if stop.since is None:
         print(f"tritonserver exited on its own with code {code}", file=sys.stderr, flush=True)
         return DIED_EXIT_CODE
+    if code == 0:
+        print("tritonserver stopped (exit code 0)", flush=True)
     return 0 if code in (0, -signal.SIGINT, -signal.SIGKILL) else code
 
 

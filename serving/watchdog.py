@@ -32,6 +32,10 @@ STUB_EXIT_CODE = 3  # a model's python-backend stub died
 HUNG_EXIT_CODE = 4  # tritonserver stopped answering /v2/health/live
 DIED_EXIT_CODE = 5  # tritonserver exited on its own (a crash)
 
+# After its last model unloaded, tritonserver exits within about a second; past this it waits
+# on an open gRPC stream (see Stopping)
+UNLOADED_GRACE_S = 5.0
+
 
 def model_stubs(server_pid: int) -> dict[int, str]:
     """The python-backend stub processes of a running tritonserver: pid -> model name.
@@ -117,6 +121,53 @@ class Watchdog:
     def responsive(self) -> bool:
         """One quick probe, for a stop in progress: a hung server is killed at once."""
         return http_ready(self.live_url, timeout=min(self.timeout_s, 2.0))
+
+
+@dataclass
+class Stopping:
+    """A tritonserver sent its stop signal (SIGINT), and when to end it rather than wait.
+
+    Triton 2.51 closes its HTTP endpoint first (so HTTP cannot tell a stopping server from a
+    hung one), waits ``--exit-timeout-secs`` for requests in flight, unloads its models (each
+    stub exits) and then stops gRPC with a shutdown that has no deadline: while a client keeps
+    a gRPC stream open, even an idle one, tritonserver never exits (a stream that carried a
+    request also keeps ``ensemble_stream`` loaded until the exit timeout, after which
+    ``exit(1)`` waits in the same shutdown). The one clean thing left to do then is to end it.
+    """
+
+    pid: int
+    grace_s: float  # the server's exit timeout and a margin: past it, end the server
+    had_stubs: bool  # whether model stubs ran when the signal was sent
+    likely: str = "a client keeps a gRPC stream open, which holds a model loaded"
+    since: float = field(default_factory=time.monotonic)
+    unloaded_since: float | None = None
+
+    def why_end(self) -> str | None:
+        """None while the stop may go on by itself; else why the server is to be ended now."""
+        now = time.monotonic()
+        if self.had_stubs and not has_stubs(self.pid):
+            self.unloaded_since = self.unloaded_since or now
+            if now - self.unloaded_since > UNLOADED_GRACE_S:
+                return (
+                    "tritonserver has unloaded every model but does not exit: Triton 2.51 "
+                    "waits without end for clients to close their gRPC streams; ending it "
+                    "(nothing is lost, see docs/operations.md)"
+                )
+        if now - self.since > self.grace_s:
+            return (
+                f"tritonserver has not exited {self.grace_s:.0f} s after the stop signal, the "
+                f"time it gives requests in flight over (most likely {self.likely}): ending it "
+                "(see docs/operations.md)"
+            )
+        return None
+
+
+def has_stubs(pid: int) -> bool:
+    """Whether tritonserver ``pid`` still runs model stubs (False once it is gone)."""
+    try:
+        return bool(model_stubs(pid))
+    except psutil.Error:
+        return False
 
 
 def kill_server_tree(pid: int) -> None:
