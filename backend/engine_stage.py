@@ -1,10 +1,9 @@
 """The engine inside Triton: started from a model's config, fed by one submit loop, metered.
 
-Only the ``engine`` model runs it: the unary model stage (``gptj``) and the streaming model
-(``ensemble_stream``) call that model (backend/engine_calls.py), so every request shares one
-copy of the weights and one running batch. A unary request gets one final response in the
-model stage's layout; a streamed one (input ``stream``) responses with its new tokens, sent
-by backend/engine_answers.py's thread.
+Only the ``engine`` model runs it: ``gptj`` and ``ensemble_stream`` call that model
+(backend/engine_calls.py), so every request shares one copy of the weights and one running
+batch. A unary request gets one final response in the model stage's layout; a streamed one
+(input ``stream``) responses with its new tokens, sent by backend/engine_answers.py's thread.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from contract.tensors import ENGINE_INPUTS
 from engine.fallback import REASONS, with_fallback
 from engine.interface import GenerationBackend, GenerationResult, Listener
 from engine.models import load_model
-from engine.openvino_model import ModelShape, require_export
+from engine.openvino_model import ModelShape, export_weights, require_export
 from engine.tensors import parse_request
 from engine.threads import in_passing_thread
 from engine.torch_engine import TorchEngine
@@ -332,7 +331,8 @@ def _openvino(
     engine, fallback = with_fallback(setting, engine, checkpoint, threads, **limits)
     return engine, (
         f"{shape.n_layer} layers, {shape.n_embd} wide, vocab {shape.vocab_size}, {dtype}, "
-        f"prefix cache {'on' if caching else 'off'}, on CPU, {fallback}"
+        f"{export_weights(checkpoint)} weights, prefix cache {'on' if caching else 'off'}, "
+        f"on CPU, {fallback}"
     )
 
 

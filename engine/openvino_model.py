@@ -44,8 +44,20 @@ def fingerprint(checkpoint: Path) -> str:
     return digest.hexdigest()
 
 
-def export_problem(checkpoint: Path) -> str | None:
-    """Why the checkpoint's export cannot be served as it is (None: it is current)."""
+# How the export stores the weights: as the checkpoint has them, or compressed by NNCF (int8
+# per output channel; int4 symmetric in groups of 64, the embeddings and head in int8).
+WEIGHT_FORMATS = ("float32", "int8", "int4")
+
+
+def export_weights(checkpoint: Path) -> str:
+    """The weight format the checkpoint's export was written with (float32 before formats)."""
+    stamp = export_dir(checkpoint) / STAMP
+    return json.loads(stamp.read_text()).get("weights", "float32") if stamp.is_file() else "none"
+
+
+def export_problem(checkpoint: Path, weights: str | None = None) -> str | None:
+    """Why the checkpoint's export cannot be served as it is (None: it is current); with
+    ``weights``, an export in another weight format is not current either."""
     out = export_dir(checkpoint)
     if not (Path(checkpoint) / "config.json").is_file():
         return f"no checkpoint at {checkpoint}"
@@ -54,6 +66,10 @@ def export_problem(checkpoint: Path) -> str | None:
     recorded = json.loads((out / STAMP).read_text()).get("fingerprint")
     if recorded != fingerprint(checkpoint):
         return f"the OpenVINO export in {out} is stale (the checkpoint changed since)"
+    if weights is not None and export_weights(checkpoint) != weights:
+        return (
+            f"the OpenVINO export in {out} has {export_weights(checkpoint)} weights, not {weights}"
+        )
     return None
 
 

@@ -37,6 +37,7 @@ from typing import IO, TypeVar
 
 from engine.openvino_model import (
     STAMP,
+    WEIGHT_FORMATS,
     ExportError,
     export_dir,
     export_problem,
@@ -140,15 +141,19 @@ def new_log() -> Path:
         return Path(tempfile.gettempdir()) / name
 
 
-def ensure_export(checkpoint: Path, force: bool = False) -> Path:
-    """Export ``checkpoint`` in .venv-export unless a current export is there already."""
-    if not force and export_problem(checkpoint) is None:
+def ensure_export(checkpoint: Path, force: bool = False, weights: str = "float32") -> Path:
+    """Export ``checkpoint`` in .venv-export unless a current export with ``weights`` is
+    there already."""
+    if not force and export_problem(checkpoint, weights) is None:
         return export_dir(checkpoint)
     if not EXPORT_PYTHON.is_file():
         raise ExportError(
             f"{EXPORT_PYTHON} is missing: run `make setup` (scripts/setup-export-venv.sh)"
         )
-    command = [str(EXPORT_PYTHON), "-m", "modelbuild.openvino_export", str(checkpoint)]
+    command = [
+        *(str(EXPORT_PYTHON), "-m", "modelbuild.openvino_export", str(checkpoint)),
+        *("--weights", weights),
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     done = subprocess.run([*command, *(["--force"] if force else [])], cwd=REPO_ROOT, env=env)
     if done.returncode != 0:
@@ -156,10 +161,11 @@ def ensure_export(checkpoint: Path, force: bool = False) -> Path:
     return require_export(checkpoint)
 
 
-def export(checkpoint: Path, log: Path | None = None) -> Path:
-    """Convert a Hugging Face GPT-J folder to OpenVINO IR with optimum-intel (float32 weights,
-    no weight compression: precision is chosen when the engine compiles it). The libraries'
-    output goes to ``log`` (a new file under build/logs); ExportStepError names it."""
+def export(checkpoint: Path, log: Path | None = None, weights: str = "float32") -> Path:
+    """Convert a Hugging Face checkpoint folder to OpenVINO IR with optimum-intel. ``weights``
+    float32 keeps them as they are (the math's precision is chosen when the engine compiles
+    it); int8 and int4 compress them with NNCF (:func:`_compression`). The libraries' output
+    goes to ``log`` (a new file under build/logs); ExportStepError names it."""
     checkpoint = Path(checkpoint)
     out = export_dir(checkpoint)
     partial = out.with_name(EXPORT_DIR + ".partial")
@@ -171,7 +177,7 @@ def export(checkpoint: Path, log: Path | None = None) -> Path:
     model = steps.run(
         "loading the checkpoint and converting it to OpenVINO IR",
         lambda: ov_model.from_pretrained(
-            checkpoint, export=True, compile=False, load_in_8bit=False
+            checkpoint, export=True, compile=False, **_compression(weights)
         ),
     )
 
@@ -179,7 +185,12 @@ def export(checkpoint: Path, log: Path | None = None) -> Path:
         model.save_pretrained(partial)
         (partial / STAMP).write_text(
             json.dumps(
-                {"fingerprint": fingerprint(checkpoint), "source": str(checkpoint)}, indent=1
+                {
+                    "fingerprint": fingerprint(checkpoint),
+                    "source": str(checkpoint),
+                    "weights": weights,
+                },
+                indent=1,
             )
         )
         shutil.rmtree(out, ignore_errors=True)
@@ -202,6 +213,25 @@ def _has_optimum_intel() -> bool:
         return False
 
 
+def _compression(weights: str) -> dict[str, object]:
+    """optimum-intel's keywords for a weight format: none for float32; NNCF's weight-only
+    compression for int8 (asymmetric, per output channel) and int4 (symmetric, groups of 64,
+    every layer; NNCF keeps the embeddings and the head in int8)."""
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights {weights!r} is not one of {', '.join(WEIGHT_FORMATS)}")
+    if weights == "float32":
+        return {"load_in_8bit": False}
+    from optimum.intel import OVWeightQuantizationConfig  # only in .venv-export
+
+    if weights == "int8":
+        return {"quantization_config": OVWeightQuantizationConfig(bits=8)}
+    return {
+        "quantization_config": OVWeightQuantizationConfig(
+            bits=4, sym=True, group_size=64, ratio=1.0
+        )
+    }
+
+
 def _import_optimum() -> type:
     from optimum.intel import OVModelForCausalLM  # only in .venv-export
 
@@ -216,13 +246,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m modelbuild.openvino_export", description=__doc__
     )
-    parser.add_argument("checkpoint", type=Path, help="a Hugging Face GPT-J folder")
+    parser.add_argument("checkpoint", type=Path, help="a Hugging Face checkpoint folder")
+    parser.add_argument(
+        "--weights",
+        choices=WEIGHT_FORMATS,
+        default="float32",
+        help="how the export stores the weights (int8/int4: NNCF weight compression)",
+    )
     parser.add_argument("--force", action="store_true", help="export even if one is current")
     parser.add_argument(
         "--check", action="store_true", help="only say whether the export is current"
     )
     args = parser.parse_args(argv)
-    why = export_problem(args.checkpoint)
+    why = export_problem(args.checkpoint, args.weights)
     if args.check:
         print(why or f"{export_dir(args.checkpoint)} is current")
         return 1 if why else 0
@@ -234,13 +270,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not _has_optimum_intel():  # running in .venv rather than .venv-export: hand over
         try:
-            ensure_export(args.checkpoint, force=args.force)
+            ensure_export(args.checkpoint, force=args.force, weights=args.weights)
         except ExportError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
         return 0
     try:
-        export(args.checkpoint)
+        export(args.checkpoint, weights=args.weights)
     except ExportStepError as failed:
         print(f"error: the OpenVINO export failed while {failed}", file=sys.stderr)
         print(
