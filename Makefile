@@ -53,8 +53,17 @@ BENCH_ARGS ?=
 SATURATION ?=
 SOAK_ARGS ?=
 
+# make eval: HumanEval through the served model and through transformers (evaluation/,
+# docs/eval.md); URL=<OpenAI base URL> scores a running server (any OpenAI-compatible one),
+# else the API and Triton are started on free ports and stopped at the end; QUICK=1 (every 8th
+# problem), LIMIT=<n>, CHECKPOINT=<folder> (run alone by transformers), EVAL_ARGS=<more flags>
+URL ?=
+LIMIT ?=
+CHECKPOINT ?= model_repository/gptj/1/checkpoint
+EVAL_ARGS ?=
+
 .PHONY: help setup setup-dev model triton test lint format clean k8s docker-lint scan \
-	loadtest prometheus prometheus-install api bench soak pbtxt
+	loadtest prometheus prometheus-install api bench soak pbtxt eval
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -151,6 +160,10 @@ bench: $(VENV)/.setup-bench model  ## torch engine vs openvino vs transformers v
 soak: model  ## bounded load + fault test at 2x saturation, editor phase, drain, stub-kill drill (~6 min)
 	$(BIN)/python -m loadtest.soak --host $(HOST) $(if $(DURATION),--duration $(DURATION)) \
 		$(if $(SATURATION),--saturation $(SATURATION)) $(SOAK_ARGS)
+
+eval: $(VENV)/.setup-bench $(if $(URL),,model)  ## HumanEval pass@1, next line, infill: served vs transformers (URL=, QUICK=1, LIMIT=)
+	$(BIN)/python -m evaluation --checkpoint $(CHECKPOINT) --out eval/results \
+		$(if $(URL),--url $(URL)) $(if $(QUICK),--quick) $(if $(LIMIT),--limit $(LIMIT)) $(EVAL_ARGS)
 
 prometheus: setup prometheus-install  ## Prometheus on 127.0.0.1:9090 scraping Triton's metrics
 	$(BIN)/python -m loadtest.run_prometheus --metrics-port $(METRICS_PORT) --port $(PROMETHEUS_PORT)

@@ -23,9 +23,10 @@ import triton_python_backend_utils as pb_utils
 from backend.bls_ready import ReadyTeller, TellingSender, owner_pid
 from backend.cancel import CancelListener, CancelRegistry
 from backend.engine_answers import Deliveries, Reply, TokenStream
+from backend.engine_hold import EngineHold
 from backend.io import FINAL, error_response, model_parameters, read_inputs, requested_outputs
 from contract import metrics as names
-from contract.options import DEFAULT_MAX_BEAM_WIDTH, InvalidRequestError
+from contract.options import DEFAULT_MAX_BEAM_WIDTH, EDITOR_STOP_REASONS, InvalidRequestError
 from contract.tensors import ENGINE_INPUTS
 from engine.fallback import REASONS, with_fallback
 from engine.interface import GenerationBackend, GenerationResult, Listener
@@ -34,6 +35,7 @@ from engine.openvino_model import ModelShape, export_weights, require_export
 from engine.tensors import parse_request
 from engine.threads import in_passing_thread
 from engine.torch_engine import TorchEngine
+from preprocessing.token_texts import token_texts
 
 # The engine's figures reach Triton at most this often, and when the engine goes idle: in
 # python_backend r24.10 each metric update is a round trip to the server. Seven of them after
@@ -112,6 +114,8 @@ class EngineMetrics:
             names.ENGINE_PROMPT_TOKENS_REUSED: result.reused_prompt_tokens,
             names.ENGINE_REQUEST_DURATION_US: result.total_seconds * 1e6,
             names.ENGINE_QUEUE_DURATION_US: result.queue_seconds * 1e6,
+            names.ENGINE_EDITOR_STOPS: int(result.finish_reason in EDITOR_STOP_REASONS),
+            names.ENGINE_TOKENS_PAST_STOP: result.tokens_past_stop,
         }
         if self._add(counters):
             self.deliveries.call(self._updates())
@@ -148,75 +152,6 @@ def resolve_device(name: str) -> str:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"device {name!r} asked for, but torch sees no CUDA GPU")
     return name
-
-
-class EngineHold:
-    """A test hook (config parameter ``test_hooks``): hold the engine still, from control
-    datagrams on the cancel channel. ``hold``: the engine's thread waits once its current step
-    ends and new requests wait before they are submitted; ``hold_after:N``: the engine runs N
-    more steps, then its thread waits (submissions go on); ``advance:N``: a held engine runs N
-    steps and holds again; ``release`` ends any of them; ``submitted`` answers how many
-    requests have been submitted to the engine so far. It holds inside the stub (a stub stopped
-    by a signal is called unhealthy by Triton within a second). Tests use it to make a
-    condition true by construction (a request still running when its cancellation arrives, a
-    burst that joins one batch, a piece delivered while generation has not ended), not by the
-    machine's speed."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self._lock = threading.Lock()
-        self._steps = threading.Event()  # set: the engine's thread may go on
-        self._submissions = threading.Event()  # set: requests may be submitted
-        self._steps.set()
-        self._submissions.set()
-        self._steps_left: int | None = None
-        self._submitted = 0
-
-    def after_step(self, before_holding: Callable[[], None]) -> None:
-        """(the engine's thread) Wait here while held; ``before_holding`` runs first."""
-        if not self.enabled:
-            return
-        with self._lock:
-            if self._steps_left is not None:
-                self._steps_left -= 1
-                if self._steps_left <= 0:
-                    self._steps_left = None
-                    self._steps.clear()
-        if not self._steps.is_set():
-            before_holding()
-        self._steps.wait()
-
-    def before_submit(self) -> None:
-        if self.enabled:
-            self._submissions.wait()
-
-    def on_submitted(self) -> None:
-        with self._lock:
-            self._submitted += 1
-
-    def control(self, word: str) -> str:
-        if not self.enabled:
-            return "refused: test_hooks is off in the engine model's config"
-        with self._lock:
-            if word == "hold":
-                self._steps.clear()
-                self._submissions.clear()
-                return "held"
-            if word.startswith("hold_after:") and word.split(":")[1].isdigit():
-                self._steps_left = int(word.split(":")[1])
-                return "holding"
-            if word.startswith("advance:") and word.split(":")[1].isdigit():
-                self._steps_left = int(word.split(":")[1])
-                self._steps.set()
-                return "advancing"
-            if word == "submitted":
-                return f"submitted:{self._submitted}"
-            if word == "release":
-                self._steps_left = None
-                self._steps.set()
-                self._submissions.set()
-                return "released"
-        return f"refused: unknown control {word!r}"
 
 
 @dataclass
@@ -269,6 +204,7 @@ def start_engine(args: dict) -> Stage:
         "max_cache_tokens": int(params.get("kv_cache_tokens", "0")) or None,
         "max_beam_width": int(params.get("max_beam_width", str(DEFAULT_MAX_BEAM_WIDTH))),
         "observer": metrics,
+        "token_texts": token_texts(checkpoint),  # what the editor stop rules read
     }
     if kind == "openvino":
         engine, described = _openvino(checkpoint, params, threads, limits)

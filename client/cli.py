@@ -59,6 +59,9 @@ FLAGS = {
     "beam_width": "--beams",
     "len_penalty": "--len-penalty",
     "beam_search_diversity_rate": "--diversity-rate",
+    "single_line": "--single-line",
+    "n_indent": "--n-indent",
+    "t_max_predict_ms": "--t-max-predict-ms",
     "protocol": "--protocol",
     "url": "--url",
 }
@@ -171,6 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-probs", action="store_true", help="return the log probability of each token"
     )
     sampling.add_argument("--end-id", type=int, help="end-of-text token id (model's own)")
+    sampling.add_argument(
+        "--single-line", action="store_true", help="end the answer at its first newline"
+    )
+    for flag, metavar, what in (
+        ("--n-indent", "N", "at a later line indented by fewer than N columns (0: off)"),
+        ("--t-max-predict-ms", "MS", "after MS milliseconds, once it has a newline (0: off)"),
+    ):
+        sampling.add_argument(flag, type=int, default=0, metavar=metavar, help=f"end it {what}")
     sampling.add_argument("--start-id", type=int, help="start token id")
     beams = complete.add_argument_group("beam search")
     beams.add_argument(
@@ -259,6 +270,9 @@ def _request(args: argparse.Namespace, prompt: str) -> CompletionRequest:
         len_penalty=args.len_penalty,
         beam_search_diversity_rate=args.diversity_rate,
         suffix=args.suffix,
+        single_line=args.single_line,
+        n_indent=args.n_indent,
+        t_max_predict_ms=args.t_max_predict_ms,
     )
 
 

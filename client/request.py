@@ -16,6 +16,7 @@ from contract.options import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_SAMPLING,
     BeamParams,
+    EditorStops,
     InvalidRequestError,
     SamplingParams,
 )
@@ -48,6 +49,9 @@ class CompletionRequest:
     len_penalty: float | None = None
     beam_search_diversity_rate: float | None = None
     suffix: str | tuple[str, ...] | None = None
+    single_line: bool = False
+    n_indent: int = 0
+    t_max_predict_ms: int = 0
     sampling: SamplingParams = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -87,6 +91,14 @@ class CompletionRequest:
             0.0 if self.len_penalty is None else self.len_penalty,
             0.0 if self.beam_search_diversity_rate is None else self.beam_search_diversity_rate,
         )
+        for name in ("n_indent", "t_max_predict_ms"):
+            if not isinstance(getattr(self, name), int):
+                raise InvalidRequestError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        editor = EditorStops(bool(self.single_line), self.n_indent, self.t_max_predict_ms)
+        if editor.active and self.beam_width > 1:
+            raise InvalidRequestError(
+                "single_line, n_indent and t_max_predict_ms end one answer; send beam_width 1"
+            )
         for name in ("end_id", "start_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < 2**32:
@@ -134,6 +146,10 @@ class CompletionRequest:
             "start_id": (self.start_id, np.uint32),
             "len_penalty": (self.len_penalty, np.float32),
             "beam_search_diversity_rate": (self.beam_search_diversity_rate, np.float32),
+            # the editor stop rules: absent unless set, so a server without them still answers
+            "single_line": (self.single_line or None, np.bool_),
+            "n_indent": (self.n_indent or None, np.uint32),
+            "t_max_predict_ms": (self.t_max_predict_ms or None, np.uint32),
         }
         for name, (value, dtype) in optional.items():
             if value is not None:

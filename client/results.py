@@ -51,7 +51,8 @@ class SamplingOptions(TypedDict, total=False):
     beams in ``Completion.beams`` (best first; top_k, top_p and seed are then unused);
     len_penalty / beam_search_diversity_rate: how beams are ranked / kept apart (README);
     suffix: the text after the cursor, to fill in the middle (``completion`` is then the
-    middle, ``text`` the prompt and the middle).
+    middle, ``text`` the prompt and the middle); single_line / n_indent / t_max_predict_ms:
+    where an editor wants the answer to end (contract.options.EditorStops).
     """
 
     top_k: int
@@ -68,6 +69,9 @@ class SamplingOptions(TypedDict, total=False):
     len_penalty: float | None
     beam_search_diversity_rate: float | None
     suffix: str | None
+    single_line: bool
+    n_indent: int
+    t_max_predict_ms: int
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,10 @@ ENGINE_GENERATED_TOKENS = "codegen_engine_generated_tokens_total"
 ENGINE_RUNNING = "codegen_engine_running_sequences"
 ENGINE_LAST_STEP = "codegen_engine_last_step_timestamp_seconds"
 ENGINE_KV_CACHE_BYTES = "codegen_engine_kv_cache_bytes"
+# Answers an editor stop rule ended (single_line, n_indent, t_max_predict_ms), and the tokens
+# generated past such a stop (the engine decides on each token, so this stays 0).
+ENGINE_EDITOR_STOPS = "codegen_engine_editor_stops_total"
+ENGINE_TOKENS_PAST_STOP = "codegen_engine_tokens_past_stop_total"
 # Labels: model and reason (engine/fallback.py, REASONS: bad_words, beam_diversity,
 # beam_stop_words, log_probs, other). Requests the openvino backend cannot honour exactly, run
 # on the torch engine instead of refused (docs/openvino.md); 0 on a server without a fallback.
@@ -63,6 +67,8 @@ ENGINE_METRIC_HELP = {
     # computed (counted by the backend's own index of them; the pipeline reports no reuse)
     ENGINE_PROMPT_TOKENS_REUSED: "Prompt tokens whose KV blocks the prefix cache held",
     ENGINE_GENERATED_TOKENS: "Tokens generated",
+    ENGINE_EDITOR_STOPS: "Sequences ended by an editor stop rule (single line, indent, time)",
+    ENGINE_TOKENS_PAST_STOP: "Tokens generated after the token a stop rule ended a sequence at",
 }
 ENGINE_GAUGE_HELP = {
     ENGINE_RUNNING: "Sequences currently running in the engine",

@@ -108,3 +108,43 @@ class BeamParams:
 
 
 NO_BEAMS = BeamParams()
+
+# The finish reasons of the editor stop rules, one per rule.
+EDITOR_STOP_REASONS = ("single_line", "n_indent", "time_budget")
+MAX_INDENT = 1024  # columns; far past any real line
+
+
+@dataclass(frozen=True)
+class EditorStops:
+    """Where an editor wants a completion to end, decided on each token inside the engine's
+    loop, so that nothing is generated past it (llama.cpp's server has the same controls):
+
+    - ``single_line``: at the first newline of the answer (the token that carries it is the
+      last one);
+    - ``n_indent`` (llama.cpp's): at a line after the answer's first newline that is indented
+      by fewer than that many spaces or tabs, blank lines included; the token that starts such
+      a line's text is not part of the answer;
+    - ``t_max_predict_ms`` (llama.cpp's): once that many milliseconds have passed since the
+      first token and the answer holds a newline (0: no budget).
+    """
+
+    single_line: bool = False
+    n_indent: int = 0
+    t_max_predict_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.n_indent <= MAX_INDENT:
+            raise InvalidRequestError(
+                f"n_indent must be in [0, {MAX_INDENT}] (0 = off), got {self.n_indent}"
+            )
+        if self.t_max_predict_ms < 0:
+            raise InvalidRequestError(
+                f"t_max_predict_ms must be >= 0 (0 = no budget), got {self.t_max_predict_ms}"
+            )
+
+    @property
+    def active(self) -> bool:
+        return self.single_line or self.n_indent > 0 or self.t_max_predict_ms > 0
+
+
+NO_EDITOR_STOPS = EditorStops()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from contract.options import DEFAULT_SAMPLING
+from contract.options import DEFAULT_SAMPLING, NO_EDITOR_STOPS
 
 ENSEMBLE_MODEL = "ensemble"
 STREAM_MODEL = "ensemble_stream"
@@ -70,6 +70,10 @@ OPTION_INPUTS = (
     _scalar("beam_width", "TYPE_UINT32"),
     _scalar("start_id", "TYPE_UINT32"),
     _scalar("end_id", "TYPE_UINT32"),
+    # Not in the FasterTransformer contract: editor stop rules (contract/options.py EditorStops)
+    _scalar("single_line", "TYPE_BOOL", "not in the FasterTransformer contract: editors' stop"),
+    _scalar("n_indent", "TYPE_UINT32", "not in the FasterTransformer contract: editors' stop"),
+    _scalar("t_max_predict_ms", "TYPE_UINT32", "not in the FasterTransformer contract: ditto"),
 )
 # The value the model stage uses for an option input that is absent (None: no value).
 OPTION_DEFAULTS: dict[str, int | float | bool | None] = {
@@ -84,6 +88,9 @@ OPTION_DEFAULTS: dict[str, int | float | bool | None] = {
     "end_id": None,  # the model's own end token
     "len_penalty": 0.0,
     "beam_search_diversity_rate": 0.0,
+    "single_line": NO_EDITOR_STOPS.single_line,
+    "n_indent": NO_EDITOR_STOPS.n_indent,
+    "t_max_predict_ms": NO_EDITOR_STOPS.t_max_predict_ms,
 }
 
 ENSEMBLE_INPUTS = (

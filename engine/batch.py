@@ -19,6 +19,7 @@ import torch
 
 from engine.beams import BeamSearch
 from engine.cache import KVCache, Segment
+from engine.editor_stops import LineStops
 from engine.interface import GenerationRequest, Handle, Listener
 from engine.models import ModelConfig
 from engine.sampling import Sampler
@@ -38,6 +39,7 @@ class Row:
     admitted: float = 0.0
     log_probs: list[float] = field(default_factory=list)
     group: BeamGroup | None = None  # the beam search this row is a beam of
+    lines: LineStops | None = None  # the editor's stop rules, when it sent any
 
     @property
     def generated(self) -> list[int]:

@@ -15,7 +15,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from contract.options import NO_BEAMS, BeamParams, InvalidRequestError, SamplingParams
+from contract.options import (
+    NO_BEAMS,
+    NO_EDITOR_STOPS,
+    BeamParams,
+    EditorStops,
+    InvalidRequestError,
+    SamplingParams,
+)
 
 
 @dataclass
@@ -30,6 +37,7 @@ class GenerationRequest:
     # whether the caller reads the result's log probs (is_return_log_probs); the torch engine
     # computes them always, a backend that cannot give the contract's refuses only when asked
     return_log_probs: bool = True
+    editor: EditorStops = NO_EDITOR_STOPS  # where an editor wants the answer to end
 
     @property
     def rows(self) -> int:
@@ -80,6 +88,11 @@ class ModelLimits:
                 "tokens; shorten the prompt or ask for fewer tokens"
             )
         width = request.beam.width
+        if width > 1 and request.editor.active:
+            raise InvalidRequestError(
+                "single_line, n_indent and t_max_predict_ms end one answer where an editor "
+                "wants it; a beam search has several: send beam_width 1 with them"
+            )
         if width > self.max_beam_width:
             raise InvalidRequestError(
                 f"beam_width={width} is over this server's limit of {self.max_beam_width} "
@@ -92,6 +105,16 @@ class ModelLimits:
             for word in words:
                 if not word or any(not 0 <= t < vocab for t in word):
                     raise InvalidRequestError(f"{kind} word {list(word)} has invalid token ids")
+
+
+def check_editor_texts(request: GenerationRequest, texts: Sequence[str] | None) -> None:
+    """Refuse editor stop rules on a backend that was given no token texts to read them by
+    (the engine model always gives them; a bare backend may not)."""
+    if request.editor.active and texts is None:
+        raise InvalidRequestError(
+            "single_line, n_indent and t_max_predict_ms need the text of each token, and this "
+            "engine was started without its tokenizer's: start it with token_texts"
+        )
 
 
 class NotHonouredError(InvalidRequestError):
@@ -132,12 +155,15 @@ class GenerationResult:
     prompt_ids: list[int]
     output_ids: list[int]  # generated tokens only; the end token is not included
     log_probs: list[float]
-    finish_reason: str  # "length" | "end_id" | "stop_word" | "cancelled" | "error"
+    # "length" | "end_id" | "stop_word" | "cancelled" | "error", or an editor stop rule's
+    # (contract.options.EDITOR_STOP_REASONS)
+    finish_reason: str
     error: str | None = None
     queue_seconds: float = 0.0
     total_seconds: float = 0.0
     beams: list[Beam] | None = None  # beam search: the beams, best first (output_ids: the best)
     reused_prompt_tokens: int = 0  # prompt tokens a prefix cache served without recomputing
+    tokens_past_stop: int = 0  # generated after the token a stop rule ended the answer at
 
 
 class Listener(Protocol):

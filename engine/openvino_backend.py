@@ -35,25 +35,28 @@ import logging
 import secrets
 import sys
 import time
-from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from contract.options import DEFAULT_MAX_BEAM_WIDTH
+from engine.editor_stops import LineStops
 from engine.interface import (
     Beam,
     GenerationRequest,
     Handle,
     Listener,
     ModelLimits,
-    NotHonouredError,
     StepObserver,
     check_cache_budget,
+    check_editor_texts,
 )
-from engine.openvino_log_probs import LogProbScorer, ScoredRow, effective_temperature, needs_scoring
+from engine.openvino_log_probs import LogProbScorer, ScoredRow, needs_scoring
 from engine.openvino_model import BLOCK_SIZE, ModelShape, compile_properties
+from engine.openvino_refusals import refuse_what_cannot_be_honoured
+from engine.prefix_index import PrefixIndex
 from engine.scheduler import RequestQueue
 from engine.worker import QueueWorker
 
@@ -63,47 +66,6 @@ log = logging.getLogger(__name__)
 # interval is the process's: a lower one only makes threads that run Python at once take
 # shorter turns.
 GIL_SWITCH_S = 0.0005
-
-
-class PrefixIndex:
-    """Which whole KV blocks of a prompt earlier requests computed: the prefix cache's rule
-    (a block is found by all the tokens up to its end), with its capacity and LRU eviction.
-
-    The pipeline does not report per-request reuse, so this counts it the same way: an upper
-    bound (under memory pressure the pipeline may evict blocks still listed here). A block's key
-    chains the hash of the blocks before it with its own tokens, as the pipeline's does, so a
-    prompt costs one pass over its tokens on the engine's thread (keys holding every token up to
-    the block's end cost 0.5 ms for a 900-token prompt).
-    """
-
-    def __init__(self, blocks: int, block_size: int = BLOCK_SIZE) -> None:
-        self.blocks, self.block_size = blocks, block_size
-        self._seen: OrderedDict[int, None] = OrderedDict()
-
-    def _keys(self, tokens: list[int], end: int) -> list[int]:
-        """The keys of the whole blocks of ``tokens[:end]``."""
-        keys, key = [], 0
-        for start in range(0, end - self.block_size + 1, self.block_size):
-            key = hash((key, *tokens[start : start + self.block_size]))
-            keys.append(key)
-        return keys
-
-    def reusable(self, prompt: list[int]) -> int:
-        """Prompt tokens found (whole blocks; the last prompt token is always computed)."""
-        found = 0
-        for key in self._keys(prompt, len(prompt) - 1):
-            if key not in self._seen:
-                break
-            self._seen.move_to_end(key)
-            found += self.block_size
-        return found
-
-    def add(self, tokens: list[int]) -> None:
-        for key in self._keys(tokens, len(tokens)):
-            self._seen[key] = None
-            self._seen.move_to_end(key)
-        while len(self._seen) > self.blocks:
-            self._seen.popitem(last=False)
 
 
 @dataclass(eq=False)
@@ -120,6 +82,7 @@ class _Request:
     tokens: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     scored: ScoredRow | None = None  # log probs under temperature/penalty, computed here
+    lines: LineStops | None = None  # the editor's stop rules, when it sent any
 
     def stopped(self) -> bool:
         """Whether the newest generated token completed a stop word."""
@@ -145,10 +108,12 @@ class OpenVINOBackend(QueueWorker[_Request]):
         threads: int = 0,
         observer: StepObserver | None = None,
         device: str = "CPU",
+        token_texts: Sequence[str] | None = None,
     ) -> None:
         import openvino_genai
 
         self.shape = shape
+        self.token_texts = token_texts  # each token's text: what the editor stop rules read
         self.max_batch_size = max_batch_size
         self.max_beam_width = min(max_beam_width, max_batch_size)
         cache_tokens = max_cache_tokens or max_batch_size * shape.context
@@ -183,54 +148,12 @@ class OpenVINOBackend(QueueWorker[_Request]):
         total = len(request.prompt_ids) + request.max_new_tokens
         needed = request.beam.width * -(-total // BLOCK_SIZE) * BLOCK_SIZE
         check_cache_budget(request, needed, self.max_cache_tokens)
-        self._refuse_what_cannot_be_honoured(request)
+        check_editor_texts(request, self.token_texts)
+        refuse_what_cannot_be_honoured(request, self.shape)
 
     @property
     def limits(self) -> ModelLimits:
         return ModelLimits(self.shape.vocab_size, self.shape.context, self.max_beam_width)
-
-    def _bans_only_the_end(self, request: GenerationRequest) -> bool:
-        """Whether the request's bad words are only its end token (FasterTransformer clients
-        ban it to get answers of full length): honoured by ``min_new_tokens``, which holds the
-        end token back until ``max_new_tokens``."""
-        end_id = request.end_token(self.shape.vocab_size, self.shape.eos_token_id)
-        return bool(request.bad_words) and all(list(w) == [end_id] for w in request.bad_words)
-
-    def _refuse_what_cannot_be_honoured(self, request: GenerationRequest) -> None:
-        elsewhere = 'or set fallback "torch" or backend "torch" (engine/config.pbtxt)'
-        if request.bad_words and not self._bans_only_the_end(request):
-            raise NotHonouredError(
-                "bad_words_list is not supported by the openvino backend beyond the end token "
-                "(OpenVINO GenAI has no banned-token list): send the request without bad words, "
-                f"or with only the end token, {elsewhere}",
-                "bad_words",
-            )
-        if request.beam.width > 1 and request.beam.diversity_rate != 0.0:  # no beams: no rate
-            raise NotHonouredError(
-                "beam_search_diversity_rate is not supported by the openvino backend (its "
-                "diversity is between beam groups, not FasterTransformer's rank penalty): send "
-                f"0, {elsewhere}",
-                "beam_diversity",
-            )
-        if request.beam.width > 1 and request.stop_words:
-            raise NotHonouredError(
-                "stop words with beam_width > 1 are not supported by the openvino backend: send "
-                f"the beam search without stop words, {elsewhere}",
-                "beam_stop_words",
-            )
-        sampling = request.sampling
-        if (
-            request.beam.width > 1
-            and request.return_log_probs
-            and (effective_temperature(sampling) != 1.0 or sampling.repetition_penalty != 1.0)
-        ):
-            raise NotHonouredError(
-                "is_return_log_probs with beam_width > 1 under a temperature or "
-                "repetition_penalty other than 1.0 is not supported by the openvino backend (its "
-                "beams report the model's own log probs): ask with temperature 1 and "
-                f"repetition_penalty 1, or without log probs, {elsewhere}",
-                "log_probs",
-            )
 
     @property
     def running(self) -> int:
@@ -246,7 +169,10 @@ class OpenVINOBackend(QueueWorker[_Request]):
     def _entry(self, request: GenerationRequest, listener: Listener, handle: Handle) -> _Request:
         end_id = request.end_token(self.shape.vocab_size, self.shape.eos_token_id)
         stops = request.stops_by_last_token()
-        return _Request(request, listener, handle, time.perf_counter(), end_id, stops)
+        entry = _Request(request, listener, handle, time.perf_counter(), end_id, stops)
+        if request.editor.active and self.token_texts is not None:
+            entry.lines = LineStops(request.editor, self.token_texts)
+        return entry
 
     def _take_running(self) -> list[_Request]:
         running = list(self._running.values())
@@ -352,9 +278,13 @@ class OpenVINOBackend(QueueWorker[_Request]):
             return 0
         ids = list(output.generated_ids)
         log_probs = list(output.generated_log_probs) or [0.0] * len(ids)
-        for token, log_prob in zip(ids, log_probs, strict=False):
+        for index, (token, log_prob) in enumerate(zip(ids, log_probs, strict=False)):
             if token == entry.end_id:
                 self._end(entry, "end_id")
+                return len(ids)
+            keep, rule = entry.lines.verdict(token) if entry.lines else (True, None)
+            if not keep:
+                self._end(entry, rule or "stop_word", past=len(ids) - index - 1)
                 return len(ids)
             entry.tokens.append(token)
             if entry.scored is not None:
@@ -365,6 +295,9 @@ class OpenVINOBackend(QueueWorker[_Request]):
             except Exception as exc:  # its client is gone, say: end this request only
                 log.warning("a listener failed; ending its request: %r", exc)
                 self._end(entry, "error", f"could not deliver a token: {exc}")
+                return len(ids)
+            if rule is not None:
+                self._end(entry, rule, past=len(ids) - index - 1)
                 return len(ids)
             if entry.stops and entry.stopped():
                 self._end(entry, "stop_word")
@@ -401,9 +334,10 @@ class OpenVINOBackend(QueueWorker[_Request]):
         reason: str,
         error: str | None = None,
         beams: list[Beam] | None = None,
+        past: int = 0,
     ) -> None:
         """Take a running request out of the pipeline (at once: before the next step) and
-        answer it."""
+        answer it; ``past``: tokens the pipeline gave after the one it ended at."""
         for key, value in list(self._running.items()):
             if value is entry:
                 del self._running[key]
@@ -413,7 +347,7 @@ class OpenVINOBackend(QueueWorker[_Request]):
             handle.cancel() if reason == "cancelled" else handle.stop()
         if self.prefix_caching and reason not in ("cancelled", "error"):
             self.index.add(entry.request.prompt_ids + entry.tokens)
-        self._finish(entry, reason, error, beams)
+        self._finish(entry, reason, error, beams, past)
 
     def _finish(
         self,
@@ -421,10 +355,11 @@ class OpenVINOBackend(QueueWorker[_Request]):
         reason: str,
         error: str | None = None,
         beams: list[Beam] | None = None,
+        past: int = 0,
     ) -> None:
         self._answer(
             entry, entry.tokens, entry.log_probs, reason, error,
-            beams=beams, reused_prompt_tokens=entry.reused,
+            beams=beams, reused_prompt_tokens=entry.reused, tokens_past_stop=past,
         )  # fmt: skip
 
 

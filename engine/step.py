@@ -108,6 +108,9 @@ class StepRunner:
             return "error", NO_TOKEN
         if token == row.end_id:
             return "end_id", None
+        keep, rule = row.lines.verdict(token) if row.lines else (True, None)
+        if not keep:  # the editor's answer ended before this token
+            return rule or "stop_word", None
         row.tokens.append(token)
         row.log_probs.append(log_prob)
         try:
@@ -115,6 +118,8 @@ class StepRunner:
         except Exception as exc:  # its client is gone, say: end this request only
             log.warning("a listener failed; ending its request: %r", exc)
             return "error", f"could not deliver a token: {exc}"
+        if rule is not None:
+            return rule, None
         if row.stops and row.stopped(token):
             return "stop_word", None
         if len(row.generated) >= row.request.max_new_tokens:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from contract.options import BeamParams, InvalidRequestError, SamplingParams
+from contract.options import BeamParams, EditorStops, InvalidRequestError, SamplingParams
 from contract.tensors import OPTION_DEFAULTS
 from contract.words import split_word_list
 from engine.interface import GenerationRequest, GenerationResult  # no torch: callers parse too
@@ -76,6 +76,11 @@ def requests_from_tensors(arrays: Mapping[str, np.ndarray]) -> tuple[list[Genera
                 stop_words=split_word_list(stop[row]) if stop is not None else (),
                 bad_words=split_word_list(bad[row]) if bad is not None else (),
                 beam=beam,
+                editor=EditorStops(
+                    single_line=bool(_scalar(arrays, "single_line", row)),
+                    n_indent=int(_scalar(arrays, "n_indent", row)),
+                    t_max_predict_ms=int(_scalar(arrays, "t_max_predict_ms", row)),
+                ),
             )
         )
     for request in requests:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -22,6 +23,7 @@ import torch
 from engine.batch import Batch, Row
 from engine.beams import Hypothesis
 from engine.cache import KVCache
+from engine.editor_stops import LineStops
 from engine.interface import (
     Beam,
     GenerationRequest,
@@ -29,6 +31,7 @@ from engine.interface import (
     Listener,
     ModelLimits,
     StepObserver,
+    check_editor_texts,
 )
 from engine.models import CausalLM
 from engine.scheduler import EngineConfig, RequestQueue, Scheduler
@@ -52,6 +55,7 @@ class TorchEngine(QueueWorker[Row]):
         model: CausalLM,
         config: EngineConfig | None = None,
         observer: StepObserver | None = None,
+        token_texts: Sequence[str] | None = None,
         **limits: int | None,
     ) -> None:
         if config is not None and limits:
@@ -59,6 +63,7 @@ class TorchEngine(QueueWorker[Row]):
         self.settings = config if config is not None else EngineConfig(**limits)
         max_batch_size = self.settings.max_batch_size
         self.model = model
+        self.token_texts = token_texts  # each token's text: what the editor stop rules read
         weights = next(model.parameters())
         super().__init__(RequestQueue(max_batch_size, observer))
         self._scheduler = Scheduler(
@@ -87,6 +92,7 @@ class TorchEngine(QueueWorker[Row]):
         """Raise InvalidRequestError, naming the option, for a request that cannot run."""
         self.limits.check(request)
         self._scheduler.check_budget(request)
+        check_editor_texts(request, self.token_texts)
 
     @property
     def running(self) -> int:
@@ -110,7 +116,10 @@ class TorchEngine(QueueWorker[Row]):
             request = replace(request, sampling=replace(request.sampling, top_k=1, top_p=0.0))
         prompt = list(request.prompt_ids)
         stops = request.stops_by_last_token()
-        return Row(request, listener, handle, time.perf_counter(), end_id, prompt, stops)
+        row = Row(request, listener, handle, time.perf_counter(), end_id, prompt, stops)
+        if request.editor.active and self.token_texts is not None:
+            row.lines = LineStops(request.editor, self.token_texts)
+        return row
 
     def _take_running(self) -> list[Row]:
         return [row for row in self._batch.clear() if row.answers]

@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from client import CodegenError, InvalidRequestError, ServerUnavailableError
-from contract.fim import NO_FIM
+from contract.fim import NO_FIM_START
 
 # The contract's option names (which the client library's messages use) -> OpenAI's.
 CONTRACT_TO_OPENAI = {
@@ -85,8 +85,8 @@ def from_client_error(exc: BaseException, triton_url: str) -> OpenAIError:
         )
     message = str(exc)
     lowered = message.lower()
-    if NO_FIM in message:  # the server's tokenizer decides, so it refuses in the stream
-        return bad_option("suffix", NO_FIM)
+    if NO_FIM_START in message:  # the server's tokenizer decides, so it refuses in the stream
+        return bad_option("suffix", message[message.index(NO_FIM_START) :])
     if CONTEXT_OVERFLOW in message:
         return OpenAIError(
             413,

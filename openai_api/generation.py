@@ -40,6 +40,7 @@ from client import (
     Health,
     ServerUnavailableError,
 )
+from contract.model_tokens import prompt_head
 
 log = logging.getLogger("openai_api")
 
@@ -228,6 +229,7 @@ class PromptCounter:
     def __init__(self, checkpoint: Path | None) -> None:
         self.checkpoint = checkpoint
         self._tokenizer: Any = None
+        self._head = 0  # tokens the tokenizer puts before a prompt (contract.model_tokens)
         self._state = "unchecked"  # then "verified" or "unavailable"
         self._lock = threading.Lock()
 
@@ -236,7 +238,9 @@ class PromptCounter:
         return self._state
 
     def count(self, prompt: str) -> int:
-        return len(self._tokenizer.encode(prompt, add_special_tokens=False))
+        """As preprocessing counts: the text's tokens and what the tokenizer puts before any
+        prompt (a BOS)."""
+        return len(self._tokenizer.encode(prompt, add_special_tokens=False)) + self._head
 
     def usable(self, client: CodegenClient) -> bool:
         """Whether unary requests can be counted exactly (checked once, on first use)."""
@@ -259,6 +263,7 @@ class PromptCounter:
             from transformers import PreTrainedTokenizerFast
 
             self._tokenizer = PreTrainedTokenizerFast.from_pretrained(str(self.checkpoint))
+            self._head = len(prompt_head(self._tokenizer, self.checkpoint))
         except Exception as exc:
             log.warning(
                 "cannot load the tokenizer in %s (%s): streaming only", self.checkpoint, exc

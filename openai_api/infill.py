@@ -26,7 +26,7 @@ from openai_api.completions import ClientLeftError, run_choices
 from openai_api.dependencies import ApiState, authorized
 from openai_api.errors import OpenAIError, bad_option, from_client_error
 from openai_api.generation import ChoiceResult
-from openai_api.request import MODEL_NAME
+from openai_api.request import EDITOR_FIELDS, MODEL_NAME, editor_options
 from openai_api.routes import CLIENT_CLOSED_REQUEST, read_json
 from openai_api.shapes import sse
 from openai_api.streaming import EventStream, StreamedChoice
@@ -46,6 +46,7 @@ FIELDS = frozenset(
         "seed",
         "stop",
         "stream",
+        *EDITOR_FIELDS,
     }
 )
 
@@ -132,6 +133,7 @@ def parse_infill(body: Any) -> tuple[CompletionRequest, tuple[str, ...], bool]:
             stop_words=tuple(stop),
             suffix=suffix or None,
             **options,
+            **editor_options(body),
         )
     except InvalidRequestError as exc:
         raise from_client_error(exc, "") from exc

@@ -14,6 +14,14 @@ from client import ENSEMBLE_MODEL, STREAM_MODEL, CompletionRequest, InvalidReque
 from contract.tensors import ENSEMBLE_INPUTS
 from openai_api.errors import CONTRACT_TO_OPENAI, OpenAIError, bad_option, from_invalid_request
 
+# Editor stop rules, extensions under llama.cpp's names (contract.options.EditorStops): what
+# each must be, and its neutral value.
+EDITOR_FIELDS = {
+    "single_line": ((bool,), "true or false", False),
+    "n_indent": ((int,), "an integer >= 0 (columns; 0: off)", 0),
+    "t_max_predict_ms": ((int,), "an integer >= 0 (milliseconds; 0: no budget)", 0),
+}
+
 # The one name GET /v1/models lists (clients that pick the first model get it), and the names
 # it also answers to: Triton's own names for the two completion pipelines.
 MODEL_NAME = "codegen"
@@ -25,6 +33,7 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default
 # added to the contract is refused here until the API maps an OpenAI field onto it.
 READ_AS_NAMED = frozenset(
     {"max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed", "suffix"}
+    | set(EDITOR_FIELDS)
 )
 CONTRACT_ONLY = (
     frozenset({spec.name for spec in ENSEMBLE_INPUTS})
@@ -88,6 +97,11 @@ def _stops(body: dict[str, Any]) -> tuple[str, ...]:
     if not isinstance(stops, list | tuple) or not all(isinstance(s, str) and s for s in stops):
         raise bad_option("stop", "stop must be a non-empty string or a list of them")
     return tuple(stops)
+
+
+def editor_options(body: dict[str, Any]) -> dict[str, Any]:
+    """The editor stop rules a body sets (``/v1/completions`` and ``/infill`` alike)."""
+    return {name: _option(body, name, *spec) for name, spec in EDITOR_FIELDS.items()}
 
 
 def _refuse_contract_only(body: dict[str, Any]) -> None:
@@ -183,6 +197,7 @@ def parse_completion(
         ),
     }
     seed = _option(body, "seed", (int,), "an integer", None)
+    editor = editor_options(body)
     try:
         requests = tuple(
             CompletionRequest(
@@ -193,6 +208,7 @@ def parse_completion(
                 return_log_probs=logprobs is not None,
                 suffix=suffix,
                 **sampling,
+                **editor,
             )
             for prompt in prompts
             for i in range(n)

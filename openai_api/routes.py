@@ -18,6 +18,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from client import ENSEMBLE_MODEL, STREAM_MODEL
+from openai_api.capabilities import takes_suffix
 from openai_api.completions import ClientLeftError, run_choices
 from openai_api.dependencies import ApiState, Authorized, State, error_response
 from openai_api.errors import OpenAIError
@@ -74,11 +75,14 @@ async def models(api: Authorized) -> dict[str, Any]:
     """The one model that completes, under one name (``aliases``: the other names it answers
     to), once Triton serves the completion ensemble: a client that takes the first model
     listed can complete with it. Triton's other models (the stages, the engine) are not models
-    a client can ask for; ``/health`` lists them."""
+    a client can ask for; ``/health`` lists them. ``fim``: whether it takes a ``suffix`` (true
+    or false; null when Triton could not say), asked of Triton (:mod:`.capabilities`)."""
     state = await api.call(api.backend.health)
-    ready = state.model_ready(ENSEMBLE_MODEL)
+    if not state.model_ready(ENSEMBLE_MODEL):
+        return {"object": "list", "data": []}
+    fim = await run_in_threadpool(takes_suffix, api.settings.triton_url)
     entry = {"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "codegen"}
-    return {"object": "list", "data": [{**entry, "aliases": list(MODEL_ALIASES)}] if ready else []}
+    return {"object": "list", "data": [{**entry, "aliases": list(MODEL_ALIASES), "fim": fim}]}
 
 
 async def completions(api: ApiState, request: Request, path_model: str | None) -> Response:

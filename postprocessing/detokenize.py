@@ -3,7 +3,8 @@
 A fill-in-the-middle sequence (the checkpoint's layout, ``contract.fim``) reads as its prefix
 then the generated middle: the FasterTransformer contract returns prompt + completion, and the
 text before the cursor plus what goes at the cursor is its analogue. No FIM sentinel is ever
-part of a text, whole or streamed.
+part of a text, whole or streamed; nor is what preprocessing put before the prompt (a BOS), nor
+an end id of the checkpoint (``contract.model_tokens``).
 """
 
 from __future__ import annotations
@@ -15,17 +16,23 @@ import numpy as np
 from transformers import PreTrainedTokenizerFast
 
 from contract.fim import tokenizer_layout
+from contract.model_tokens import end_ids, prompt_head
 
 
 class Postprocessor:
     def __init__(self, tokenizer_path: str | Path) -> None:
         self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_path))
         self.fim = tokenizer_layout(self.tokenizer)
+        self.head = prompt_head(self.tokenizer, tokenizer_path)  # preprocessing put it first
+        # An end id other than the engine's ends a sequence as a stop word, so it stays there,
+        # last: not shown even where the tokenizer would show it (not a special token).
+        self.ends = frozenset(end_ids(tokenizer_path)[1:])
         self.hidden = self.fim.sentinels if self.fim else frozenset()
 
     def decode(self, ids: list[int]) -> str:
-        if self.hidden:
-            ids = [i for i in ids if i not in self.hidden]
+        """A stream's window of ids (an end id can only be its last generated token)."""
+        if self.hidden or self.ends:
+            ids = [i for i in ids if i not in self.hidden and i not in self.ends]
         return self.tokenizer.decode(
             ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
         )
@@ -33,8 +40,13 @@ class Postprocessor:
     def decode_many(self, sequences: Sequence[list[int]]) -> list[str]:
         """Many whole sequences in one call of the (Rust) tokenizer (a FIM one as its prefix
         and middle)."""
+        head = len(self.head)
+        if head:  # the BOS: FIM layouts start after it
+            sequences = [seq[head:] if seq[:head] == self.head else seq for seq in sequences]
         if self.fim is not None:
             sequences = [self.fim.visible(seq) for seq in sequences]
+        if self.ends:
+            sequences = [s[:-1] if s and s[-1] in self.ends else s for s in sequences]
         return self.tokenizer.batch_decode(
             list(sequences), skip_special_tokens=True, clean_up_tokenization_spaces=False
         )

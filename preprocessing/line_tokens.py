@@ -8,7 +8,9 @@ encode(b)`` whenever ``b`` starts with a newline. An editor resends the file on 
 typing, a few characters more each time; :class:`LineTokens` remembers the ids of texts up to
 their last newline, so only the last line is tokenized again (0.6 ms of tokenizer work for a
 3,000-character prefix otherwise, on every keystroke). No tokenizer library caches this; it is
-only sound for tokenizers with this rule, which :func:`splits_lines` checks exactly.
+only sound for tokenizers with this rule, which :func:`splits_lines` checks exactly. The ids
+are the text's alone (no special tokens): a BOS the checkpoint's tokenizer puts before a prompt
+is added by preprocessing to the whole prompt afterwards, so it never sits inside a cached head.
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ every request gets its own answer: a bad request gets its error, the others thei
 A row with a non-empty ``suffix`` asks for fill-in-the-middle: its prompt is the text before
 the cursor (it may then be empty), and the model gets both in the checkpoint's own FIM layout
 (``contract.fim``), each side tokenized on its own so that no token straddles the cursor.
+
+The checkpoint's own tokens, never GPT-2's (``contract.model_tokens``): a prompt, FIM or not,
+starts with what the tokenizer's rules put before any text (Llama's and Mistral's BOS; nothing
+for GPT-2's, whose prompts are unchanged), and every request also stops at the checkpoint's
+other end ids (a list ``eos_token_id``: the engine ends at its first, these are stop words).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerFast
 
 from contract.fim import NO_FIM, FimLayout, tokenizer_layout
+from contract.model_tokens import end_ids, prompt_head
 from contract.options import (
     MAX_PROMPT_BYTES,
     MAX_TOKENS_PER_WORD,
@@ -26,6 +32,7 @@ from contract.options import (
     InvalidRequestError,
 )
 from contract.words import decode_words, word_list
+from preprocessing.leading_space import without_leading_space
 from preprocessing.line_tokens import LineTokens, splits_lines
 
 Tensors = dict[str, np.ndarray]
@@ -82,9 +89,9 @@ class _Texts:
                     )
             self.words[name] = rows
 
-    def texts(self) -> list[str]:
+    def texts(self, with_suffixes: bool = True) -> list[str]:
         words = [w for rows in self.words.values() for row in rows for w in row]
-        return [*self.prompts, *self.suffixes, *words]
+        return [*self.prompts, *(self.suffixes if with_suffixes else ()), *words]
 
 
 def built_fim_order(checkpoint: Path, style: str) -> str:
@@ -101,9 +108,9 @@ class Preprocessor:
     """Turns the ensemble's text inputs into the model stage's token tensors."""
 
     def __init__(self, tokenizer_path: str | Path, fim_order: str = "auto") -> None:
-        """``fim_order``: the layout of a fill-in-the-middle prompt, "psm" or "spm" (a
-        StarCoder-style checkpoint trained on both; contract/fim.py says what each costs), or
-        "auto": the order the checkpoint's build names (:func:`built_fim_order`)."""
+        """``fim_order``: the layout of a fill-in-the-middle prompt, "psm" or "spm" (StarCoder-
+        and CodeLlama-style checkpoints trained on both; contract/fim.py says what each costs),
+        or "auto": the order the checkpoint's build names (:func:`built_fim_order`)."""
         self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_path))
         self.fim = tokenizer_layout(self.tokenizer)
         if self.fim is not None:
@@ -111,9 +118,16 @@ class Preprocessor:
             order = order if fim_order == "auto" else fim_order
             if order != self.fim.order:
                 self.fim = replace(self.fim, order=order)  # refuses what the layout lacks
-        self.lines = (
-            LineTokens(self._encode_all) if splits_lines(self.tokenizer.backend_tokenizer) else None
-        )
+        backend = self.tokenizer.backend_tokenizer
+        self.lines = LineTokens(self._encode_all) if splits_lines(backend) else None
+        # CodeLlama's suffix goes without SentencePiece's leading space (leading_space.py)
+        self.bare = without_leading_space(backend) if self.fim and self.fim.bare_suffix else None
+        self.head = prompt_head(self.tokenizer, tokenizer_path)  # a BOS, or nothing
+        ends = end_ids(tokenizer_path)
+        self.end_stops = [[i] for i in ends[1:]]  # the engine ends at ends[0] itself
+        stop = self.fim.stop if self.fim else None
+        # a middle's own end (CodeGen2's <eom>), unless an end id already ends it
+        self.fim_stop = stop if stop and stop[0] not in ends else None
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -125,6 +139,10 @@ class Preprocessor:
 
     def _encode_all(self, texts: Sequence[str]) -> list[list[int]]:
         return self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+
+    def _encode_bare(self, texts: Sequence[str]) -> list[list[int]]:
+        assert self.bare is not None
+        return [e.ids for e in self.bare.encode_batch(list(texts), add_special_tokens=False)]
 
     def tensors(self, inputs: Mapping[str, np.ndarray]) -> Tensors:
         """The preprocessing model's outputs for one request (names in contract.tensors)."""
@@ -142,14 +160,17 @@ class Preprocessor:
             except InvalidRequestError as exc:
                 checked.append(exc)
         good = [c for c in checked if isinstance(c, _Texts)]
-        ids = iter(self.encode_all([t for c in good for t in c.texts()]))
+        apart = self.bare is not None  # suffixes without the leading space, encoded apart
+        ids = iter(self.encode_all([t for c in good for t in c.texts(with_suffixes=not apart)]))
+        after = [t for c in good for t in c.suffixes] if apart else []
+        suffix_ids = iter(self._encode_bare(after)) if apart else ids
         answers: list[Tensors | Exception] = []
         for item in checked:
             if isinstance(item, Exception):
                 answers.append(item)
                 continue
             prompts = [next(ids) for _ in item.prompts]
-            suffixes = [next(ids) for _ in item.suffixes]
+            suffixes = [next(suffix_ids) for _ in item.suffixes]
             words = {
                 name: [[next(ids) for _ in row] for row in rows]
                 for name, rows in item.words.items()
@@ -179,11 +200,12 @@ class Preprocessor:
                             f"{WORD_INPUTS[name]} of row {i}: the word {text[:40]!r} is "
                             f"{len(word)} tokens, over the limit of {MAX_TOKENS_PER_WORD}"
                         )
-        if self.fim is not None and self.fim.stop:  # CodeGen2 ends a middle with <eom>
-            stops = words["STOP_WORDS_DICT"]
-            for i, suffix in enumerate(item.suffixes):
-                if suffix:
-                    stops[i] = [*stops[i], self.fim.stop]
+        stops = words["STOP_WORDS_DICT"]
+        for i, suffix in enumerate(item.suffixes):
+            fim_stop = [self.fim_stop] if suffix and self.fim_stop else []  # CodeGen2's <eom>
+            stops[i] = [*stops[i], *fim_stop, *self.end_stops]
+        if self.head:
+            prompts = [[*self.head, *row] for row in prompts]
         ids = np.zeros((len(prompts), max(len(r) for r in prompts)), dtype=np.uint32)
         for i, row in enumerate(prompts):
             ids[i, : len(row)] = row

@@ -1,5 +1,5 @@
 """Holding the engine still, so that a test's condition is true by construction rather than by
-the machine's speed: the engine model's ``EngineHold`` (backend/engine_stage.py, on in the test
+the machine's speed: the engine model's ``EngineHold`` (backend/engine_hold.py, on in the test
 repository's config) is told through its cancel channel to hold, and answers once it holds.
 While held, the engine's thread waits after its current step and new requests wait before they
 reach the engine, however fast the machine is."""

@@ -148,6 +148,7 @@ ALLOWED: dict[str, set[str]] = {
     "loadtest": {"contract", "client", "serving", "openai_api", "reporting"},
     "openai_api": {"contract", "client", "serving"},
     "bench": {"contract", "engine", "client", "serving", "loadtest", "modelbuild", "reporting"},
+    "evaluation": {"contract", "engine", "serving", "bench", "reporting"},
 }
 FORBIDDEN: dict[str, set[str]] = {
     "contract": {"torch", "triton_python_backend_utils", "tritonclient", "transformers"},

@@ -1,0 +1,68 @@
+"""What the served model can do that a client may want to know before asking: whether it takes
+a ``suffix`` (fill-in-the-middle), listed by ``GET /v1/models`` as ``"fim"``.
+
+The served checkpoint's tokenizer decides (contract/fim.py), and it is Triton's: the API may run
+on another host, with no checkpoint at hand or an older one. So the API asks Triton's own
+``preprocessing`` model, over the same gRPC endpoint it completes through, to tokenize an empty
+prompt with a one-character suffix: a model with a FIM layout answers with token ids, one
+without refuses with contract.fim.NO_FIM. Nothing is generated (the engine is not called), so
+the question costs one tokenizer call.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from client import resolve_target
+from contract.fim import NO_FIM_START
+from contract.tensors import PREPROCESSING_INPUTS, PREPROCESSING_MODEL
+
+log = logging.getLogger("openai_api")
+
+ASK_TIMEOUT_S = 10.0
+# an empty prompt before a one-character suffix, no words: the preprocessing model's inputs
+QUESTION = {
+    "QUERY": b"",
+    "REQUEST_OUTPUT_LEN": 1,
+    "BAD_WORDS_DICT": b"",
+    "STOP_WORDS_DICT": b"",
+    "suffix": b"\n",
+}
+
+
+def takes_suffix(triton_url: str, timeout_s: float = ASK_TIMEOUT_S) -> bool | None:
+    """Whether the model Triton serves fills in the middle; None when Triton cannot say (not
+    reachable, no ``preprocessing`` model, another error)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    inputs = []
+    for spec in PREPROCESSING_INPUTS:
+        array = np.array([[QUESTION[spec.name]]], dtype=spec.numpy_dtype)
+        tensor = grpcclient.InferInput(spec.name, list(array.shape), spec.wire_type)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    try:
+        target = resolve_target(triton_url, "grpc")
+        client = grpcclient.InferenceServerClient(target.address, ssl=target.ssl)
+    except Exception as exc:
+        log.warning("cannot ask %s whether its model takes a suffix: %s", triton_url, exc)
+        return None
+    try:
+        client.infer(
+            PREPROCESSING_MODEL,
+            inputs,
+            outputs=[grpcclient.InferRequestedOutput("REQUEST_INPUT_LEN")],
+            client_timeout=timeout_s,
+        )
+    except Exception as exc:
+        message = (exc.message() if isinstance(exc, InferenceServerException) else "") or str(exc)
+        if NO_FIM_START in message:
+            return False
+        log.warning("cannot ask %s whether its model takes a suffix: %s", triton_url, message)
+        return None
+    finally:
+        client.close()
+    return True
