@@ -117,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
             f"  Triton       grpc://{settings.triton_url}   API key: {key}\n",
             flush=True,
         )
+        # uvicorn handles SIGTERM itself, then raises it again once it has shut down: with the
+        # default handler the process would die there, before the Triton started here is
+        # stopped; with this one the raise is a no-op and the stop below runs
+        signal.signal(signal.SIGTERM, lambda *_: None)
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:
         stopping.set()
