@@ -92,13 +92,13 @@ setup: $(VENV)/.setup  ## .venv with the server, engines and client; .venv-expor
 setup-dev: $(VENV)/.setup-dev  ## setup + test and lint tools
 
 # a model already there is kept when MODEL= was not given (it may be one a user chose before)
-KEEP_MODEL = $(and $(filter file,$(origin MODEL)),$(if $(FORCE),,$(wildcard $(CHECKPOINT)/config.json)))
-CHECKPOINT = model_repository/gptj/1/checkpoint
+KEEP_MODEL = $(and $(filter file,$(origin MODEL)),$(if $(FORCE),,$(wildcard $(SERVED)/config.json)))
+SERVED := model_repository/gptj/1/checkpoint
 model: setup  ## install the default model (SmolLM2-135M, ~2 min) unless one is present, export it to OpenVINO; see MODEL= (stdlib: train the GPT-J), WEIGHTS=, ENGINE=
 ifneq ($(KEEP_MODEL),)
-	@echo "[make model] keeping the model in $(CHECKPOINT) (MODEL=smollm2 FORCE=1 replaces it)"
+	@echo "[make model] keeping the model in $(SERVED) (MODEL=smollm2 FORCE=1 replaces it)"
 else ifeq ($(MODEL),smollm2)
-	$(BIN)/python -m modelbuild.pretrained smollm2 --out $(CHECKPOINT) $(if $(FORCE),--force)
+	$(BIN)/python -m modelbuild.pretrained smollm2 --out $(SERVED) $(if $(FORCE),--force)
 else ifeq ($(MODEL),stdlib)
 	$(BIN)/python -m modelbuild build $(if $(STEPS),--steps $(STEPS)) $(if $(FORCE),--force)
 else
