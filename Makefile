@@ -15,12 +15,14 @@ TRITON_ADDRESS ?= 127.0.0.1
 # llama, qwen2, mistral, starcoder2; a folder named smollm2 or stdlib: MODEL=./smollm2);
 # FORCE=1 replaces an existing model;
 # ENGINE=fastertransformer also exports it for Triton's FasterTransformer backend (TP GPUs).
-# WEIGHTS=float32|int8|int4: how its OpenVINO export stores the weights (int8/int4: NNCF).
+# WEIGHTS=int8 (default)|float32|int4: how its OpenVINO export stores the weights (NNCF
+# compression; int8 decodes the default model twice as fast as float32 at the same make eval
+# scores: docs/performance.md; float32 for answers equal to transformers' token for token).
 STEPS ?=
 FORCE ?=
 MODEL ?= smollm2
 ENGINE ?= python
-WEIGHTS ?= float32
+WEIGHTS ?= int8
 TP ?= 1
 DTYPE ?= fp16
 # make loadtest: LENGTHS=8,32,128,512 USERS=16 DURATION=100 (s per length), PROTOCOL=http|grpc|openai
