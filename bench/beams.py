@@ -1,8 +1,9 @@
 """Section ``beams``: what beam search costs at widths 1, 4 and 8, next to transformers'.
 
 The same prompts (equal lengths, so transformers pays no padding) go to the engine, all at
-once, each as a beam search of the width, and to ``GPTJForCausalLM.generate(num_beams=width)``
-as one static batch; the end token is banned so that every beam runs the whole length. Reported:
+once, each as a beam search of the width, and to transformers' ``generate(num_beams=width)``
+(``AutoModelForCausalLM``: the checkpoint's family) as one static batch; every end token is
+banned so that every beam runs the whole length. Reported:
 tokens/s of the best beams (what a user receives) and of every beam (what was computed), the
 engine's peak KV-cache memory, and whether both systems' best beams agree.
 """
@@ -19,7 +20,7 @@ import torch
 from bench.models import ModelInfo, random_prompts
 from bench.settings import Plan
 from contract.options import BeamParams
-from engine import GPTJ, GenerationRequest, GenerationResult, TorchEngine, in_passing_thread
+from engine import GenerationRequest, GenerationResult, TorchEngine, in_passing_thread, load_model
 
 Progress = Callable[[str], None]
 
@@ -40,14 +41,15 @@ class _PeakCache:
 
 
 def _engine_beams(
-    engine: TorchEngine, prompts: list[list[int]], new: int, width: int, eos: int
+    engine: TorchEngine, prompts: list[list[int]], new: int, width: int, ends: tuple[int, ...]
 ) -> tuple[list[list[int]], float]:
     """Every prompt's best beam, and the seconds until the last request finished."""
     started = time.perf_counter()
     results: list[GenerationResult | None] = [None] * len(prompts)
     threads = []
+    bad = [[end] for end in ends]
     for i, prompt in enumerate(prompts):
-        request = GenerationRequest(list(prompt), new, bad_words=[[eos]], beam=BeamParams(width))
+        request = GenerationRequest(list(prompt), new, bad_words=bad, beam=BeamParams(width))
 
         def one(i: int = i, request: GenerationRequest = request) -> None:
             results[i] = engine.generate(request)
@@ -64,7 +66,7 @@ def _engine_beams(
 
 
 def _transformers_beams(
-    model, prompts: list[list[int]], new: int, width: int, eos: int, device: str
+    model, prompts: list[list[int]], new: int, width: int, ends: tuple[int, ...], device: str
 ) -> tuple[list[list[int]], float]:
     batch = torch.tensor(prompts, device=device)
     started = time.perf_counter()
@@ -77,9 +79,9 @@ def _transformers_beams(
             num_beams=width,
             do_sample=False,
             length_penalty=0.0,
-            suppress_tokens=[eos],
+            suppress_tokens=list(ends),
             renormalize_logits=True,  # bans before normalising, as the engine
-            pad_token_id=eos,
+            pad_token_id=ends[0],
         )
     seconds = time.perf_counter() - started
     return [row[len(prompts[0]) :].tolist() for row in out], seconds
@@ -88,12 +90,12 @@ def _transformers_beams(
 def run_beams(plan: Plan, model: ModelInfo, progress: Progress) -> list[dict[str, Any]]:
     """One row per width: tokens/s of both systems, their ratio, peak KV cache, agreement."""
     prompts = random_prompts(
-        plan.beam_prompts, plan.beam_prompt_tokens, model.vocab_size, model.eos_token_id, plan.seed
+        plan.beam_prompts, plan.beam_prompt_tokens, model.vocab_size, model.banned, plan.seed
     )
-    eos, new = model.eos_token_id, plan.beam_tokens
+    ends, new = model.banned, plan.beam_tokens
     observer = _PeakCache()
     engine = TorchEngine(
-        in_passing_thread(lambda: GPTJ.from_checkpoint(model.path, device=plan.device)),
+        in_passing_thread(lambda: load_model(model.path, device=plan.device)),
         max_batch_size=max(plan.beam_widths) * len(prompts),
         observer=observer,
     )
@@ -103,9 +105,9 @@ def run_beams(plan: Plan, model: ModelInfo, progress: Progress) -> list[dict[str
     try:  # the engine alone first, then transformers alone: never two OpenMP pools at once
         for width in plan.beam_widths:
             progress(f"beams: engine, width {width}, {len(prompts)} prompts x {new} tokens")
-            _engine_beams(engine, prompts[:1], 2, width, eos)  # warm-up
+            _engine_beams(engine, prompts[:1], 2, width, ends)  # warm-up
             observer.peak = 0
-            ids, seconds = _engine_beams(engine, prompts, new, width, eos)
+            ids, seconds = _engine_beams(engine, prompts, new, width, ends)
             ours[width] = (ids, seconds, observer.peak)
     finally:
         engine.stop()
@@ -134,13 +136,13 @@ def _transformers_widths(
     model: ModelInfo, plan: Plan, prompts: list[list[int]], progress: Progress
 ) -> dict[int, tuple[list[list[int]], float]]:
     """transformers' beams at every width: width: (best beams, seconds)."""
-    from transformers import GPTJForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    hf = GPTJForCausalLM.from_pretrained(str(model.path), dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(str(model.path), dtype=torch.float32)
     hf = hf.to(plan.device).eval()
-    eos, new, found = model.eos_token_id, plan.beam_tokens, {}
+    ends, new, found = model.banned, plan.beam_tokens, {}
     for width in plan.beam_widths:
         progress(f"beams: transformers, width {width}, {len(prompts)} prompts x {new} tokens")
-        _transformers_beams(hf, prompts[:1], 2, width, eos, plan.device)  # warm-up
-        found[width] = _transformers_beams(hf, prompts, new, width, eos, plan.device)
+        _transformers_beams(hf, prompts[:1], 2, width, ends, plan.device)  # warm-up
+        found[width] = _transformers_beams(hf, prompts, new, width, ends, plan.device)
     return found

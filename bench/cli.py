@@ -1,7 +1,7 @@
 """``make bench`` / ``python -m bench``: the whole comparison in one run, with progress.
 
     python -m bench                      # full run, ~10-15 minutes on 2 cores
-    python -m bench --quick              # ~2 minutes, everything shrunk
+    python -m bench --quick              # everything shrunk: ~14 minutes with SmolLM2-135M
     python -m bench --only kernels,single --device cuda
 
 Writes ``bench/results/<timestamp>/`` (results.md, results.json, chart.png, the server's log)
@@ -50,7 +50,9 @@ class Log:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="shrink everything (~2 minutes)")
+    parser.add_argument(
+        "--quick", action="store_true", help="shrink everything (~14 min with SmolLM2-135M)"
+    )
     parser.add_argument("--only", help=f"comma-separated subset of {','.join(SECTIONS)}")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (engine, transformers, ct2)")
     parser.add_argument("--models", help="default,350m (quick: default only)")

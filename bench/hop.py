@@ -8,9 +8,10 @@ a direct call to the ``gptj`` model (token ids in, token ids out), and the strea
 to its first piece and to its last. The medians show the cost of the plumbing between Triton's
 front end and the engine, which is what changes when the engine moves behind another model.
 
-The checkpoint is a random GPT-J with the default model's shapes (4 layers x 256 wide, vocabulary
-4,096; speed depends on the shapes, not the weights) and a word-level tokenizer, made once under
-``build/bench/``; ``--checkpoint`` takes another one (e.g. the default model's folder).
+The checkpoint is a random GPT-J with the shapes of the model ``make model MODEL=stdlib`` trains
+(4 layers x 256 wide, vocabulary 4,096; the plumbing's cost depends on the shapes, not the
+weights) and a word-level tokenizer, made once under ``build/bench/``; ``--checkpoint`` takes
+another one of any served family (e.g. the default model's folder, SmolLM2).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from contract.tensors import (
     PREPROCESSING_TO_MODEL_STAGE,
 )
 
-# `make model`'s shapes (modelbuild.train.BuildConfig), and its end token's id
+# `make model MODEL=stdlib`'s shapes (modelbuild.train.BuildConfig), and its end token's id
 DEFAULT_SHAPE = {
     "vocab_size": 4096,
     "n_positions": 1024,
@@ -137,7 +138,7 @@ def measure(grpc_url: str, tokens: int, count: int, warmup: int) -> dict[str, di
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", type=Path, help="a GPT-J checkpoint folder")
+    parser.add_argument("--checkpoint", type=Path, help="a checkpoint folder (any family)")
     parser.add_argument("--requests", type=int, default=30, help="timed requests per path")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=8, help="tokens each request generates")

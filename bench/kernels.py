@@ -179,7 +179,7 @@ def run_kernels(
     for model in models:
         kplan = plan.kernels[model.key]
         prompts = random_prompts(
-            max(kplan.batches), kplan.prompt_tokens, model.vocab_size, model.eos_token_id, plan.seed
+            max(kplan.batches), kplan.prompt_tokens, model.vocab_size, model.banned, plan.seed
         )
         for dtype in plan.dtypes:
             for system in plan.systems:

@@ -23,7 +23,7 @@ from bench.settings import SAMPLED
 from client import CodegenClient
 from contract.options import SamplingParams
 from engine import (
-    GPTJ,
+    CausalLM,
     GenerationBackend,
     GenerationRequest,
     GenerationResult,
@@ -120,8 +120,9 @@ class _Pending:
 class BareTarget:
     """Threads submitting to an in-process backend: the engine with no server around it.
 
-    ``end_id`` None bans ``eos`` as a bad word (the torch engine); an id stands in for the end
-    token instead (the openvino backend, which refuses bad words: bench/ov.py)."""
+    ``end_id`` None bans ``eos`` as a bad word (the torch engine; one id, or every end id of a
+    model with several); an id stands in for the end token instead (the openvino backend,
+    which refuses bad words: bench/ov.py)."""
 
     name = "bare"
 
@@ -129,13 +130,14 @@ class BareTarget:
         self,
         engine: GenerationBackend,
         prompts: Sequence[list[int]],
-        eos: int | None,
+        eos: int | Sequence[int] | None,
         end_id: int | None = None,
         name: str = "bare",
     ) -> None:
         self.engine = engine
         self.prompts = list(prompts)
-        self.bad = [[eos]] if eos is not None and end_id is None else []
+        ends = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        self.bad = [[end] for end in ends] if end_id is None else []
         self.end_id = end_id
         self.name = name
         self._pending: set[_Pending] = set()
@@ -190,11 +192,15 @@ class ServedTarget:
         prompt_tokens: Sequence[int],
         end_id: int | None = None,
         name: str = "served",
+        end_words: Sequence[str] = (END_OF_TEXT,),
     ) -> None:
         self.url = url
         self.name = name
-        # the end token banned, or (openvino, which refuses bad words) a stand-in end id
-        self.end: dict = {"end_id": end_id} if end_id is not None else {"bad_words": (END_OF_TEXT,)}
+        # the end tokens banned (as text: the model's own, e.g. SmolLM2's <|im_end|>), or
+        # (openvino, which refuses bad words) a stand-in end id
+        self.end: dict = (
+            {"end_id": end_id} if end_id is not None else {"bad_words": tuple(end_words)}
+        )
         self.prompts = list(prompts)
         self.prompt_tokens = list(prompt_tokens)
         self._local = threading.local()
@@ -338,7 +344,7 @@ def short_latencies(measurement: Measurement, wanted: int) -> list[float]:
 
 
 def forward_ceiling(
-    model: GPTJ,
+    model: CausalLM,
     prompt_lengths: Sequence[int],
     rows: int,
     length: int,

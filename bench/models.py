@@ -1,9 +1,10 @@
 """The checkpoints a run compares on, and their CTranslate2 conversions (cached).
 
-``default`` is the project's own model (``make model``). ``350m`` is a randomly initialised
-``GPTJForCausalLM`` with codegen-350M's shapes: speed does not depend on the weights' values,
-so the shapes of the real model are enough to measure it, with no download. Both live in
-git-ignored folders and are built once.
+``default`` is the served model (``make model``), of any family the engine serves (GPT-J or
+the Llama family: engine/models.py reads which from its config.json). ``350m`` is a randomly
+initialised ``GPTJForCausalLM`` with codegen-350M's shapes: speed does not depend on the
+weights' values, so the shapes of the real model are enough to measure it, with no download.
+Both live in git-ignored folders and are built once.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from contract.model_tokens import end_ids
+from engine import read_config
 from serving.paths import BUILD_DIR, DEFAULT_CHECKPOINT
 
 CACHE = BUILD_DIR / "bench"
@@ -46,30 +49,57 @@ class ModelInfo:
     path: Path
     description: str
     parameters: int
-    eos_token_id: int
+    eos_token_id: int  # the engine's end token (the first of end_ids)
     vocab_size: int
-    n_positions: int
+    n_positions: int  # the context the engine serves
+    family: str = "gptj"  # config.json's model_type
+    end_ids: tuple[int, ...] = ()  # every id that ends generation (contract/model_tokens.py)
+
+    @property
+    def banned(self) -> tuple[int, ...]:
+        """The ids kept out so that every request makes every token asked for: all end ids
+        (a model with several stops at any of them, served as stop words)."""
+        return self.end_ids or (self.eos_token_id,)
+
+    def end_words(self) -> tuple[str, ...]:
+        """The end tokens as text, for the server's ``bad_words`` (which it tokenizes with
+        the checkpoint's tokenizer): ``<|endoftext|>`` for GPT-2's vocabulary, SmolLM2's
+        ``<|im_end|>``, ..."""
+        from transformers import PreTrainedTokenizerFast
+
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(self.path))
+        return tuple(tokenizer.convert_ids_to_tokens(list(self.banned)))
+
+
+# safetensors entries that are buffers, not parameters (GPT-J's masks, old Llama rotary tables)
+_BUFFERS = (".attn.bias", ".masked_bias", "rotary_emb.inv_freq")
 
 
 def describe_checkpoint(key: str, name: str, path: Path) -> ModelInfo:
-    """Read a checkpoint's config.json and count its parameters from the safetensors headers."""
-    config = json.loads((path / "config.json").read_text())
+    """Read a checkpoint's architecture (engine/models.py, any served family) and count its
+    parameters from the safetensors headers."""
+    config = read_config(path)
+    family = json.loads((path / "config.json").read_text()).get("model_type", "gptj")
     parameters = 0
     for file in sorted(path.glob("*.safetensors")):
         with file.open("rb") as handle:
             size = int.from_bytes(handle.read(8), "little")
             header = json.loads(handle.read(size))
         for tensor, entry in header.items():
-            if tensor != "__metadata__" and not tensor.endswith((".attn.bias", ".masked_bias")):
+            if tensor != "__metadata__" and not tensor.endswith(_BUFFERS):
                 count = 1
                 for dim in entry["shape"]:
                     count *= dim
                 parameters += count
-    description = (
-        f"{config.get('n_layer')} layers x {config.get('n_embd')}, {config.get('n_head')} heads, "
-        f"vocab {config.get('vocab_size')}, {parameters / 1e6:.1f}M parameters"
+    heads = f"{config.n_head} heads" + (
+        f" ({config.n_kv_head} key/value)" if config.n_kv_head != config.n_head else ""
     )
-    eos = config.get("eos_token_id")
+    description = (
+        f"{family}, {config.n_layer} layers x {config.n_embd}, {heads}, vocab "
+        f"{config.vocab_size}, context {config.n_positions}, {parameters / 1e6:.1f}M parameters"
+    )
+    ends = tuple(end_ids(path))
+    eos = ends[0] if ends else config.eos_token_id
     return ModelInfo(
         key=key,
         name=name,
@@ -77,8 +107,10 @@ def describe_checkpoint(key: str, name: str, path: Path) -> ModelInfo:
         description=description,
         parameters=parameters,
         eos_token_id=int(eos if eos is not None else 0),
-        vocab_size=int(config["vocab_size"]),
-        n_positions=int(config["n_positions"]),
+        vocab_size=int(config.vocab_size),
+        n_positions=int(config.n_positions),
+        family=family,
+        end_ids=ends,
     )
 
 
@@ -187,11 +219,14 @@ def convert_ct2(checkpoint: Path, out: Path, dtype: str, progress: Progress = pr
 
 
 def random_prompts(
-    count: int, length: int, vocab_size: int, eos_id: int, seed: int
+    count: int, length: int, vocab_size: int, eos_id: int | Collection[int], seed: int
 ) -> list[list[int]]:
-    """``count`` prompts of exactly ``length`` random token ids (never the end token): equal
-    lengths keep padding out of the static-batch comparison."""
+    """``count`` prompts of exactly ``length`` random token ids (never an end token: one id, or
+    every end id of a model with several): equal lengths keep padding out of the static-batch
+    comparison."""
+    ends = sorted({eos_id} if isinstance(eos_id, int) else set(eos_id))
     generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab_size - 1, (count, length), generator=generator)
-    ids[ids >= eos_id] += 1  # skip the end token
+    ids = torch.randint(0, vocab_size - len(ends), (count, length), generator=generator)
+    for end in ends:  # ascending: each shift moves past one end id, as one id more is skipped
+        ids[ids >= end] += 1
     return ids.tolist()

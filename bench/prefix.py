@@ -38,8 +38,8 @@ def windows(length: int, count: int, vocab: int) -> list[list[int]]:
 
     tokenizer = AutoTokenizer.from_pretrained(str(DEFAULT_CHECKPOINT))
     ids: list[int] = []
-    for text in read_texts(split()[1]):
-        ids += tokenizer(text)["input_ids"]
+    for text in read_texts(split()[1]):  # no BOS between files: one stream of source
+        ids += tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) >= count * (length + MORE):
             break
     size = length + MORE
@@ -90,10 +90,10 @@ def measure(system: str, checkpoint: Path, length: int, repeats: int, new: int) 
             max_cache_tokens=16 * shape.context, prefix_caching=system == "openvino",
         ).start()  # fmt: skip
     else:
-        from engine import GPTJ, TorchEngine, in_passing_thread
+        from engine import TorchEngine, in_passing_thread, load_model
 
         dtype = getattr(torch, system.split("-")[1])
-        model = in_passing_thread(lambda: GPTJ.from_checkpoint(checkpoint, dtype=dtype))
+        model = in_passing_thread(lambda: load_model(checkpoint, dtype=dtype))
         engine = TorchEngine(model, max_batch_size=4).start()
     try:
         _timed(engine, prompts[0], new)  # warm-up: first compilations and allocations

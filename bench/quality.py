@@ -12,8 +12,9 @@ distributions are flat, so small errors flip near-ties: agreement here is a lowe
 dtypes the same way on saved checkpoints (the trained default model, and the random 350M shape
 that ``make bench`` builds): OpenVINO GenAI's pipeline generates greedily in float32 and
 bfloat16 on the same prompts, and each is compared with transformers' greedy float32 output
-(the reference): the share of generated tokens equal to the reference's before the first
-difference, and the sequences equal throughout.
+(the reference, ``AutoModelForCausalLM``: the default model's family): the share of generated
+tokens equal to the reference's before the first difference, and the sequences equal
+throughout.
 """
 
 from __future__ import annotations
@@ -106,17 +107,19 @@ def openvino_agreement(
     checkpoint: Path, prompts: int, prompt_len: int, new: int
 ) -> list[tuple[str, float, int]]:
     """The openvino pipeline's greedy tokens in each dtype against transformers' float32."""
-    from transformers import GPTJForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from bench.models import random_prompts
     from bench.ov import OPENVINO_DTYPES, PipelineGenerate
+    from contract.model_tokens import end_ids
     from engine import ModelShape
     from modelbuild.openvino_export import ensure_export
 
     ensure_export(checkpoint)
     shape = ModelShape.read(checkpoint)
-    ids = random_prompts(prompts, prompt_len, shape.vocab_size, shape.eos_token_id, seed=1)
-    model = GPTJForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    ends = end_ids(checkpoint) or [shape.eos_token_id]
+    ids = random_prompts(prompts, prompt_len, shape.vocab_size, ends, seed=1)
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     batch = torch.tensor(ids)
     with torch.inference_mode():
         out = model.generate(

@@ -113,14 +113,22 @@ def _streamed(client: Any, ids: list[list[int]], length: int, eos: int, end_id: 
     }
 
 
+def served_prompt_tokens(tokenizer: Any, text: str) -> int:
+    """How many tokens the server makes of ``text``: what the tokenizer's rules put before a
+    prompt (a Llama BOS, or nothing) and the text's own, never an end token after it."""
+    from contract.model_tokens import prompt_head
+
+    return len(prompt_head(tokenizer)) + len(tokenizer.encode(text, add_special_tokens=False))
+
+
 def _unary(client: Any, tokenizer: Any, ids: list[list[int]], length: int, end_id: int) -> dict:
     cold, resent = [], []
     for i, window in enumerate(ids):
         text = tokenizer.decode(window[:length])
         more = tokenizer.decode(window[length:])[:MORE]
         longer = text + more
-        first = _unary_once(client, text, end_id, len(tokenizer.encode(text)))
-        again = _unary_once(client, longer, end_id, len(tokenizer.encode(longer)))
+        first = _unary_once(client, text, end_id, served_prompt_tokens(tokenizer, text))
+        again = _unary_once(client, longer, end_id, served_prompt_tokens(tokenizer, longer))
         _check(first[1], "default cold request")
         _check(again[1], "default resent request")
         if i:

@@ -23,8 +23,9 @@ import torch
 
 from bench.ov import OPENVINO_DTYPES, stand_in_end_id, start_backend
 from bench.settings import SAMPLED
+from contract.model_tokens import end_ids
 from contract.options import SamplingParams
-from engine import GPTJ, GenerationRequest, GenerationResult, TorchEngine, in_passing_thread
+from engine import GenerationRequest, GenerationResult, TorchEngine, in_passing_thread, load_model
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.float32}
 
@@ -50,9 +51,15 @@ def generate(
 
 
 def engine_supports_int8() -> bool:
-    """Whether this engine's ``GPTJ.from_checkpoint`` takes ``quantize`` (added in a parallel
-    branch; detected, never assumed)."""
-    return "quantize" in inspect.signature(GPTJ.from_checkpoint).parameters
+    """Whether the engine's loader (``engine.load_model``, every family's) takes ``quantize``
+    (added in a parallel branch; detected, never assumed)."""
+    return "quantize" in inspect.signature(load_model).parameters
+
+
+def checkpoint_end_ids(checkpoint: Path, fallback: int | None) -> list[int]:
+    """Every id that ends the checkpoint's generation (a model may have several, and the
+    server stops at each), else ``fallback``: the ids a runner bans."""
+    return end_ids(checkpoint) or ([fallback] if fallback is not None else [])
 
 
 def ct2_compute_types(device: str) -> set[str]:
@@ -70,7 +77,7 @@ def ct2_compute_types(device: str) -> set[str]:
 def unsupported(system: str, dtype: str, device: str) -> str | None:
     """Why ``system`` cannot run ``dtype`` on ``device`` here, or None when it can."""
     if system == "engine" and dtype == "int8" and not engine_supports_int8():
-        return "not supported (GPTJ.from_checkpoint has no quantize parameter)"
+        return "not supported (engine.load_model has no quantize parameter)"
     if system == "openvino":
         if not device.startswith("cpu"):
             return "not supported (the openvino backend runs on the CPU only here)"
@@ -118,17 +125,18 @@ class EngineRunner:
     ) -> None:
         kwargs = {"quantize": "int8"} if dtype == "int8" else {}
         model = in_passing_thread(  # so the engine's thread holds the only OpenMP pool
-            lambda: GPTJ.from_checkpoint(
-                checkpoint, dtype=TORCH_DTYPES[dtype], device=device, **kwargs
-            )
+            lambda: load_model(checkpoint, dtype=TORCH_DTYPES[dtype], device=device, **kwargs)
         )
-        self.eos = model.config.eos_token_id
+        self.banned = checkpoint_end_ids(checkpoint, model.config.eos_token_id)
         self.engine = TorchEngine(
             model,
             max_batch_size=max_batch_size,
             max_prefill_tokens=max(4096, max_batch_size * prompt_tokens),
         ).start()
-        self.detail = f"GPTJ.from_checkpoint(dtype={dtype}{', quantize=int8' if kwargs else ''})"
+        self.detail = (
+            f"load_model(dtype={dtype}{', quantize=int8' if kwargs else ''}): "
+            f"{type(model).__name__}"
+        )
 
     def generate_ids(
         self, prompts: list[list[int]], new: int, sampled: bool, seed: int
@@ -153,7 +161,7 @@ class EngineRunner:
         return [list(results[i].output_ids) for i in range(len(prompts))]
 
     def request(self, prompt: list[int], new: int, sampled: bool, seed: int) -> GenerationRequest:
-        bad = [[self.eos]] if self.eos is not None else []
+        bad = [[end] for end in self.banned]
         return GenerationRequest(
             list(prompt), new, sampling=engine_sampling(sampled, seed), bad_words=bad
         )
@@ -177,7 +185,7 @@ class OpenVINORunner(EngineRunner):
 
         shape = ModelShape.read(checkpoint)
         self.end_id = stand_in_end_id(shape.vocab_size, shape.eos_token_id)
-        self.eos = None  # no bad words: the backend refuses them
+        self.banned = []  # no bad words: the backend refuses them
         self.engine = start_backend(
             checkpoint, dtype, max_batch_size, max(4096, max_batch_size * prompt_tokens),
             prefix_caching=False,  # static batches of random prompts share no prefix
@@ -192,29 +200,32 @@ class OpenVINORunner(EngineRunner):
 
 
 class TransformersRunner:
-    """transformers' ``GPTJForCausalLM.generate`` on the same checkpoint (a static batch)."""
+    """transformers' ``generate`` on the same checkpoint (a static batch), through
+    ``AutoModelForCausalLM``: ``GPTJForCausalLM`` for a GPT-J, ``LlamaForCausalLM`` ..."""
 
     system = "transformers"
 
     def __init__(self, checkpoint: Path, dtype: str, device: str) -> None:
-        from transformers import GPTJForCausalLM
+        from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()  # no per-call notes about unused generation flags
         hf_logging.disable_progress_bar()
-        model = GPTJForCausalLM.from_pretrained(str(checkpoint), dtype=TORCH_DTYPES[dtype])
+        model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=TORCH_DTYPES[dtype])
         model = model.to(device).eval()
-        self.detail = f"GPTJForCausalLM.generate, {dtype}"
+        name = type(model).__name__
+        self.detail = f"{name}.generate, {dtype}"
         if dtype == "int8":
             with warnings.catch_warnings():  # torch's own deprecation notice for qint8 tensors
                 warnings.simplefilter("ignore", UserWarning)
                 model = torch.ao.quantization.quantize_dynamic(
                     model, {torch.nn.Linear}, dtype=torch.qint8
                 )
-            self.detail = "GPTJForCausalLM.generate, torch dynamic int8 (nn.Linear)"
+            self.detail = f"{name}.generate, torch dynamic int8 (nn.Linear)"
         self.model = model
         self.device = device
-        self.eos = model.config.eos_token_id
+        # min_new_tokens keeps every end id of the generation config out; the first pads
+        self.pad_id = (checkpoint_end_ids(checkpoint, None) or [0])[0]
 
     def generate_ids(
         self, prompts: list[list[int]], new: int, sampled: bool, seed: int
@@ -232,7 +243,7 @@ class TransformersRunner:
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=new,
                 min_new_tokens=new,
-                pad_token_id=self.eos,
+                pad_token_id=self.pad_id,
                 **options,
             )
         return out[:, ids.shape[1] :].tolist()

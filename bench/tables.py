@@ -304,9 +304,9 @@ def openvino_arrival_tables(results: dict[str, Any]) -> list[Table]:
                 "model's backend set to it); pipeline = OpenVINO GenAI's own "
                 f"ContinuousBatchingPipeline.generate on {clients} of the same code prompts "
                 "(min_new_tokens), batches back to back; bare, served and pipeline alternate in "
-                "mirrored half windows (A B C C B A); transformers = GPTJForCausalLM.generate, "
-                f"a static batch of {clients} 32-token prompts, the faster of its dtypes; both "
-                "sampled as above",
+                "mirrored half windows (A B C C B A); transformers = AutoModelForCausalLM"
+                f".generate, a static batch of {clients} 32-token prompts, the faster of its "
+                "dtypes; both sampled as above",
             ),
             [
                 " output tokens",

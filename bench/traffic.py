@@ -40,8 +40,9 @@ from bench.ov import PipelineGenerate, bf16_native, served_dtype, stand_in_end_i
 from bench.server import running_server, served_engine_settings
 from bench.settings import Plan
 from bench.systems import TORCH_DTYPES, TransformersRunner, generate
+from contract.model_tokens import prompt_head
 from contract.prompts import code_prompts
-from engine import GPTJ, TorchEngine, in_passing_thread
+from engine import CausalLM, TorchEngine, in_passing_thread, load_model
 
 Progress = Callable[[str], None]
 TRAFFIC_SECTIONS = ("arrivals", "mixed", "single")
@@ -102,7 +103,7 @@ def _mixed_row(
 
 
 def _forward_ceilings(
-    weights: GPTJ,
+    weights: CausalLM,
     prompt_lengths: list[int],
     plan: Plan,
     arrivals: dict[int, dict[str, Any]],
@@ -213,7 +214,7 @@ def _transformers_reference(
     where native, bfloat16)."""
     length = target_length(plan.lengths)
     row = arrivals.setdefault(length, {"length": length})
-    prompts = random_prompts(plan.clients, 32, model.vocab_size, model.eos_token_id, plan.seed)
+    prompts = random_prompts(plan.clients, 32, model.vocab_size, model.banned, plan.seed)
     dtypes = ("float32", "bfloat16") if bf16_native() else ("float32",)
     for dtype in dtypes:
 
@@ -252,7 +253,7 @@ def _bare(
     plan: Plan,
     settings: dict[str, Any],
     progress: Progress,
-) -> Iterator[tuple[BareTarget, GPTJ | None]]:
+) -> Iterator[tuple[BareTarget, CausalLM | None]]:
     """One backend in this process, configured as the served one; stopped on exit. Yields
     the target and (torch) the weights, for the forward ceilings once the engine is gone."""
     started = time.perf_counter()
@@ -260,7 +261,7 @@ def _bare(
     if backend == "torch":
         dtype = str(settings["dtype"])
         weights = in_passing_thread(  # the engine's thread is then the only OpenMP pool
-            lambda: GPTJ.from_checkpoint(model.path, dtype=TORCH_DTYPES[dtype], device=plan.device)
+            lambda: load_model(model.path, dtype=TORCH_DTYPES[dtype], device=plan.device)
         )
         engine: Any = TorchEngine(
             weights,
@@ -268,7 +269,7 @@ def _bare(
             max_prefill_tokens=int(settings["max_prefill_tokens"]),
             max_cache_tokens=int(settings["kv_cache_tokens"]) or None,
         ).start()
-        target = BareTarget(engine, ids, model.eos_token_id)
+        target = BareTarget(engine, ids, model.banned)
     else:
         dtype = str(settings["openvino_dtype"])
         engine = start_backend(
@@ -307,8 +308,9 @@ def _served(
     ) as srv:  # fmt: skip
         progress(f"Triton ready on gRPC {srv.grpc_url} ({time.perf_counter() - started:.0f}s)")
         target = ServedTarget(
-            srv.grpc_url, texts, [len(i) for i in ids], end_id, key(backend, "served")
-        )
+            srv.grpc_url, texts, [len(i) for i in ids], end_id, key(backend, "served"),
+            end_words=model.end_words(),
+        )  # fmt: skip
         try:
             got = target.request(0, 16)
             if got != 16:
@@ -368,11 +370,12 @@ def run_traffic(
     settings: dict[str, Any] = dict(served_engine_settings())
     settings["openvino_dtype"] = served_dtype()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model.path))
+    head = prompt_head(tokenizer)  # what the server puts before every prompt (a BOS, or none)
     longest = max((*plan.lengths, plan.mixed_long, plan.single_tokens))
     texts, ids = [], []
     for text in code_prompts(300, seed=plan.seed):
-        tokens = tokenizer.encode(text, add_special_tokens=False)
-        if tokens and len(tokens) + longest <= model.n_positions:
+        tokens = head + tokenizer.encode(text, add_special_tokens=False)
+        if len(tokens) > len(head) and len(tokens) + longest <= model.n_positions:
             texts.append(text)
             ids.append(tokens)
     results["load_settings"] = {

@@ -48,6 +48,7 @@ _WHERE = {
     "LlamaConfig": "engine.llama",
     "CausalLM": "engine.models",
     "load_model": "engine.models",
+    "read_config": "engine.models",
     "in_passing_thread": "engine.threads",
     "OpenVINOBackend": "engine.openvino_backend",
     "FallbackBackend": "engine.fallback",

@@ -61,10 +61,12 @@ def machine_lines(m: MachineInfo, model: ModelInfo) -> list[str]:
     ]
     c = model.checkpoint
     if c:
+        family = {"gptj": "GPT-J", "llama": "Llama"}.get(c.family or "gptj", c.family)
+        loss = f" (held-out loss {c.held_out_loss})" if c.held_out_loss is not None else ""
         lines.append(
-            f"- Model: `{c.name}` GPT-J, {c.layers} layers x {c.width} wide, {c.heads} heads, "
+            f"- Model: `{c.name}` {family}, {c.layers} layers x {c.width} wide, {c.heads} heads, "
             f"context {c.context}, vocabulary {c.vocab}, {(c.parameters or 0) / 1e6:.2f}M "
-            f"parameters (held-out loss {c.held_out_loss})"
+            f"parameters{loss}"
         )
     if model.stage_parameters:
         lines.append(

@@ -290,7 +290,7 @@ class MachineInfo:
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """From the served checkpoint's build.json (written by ``make model``)."""
+    """From the served checkpoint's build.json, or its config.json (loadtest/targets.py)."""
 
     path: str
     name: str | None = None
@@ -301,6 +301,7 @@ class CheckpointInfo:
     context: int | None = None
     vocab: int | None = None
     held_out_loss: float | None = None
+    family: str | None = None  # config.json's model_type: gptj, llama, ...
 
 
 @dataclass(frozen=True)

@@ -210,22 +210,72 @@ class TritonTarget:
         return ModelInfo(**server, checkpoint=_checkpoint_info(self.model_repository))
 
 
+# the same figure under GPT-J's config.json names, then the Llama family's
+_CONFIG_KEYS = {
+    "layers": ("n_layer", "num_hidden_layers"),
+    "width": ("n_embd", "hidden_size"),
+    "heads": ("n_head", "num_attention_heads"),
+    "context": ("n_positions", "max_position_embeddings"),
+    "vocab": ("vocab_size",),
+}
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _safetensors_parameters(folder: Path) -> int | None:
+    """Parameters counted from the safetensors headers (no weight is read)."""
+    total = 0
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with file.open("rb") as handle:
+                header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
+        except (OSError, ValueError):
+            return None
+        for name, entry in header.items():
+            if name != "__metadata__" and not name.endswith((".attn.bias", ".masked_bias")):
+                count = 1
+                for dim in entry["shape"]:
+                    count *= dim
+                total += count
+    return total or None
+
+
 def _checkpoint_info(model_repository: Path) -> CheckpointInfo | None:
-    build = checkpoint_dir(model_repository) / "build.json"
-    if not build.exists():
+    """The served checkpoint: the build.json that `make model` writes for a trained GPT-J,
+    else (a pretrained or imported model of any family) its config.json, pretrained.json and
+    safetensors headers."""
+    folder = checkpoint_dir(model_repository)
+    data = _read_json(folder / "build.json")
+    config = _read_json(folder / "config.json")
+    if not data and not config:
         return None
-    data = json.loads(build.read_text())
     spec = data.get("build", {})
+
+    def figure(name: str) -> int | None:
+        for source in (spec, config):
+            for key in _CONFIG_KEYS[name]:
+                if source.get(key) is not None:
+                    return source[key]
+        return None
+
+    name = data.get("name") or _read_json(folder / "pretrained.json").get("name")
     return CheckpointInfo(
-        path=str(build.parent),
-        name=data.get("name"),
-        parameters=data.get("parameters"),
-        layers=spec.get("n_layer"),
-        width=spec.get("n_embd"),
-        heads=spec.get("n_head"),
-        context=spec.get("n_positions"),
-        vocab=spec.get("vocab_size"),
+        path=str(folder),
+        name=name or config.get("_model_name_or_path"),
+        parameters=data.get("parameters") or _safetensors_parameters(folder),
+        layers=figure("layers"),
+        width=figure("width"),
+        heads=figure("heads"),
+        context=figure("context"),
+        vocab=figure("vocab"),
         held_out_loss=data.get("held_out_loss"),
+        family=config.get("model_type", "gptj") if config else "gptj",
     )
 
 

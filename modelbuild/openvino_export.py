@@ -141,11 +141,13 @@ def new_log() -> Path:
         return Path(tempfile.gettempdir()) / name
 
 
-def ensure_export(checkpoint: Path, force: bool = False, weights: str = "float32") -> Path:
+def ensure_export(checkpoint: Path, force: bool = False, weights: str | None = None) -> Path:
     """Export ``checkpoint`` in .venv-export unless a current export with ``weights`` is
-    there already."""
+    there already (None: in any format, so a tool never replaces the one `make model` chose;
+    float32 when there is none)."""
     if not force and export_problem(checkpoint, weights) is None:
         return export_dir(checkpoint)
+    weights = weights or "float32"
     if not EXPORT_PYTHON.is_file():
         raise ExportError(
             f"{EXPORT_PYTHON} is missing: run `make setup` (scripts/setup-export-venv.sh)"

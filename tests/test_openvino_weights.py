@@ -57,6 +57,7 @@ def test_each_format_is_written_recorded_and_served(checkpoint, weights):
     assert compressed >= STORED[weights] and (weights != "float32" or not compressed)
     other = "int8" if weights != "int8" else "float32"
     assert f"has {weights} weights, not {other}" in export_problem(checkpoint, other)
+    assert ensure_export(checkpoint) and export_weights(checkpoint) == weights  # kept as it is
     engine = OpenVINOBackend(
         require_export(checkpoint), ModelShape.read(checkpoint), max_batch_size=2
     ).start()
