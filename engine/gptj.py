@@ -21,7 +21,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
@@ -33,6 +32,7 @@ from engine.cache import (
     split_long_rows,
     wanted_tokens,
 )
+from engine.weights import check_quantize, placed, read_safetensors
 
 __all__ = ["GPTJ", "GPTJConfig", "KVCache", "Segment", "StepPlan", "split_long_rows"]
 
@@ -105,13 +105,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """The GPTJForCausalLM weights of a checkpoint folder (all *.safetensors shards), with
     tied embeddings untied and transformers' non-weight buffers left out."""
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors weights in {path}; run `make model`")
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        state.update(load_file(file))
-    state = {k: v for k, v in state.items() if not k.endswith((".attn.bias", ".masked_bias"))}
+    state = read_safetensors(path, leave_out=(".attn.bias", ".masked_bias"))
     if "lm_head.weight" not in state:  # tied embeddings
         state["lm_head.weight"] = state["transformer.wte.weight"]
     return state
@@ -242,23 +236,13 @@ class GPTJ(nn.Module):
         quantize: str | None = None,
     ) -> GPTJ:
         """Build from ``GPTJForCausalLM`` weights (see :meth:`from_checkpoint`)."""
-        if quantize not in (None, "none", "int8"):
-            raise ValueError(f"quantize must be 'none' or 'int8', got {quantize!r}")
-        if quantize == "int8" and (dtype != torch.float32 or str(device) != "cpu"):
-            raise ValueError("quantize='int8' runs on the CPU with dtype float32")
+        check_quantize(quantize, dtype, device)
         state = fuse_qkv(dict(state), config.n_layer)
         if "lm_head.bias" not in state:
             state["lm_head.bias"] = torch.zeros(
                 config.vocab_size, dtype=state["lm_head.weight"].dtype
             )
-        model = cls(config)
-        model.load_state_dict(state, strict=True)
-        model = model.to(dtype)
-        model.cos, model.sin = model.cos.float(), model.sin.float()  # angles stay float32
-        model = model.to(device).eval()
-        if quantize == "int8":
-            model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
-        return model
+        return placed(cls(config), state, dtype, device, quantize)
 
     def plan(self, start: torch.Tensor, steps: int, rows: slice = slice(None)) -> StepPlan:
         """Positions, masks, rotary tables and the long-row split for a segment of ``steps``

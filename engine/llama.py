@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from engine.cache import KVCache, Segment, StepPlan, plan_segment, wanted_tokens
 from engine.families import LLAMA_FAMILY, first_id, model_type, sliding_window
+from engine.weights import check_quantize, placed, read_safetensors
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
@@ -324,21 +324,11 @@ class Llama(nn.Module):
         quantize: str | None = None,
     ) -> Llama:
         """Build from transformers' weights, fusing q/k/v and gate/up."""
-        if quantize not in (None, "none", "int8"):
-            raise ValueError(f"quantize must be 'none' or 'int8', got {quantize!r}")
-        if quantize == "int8" and (dtype != torch.float32 or str(device) != "cpu"):
-            raise ValueError("quantize='int8' runs on the CPU with dtype float32")
+        check_quantize(quantize, dtype, device)
         state = fuse(dict(state), config)
         if config.tie_word_embeddings:  # whatever lm_head a tied checkpoint carries is unused
             state["lm_head.weight"] = state["model.embed_tokens.weight"]
-        model = cls(config)
-        model.load_state_dict(state, strict=True)
-        model = model.to(dtype)
-        model.cos, model.sin = model.cos.float(), model.sin.float()  # angles stay float32
-        model = model.to(device).eval()
-        if quantize == "int8":
-            model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
-        return model
+        return placed(cls(config), state, dtype, device, quantize)
 
     def plan(self, start: torch.Tensor, steps: int, rows: slice = slice(None)) -> StepPlan:
         """Positions, masks, rotary tables and the long-row split (as ``GPTJ.plan``)."""
@@ -373,13 +363,7 @@ class Llama(nn.Module):
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint folder's *.safetensors (shards too), less the rotary
     buffers some older Llama checkpoints saved."""
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors weights in {path}; run `make model`")
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        state.update(load_file(file))
-    return {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    return read_safetensors(path, leave_out=("rotary_emb.inv_freq",))
 
 
 def fuse(state: dict[str, torch.Tensor], config: LlamaConfig) -> dict[str, torch.Tensor]:

@@ -1,0 +1,48 @@
+"""Loading a checkpoint's weights into one of the engine's modules (engine/gptj.py,
+engine/llama.py): the same steps for every family, written once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+
+def read_safetensors(path: Path, leave_out: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint folder's *.safetensors (shards too), less those whose
+    names end with one of ``leave_out`` (buffers transformers saved that are no weights)."""
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {path}; run `make model`")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(file))
+    return {k: v for k, v in state.items() if not (leave_out and k.endswith(leave_out))}
+
+
+def check_quantize(quantize: str | None, dtype: torch.dtype, device: str) -> None:
+    if quantize not in (None, "none", "int8"):
+        raise ValueError(f"quantize must be 'none' or 'int8', got {quantize!r}")
+    if quantize == "int8" and (dtype != torch.float32 or str(device) != "cpu"):
+        raise ValueError("quantize='int8' runs on the CPU with dtype float32")
+
+
+def placed(
+    model: nn.Module,
+    state: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    device: str,
+    quantize: str | None,
+) -> nn.Module:
+    """``model`` with ``state`` loaded (every key), in ``dtype`` on ``device`` for inference,
+    its rotary angles kept in float32; ``quantize="int8"``: every linear layer replaced by
+    torch's dynamically quantized one (weights int8, activations quantized per call)."""
+    model.load_state_dict(state, strict=True)
+    model = model.to(dtype)
+    model.cos, model.sin = model.cos.float(), model.sin.float()  # angles stay float32
+    model = model.to(device).eval()
+    if quantize == "int8":
+        model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+    return model
