@@ -17,6 +17,8 @@ CONTRACT_TO_OPENAI = {
     "repetition_penalty": "repetition_penalty",
     "max_tokens": "max_tokens",
     "prompt": "prompt",
+    "n_indent": "n_indent",  # the editor stop rules, read under their own names
+    "t_max_predict_ms": "t_max_predict_ms",
 }
 CONTEXT_OVERFLOW = "exceeds the model's context"
 _OVERLOAD_HINTS = ("exceeds maximum queue size", "resource_exhausted", "overload")

@@ -36,13 +36,16 @@ def test_a_llama_vim_request_maps_onto_fill_in_the_middle():
     assert request.seed == 7 and stops == ("\n\n",) and request.stop_words == ("\n\n",)
     assert stream is False
     assert parse_infill({**LLAMA_VIM, "seed": -1})[0].seed is None  # llama.cpp: random
+    editor = parse_infill({**LLAMA_VIM, "n_indent": 4, "t_max_predict_ms": 250})[0]
+    assert (editor.n_indent, editor.t_max_predict_ms) == (4, 250)  # llama.vim's, honoured
 
 
 @pytest.mark.parametrize(
     ("change", "named"),
     [
         ({"samplers": ["top_k"]}, "samplers"),
-        ({"t_max_predict_ms": 500}, "t_max_predict_ms"),
+        ({"t_max_predict_ms": -1}, "t_max_predict_ms"),
+        ({"n_indent": "four"}, "n_indent"),
         ({"n_predict": -1}, "n_predict"),
         ({"input_extra": [{"filename": "a.py"}]}, "input_extra"),
         ({"input_extra": [{"text": "x", "chunk": 1}]}, "input_extra"),
