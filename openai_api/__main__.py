@@ -85,6 +85,13 @@ def main(argv: list[str] | None = None) -> int:
         "non-streamed requests use the unary ensemble (checked against the server first)",
     )
     parser.add_argument("--max-concurrent", type=int, default=Settings.max_concurrent)
+    parser.add_argument(
+        "--context-tokens",
+        type=int,
+        default=Settings.context_tokens,
+        help="prompt tokens a request with input_extra may reach, max_tokens included, before "
+        "its last chunks are dropped (within the model's context; reported in usage)",
+    )
     parser.add_argument("--start-triton", action="store_true", help="start Triton if none answers")
     parser.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
     parser.add_argument("--triton-http-port", type=int, default=8000)
@@ -95,7 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
 
     settings = Settings.from_environment(
-        triton_url=args.triton, checkpoint=args.checkpoint, max_concurrent=args.max_concurrent
+        triton_url=args.triton,
+        checkpoint=args.checkpoint,
+        max_concurrent=args.max_concurrent,
+        context_tokens=args.context_tokens,
     )
     args.triton = settings.triton_url
     server = ensure_triton(args) if args.start_triton else None

@@ -42,7 +42,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.api = ApiState(
         settings=settings,
-        backend=Backend(settings.triton_url, settings.checkpoint, settings.timeout_s),
+        backend=Backend(
+            settings.triton_url, settings.checkpoint, settings.timeout_s, settings.context_tokens
+        ),
         slots=Slots(settings.max_concurrent),
         playground=resources.files("openai_api").joinpath("static/playground.html").read_text(),
     )

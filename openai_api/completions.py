@@ -12,12 +12,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 
 from fastapi import Request
 
 from client import CompletionRequest
 from openai_api.dependencies import ApiState
 from openai_api.generation import ChoiceResult, PendingChoice
+from openai_api.repo_context import ContextChunk, FittedContext
 
 log = logging.getLogger("openai_api")
 
@@ -60,3 +62,22 @@ async def run_choices(
     with contextlib.suppress(Exception):  # it ends cancelled (an error), or had just finished
         await work
     raise ClientLeftError
+
+
+async def with_context(
+    api: ApiState, request: CompletionRequest, chunks: Sequence[ContextChunk]
+) -> tuple[CompletionRequest, FittedContext]:
+    """``request`` (one prompt) with the repository context that fits its budget before its
+    prompt (:mod:`openai_api.repo_context`), and what was kept; unchanged without chunks."""
+    (prefix,) = request.prompts
+    if not chunks:
+        return request, FittedContext(prefix, 0, 0, None)
+    suffix = request.suffixes[0]
+    fitted = await api.call(api.backend.fit_context, chunks, prefix, suffix, request.max_tokens)
+    return replace(request, prompts=(fitted.prompt,)), fitted
+
+
+def warmed(result: ChoiceResult) -> ChoiceResult:
+    """A warm-up's answer (``max_tokens``/``n_predict`` 0): its prompt went through the
+    engine, so the prefix cache holds it; the one token computed is not an answer."""
+    return replace(result, text="", completion_tokens=0, finish_reason="length", log_probs=None)

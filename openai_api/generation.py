@@ -23,6 +23,7 @@ match also finds a sequence that the model spells with other tokens or that span
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -39,8 +40,12 @@ from client import (
     CompletionStream,
     Health,
     ServerUnavailableError,
+    resolve_target,
 )
 from contract.model_tokens import prompt_head
+from openai_api.capabilities import count_tokens
+from openai_api.repo_context import ContextChunk, FittedContext, fit_context
+from openai_api.settings import DEFAULT_CONTEXT_TOKENS
 
 log = logging.getLogger("openai_api")
 
@@ -296,13 +301,31 @@ class PromptCounter:
         return "verified"
 
 
+def model_context(checkpoint: Path | None) -> int | None:
+    """The served checkpoint's context in tokens, when its config is at hand."""
+    try:
+        config = json.loads((checkpoint / "config.json").read_text())  # type: ignore[operator]
+    except (OSError, TypeError, ValueError):
+        return None
+    value = config.get("max_position_embeddings") or config.get("n_positions")
+    return value if isinstance(value, int) else None
+
+
 class Backend:
     """The blocking calls the API makes, one :class:`CodegenClient` per worker thread."""
 
-    def __init__(self, triton_url: str, checkpoint: Path | None, timeout_s: float) -> None:
+    def __init__(
+        self,
+        triton_url: str,
+        checkpoint: Path | None,
+        timeout_s: float,
+        context_tokens: int = DEFAULT_CONTEXT_TOKENS,
+    ) -> None:
         self.triton_url = triton_url
         self.timeout_s = timeout_s
         self.counter = PromptCounter(checkpoint)
+        # the prompt budget for repository context: the setting, within the model's context
+        self.context_tokens = min(context_tokens, model_context(checkpoint) or context_tokens)
         self._local = threading.local()
         self._probe_lock = threading.Lock()
         self._probed_at = -PROBE_EVERY_S
@@ -317,6 +340,23 @@ class Backend:
 
     def health(self) -> Health:
         return self.client().health()
+
+    def fit_context(
+        self, chunks: Sequence[ContextChunk], prefix: str, suffix: str, max_tokens: int
+    ) -> FittedContext:
+        """The prompt with as much repository context as the budget takes (counted by the
+        server's tokenizer: :mod:`openai_api.repo_context`)."""
+        counter = getattr(self._local, "preprocessing", None)
+        if counter is None:
+            import tritonclient.grpc as grpcclient
+
+            target = resolve_target(self.triton_url, "grpc")
+            counter = grpcclient.InferenceServerClient(target.address, ssl=target.ssl)
+            self._local.preprocessing = counter
+        budget = self.context_tokens - max_tokens
+        return fit_context(
+            chunks, prefix, suffix, budget, lambda rows, sfx: count_tokens(counter, rows, sfx)
+        )
 
     def serves(self) -> str | None:
         """None when one greedy token came back through the unary ensemble and the stream

@@ -2,19 +2,22 @@
 (llama.vim, llama.vscode): the text around the cursor in, the middle out.
 
 The request maps onto the project's fill-in-the-middle (``suffix``, docs/fim.md): the text
-before the cursor is ``input_extra`` (each chunk's text, in order: context from other files),
-then ``input_prefix``, then ``prompt`` (llama.cpp puts ``prompt`` after its middle sentinel:
-it is the start of the middle the user already typed, so it ends the prefix here); the text
-after the cursor is ``input_suffix``. Fields this server cannot honour are refused by name.
-The answer has llama.cpp's shape: ``{"content", "stop", ...}``, or with ``stream`` one
-server-sent event per piece (``data: {"content": ..., "stop": false}``) and a last one with
-``stop`` true and the counts. A client that leaves stops the generation.
+before the cursor is ``input_prefix``, then ``prompt`` (llama.cpp puts ``prompt`` after its
+middle sentinel: it is the start of the middle the user already typed, so it ends the prefix
+here); the text after the cursor is ``input_suffix``. ``input_extra`` is repository context,
+put before all of it (:mod:`openai_api.repo_context`: whole chunks, first ones first, within a
+token budget; what was dropped is reported), and ``n_predict`` 0 only fills the prompt cache
+(llama.vim's warm-up). Fields this server cannot honour are refused by name. The answer has
+llama.cpp's shape: ``{"content", "stop", ...}``, or with ``stream`` one server-sent event per
+piece (``data: {"content": ..., "stop": false}``) and a last one with ``stop`` true and the
+counts. A client that leaves stops the generation.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -22,10 +25,11 @@ from fastapi.responses import JSONResponse, Response
 
 from client import CompletionRequest
 from contract.options import DEFAULT_MAX_TOKENS, InvalidRequestError
-from openai_api.completions import ClientLeftError, run_choices
+from openai_api.completions import ClientLeftError, run_choices, warmed, with_context
 from openai_api.dependencies import ApiState, authorized
 from openai_api.errors import OpenAIError, bad_option, from_client_error
 from openai_api.generation import ChoiceResult
+from openai_api.repo_context import ContextChunk, FittedContext, parse_chunks
 from openai_api.request import EDITOR_FIELDS, MODEL_NAME, editor_options
 from openai_api.routes import CLIENT_CLOSED_REQUEST, read_json
 from openai_api.shapes import sse
@@ -46,6 +50,7 @@ FIELDS = frozenset(
         "seed",
         "stop",
         "stream",
+        "cache_prompt",
         *EDITOR_FIELDS,
     }
 )
@@ -67,31 +72,20 @@ def _number(body: dict[str, Any], name: str, kinds: tuple[type, ...]) -> Any:
     return value
 
 
-def _extra(body: dict[str, Any]) -> str:
-    """``input_extra``: a list of ``{"filename", "text"}`` chunks, their texts in order."""
-    chunks = body.get("input_extra") or []
-    if not isinstance(chunks, list):
-        raise bad_option("input_extra", "input_extra must be a list of {filename, text} objects")
-    texts = []
-    for i, chunk in enumerate(chunks):
-        if (
-            not isinstance(chunk, dict)
-            or set(chunk) - {"filename", "text"}
-            or not isinstance(chunk.get("text"), str)
-            or not isinstance(chunk.get("filename", ""), str)
-        ):
-            raise bad_option(
-                "input_extra",
-                f"input_extra[{i}] must be an object with a string `text` and an optional "
-                f"string `filename` (nothing else), got {chunk!r}",
-            )
-        text = chunk["text"]
-        texts.append(text if not text or text.endswith("\n") else text + "\n")
-    return "".join(texts)
+@dataclass(frozen=True)
+class InfillJob:
+    """A checked ``/infill`` request: the request without its repository context (fitted in
+    later: it needs the server's token counts), the chunks, stops and how to answer."""
+
+    request: CompletionRequest
+    stops: tuple[str, ...]
+    stream: bool
+    chunks: tuple[ContextChunk, ...] = ()
+    warm_only: bool = False  # n_predict 0: fill the prefix cache, answer nothing
 
 
-def parse_infill(body: Any) -> tuple[CompletionRequest, tuple[str, ...], bool]:
-    """(the request, its stop strings, whether to stream); a 400 naming what is wrong."""
+def parse_infill(body: Any) -> InfillJob:
+    """The checked request; a 400 naming what is wrong."""
     if not isinstance(body, dict):
         raise OpenAIError(400, "the request body must be a JSON object")
     unknown = sorted(set(body) - FIELDS)
@@ -101,15 +95,23 @@ def parse_infill(body: Any) -> tuple[CompletionRequest, tuple[str, ...], bool]:
             f"{unknown[0]} is not supported by this server's /infill (it takes "
             f"{', '.join(sorted(FIELDS))}); leave it out",
         )
-    prefix = _extra(body) + _text(body, "input_prefix") + _text(body, "prompt")
+    chunks = parse_chunks(body)
+    prefix = _text(body, "input_prefix") + _text(body, "prompt")
     suffix = _text(body, "input_suffix")
+    if body.get("cache_prompt", True) is not True:
+        raise bad_option(
+            "cache_prompt",
+            "cache_prompt must be true here: this server's prefix cache (engine/config.pbtxt "
+            "prefix_caching) serves every request alike; leave it out",
+        )
     n_predict = _number(body, "n_predict", (int,))
-    if n_predict is not None and n_predict < 1:
+    if n_predict is not None and n_predict < 0:
         raise bad_option(
             "n_predict",
-            f"n_predict must be a positive number of tokens here, got {n_predict} (this server "
-            "generates no unbounded completions)",
+            f"n_predict must be 0 (only fill the prompt cache) or a positive number of tokens, "
+            f"got {n_predict} (this server generates no unbounded completions)",
         )
+    warm_only = n_predict == 0
     seed = _number(body, "seed", (int,))
     stop = body.get("stop") or []
     if isinstance(stop, str):
@@ -119,6 +121,11 @@ def parse_infill(body: Any) -> tuple[CompletionRequest, tuple[str, ...], bool]:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_option("stream", f"stream must be true or false, got {stream!r}")
+    if warm_only and stream:
+        raise bad_option(
+            "stream",
+            "n_predict 0 only fills the prompt cache and answers nothing: send stream false",
+        )
     options: dict[str, Any] = {}
     for name in ("temperature", "top_p"):
         if (value := _number(body, name, (int, float))) is not None:
@@ -128,7 +135,8 @@ def parse_infill(body: Any) -> tuple[CompletionRequest, tuple[str, ...], bool]:
     try:
         request = CompletionRequest(
             (prefix,),
-            max_tokens=n_predict or DEFAULT_MAX_TOKENS,
+            # a warm-up computes one token, which is not returned
+            max_tokens=1 if warm_only else n_predict or DEFAULT_MAX_TOKENS,
             seed=None if seed is None or seed == -1 else seed,  # -1: llama.cpp's random seed
             stop_words=tuple(stop),
             suffix=suffix or None,
@@ -137,36 +145,53 @@ def parse_infill(body: Any) -> tuple[CompletionRequest, tuple[str, ...], bool]:
         )
     except InvalidRequestError as exc:
         raise from_client_error(exc, "") from exc
-    return request, tuple(stop), stream
+    return InfillJob(request, tuple(stop), stream, chunks, warm_only)
 
 
-def _final(result: ChoiceResult) -> dict[str, Any]:
-    """llama.cpp's closing fields: the end, and the token counts."""
-    return {
+def _final(result: ChoiceResult, context: FittedContext) -> dict[str, Any]:
+    """llama.cpp's closing fields: the end, the token counts, and (beyond llama.cpp's) what
+    the repository context kept; ``truncated`` when chunks were dropped."""
+    final = {
         "stop": True,
         "model": MODEL_NAME,
         "tokens_predicted": result.completion_tokens,
         "tokens_evaluated": result.prompt_tokens,
     }
+    if context.chunks_sent:
+        final["truncated"] = context.chunks_used < context.chunks_sent
+        final["usage"] = context.usage()
+    return final
 
 
 @router.post("/infill")
 async def infill(request: Request, api: Annotated[ApiState, Depends(authorized)]) -> Response:
     """Fill in the middle, llama.cpp-style (see the module docstring)."""
-    completion, stops, stream = parse_infill(await read_json(request))
+    job = parse_infill(await read_json(request))
     api.slots.acquire()
-    if stream:
-        return await _stream(api, completion, stops)
     try:
-        (result,) = await run_choices(api, request, [completion], stops)
+        completion, context = await with_context(api, job.request, job.chunks)
+    except BaseException:
+        api.slots.release()
+        raise
+    if job.stream:
+        return await _stream(api, completion, job.stops, context)
+    try:
+        (result,) = await run_choices(api, request, [completion], job.stops)
     except ClientLeftError:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     finally:
         api.slots.release()
-    return JSONResponse({"content": result.text, **_final(result)})
+    if job.warm_only:
+        result = warmed(result)
+    return JSONResponse({"content": result.text, **_final(result, context)})
 
 
-async def _stream(api: ApiState, completion: CompletionRequest, stops: tuple[str, ...]):
+async def _stream(
+    api: ApiState,
+    completion: CompletionRequest,
+    stops: tuple[str, ...],
+    context: FittedContext,
+):
     released = False
     choice: StreamedChoice | None = None
 
@@ -194,7 +219,7 @@ async def _stream(api: ApiState, completion: CompletionRequest, stops: tuple[str
             if kind == "text":
                 yield sse({"content": value, "stop": False})
             elif kind == "done":
-                yield sse({"content": "", **_final(value)})
+                yield sse({"content": "", **_final(value, context)})
             elif kind == "error":
                 yield sse(from_client_error(value, api.settings.triton_url).body())
                 return

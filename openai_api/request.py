@@ -13,6 +13,7 @@ from typing import Any
 from client import ENSEMBLE_MODEL, STREAM_MODEL, CompletionRequest, InvalidRequestError
 from contract.tensors import ENSEMBLE_INPUTS
 from openai_api.errors import CONTRACT_TO_OPENAI, OpenAIError, bad_option, from_invalid_request
+from openai_api.repo_context import ContextChunk, parse_chunks
 
 # Editor stop rules, extensions under llama.cpp's names (contract.options.EditorStops): what
 # each must be, and its neutral value.
@@ -56,7 +57,13 @@ class CompletionJob:
     logprobs: bool
     stream: bool
     include_usage: bool
-    max_tokens: int
+    max_tokens: int  # as asked: 0 for a warm-up (its requests compute one token)
+    chunks: tuple[ContextChunk, ...] = ()  # repository context (input_extra)
+
+    @property
+    def warm_only(self) -> bool:
+        """``max_tokens`` 0: the prompt only fills the prefix cache; nothing is answered."""
+        return self.max_tokens == 0
 
     def prompt_of(self, index: int) -> str:
         return self.prompts[index // self.n]
@@ -186,7 +193,19 @@ def parse_completion(
         raise bad_option("stream_options", "stream_options is only allowed with stream: true")
     include_usage = bool((stream_options or {}).get("include_usage", False))
     stops = _stops(body)
-    max_tokens = _option(body, "max_tokens", (int,), "a positive integer", DEFAULT_MAX_TOKENS)
+    max_tokens = _option(body, "max_tokens", (int,), "an integer >= 0", DEFAULT_MAX_TOKENS)
+    if max_tokens == 0 and (stream or echo or logprobs is not None):
+        raise bad_option(
+            "max_tokens",
+            "max_tokens 0 only fills the prompt cache and answers nothing: send it without "
+            "stream, echo and logprobs",
+        )
+    chunks = parse_chunks(body)
+    if chunks and len(prompts) > 1:
+        raise bad_option(
+            "input_extra",
+            "input_extra (repository context) goes before one prompt: send one prompt with it",
+        )
     sampling = {
         "temperature": float(_option(body, "temperature", (int, float), "a number >= 0", 1.0)),
         "top_p": float(_option(body, "top_p", (int, float), "a number in [0, 1]", 1.0)),
@@ -202,7 +221,7 @@ def parse_completion(
         requests = tuple(
             CompletionRequest(
                 (prompt,),
-                max_tokens=max_tokens,
+                max_tokens=max_tokens or 1,  # a warm-up computes one token, not returned
                 seed=None if seed is None else (seed + i) % 2**64 if seed >= 0 else seed,
                 stop_words=stops,
                 return_log_probs=logprobs is not None,
@@ -227,4 +246,5 @@ def parse_completion(
         stream=stream,
         include_usage=include_usage,
         max_tokens=max_tokens,
+        chunks=chunks,
     )

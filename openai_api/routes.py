@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -19,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from client import ENSEMBLE_MODEL, STREAM_MODEL
 from openai_api.capabilities import takes_suffix
-from openai_api.completions import ClientLeftError, run_choices
+from openai_api.completions import ClientLeftError, run_choices, warmed, with_context
 from openai_api.dependencies import ApiState, Authorized, State, error_response
 from openai_api.errors import OpenAIError
 from openai_api.request import MODEL_ALIASES, MODEL_NAME, parse_completion
@@ -88,14 +89,23 @@ async def models(api: Authorized) -> dict[str, Any]:
 async def completions(api: ApiState, request: Request, path_model: str | None) -> Response:
     job = parse_completion(await read_json(request), path_model, api.settings.max_choices)
     api.slots.acquire()
+    try:
+        first, context = await with_context(api, job.requests[0], job.chunks)
+    except BaseException:
+        api.slots.release()
+        raise
+    if job.chunks:  # one prompt (parse_completion checks), its n choices
+        job = replace(job, requests=tuple(replace(r, prompts=first.prompts) for r in job.requests))
     if job.stream:
-        return await stream_completion(api, job)  # releases the slot when the stream ends
+        return await stream_completion(api, job, context)  # releases the slot at the end
     try:
         results = await run_choices(api, request, job.requests, job.stops)
     except ClientLeftError:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     finally:
         api.slots.release()
+    if job.warm_only:
+        results = [warmed(result) for result in results]
     return JSONResponse(
         {
             "id": f"cmpl-{uuid.uuid4().hex}",
@@ -111,7 +121,7 @@ async def completions(api: ApiState, request: Request, path_model: str | None) -
                 }
                 for i, result in enumerate(results)
             ],
-            "usage": job_usage(job, results),
+            "usage": {**job_usage(job, results), **context.usage()},
         }
     )
 

@@ -9,6 +9,10 @@ from pathlib import Path
 from serving.paths import DEFAULT_CHECKPOINT
 
 API_KEY_VARIABLE = "CODEGEN_API_KEY"
+# The prompt tokens (repository context + prefix + suffix + max_tokens) a request with
+# input_extra may reach before its last chunks are dropped: a cold prefill of 2,048 tokens takes
+# about a second on 2 cores (docs/api.md, "Repository context")
+DEFAULT_CONTEXT_TOKENS = 2048
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,8 @@ class Settings:
     non-streamed requests can use the unary ``ensemble`` (see :mod:`openai_api.generation`).
     ``max_concurrent``: requests in flight at once; more are answered 503 at once rather than
     queued where nobody sees them. ``max_choices``: the largest ``n`` (times prompts) accepted.
+    ``context_tokens``: the prompt budget of a request with repository context
+    (:mod:`openai_api.repo_context`), within the model's own context.
     """
 
     triton_url: str = "localhost:8001"
@@ -29,6 +35,7 @@ class Settings:
     max_concurrent: int = 128
     max_choices: int = 16
     timeout_s: float = 600.0
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS
 
     @classmethod
     def from_environment(cls, **overrides: object) -> Settings:

@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 from openai_api.dependencies import ApiState
 from openai_api.errors import from_client_error
 from openai_api.generation import ChoiceResult, ChoiceStream
+from openai_api.repo_context import FittedContext
 from openai_api.request import CompletionJob
 from openai_api.shapes import job_usage, logprobs, sse
 
@@ -85,9 +86,9 @@ class EventStream(StreamingResponse):
             self._cleanup()
 
 
-async def stream_completion(api: ApiState, job: CompletionJob) -> Response:
+async def stream_completion(api: ApiState, job: CompletionJob, context: FittedContext) -> Response:
     """The job's choices as OpenAI's completion chunks; the caller acquired a slot, which is
-    released when the stream ends."""
+    released when the stream ends. ``context``: what its repository context kept (usage)."""
     choices: list[StreamedChoice] = []
     released = False
 
@@ -161,7 +162,7 @@ async def stream_completion(api: ApiState, job: CompletionJob) -> Response:
                     "created": created,
                     "model": job.model,
                     "choices": [],
-                    "usage": job_usage(job, ordered),
+                    "usage": {**job_usage(job, ordered), **context.usage()},
                 }
             )
         yield sse("[DONE]")

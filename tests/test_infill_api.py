@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -14,6 +15,7 @@ from client import CodegenClient
 from openai_api import Settings
 from openai_api.errors import OpenAIError
 from openai_api.infill import parse_infill
+from openai_api.repo_context import with_chunks
 
 LLAMA_VIM = {  # the fields llama.vim sends that this server takes (docs/api.md)
     "input_prefix": "import os\n\n",
@@ -28,15 +30,19 @@ LLAMA_VIM = {  # the fields llama.vim sends that this server takes (docs/api.md)
 
 
 def test_a_llama_vim_request_maps_onto_fill_in_the_middle():
-    request, stops, stream = parse_infill({**LLAMA_VIM, "stop": ["\n\n"], "seed": 7})
-    # extra context first (each chunk ends a line), then the prefix, then llama's `prompt`
-    assert request.prompts == ("def helper():\n    pass\nimport os\n\ndef add(a, b):",)
+    job = parse_infill({**LLAMA_VIM, "stop": ["\n\n"], "seed": 7, "cache_prompt": True})
+    request = job.request
+    # the prefix, then llama's `prompt`; the extra context goes before it once fitted
+    assert request.prompts == ("import os\n\ndef add(a, b):",)
+    assert with_chunks(job.chunks, request.prompts[0]) == (
+        "def helper():\n    pass\nimport os\n\ndef add(a, b):"  # each chunk ends a line
+    )
     assert request.suffix == ("\n    return total\n",)
     assert (request.max_tokens, request.top_k, request.top_p) == (12, 40, 0.9)
-    assert request.seed == 7 and stops == ("\n\n",) and request.stop_words == ("\n\n",)
-    assert stream is False
-    assert parse_infill({**LLAMA_VIM, "seed": -1})[0].seed is None  # llama.cpp: random
-    editor = parse_infill({**LLAMA_VIM, "n_indent": 4, "t_max_predict_ms": 250})[0]
+    assert request.seed == 7 and job.stops == ("\n\n",) and request.stop_words == ("\n\n",)
+    assert job.stream is False and not job.warm_only
+    assert parse_infill({**LLAMA_VIM, "seed": -1}).request.seed is None  # llama.cpp: random
+    editor = parse_infill({**LLAMA_VIM, "n_indent": 4, "t_max_predict_ms": 250}).request
     assert (editor.n_indent, editor.t_max_predict_ms) == (4, 250)  # llama.vim's, honoured
 
 
@@ -47,6 +53,7 @@ def test_a_llama_vim_request_maps_onto_fill_in_the_middle():
         ({"t_max_predict_ms": -1}, "t_max_predict_ms"),
         ({"n_indent": "four"}, "n_indent"),
         ({"n_predict": -1}, "n_predict"),
+        ({"cache_prompt": False}, "cache_prompt"),
         ({"input_extra": [{"filename": "a.py"}]}, "input_extra"),
         ({"input_extra": [{"text": "x", "chunk": 1}]}, "input_extra"),
         ({"input_prefix": 3}, "input_prefix"),
@@ -68,7 +75,8 @@ def api(server, tiny_checkpoint) -> Iterator[ApiServer]:
 
 
 def reference(server, body: dict) -> str:
-    request, _, _ = parse_infill(body)
+    job = parse_infill(body)  # its context fits the default budget whole
+    request = replace(job.request, prompts=(with_chunks(job.chunks, job.request.prompts[0]),))
     with CodegenClient(server.grpc_url, timeout=60) as codegen:
         return codegen.send(request)[0].completion
 
@@ -81,6 +89,7 @@ def test_infill_answers_like_llama_cpp(server, api):
     assert data["stop"] is True
     assert data["content"] == reference(server, body)
     assert 0 < data["tokens_predicted"] <= 12 and data["tokens_evaluated"] > 0
+    assert data["usage"] == {"input_extra_chunks": 1, "input_extra_chunks_used": 1}
 
 
 def test_infill_streams_like_llama_cpp(server, api):
@@ -100,6 +109,6 @@ def test_infill_streams_like_llama_cpp(server, api):
 
 
 def test_infill_refusals_reach_the_client(api):
-    answer = httpx.post(f"{api.url}/infill", json={**LLAMA_VIM, "cache_prompt": False})
+    answer = httpx.post(f"{api.url}/infill", json={**LLAMA_VIM, "samplers": ["top_k"]})
     assert answer.status_code == 400
-    assert answer.json()["error"]["param"] == "cache_prompt"
+    assert answer.json()["error"]["param"] == "samplers"
