@@ -8,16 +8,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
 
 from contract import pbtxt
 from contract.tensors import ENSEMBLE_MODEL, MODEL_IO, MODEL_STAGE, OPTION_INPUTS, TensorSpec
+from serving import model_config
 from serving.paths import MODEL_REPOSITORY
-
-
-def parse(path: Path) -> model_config_pb2.ModelConfig:
-    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
 
 
 @pytest.fixture
@@ -76,12 +71,12 @@ def test_a_new_option_is_declared_and_wired_without_a_hand_edit(repository, monk
     assert len(takers) == 4  # the two ensembles, the model stage and the engine
     assert pbtxt.write(repository) == [f"{m}/config.pbtxt" for m in takers]
     for model in takers:
-        config = parse(repository / model / "config.pbtxt")
+        config = model_config.read(repository / model)
         declared = {t.name: t for t in config.input}
         assert declared["made_up_option"].optional
-        assert declared["made_up_option"].data_type == model_config_pb2.TYPE_FP32
+        assert declared["made_up_option"].data_type == model_config.DataType.Value("TYPE_FP32")
         assert "# invented here" in (repository / model / "config.pbtxt").read_text()
-    steps = parse(repository / ENSEMBLE_MODEL / "config.pbtxt").ensemble_scheduling.step
+    steps = model_config.read(repository / ENSEMBLE_MODEL).ensemble_scheduling.step
     stage = next(s for s in steps if s.model_name == MODEL_STAGE)
     assert stage.input_map["made_up_option"] == "made_up_option"
     assert pbtxt.drift(repository) == []
