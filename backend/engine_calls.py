@@ -1,9 +1,10 @@
 """Calling the one engine (the ``engine`` model) from the models clients reach.
 
 ``gptj`` (the unary ensemble's model stage, also called directly) and ``ensemble_stream`` hold
-no engine of their own: each Triton request they get becomes one BLS request to the ``engine``
-model, run in a worker thread so that ``execute`` returns at once and requests overlap in the
-engine's running batch, as they did when each model had its engine in-process.
+no engine of their own: each Triton request they get is parsed and checked once, here
+(:meth:`EngineCalls.parse`), and becomes one BLS request to the ``engine`` model carrying the
+parsed request, run in a worker thread so that ``execute`` returns at once and requests overlap
+in the engine's running batch, as they did when each model had its engine in-process.
 
 Because a BLS request cannot be cancelled in Triton 2.51 (see backend/cancel.py), a watcher
 asks Triton every ``poll_s`` whether each caller's client went away (a gRPC cancel or deadline,
@@ -18,7 +19,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -30,9 +31,9 @@ from backend.io import FINAL, error_response, response, tokenize
 from backend.stop_request import answer_stop, stopped_message
 from contract import metrics as names
 from contract.options import InvalidRequestError
-from contract.tensors import ENGINE_ERROR, ENGINE_MODEL, ENGINE_OUTPUTS, STOP_INPUT
-from engine.interface import ModelLimits
-from engine.tensors import parse_request
+from contract.tensors import ENGINE_ERROR, ENGINE_MODEL, ENGINE_OUTPUTS, ENGINE_REQUEST, STOP_INPUT
+from engine.interface import GenerationRequest, ModelLimits
+from engine.tensors import encode_request, parse_request
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
 from preprocessing.tokenize import Preprocessor
 
@@ -233,13 +234,16 @@ class EngineCalls:
             self.metrics.in_flight(self._in_flight)
         self.slots.release()
 
-    def check(self, arrays: Mapping[str, np.ndarray], stream: bool) -> None:
-        """Raise InvalidRequestError for a request the engine would refuse for its options or
-        size, so that it is refused here at once rather than after waiting in the engine's
-        queue behind valid work (under overload that wait can outlast its queue timeout)."""
+    def parse(self, arrays: Mapping[str, np.ndarray], stream: bool) -> list[GenerationRequest]:
+        """The request's rows, parsed once and checked against the model's limits: what the
+        engine is sent and trusts. InvalidRequestError for a request the engine would refuse
+        for its options or size, so that it is refused here at once rather than after waiting
+        in the engine's queue behind valid work (under overload that wait can outlast its queue
+        timeout)."""
         rows, _ = parse_request(arrays, stream)
         for row in rows:
             self.limits.check(row)
+        return rows
 
     def cancel(self, call: Call) -> None:
         """Tell the engine to drop the call's rows (once)."""
@@ -272,14 +276,12 @@ class EngineCalls:
                 if gone:
                     self.cancel(call)
 
-    def responses(self, call: Call, arrays: Mapping[str, np.ndarray], stream: bool) -> Iterator:
-        """The engine's responses to one request (model-stage tensors), as they come, each
-        read only once the engine said it is there (backend/bls_ready.py says why). The caller
-        reads them to the end (the final response); the iterator is then kept alive a while
-        (``_Retired`` says why)."""
-        inputs = [pb_utils.Tensor(name, array) for name, array in arrays.items()]
-        if stream:
-            inputs.append(pb_utils.Tensor("stream", np.array([[True]])))
+    def responses(self, call: Call, rows: Sequence[GenerationRequest], stream: bool) -> Iterator:
+        """The engine's responses to one request (its rows, as :meth:`parse` gave them), as
+        they come, each read only once the engine said it is there (backend/bls_ready.py says
+        why). The caller reads them to the end (the final response); the iterator is then kept
+        alive a while (``_Retired`` says why)."""
+        inputs = [pb_utils.Tensor(ENGINE_REQUEST.name, encode_request(rows, stream))]
         self.ready.expect(call.key)
         replies = pb_utils.InferenceRequest(
             model_name=self.engine_model,
@@ -340,14 +342,14 @@ def forward_final(
         answer_stop(calls, sender, arrays, client_id, requested)
         return
     try:
-        calls.check(arrays, stream=False)
+        rows = calls.parse(arrays, stream=False)
     except InvalidRequestError as exc:
         sender.send(error_response(str(exc)), flags=FINAL)
         return
 
     def work(call: Call) -> None:
         answer = error_response("internal error: the engine sent no response")
-        for reply in calls.responses(call, arrays, stream=False):
+        for reply in calls.responses(call, rows, stream=False):
             if (error := engine_error(reply)) is not None:
                 answer = error_response(stopped_message(client_id) if call.stopped else error)
             elif reply.output_tensors():
@@ -422,20 +424,14 @@ def stream_pieces(
 
     def work(call: Call) -> None:
         try:
-            stage = tokenize(preprocessor, arrays)
+            rows = calls.parse(tokenize(preprocessor, arrays), stream=True)
         except InvalidRequestError as exc:
             call.final(error_response(str(exc)))
             return
-        try:
-            calls.check(stage, stream=True)
-        except InvalidRequestError as exc:
-            call.final(error_response(str(exc)))
-            return
-        prompt = stage["input_ids"][0, : int(stage["input_lengths"].reshape(-1)[0])].tolist()
-        log_probs = bool(np.asarray(stage.get("is_return_log_probs", False)).any())
+        prompt, log_probs = rows[0].prompt_ids, rows[0].return_log_probs
         pieces = _Pieces(call, IncrementalDecoder(postprocessor, prompt), len(prompt), log_probs)
         wanted = True
-        for reply in calls.responses(call, stage, stream=True):
+        for reply in calls.responses(call, rows, stream=True):
             if (error := engine_error(reply)) is not None:
                 if wanted and not call.client_gone():
                     why = stopped_message(client_id) if call.stopped else error

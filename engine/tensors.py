@@ -1,4 +1,5 @@
-"""The model stage's tensors <-> engine requests and results (FasterTransformer GPT-J layout).
+"""The model stage's tensors <-> engine requests and results (FasterTransformer GPT-J layout),
+and the parsed request as the engine model takes it.
 
 Kept apart from the Triton adapter so that unit tests exercise it without a server. Arrays are
 per Triton request, batch dimension first: a request may carry several prompts (rows).
@@ -6,7 +7,9 @@ per Triton request, batch dimension first: a request may carry several prompts (
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -91,8 +94,9 @@ def requests_from_tensors(arrays: Mapping[str, np.ndarray]) -> tuple[list[Genera
 def parse_request(
     arrays: Mapping[str, np.ndarray], stream: bool
 ) -> tuple[list[GenerationRequest], bool]:
-    """``requests_from_tensors`` plus what streaming allows: one prompt, no beams. The engine
-    model and the models that call it both parse a request with this."""
+    """``requests_from_tensors`` plus what streaming allows: one prompt, no beams. The models
+    that call the engine parse a request with this, once; the engine takes what they parsed
+    (:func:`encode_request`)."""
     rows, log_probs = requests_from_tensors(arrays)
     if stream and len(rows) != 1:
         raise InvalidRequestError(f"streaming takes one prompt per request, got {len(rows)}")
@@ -102,6 +106,29 @@ def parse_request(
             "finish; send it to the unary `ensemble` instead"
         )
     return rows, log_probs
+
+
+def encode_request(rows: Sequence[GenerationRequest], stream: bool) -> np.ndarray:
+    """The engine model's ``request`` input: ``rows`` as their caller parsed and checked them,
+    and whether to stream, as JSON. The engine reads them back with :func:`decode_request`
+    rather than parsing the model-stage tensors a second time."""
+    payload = {"stream": stream, "rows": [dataclasses.asdict(row) for row in rows]}
+    return np.array([[json.dumps(payload, separators=(",", ":")).encode()]], dtype=np.object_)
+
+
+def decode_request(array: np.ndarray) -> tuple[list[GenerationRequest], bool]:
+    """The rows and the stream flag :func:`encode_request` wrote."""
+    payload = json.loads(np.asarray(array).reshape(-1)[0])
+    return [_request(row) for row in payload["rows"]], bool(payload["stream"])
+
+
+def _request(fields: dict) -> GenerationRequest:
+    nested = {
+        "sampling": SamplingParams(**fields["sampling"]),
+        "beam": BeamParams(**fields["beam"]),
+        "editor": EditorStops(**fields["editor"]),
+    }
+    return GenerationRequest(**{**fields, **nested})
 
 
 def tensors_from_results(

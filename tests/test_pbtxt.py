@@ -68,7 +68,7 @@ def test_a_new_option_is_declared_and_wired_without_a_hand_edit(repository, monk
     monkeypatch.setattr(pbtxt, "OPTION_INPUTS", options)
     monkeypatch.setattr(pbtxt, "MODEL_IO", with_option)
     takers = sorted(m for m, (inputs, _) in with_option.items() if made_up in inputs)
-    assert len(takers) == 4  # the two ensembles, the model stage and the engine
+    assert len(takers) == 3  # the two ensembles and the model stage; the engine takes them parsed
     assert pbtxt.write(repository) == [f"{m}/config.pbtxt" for m in takers]
     for model in takers:
         config = model_config.read(repository / model)
