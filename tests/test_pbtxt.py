@@ -5,12 +5,23 @@ edit of any config.pbtxt."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from contract import pbtxt
-from contract.tensors import ENSEMBLE_MODEL, MODEL_IO, MODEL_STAGE, OPTION_INPUTS, TensorSpec
+from contract.parameters import FIM_ORDER, MODEL_PARAMETERS, TOKENIZER_PATH
+from contract.tensors import (
+    ENSEMBLE_MODEL,
+    MODEL_IO,
+    MODEL_STAGE,
+    OPTION_INPUTS,
+    POSTPROCESSING_MODEL,
+    PREPROCESSING_MODEL,
+    STREAM_MODEL,
+    TensorSpec,
+)
 from serving import model_config
 from serving.paths import MODEL_REPOSITORY
 
@@ -80,3 +91,39 @@ def test_a_new_option_is_declared_and_wired_without_a_hand_edit(repository, monk
     stage = next(s for s in steps if s.model_name == MODEL_STAGE)
     assert stage.input_map["made_up_option"] == "made_up_option"
     assert pbtxt.drift(repository) == []
+
+
+def test_the_shared_parameters_reach_every_model_that_reads_them():
+    """Triton reads the contract's value in each config: the models that tokenize agree on the
+    checkpoint and the fill-in-the-middle order, and the engine loads that same checkpoint."""
+    for model, shared in MODEL_PARAMETERS.items():
+        params = model_config.parameters(model_config.read(MODEL_REPOSITORY / model))
+        assert {p.key: params.get(p.key) for p in shared} == {p.key: p.value for p in shared}
+    folders = {
+        (MODEL_REPOSITORY / model / path).resolve()
+        for model, shared in MODEL_PARAMETERS.items()
+        for path in (p.value for p in shared if p.key in ("tokenizer_path", "checkpoint_path"))
+    }
+    assert len(folders) == 1
+
+
+def test_a_shared_parameter_changes_in_the_contract_alone(repository, monkeypatch):
+    """fim_order "psm", set once: both models that build prompts get it, nothing else changes,
+    and a hand edit of one of them is drift the generator undoes."""
+    psm = replace(FIM_ORDER, value="psm")
+    changed = {
+        m: tuple(psm if p == FIM_ORDER else p for p in ps) for m, ps in MODEL_PARAMETERS.items()
+    }
+    monkeypatch.setattr(pbtxt, "MODEL_PARAMETERS", changed)
+    assert pbtxt.write(repository) == [
+        f"{m}/config.pbtxt" for m in (STREAM_MODEL, PREPROCESSING_MODEL)
+    ]
+    for model in (STREAM_MODEL, PREPROCESSING_MODEL):
+        assert model_config.parameters(model_config.read(repository / model))["fim_order"] == "psm"
+    path = repository / POSTPROCESSING_MODEL / "config.pbtxt"
+    path.write_text(path.read_text().replace(TOKENIZER_PATH.value, "../elsewhere"))
+    assert pbtxt.drift(repository) == [f"{POSTPROCESSING_MODEL}/config.pbtxt"]
+    pbtxt.write(repository)
+    assert (
+        model_config.parameters(model_config.read(path))["tokenizer_path"] == TOKENIZER_PATH.value
+    )
