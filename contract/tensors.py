@@ -161,7 +161,7 @@ POSTPROCESSING_INPUTS = (
 POSTPROCESSING_OUTPUTS = (TensorSpec("OUTPUT", "TYPE_STRING", (-1, -1)),)
 
 # How the ensemble feeds the stages (the same wiring as ensemble/config.pbtxt, which the test
-# checks); ensemble_stream uses it to call preprocessing itself.
+# checks); ensemble_stream uses it to run preprocessing's logic in its own process.
 ENSEMBLE_TO_PREPROCESSING = {
     "QUERY": "INPUT_0",
     "REQUEST_OUTPUT_LEN": "INPUT_1",
