@@ -121,7 +121,7 @@ api: model  ## OpenAI-compatible API + playground on 127.0.0.1:8080 (starts Trit
 	$(BIN)/python -m openai_api --host $(API_HOST) --port $(API_PORT) --triton $(TRITON_URL) \
 		--start-triton --triton-http-port $(HTTP_PORT) --triton-metrics-port $(METRICS_PORT)
 
-pbtxt: setup  ## rewrite what contract/ generates: the tensor blocks of every config.pbtxt, docs/contract.md
+pbtxt: setup  ## rewrite what contract/ generates: the tensor and shared-parameter blocks of every config.pbtxt, docs/contract.md
 	$(BIN)/python -m contract.pbtxt --write
 	$(BIN)/python -m contract > docs/contract.md
 
@@ -155,7 +155,7 @@ else
 		$(if $(DURATION),--duration $(DURATION))
 endif
 
-bench: $(VENV)/.setup-bench model  ## torch engine vs openvino vs transformers vs CTranslate2, bare vs served, issue 17 targets (41 min on a loaded 2-core VM; QUICK=1)
+bench: $(VENV)/.setup-bench model  ## torch engine vs openvino vs transformers vs CTranslate2, bare vs served, the OpenVINO backend's targets (41 min on a loaded 2-core VM; QUICK=1)
 	$(BIN)/python -m bench --device $(BENCH_DEVICE) $(if $(QUICK),--quick) \
 		$(if $(ONLY),--only $(ONLY)) $(BENCH_ARGS)
 

@@ -1,9 +1,10 @@
 """Calling the one engine (the ``engine`` model) from the models clients reach.
 
 ``gptj`` (the unary ensemble's model stage, also called directly) and ``ensemble_stream`` hold
-no engine of their own: each Triton request they get becomes one BLS request to the ``engine``
-model, run in a worker thread so that ``execute`` returns at once and requests overlap in the
-engine's running batch, as they did when each model had its engine in-process.
+no engine of their own: each Triton request they get is parsed and checked once, here
+(:meth:`EngineCalls.parse`), and becomes one BLS request to the ``engine`` model carrying the
+parsed request, run in a worker thread so that ``execute`` returns at once and requests overlap
+in the engine's running batch, as they did when each model had its engine in-process.
 
 Because a BLS request cannot be cancelled in Triton 2.51 (see backend/cancel.py), a watcher
 asks Triton every ``poll_s`` whether each caller's client went away (a gRPC cancel or deadline,
@@ -18,7 +19,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -26,15 +27,11 @@ import triton_python_backend_utils as pb_utils
 
 from backend.bls_ready import ReadyListener
 from backend.cancel import CancelSender, new_key
-from backend.io import FINAL, error_response, response, tokenize
-from backend.stop_request import answer_stop, stopped_message
+from backend.io import FINAL, error_response
 from contract import metrics as names
-from contract.options import InvalidRequestError
-from contract.tensors import ENGINE_ERROR, ENGINE_MODEL, ENGINE_OUTPUTS, STOP_INPUT
-from engine.interface import ModelLimits
-from engine.tensors import parse_request
-from postprocessing.detokenize import IncrementalDecoder, Postprocessor
-from preprocessing.tokenize import Preprocessor
+from contract.tensors import ENGINE_MODEL, ENGINE_OUTPUTS, ENGINE_REQUEST
+from engine.interface import GenerationRequest, ModelLimits
+from engine.tensors import encode_request, parse_request
 
 # Requests a caller runs at once: the engine's queue (256) and batch (64) hold no more. Past
 # this, execute waits and the next requests wait in the caller's own bounded Triton queue.
@@ -233,13 +230,16 @@ class EngineCalls:
             self.metrics.in_flight(self._in_flight)
         self.slots.release()
 
-    def check(self, arrays: Mapping[str, np.ndarray], stream: bool) -> None:
-        """Raise InvalidRequestError for a request the engine would refuse for its options or
-        size, so that it is refused here at once rather than after waiting in the engine's
-        queue behind valid work (under overload that wait can outlast its queue timeout)."""
+    def parse(self, arrays: Mapping[str, np.ndarray], stream: bool) -> list[GenerationRequest]:
+        """The request's rows, parsed once and checked against the model's limits: what the
+        engine is sent and trusts. InvalidRequestError for a request the engine would refuse
+        for its options or size, so that it is refused here at once rather than after waiting
+        in the engine's queue behind valid work (under overload that wait can outlast its queue
+        timeout)."""
         rows, _ = parse_request(arrays, stream)
         for row in rows:
             self.limits.check(row)
+        return rows
 
     def cancel(self, call: Call) -> None:
         """Tell the engine to drop the call's rows (once)."""
@@ -272,14 +272,12 @@ class EngineCalls:
                 if gone:
                     self.cancel(call)
 
-    def responses(self, call: Call, arrays: Mapping[str, np.ndarray], stream: bool) -> Iterator:
-        """The engine's responses to one request (model-stage tensors), as they come, each
-        read only once the engine said it is there (backend/bls_ready.py says why). The caller
-        reads them to the end (the final response); the iterator is then kept alive a while
-        (``_Retired`` says why)."""
-        inputs = [pb_utils.Tensor(name, array) for name, array in arrays.items()]
-        if stream:
-            inputs.append(pb_utils.Tensor("stream", np.array([[True]])))
+    def responses(self, call: Call, rows: Sequence[GenerationRequest], stream: bool) -> Iterator:
+        """The engine's responses to one request (its rows, as :meth:`parse` gave them), as
+        they come, each read only once the engine said it is there (backend/bls_ready.py says
+        why). The caller reads them to the end (the final response); the iterator is then kept
+        alive a while (``_Retired`` says why)."""
+        inputs = [pb_utils.Tensor(ENGINE_REQUEST.name, encode_request(rows, stream))]
         self.ready.expect(call.key)
         replies = pb_utils.InferenceRequest(
             model_name=self.engine_model,
@@ -308,152 +306,7 @@ class EngineCalls:
         self.ready.close()
 
 
-def engine_error(reply) -> str | None:
-    """The error an engine response carries: an error response (the first response of a
-    request), or the ``error`` output that ends a stream (contract/tensors.py says why)."""
-    if reply.has_error():
-        return reply.error().message()
-    tensor = pb_utils.get_output_tensor_by_name(reply, ENGINE_ERROR.name)
-    if tensor is None:
-        return None
-    return tensor.as_numpy().reshape(-1)[0].decode("utf-8", errors="replace")
-
-
 def copied(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Arrays owned by this process: a request's tensors are read in ``execute`` and used in a
     worker thread after it returned."""
     return {name: np.array(array, copy=True) for name, array in arrays.items()}
-
-
-def forward_final(
-    calls: EngineCalls,
-    sender,
-    arrays: Mapping[str, np.ndarray],
-    requested: frozenset[str] | None = None,
-    client_id: str = "",
-) -> None:
-    """The unary model stage: the engine's one final response, passed on (the outputs the
-    request asked for). An invalid request is answered at once, in ``execute``; a stop
-    request (``stop`` true) stops the requests with its id (see :func:`answer_stop`)."""
-    arrays = dict(arrays)
-    if bool(np.asarray(arrays.pop(STOP_INPUT.name, False)).any()):
-        answer_stop(calls, sender, arrays, client_id, requested)
-        return
-    try:
-        calls.check(arrays, stream=False)
-    except InvalidRequestError as exc:
-        sender.send(error_response(str(exc)), flags=FINAL)
-        return
-
-    def work(call: Call) -> None:
-        answer = error_response("internal error: the engine sent no response")
-        for reply in calls.responses(call, arrays, stream=False):
-            if (error := engine_error(reply)) is not None:
-                answer = error_response(stopped_message(client_id) if call.stopped else error)
-            elif reply.output_tensors():
-                tensors = [
-                    tensor
-                    for tensor in reply.output_tensors()
-                    if requested is None or tensor.name() in requested
-                ]
-                answer = pb_utils.InferenceResponse(output_tensors=tensors)
-        call.final(answer)
-
-    calls.start(sender, work, requested, client_id)
-
-
-class _Pieces:
-    """A stream's answer: text pieces (never a split character), each with the log probs of
-    the tokens it carries, then a final response."""
-
-    def __init__(self, call: Call, decoder: IncrementalDecoder, prompt_len: int, log_probs: bool):
-        self.call = call
-        self.decoder = decoder
-        self.length = prompt_len
-        self.want_log_probs = log_probs
-        self.pending: list[float] = []  # log probs of tokens not yet sent
-        self.cumulative = 0.0
-
-    def _response(self, piece: str):
-        log_probs = self.pending if self.want_log_probs else [0.0] * len(self.pending)
-        self.pending = []
-        outputs = {
-            "OUTPUT_0": np.array([[piece.encode("utf-8")]], dtype=np.object_),
-            "sequence_length": np.array([[self.length]], dtype=np.uint32),
-            "cum_log_probs": np.array([[self.cumulative if self.want_log_probs else 0.0]],
-                                      dtype=np.float32),
-            "output_log_probs": np.array([log_probs], dtype=np.float32),
-        }  # fmt: skip
-        return response(outputs, self.call.requested)
-
-    def push(self, token_ids: list[int], log_probs: list[float]) -> bool:
-        """Add one engine response's tokens; send the text they complete as one piece (several
-        tokens when the engine ran ahead of this reader). False: the client went away."""
-        text = []
-        for token_id, log_prob in zip(token_ids, log_probs, strict=True):
-            self.length += 1
-            self.cumulative += log_prob
-            self.pending.append(log_prob)
-            text.append(self.decoder.push(token_id))
-        piece = "".join(text)
-        if not piece:
-            return True
-        if self.call.client_gone():
-            return False
-        self.call.send(self._response(piece))
-        return True
-
-    def finish(self) -> None:
-        self.call.final(self._response(self.decoder.flush()))
-
-
-def stream_pieces(
-    calls: EngineCalls,
-    preprocessor: Preprocessor,
-    postprocessor: Postprocessor,
-    sender,
-    arrays: Mapping[str, np.ndarray],
-    requested: frozenset[str] | None = None,
-    client_id: str = "",
-) -> None:
-    """The streaming model: tokenize (in process, ``preprocessing``'s logic), stream the
-    engine's tokens (BLS to ``engine``), send text pieces as they complete. A stop request naming
-    ``client_id`` ends it with an error saying so."""
-
-    def work(call: Call) -> None:
-        try:
-            stage = tokenize(preprocessor, arrays)
-        except InvalidRequestError as exc:
-            call.final(error_response(str(exc)))
-            return
-        try:
-            calls.check(stage, stream=True)
-        except InvalidRequestError as exc:
-            call.final(error_response(str(exc)))
-            return
-        prompt = stage["input_ids"][0, : int(stage["input_lengths"].reshape(-1)[0])].tolist()
-        log_probs = bool(np.asarray(stage.get("is_return_log_probs", False)).any())
-        pieces = _Pieces(call, IncrementalDecoder(postprocessor, prompt), len(prompt), log_probs)
-        wanted = True
-        for reply in calls.responses(call, stage, stream=True):
-            if (error := engine_error(reply)) is not None:
-                if wanted and not call.client_gone():
-                    why = stopped_message(client_id) if call.stopped else error
-                    call.final(error_response(why))
-                else:
-                    call.final()  # close the request; nobody reads it
-                wanted = False
-                continue  # an error is the last response: read to the end
-            tokens = pb_utils.get_output_tensor_by_name(reply, "output_ids")
-            if tokens is None or not wanted:
-                continue  # the final response carries nothing; or a cancelled stream drains
-            chosen = pb_utils.get_output_tensor_by_name(reply, "output_log_probs").as_numpy()
-            if not pieces.push(tokens.as_numpy().reshape(-1).tolist(), chosen.reshape(-1).tolist()):
-                wanted = False
-                calls.cancel(call)  # the engine drops the row at its next step
-        if wanted:
-            pieces.finish()
-        else:
-            call.final()
-
-    calls.start(sender, work, requested, client_id)

@@ -2,8 +2,9 @@
 
 Only the ``engine`` model runs it: ``gptj`` and ``ensemble_stream`` call that model
 (backend/engine_calls.py), so every request shares one copy of the weights and one running
-batch. A unary request gets one final response in the model stage's layout; a streamed one
-(input ``stream``) responses with its new tokens, sent by backend/engine_answers.py's thread.
+batch. Each request arrives parsed, as its caller parsed it (engine/tensors.py). A unary request
+gets one final response in the model stage's layout; a streamed one responses with its new
+tokens, sent by backend/engine_answers.py's thread.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
@@ -27,12 +27,12 @@ from backend.engine_hold import EngineHold
 from backend.io import FINAL, error_response, model_parameters, read_inputs, requested_outputs
 from contract import metrics as names
 from contract.options import DEFAULT_MAX_BEAM_WIDTH, EDITOR_STOP_REASONS, InvalidRequestError
-from contract.tensors import ENGINE_INPUTS
+from contract.tensors import ENGINE_REQUEST
 from engine.fallback import REASONS, with_fallback
 from engine.interface import GenerationBackend, GenerationResult, Listener
 from engine.models import load_model
 from engine.openvino_model import ModelShape, export_weights, require_export
-from engine.tensors import parse_request
+from engine.tensors import decode_request
 from engine.threads import in_passing_thread
 from engine.torch_engine import TorchEngine
 from preprocessing.token_texts import token_texts
@@ -292,7 +292,8 @@ def _request_key(request) -> str:
 
 
 def submit_requests(stage: Stage, requests) -> None:
-    """Validate each Triton request and hand its rows to the engine, which answers later.
+    """Hand each Triton request's rows to the engine, which answers later, once the backend
+    accepted every one of them.
 
     A bad request is answered with its own error and the others go on. The loop waits for
     engine room before submitting, so that a request the engine cannot start yet waits in
@@ -306,9 +307,12 @@ def submit_requests(stage: Stage, requests) -> None:
         if owner_pid(key) is not None:  # a BLS caller: it reads each response once told
             sender = TellingSender(sender, key, stage.teller)
         try:
-            arrays = read_inputs(request, ENGINE_INPUTS)
-            stream = "stream" in arrays and bool(np.asarray(arrays.pop("stream")).any())
-            rows, log_probs = parse_request(arrays, stream)
+            # parsed, and checked against the model's limits, by the caller (EngineCalls.parse);
+            # the backend adds what only it knows (its KV-cache budget, what it cannot honour)
+            rows, stream = decode_request(
+                read_inputs(request, [ENGINE_REQUEST])[ENGINE_REQUEST.name]
+            )
+            log_probs = rows[0].return_log_probs
             for row in rows:
                 engine.validate(row)
         except InvalidRequestError as exc:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from contract.tensors import (
 )
 from engine.interface import ModelLimits
 from preprocessing.tokenize import Preprocessor
+from serving import model_config
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -30,16 +30,13 @@ def model_parameters(args: dict) -> dict[str, str]:
     return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
 
 
-_PARAMETER = re.compile(r'key:\s*"([^"]+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"')
-
-
 def engine_limits(args: dict) -> ModelLimits:
     """What every request must fit (the served model's vocabulary and context, the widest beam
     search), read where the engine model reads it: its config.pbtxt's ``checkpoint_path`` and
     ``max_beam_width``, and the checkpoint's config.json. The models that call the engine
     check requests against it before they can wait behind valid work in the engine's queue."""
     engine_dir = Path(args["model_repository"]).parent / ENGINE_MODEL
-    params = dict(_PARAMETER.findall((engine_dir / "config.pbtxt").read_text()))
+    params = model_config.parameters(model_config.read(engine_dir))
     config = json.loads((engine_dir / params["checkpoint_path"] / "config.json").read_text())
     return ModelLimits(
         vocab_size=config["vocab_size"],

@@ -10,8 +10,10 @@ marked blocks that this module owns::
 
 Blocks: ``io`` in every model (its inputs and outputs); in the ensemble, ``preprocessing-inputs``
 (what the first step reads, :data:`~contract.tensors.ENSEMBLE_TO_PREPROCESSING`) and
-``options`` (each option passed to the model stage under its own name). So a new option is
-written once, in the contract, and ``make pbtxt`` declares and wires it everywhere.
+``options`` (each option passed to the model stage under its own name); ``parameters`` in the
+models that share one (:data:`~contract.parameters.MODEL_PARAMETERS`: the checkpoint's place,
+the fill-in-the-middle order). So a new option is written once, in the contract, and
+``make pbtxt`` declares and wires it everywhere.
 
 ``python -m contract.pbtxt --write`` rewrites the blocks; ``--check`` (the default) lists the
 configs that differ and exits 1. ``tests/test_pbtxt.py`` and ``make triton`` run the check.
@@ -26,6 +28,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from contract.parameters import MODEL_PARAMETERS, Parameter
 from contract.tensors import (
     ENSEMBLE_MODEL,
     ENSEMBLE_TO_PREPROCESSING,
@@ -36,8 +39,9 @@ from contract.tensors import (
 
 DEFAULT_REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 COMMAND = "make pbtxt"  # or: python -m contract.pbtxt --write
-BEGIN = "# BEGIN GENERATED {block} (make pbtxt; edit contract/tensors.py, not this block)"
+BEGIN = "# BEGIN GENERATED {block} (make pbtxt; edit {source}, not this block)"
 END = "# END GENERATED {block}"
+SOURCES = {"parameters": "contract/parameters.py"}  # the others: contract/tensors.py
 _BLOCK = re.compile(
     r"^(?P<indent>[ \t]*)# BEGIN GENERATED (?P<block>[\w-]+)\b[^\n]*\n"
     r"(?P<body>.*?)"
@@ -93,13 +97,29 @@ def options_block() -> list[str]:
     return _input_map([(spec.name, spec.name) for spec in OPTION_INPUTS])
 
 
+def _parameter(parameter: Parameter) -> list[str]:
+    value = f'{{ string_value: "{parameter.value}" }}'
+    return [*_comment(parameter.doc, ""), f'parameters {{ key: "{parameter.key}" value: {value} }}']
+
+
+def parameters_block(model: str) -> list[str]:
+    """The parameters ``model`` shares with other models, each under its comment."""
+    return [line for parameter in MODEL_PARAMETERS[model] for line in _parameter(parameter)]
+
+
 def blocks_for(model: str) -> dict[str, Callable[[], list[str]]]:
     """The generated blocks a model's config must hold, by name."""
     blocks: dict[str, Callable[[], list[str]]] = {"io": lambda: io_block(model)}
     if model == ENSEMBLE_MODEL:
         blocks["preprocessing-inputs"] = preprocessing_inputs_block
         blocks["options"] = options_block
+    if model in MODEL_PARAMETERS:
+        blocks["parameters"] = lambda: parameters_block(model)
     return blocks
+
+
+def _begin(block: str) -> str:
+    return BEGIN.format(block=block, source=SOURCES.get(block, "contract/tensors.py"))
 
 
 def regenerate(text: str, model: str) -> str:
@@ -116,15 +136,13 @@ def regenerate(text: str, model: str) -> str:
     if problems:
         raise PbtxtError(
             f"{model}/config.pbtxt: {'; '.join(problems)}: mark each with "
-            f"'{BEGIN.format(block='<name>')}' and '{END.format(block='<name>')}' lines"
+            f"'{_begin('<name>')}' and '{END.format(block='<name>')}' lines"
         )
 
     def rewrite(match: re.Match[str]) -> str:
         indent, block = match["indent"], match["block"]
         body = [indent + line for line in wanted[block]()]
-        return "\n".join(
-            [indent + BEGIN.format(block=block), *body, indent + END.format(block=block)]
-        )
+        return "\n".join([indent + _begin(block), *body, indent + END.format(block=block)])
 
     return _BLOCK.sub(rewrite, text)
 

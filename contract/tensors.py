@@ -161,7 +161,7 @@ POSTPROCESSING_INPUTS = (
 POSTPROCESSING_OUTPUTS = (TensorSpec("OUTPUT", "TYPE_STRING", (-1, -1)),)
 
 # How the ensemble feeds the stages (the same wiring as ensemble/config.pbtxt, which the test
-# checks); ensemble_stream uses it to call preprocessing itself.
+# checks); ensemble_stream uses it to run preprocessing's logic in its own process.
 ENSEMBLE_TO_PREPROCESSING = {
     "QUERY": "INPUT_0",
     "REQUEST_OUTPUT_LEN": "INPUT_1",
@@ -197,20 +197,21 @@ MODEL_IO = {
 INPUT_SPECS = {spec.name: spec for spec in (*ENSEMBLE_INPUTS, STOP_INPUT)}
 
 # The one model that hosts the engine (decoupled): `gptj` and `ensemble_stream` call it (BLS),
-# so both paths share one copy of the weights and one running batch. It takes the model stage's
-# inputs and answers in its layout; with `stream` true (one prompt) it sends a response per
-# generated token instead, whose outputs hold only that response's new tokens, then a final one.
+# so both paths share one copy of the weights and one running batch. A caller parses its
+# request's model-stage tensors once and checks them against the model's limits; the engine
+# takes the parsed request as it is (engine/tensors.py writes and reads it) and answers in the
+# model stage's layout, or, streaming, with a response per generated token, whose outputs hold
+# only that response's new tokens, then a final one.
 ENGINE_MODEL = "engine"
-ENGINE_INPUTS = (
-    *MODEL_STAGE_INPUTS,
-    _scalar(
-        "stream",
-        "TYPE_BOOL",
-        doc="true: responses carrying the tokens generated since the last (one each while the"
-        " reader keeps up), then a final one; absent or false: one final response, the gptj"
-        " stage's layout. One prompt to stream.",
-    ),
+ENGINE_REQUEST = TensorSpec(
+    "request",
+    "TYPE_STRING",
+    (1,),
+    doc="the request its caller parsed and checked: its prompts with their options, and"
+    " whether to stream (one prompt: responses carrying the tokens generated since the last,"
+    " then a final one; else one final response, the gptj stage's layout), as JSON",
 )
+ENGINE_INPUTS = (ENGINE_REQUEST,)
 # How an engine stream that already sent tokens reports its end by error or cancellation: a
 # response carrying this output (then FINAL), never an error response. python_backend r24.10
 # loses a decoupled BLS caller's error response after the first one (its

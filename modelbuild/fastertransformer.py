@@ -51,15 +51,12 @@ COPIED_STAGES = ("ensemble", "preprocessing", "postprocessing")
 def model_stage_contract(model_repository: Path) -> tuple[list, list, int]:
     """(inputs, outputs, max_batch_size) of the python-engine model stage's config.pbtxt, which
     the FasterTransformer stage must expose unchanged: read from it, never written twice."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2 as pb
+    from serving import model_config
 
-    path = Path(model_repository) / MODEL_STAGE / "config.pbtxt"
-    config = text_format.Parse(path.read_text(), pb.ModelConfig())
-    inputs = [
-        (t.name, pb.DataType.Name(t.data_type), tuple(t.dims), t.optional) for t in config.input
-    ]
-    outputs = [(t.name, pb.DataType.Name(t.data_type), tuple(t.dims)) for t in config.output]
+    config = model_config.read(Path(model_repository) / MODEL_STAGE)
+    name = model_config.DataType.Name
+    inputs = [(t.name, name(t.data_type), tuple(t.dims), t.optional) for t in config.input]
+    outputs = [(t.name, name(t.data_type), tuple(t.dims)) for t in config.output]
     return inputs, outputs, config.max_batch_size
 
 

@@ -7,7 +7,6 @@ import ast
 from pathlib import Path
 
 import pytest
-from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from contract.options import InvalidRequestError, SamplingParams
@@ -22,13 +21,12 @@ from contract.tensors import (
     STREAM_MODEL,
     TensorSpec,
 )
+from serving import model_config
 from serving.paths import MODEL_REPOSITORY, REPO_ROOT, checkpoint_dir
 
 
-def load_config(name: str) -> model_config_pb2.ModelConfig:
-    return text_format.Parse(
-        (MODEL_REPOSITORY / name / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
-    )
+def load_config(name: str) -> model_config.ModelConfig:
+    return model_config.read(MODEL_REPOSITORY / name)
 
 
 def declared(tensors) -> set[TensorSpec]:
@@ -139,7 +137,7 @@ ALLOWED: dict[str, set[str]] = {
     "engine": {"contract"},
     "preprocessing": {"contract"},
     "postprocessing": {"contract"},
-    "backend": {"contract", "engine", "preprocessing", "postprocessing"},
+    "backend": {"contract", "engine", "preprocessing", "postprocessing", "serving"},
     "model_repository": {"contract", "engine", "preprocessing", "postprocessing", "backend"},
     "client": {"contract"},
     "serving": {"contract"},

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import configparser
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from modelbuild import fastertransformer as ft
+from serving import model_config
 from serving.paths import MODEL_REPOSITORY
 
 N_LAYER, N_EMBD, N_HEAD, N_INNER, VOCAB, ROTARY = 2, 32, 4, 48, 97, 4
@@ -175,13 +175,6 @@ def test_unsupported_splits_are_refused(checkpoint, tmp_path):
 # the Triton model repository
 
 
-def parse_pbtxt(text: str):
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
-    return text_format.Parse(text, model_config_pb2.ModelConfig())
-
-
 def contract(config) -> tuple[set, set]:
     inputs = {(i.name, i.data_type, tuple(i.dims), i.optional) for i in config.input}
     outputs = {(o.name, o.data_type, tuple(o.dims)) for o in config.output}
@@ -195,7 +188,7 @@ def ft_repository(checkpoint, tmp_path_factory):
 
 
 def test_model_stage_config_is_a_valid_fastertransformer_config(ft_repository):
-    config = parse_pbtxt((ft_repository / "gptj" / "config.pbtxt").read_text())
+    config = model_config.read(ft_repository / "gptj")
     assert config.name == "gptj"
     assert config.backend == "fastertransformer"
     assert config.max_batch_size > 0
@@ -214,20 +207,18 @@ def test_model_stage_config_is_a_valid_fastertransformer_config(ft_repository):
 
 
 def test_model_stage_keeps_the_tensor_contract(ft_repository):
-    from tritonclient.grpc import model_config_pb2 as pb
-
-    config = parse_pbtxt((ft_repository / "gptj" / "config.pbtxt").read_text())
+    config = model_config.read(ft_repository / "gptj")
     inputs, outputs = contract(config)
     assert {"input_ids", "request_output_len", "bad_words_list"} <= {i[0] for i in inputs}
     assert {o[0] for o in outputs} == {
         "output_ids", "sequence_length", "cum_log_probs", "output_log_probs",
     }  # fmt: skip
-    assert pb.DataType.Value("TYPE_UINT32") == next(i[1] for i in inputs if i[0] == "input_ids")
+    input_ids = next(i[1] for i in inputs if i[0] == "input_ids")
+    assert input_ids == model_config.DataType.Value("TYPE_UINT32")
     served = MODEL_REPOSITORY / "gptj" / "config.pbtxt"
     if served.is_file():  # the python-engine stage exposes exactly the same tensors
-        assert contract(parse_pbtxt(served.read_text())) == (inputs, outputs)
-        max_batch = re.search(r"max_batch_size:\s*(\d+)", served.read_text()).group(1)
-        assert config.max_batch_size == int(max_batch)
+        assert contract(model_config.read(served)) == (inputs, outputs)
+        assert config.max_batch_size == model_config.read(served).max_batch_size
 
 
 def test_the_unary_pipelines_other_stages_are_copied_unchanged(ft_repository):

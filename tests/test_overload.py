@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import queue
-import re
 import shutil
 import time
 
@@ -20,6 +19,7 @@ from transformers import GPTJConfig, GPTJForCausalLM
 from client.request import CompletionRequest, requested_outputs
 from contract import metrics as names
 from contract.tensors import ENGINE_MODEL, ENSEMBLE_MODEL, MODEL_STAGE
+from serving import model_config
 from serving.paths import checkpoint_dir
 from serving.process import free_ports
 from serving.triton import Ports, TritonServer
@@ -44,16 +44,13 @@ def small_server(model_repository, tmp_path_factory):
     for weights in checkpoint.glob("*.safetensors"):
         weights.unlink()
     GPTJForCausalLM(slow).save_pretrained(checkpoint)  # beside the tiny model's tokenizer
-    config = repo / ENGINE_MODEL / "config.pbtxt"
-    text = config.read_text()
-    text = re.sub(r'("engine_max_batch_size" value: \{ string_value: )"\d+"', r'\1"1"', text)
-    text = re.sub(r"max_queue_size: \d+", f"max_queue_size: {QUEUE}", text)
+    config = model_config.read(repo / ENGINE_MODEL)
+    model_config.set_parameters(config, {"engine_max_batch_size": "1"})
+    policy = config.dynamic_batching.default_queue_policy
+    policy.max_queue_size = QUEUE
     # the held requests wait as long as a slow machine needs to finish the running one
-    text = re.sub(
-        r"default_timeout_microseconds: \d+", "default_timeout_microseconds: 900000000", text
-    )
-    assert '"1"' in text and f"max_queue_size: {QUEUE}" in text
-    config.write_text(text)
+    policy.default_timeout_microseconds = 900_000_000
+    model_config.write(repo / ENGINE_MODEL, config)
     log = tmp_path_factory.mktemp("logs") / "overload.log"
     triton = TritonServer(repo, Ports(*free_ports(3)), log_file=log)
     triton.start()

@@ -5,19 +5,25 @@ edit of any config.pbtxt."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
 
 from contract import pbtxt
-from contract.tensors import ENSEMBLE_MODEL, MODEL_IO, MODEL_STAGE, OPTION_INPUTS, TensorSpec
+from contract.parameters import FIM_ORDER, MODEL_PARAMETERS, TOKENIZER_PATH
+from contract.tensors import (
+    ENSEMBLE_MODEL,
+    MODEL_IO,
+    MODEL_STAGE,
+    OPTION_INPUTS,
+    POSTPROCESSING_MODEL,
+    PREPROCESSING_MODEL,
+    STREAM_MODEL,
+    TensorSpec,
+)
+from serving import model_config
 from serving.paths import MODEL_REPOSITORY
-
-
-def parse(path: Path) -> model_config_pb2.ModelConfig:
-    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
 
 
 @pytest.fixture
@@ -73,15 +79,51 @@ def test_a_new_option_is_declared_and_wired_without_a_hand_edit(repository, monk
     monkeypatch.setattr(pbtxt, "OPTION_INPUTS", options)
     monkeypatch.setattr(pbtxt, "MODEL_IO", with_option)
     takers = sorted(m for m, (inputs, _) in with_option.items() if made_up in inputs)
-    assert len(takers) == 4  # the two ensembles, the model stage and the engine
+    assert len(takers) == 3  # the two ensembles and the model stage; the engine takes them parsed
     assert pbtxt.write(repository) == [f"{m}/config.pbtxt" for m in takers]
     for model in takers:
-        config = parse(repository / model / "config.pbtxt")
+        config = model_config.read(repository / model)
         declared = {t.name: t for t in config.input}
         assert declared["made_up_option"].optional
-        assert declared["made_up_option"].data_type == model_config_pb2.TYPE_FP32
+        assert declared["made_up_option"].data_type == model_config.DataType.Value("TYPE_FP32")
         assert "# invented here" in (repository / model / "config.pbtxt").read_text()
-    steps = parse(repository / ENSEMBLE_MODEL / "config.pbtxt").ensemble_scheduling.step
+    steps = model_config.read(repository / ENSEMBLE_MODEL).ensemble_scheduling.step
     stage = next(s for s in steps if s.model_name == MODEL_STAGE)
     assert stage.input_map["made_up_option"] == "made_up_option"
     assert pbtxt.drift(repository) == []
+
+
+def test_the_shared_parameters_reach_every_model_that_reads_them():
+    """Triton reads the contract's value in each config: the models that tokenize agree on the
+    checkpoint and the fill-in-the-middle order, and the engine loads that same checkpoint."""
+    for model, shared in MODEL_PARAMETERS.items():
+        params = model_config.parameters(model_config.read(MODEL_REPOSITORY / model))
+        assert {p.key: params.get(p.key) for p in shared} == {p.key: p.value for p in shared}
+    folders = {
+        (MODEL_REPOSITORY / model / path).resolve()
+        for model, shared in MODEL_PARAMETERS.items()
+        for path in (p.value for p in shared if p.key in ("tokenizer_path", "checkpoint_path"))
+    }
+    assert len(folders) == 1
+
+
+def test_a_shared_parameter_changes_in_the_contract_alone(repository, monkeypatch):
+    """fim_order "psm", set once: both models that build prompts get it, nothing else changes,
+    and a hand edit of one of them is drift the generator undoes."""
+    psm = replace(FIM_ORDER, value="psm")
+    changed = {
+        m: tuple(psm if p == FIM_ORDER else p for p in ps) for m, ps in MODEL_PARAMETERS.items()
+    }
+    monkeypatch.setattr(pbtxt, "MODEL_PARAMETERS", changed)
+    assert pbtxt.write(repository) == [
+        f"{m}/config.pbtxt" for m in (STREAM_MODEL, PREPROCESSING_MODEL)
+    ]
+    for model in (STREAM_MODEL, PREPROCESSING_MODEL):
+        assert model_config.parameters(model_config.read(repository / model))["fim_order"] == "psm"
+    path = repository / POSTPROCESSING_MODEL / "config.pbtxt"
+    path.write_text(path.read_text().replace(TOKENIZER_PATH.value, "../elsewhere"))
+    assert pbtxt.drift(repository) == [f"{POSTPROCESSING_MODEL}/config.pbtxt"]
+    pbtxt.write(repository)
+    assert (
+        model_config.parameters(model_config.read(path))["tokenizer_path"] == TOKENIZER_PATH.value
+    )

@@ -12,7 +12,12 @@ from client.request import CompletionRequest
 from contract.options import MAX_PROMPT_BYTES, BeamParams, InvalidRequestError
 from contract.words import decode_words, encode_words, split_word_list, word_list
 from engine import Beam, GenerationResult
-from engine.tensors import requests_from_tensors, tensors_from_results
+from engine.tensors import (
+    decode_request,
+    encode_request,
+    requests_from_tensors,
+    tensors_from_results,
+)
 from modelbuild.__main__ import main as modelbuild_main
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
 from preprocessing.tokenize import Preprocessor
@@ -180,6 +185,31 @@ def test_model_stage_tensors_map_to_engine_requests_and_back():
     assert out["sequence_length"].tolist() == [[5], [5]]
     np.testing.assert_allclose(out["cum_log_probs"], [[-1.5], [-1.0]])
     np.testing.assert_allclose(out["output_log_probs"][0, 0], [-0.5, -1.0, 0.0])
+
+
+def test_the_engine_gets_the_request_its_caller_parsed_field_for_field():
+    arrays = {
+        "input_ids": np.array([[5, 6, 7], [8, 9, 0]], dtype=np.uint32),
+        "input_lengths": np.array([[3], [2]], dtype=np.uint32),
+        "request_output_len": np.array([[4], [6]], dtype=np.uint32),
+        "runtime_top_p": np.array([[0.9], [0.9]], dtype=np.float32),  # not exact in decimal
+        "temperature": np.array([[0.7], [0.7]], dtype=np.float32),
+        "random_seed": np.array([[2**64 - 1], [0]], dtype=np.uint64),
+        "is_return_log_probs": np.array([[True], [True]]),
+        "n_indent": np.array([[4], [4]], dtype=np.uint32),
+        "t_max_predict_ms": np.array([[250], [250]], dtype=np.uint32),
+        "stop_words_list": word_list([[[1, 2], [3]], []]),
+        "bad_words_list": word_list([[], [[4]]]),
+    }
+    parsed, _ = requests_from_tensors(arrays)
+    bare = {name: arrays[name][:1] for name in ("input_ids", "input_lengths", "request_output_len")}
+    defaults, _ = requests_from_tensors(bare)  # every option absent
+    for rows, stream in ((parsed, False), (parsed, True), (defaults, True)):
+        encoded = encode_request(rows, stream)
+        assert encoded.shape == (1, 1) and encoded.dtype == np.object_  # one TYPE_STRING [1]
+        assert decode_request(encoded) == (rows, stream)
+    assert parsed[0].sampling.top_p == float(np.float32(0.9))  # the float32 value, kept
+    assert parsed[0].editor.n_indent == 4 and parsed[1].sampling.seed == 0
 
 
 def test_beam_options_reach_the_engine_and_one_width_per_request():

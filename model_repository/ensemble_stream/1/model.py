@@ -7,14 +7,15 @@ shared with the unary path) -> incremental detokenization with
 pieces concatenate to exactly the unary completion. A client that goes away cancels its
 request (Triton marks it cancelled), which is passed on to the engine; it drops the sequence at
 its next step. A stop request (``stop`` true, the stream's request id) does the same at once.
-The logic is in backend/engine_calls.py.
+The logic is in backend/caller_answers.py.
 """
 
 from pathlib import Path
 
 import numpy as np
 
-from backend.engine_calls import EngineCalls, copied, stream_pieces
+from backend.caller_answers import stream_pieces
+from backend.engine_calls import EngineCalls, copied
 from backend.io import engine_limits, model_parameters, read_inputs, requested_outputs
 from backend.stop_request import answer_stream_stop, client_request_id
 from contract.tensors import ENSEMBLE_INPUTS, STOP_INPUT

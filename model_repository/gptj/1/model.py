@@ -3,10 +3,11 @@
 It runs no engine: each request goes to the ``engine`` model (the one engine of the server,
 shared with the streaming model) and its one final response comes back in this stage's layout.
 ``execute`` returns at once and a worker thread answers through the response sender, so
-requests overlap and batch in the engine; backend/engine_calls.py has the logic.
+requests overlap and batch in the engine; backend/caller_answers.py has the logic.
 """
 
-from backend.engine_calls import EngineCalls, copied, forward_final
+from backend.caller_answers import forward_final
+from backend.engine_calls import EngineCalls, copied
 from backend.io import engine_limits, read_inputs, requested_outputs
 from backend.stop_request import client_request_id
 from contract.tensors import MODEL_STAGE_INPUTS, STOP_INPUT
