@@ -65,7 +65,7 @@ CHECKPOINT ?= model_repository/gptj/1/checkpoint
 EVAL_ARGS ?=
 
 .PHONY: help setup setup-dev model triton test lint format clean k8s docker-lint scan \
-	loadtest prometheus prometheus-install api bench soak pbtxt eval
+	loadtest prometheus prometheus-install api bench llama-server soak pbtxt eval
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -158,6 +158,10 @@ endif
 bench: $(VENV)/.setup-bench model  ## torch engine vs openvino vs transformers vs CTranslate2, bare vs served, the OpenVINO backend's targets (41 min on a loaded 2-core VM; QUICK=1)
 	$(BIN)/python -m bench --device $(BENCH_DEVICE) $(if $(QUICK),--quick) \
 		$(if $(ONLY),--only $(ONLY)) $(BENCH_ARGS)
+
+# never a prerequisite of test or CI: it compiles llama.cpp (LLAMA_CPP_PYTHON_VERSION= to change)
+llama-server:  ## build llama.cpp's llama-server (CPU) from the pinned llama-cpp-python sdist into build/llama.cpp/ (10 CPU-minutes, once)
+	bash scripts/build-llama-server.sh
 
 soak: model  ## bounded load + fault test at 2x saturation, editor phase, drain, stub-kill drill (~6 min)
 	$(BIN)/python -m loadtest.soak --host $(HOST) $(if $(DURATION),--duration $(DURATION)) \
