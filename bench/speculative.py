@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.machine import cpu_model, load_average
     from bench.ov import cpu_flags
-    from engine.openvino_model import export_weights
+    from engine import export_weights
 
     tokenizer = Tokenizer.from_file(str(args.checkpoint / "tokenizer.json"))
     cases = workload(tokenizer, args.files, args.seed)

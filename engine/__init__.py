@@ -58,6 +58,7 @@ _WHERE = {
     "compile_properties": "engine.openvino_model",
     "PRECISIONS": "engine.openvino_model",
     "BLOCK_SIZE": "engine.openvino_model",
+    "export_weights": "engine.openvino_model",
 }
 
 __all__ = sorted(_WHERE)

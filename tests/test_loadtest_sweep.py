@@ -107,7 +107,9 @@ def test_requests_rate_and_counts_are_consistent(run):
         # every request passed through the four models; in-flight ones at the edges aside
         for model in MODELS:
             assert abs(counts[model] - counts["ensemble"]) <= USERS, counts
-        assert abs(triton.engine_requests - counts["gptj"]) <= USERS
+        # the engine (decoupled) is counted once its execute returns, which on a busy machine
+        # can come after its caller was answered: up to a user's request late at each edge
+        assert abs(triton.engine_requests - counts["gptj"]) <= 2 * USERS
         lat = row.latency_ms
         assert 0 < lat.p50 <= lat.p90 <= lat.p95 <= lat.p99
         assert row.tokens_per_s > 0
