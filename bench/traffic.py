@@ -36,13 +36,14 @@ from bench.load import (
     static_batches,
 )
 from bench.models import CACHE, ModelInfo, random_prompts
-from bench.ov import PipelineGenerate, bf16_native, served_dtype, stand_in_end_id, start_backend
+from bench.ov import PipelineGenerate, served_dtype, stand_in_end_id, start_backend
 from bench.server import running_server, served_engine_settings
 from bench.settings import Plan
 from bench.systems import TORCH_DTYPES, TransformersRunner, generate
 from contract.model_tokens import prompt_head
 from contract.prompts import code_prompts
 from engine import CausalLM, TorchEngine, in_passing_thread, load_model
+from reporting.machine import bf16_native
 
 Progress = Callable[[str], None]
 TRAFFIC_SECTIONS = ("arrivals", "mixed", "single")

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from reporting.machine import describe
+
 Increases = dict[str, dict[str, float]]  # counter sample name -> model -> increase
 PERCENTILES = ("p50", "p90", "p95", "p99")
 
@@ -286,6 +288,13 @@ class MachineInfo:
     torch: str | None
     locust: str | None
     tritonclient: str | None
+    cpu_flags: list[str] = field(default_factory=list)
+
+    @classmethod
+    def here(cls) -> MachineInfo:
+        """This machine now (:func:`reporting.machine.describe`)."""
+        info = describe()
+        return cls(**{f.name: info[f.name] for f in dataclasses.fields(cls)})
 
 
 @dataclass(frozen=True)

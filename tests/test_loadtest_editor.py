@@ -25,8 +25,7 @@ from loadtest.editor.report import EditorRun, write_report
 from loadtest.editor.suffix import ProbeError, decide, probe
 from loadtest.editor.typist import TypingStyle, Typist, keystroke, line_starts, pauses
 from loadtest.editor.window import MARGIN_TOKENS, Clipper
-from loadtest.machine import machine_info
-from loadtest.results import ModelInfo
+from loadtest.results import MachineInfo, ModelInfo
 from modelbuild.corpus import split
 
 TEXT = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(60))
@@ -324,7 +323,7 @@ def test_the_report_is_written_with_its_charts_and_a_loud_prefix_only_banner(tmp
         figures=editor_figures(RECORDS, engine),
         after="answered a plain request in 20 ms",
         problems=[],
-        machine=machine_info(),
+        machine=MachineInfo.here(),
         model=ModelInfo(),
     )
     paths = write_report(tmp_path, run, RECORDS)

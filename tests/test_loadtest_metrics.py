@@ -16,8 +16,6 @@ from loadtest.metrics import (
     busy_shares,
     counter_increase,
     execution_busy_us,
-    parse_metrics,
-    sample_name,
     snapshot_deltas,
     window_figures,
 )
@@ -32,6 +30,7 @@ from loadtest.prom import (
 )
 from loadtest.results import PromReading
 from loadtest.run_prometheus import render_config
+from reporting.triton import parse_metrics, sample_name
 
 HEADER = """\
 # HELP nv_inference_request_failure Number of failed inference requests, all batch sizes

@@ -28,8 +28,8 @@ from loadtest.editor.figures import (
     EditorRecord,
     EngineFigures,
 )
-from loadtest.machine import machine_lines
 from loadtest.results import MachineInfo, ModelInfo
+from loadtest.targets import served_lines
 from reporting.charts import COLORS, plt, rolling, save_figure
 from reporting.tables import number, percent, templates
 
@@ -105,7 +105,7 @@ def render(run: EditorRun) -> str:
             started=run.started,
             seconds=f"{run.seconds:.0f}",
             command=run.command,
-            machine="\n".join(machine_lines(run.machine, run.model)),
+            machine="\n".join(served_lines(run.machine, run.model)),
             typists=s["typists"],
             duration=f"{s['duration_s']:.0f}",
             protocol=_protocol(run.protocol),

@@ -44,7 +44,6 @@ from loadtest.editor.compare import (
     Comparison,
     cache_repository,
     check_caching,
-    cpu_flags,
     write_comparison,
 )
 from loadtest.editor.drill import (
@@ -62,10 +61,11 @@ from loadtest.editor.report import EditorRun, write_report
 from loadtest.editor.suffix import ProbeError, probe
 from loadtest.editor.typist import TypingStyle
 from loadtest.editor.window import CheckpointTokenizer, Clipper
-from loadtest.machine import machine_info
-from loadtest.metrics import read_snapshot, snapshot_deltas
-from loadtest.soak.server import model_context, wait_for_drain
-from loadtest.targets import TARGETS, Endpoints, OpenAITarget, TritonTarget
+from loadtest.metrics import snapshot_deltas
+from loadtest.results import MachineInfo
+from loadtest.targets import TARGETS, OpenAITarget, TritonTarget
+from reporting.machine import cpu_flags
+from reporting.triton import Endpoints, model_context, read_snapshot, wait_for_drain
 from serving.paths import MODEL_REPOSITORY, REPO_ROOT, checkpoint_dir
 from serving.process import free_ports, http_ready
 
@@ -380,7 +380,7 @@ def type_once(
             figures=editor_figures(records, engine),
             after=after,
             problems=problems,
-            machine=machine_info(),
+            machine=MachineInfo.here(),
             model=server.describe(),
             drill=drill,
         )

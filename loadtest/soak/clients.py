@@ -47,7 +47,7 @@ from loadtest.soak.cases import (
     raw_tensors,
 )
 from loadtest.soak.results import Ledger, Record
-from loadtest.targets import Endpoints
+from reporting.triton import Endpoints
 
 # Valid requests sample as a completion service would (as the load test does); the seed is
 # the prompt's index, so a prompt always gets the same completion.

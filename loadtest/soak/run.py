@@ -25,13 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from dataclasses import asdict
 from datetime import datetime
 from typing import Any
-
-import psutil
 
 from contract.prompts import code_prompts
 from loadtest.soak.cases import (
@@ -59,18 +56,11 @@ from loadtest.soak.results import (
     rss_flatness,
     total_summary,
 )
-from loadtest.soak.server import (
-    EngineState,
-    RssSampler,
-    close_server,
-    engine_state,
-    http_status,
-    model_context,
-    open_server,
-    wait_for_drain,
-)
+from loadtest.soak.server import RssSampler, http_status
 from loadtest.soak.settings import SoakSettings, parse_args
 from loadtest.soak.stall import EngineSampler, explain, longest_stall, stall_check
+from reporting.machine import describe
+from reporting.triton import EngineState, engine_state, model_context, open_triton, wait_for_drain
 
 # --- the run -------------------------------------------------------------------------------
 
@@ -78,9 +68,11 @@ log = logging.getLogger("soak")
 
 
 def machine() -> str:
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    memory = psutil.virtual_memory().total / 2**30
-    return f"{os.cpu_count()} cores (load average {load} at the start), {memory:.1f} GiB RAM"
+    m = describe()
+    return (
+        f"{m['cores']} cores (load average {m['load_average']} at the start), "
+        f"{m['memory_gib']} GiB RAM, {m['cpu']}, flags {' '.join(m['cpu_flags']) or 'none'}"
+    )
 
 
 def kv_check(before: EngineState | None, after: EngineState | None) -> Check:
@@ -103,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic()
     log.info(f"soak: results in {settings.out}")
     try:
-        handle = open_server(settings.endpoints, settings.model_repository, settings.out)
+        handle = open_triton(
+            settings.endpoints, settings.model_repository, settings.out / "tritonserver.log"
+        )
     except SystemExit as exc:
         log.error(f"soak cannot run: {exc}")
         return 2
@@ -181,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler.stop()
         engine_sampler.stop()
         # a drilled server has requests that never end: Triton's own exit waits for them
-        launcher_code = close_server(handle, timeout=20.0 if drill.get("done") else None)
+        launcher_code = handle.close(timeout=20.0 if drill.get("done") else None)
     kinds = kind_summaries(soak_records)
     total = total_summary(kinds)
     cases = case_summaries(soak_records)
@@ -239,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             "description": handle.description,
             "started_by_soak": handle.started,
             "launcher_exit_code_at_stop": launcher_code,
-            **handle.info,
+            **handle.info(),
         },
         saturation=saturation,
         kinds=kinds,

@@ -11,7 +11,7 @@ from loadtest.soak.cases import (
     KINDS,
     parse_mix,
 )
-from loadtest.targets import Endpoints
+from reporting.triton import Endpoints
 from serving.paths import MODEL_REPOSITORY, REPO_ROOT
 
 log = logging.getLogger("soak")

@@ -31,14 +31,11 @@ import gevent
 from locust.env import Environment
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV, StatsCSVFileWriter, StatsEntry
 
-from contract import metrics as names
 from contract.tensors import ENSEMBLE_MODEL
 from loadtest.metrics import (
     Deltas,
-    Snapshot,
     busy_shares,
     execution_busy_us,
-    read_snapshot,
     snapshot_deltas,
     window_figures,
 )
@@ -59,6 +56,7 @@ from loadtest.results import (
 from loadtest.sweep import locustfile
 from loadtest.sweep.settings import Settings
 from loadtest.targets import Server
+from reporting.triton import Snapshot, read_snapshot, wait_for_drain
 
 log = logging.getLogger(__name__)
 EDGE_S = 0.15  # the direct reading brackets Prometheus' scrapes by this much at each end
@@ -145,16 +143,6 @@ def _write_tables(environment: Environment, base: str) -> list[str]:
             write(csv.writer(handle))
         written.append(Path(base + suffix).name)
     return written
-
-
-def _activity(snapshot: Snapshot) -> tuple[float, float, float]:
-    """What moves while requests are in flight: queued ensemble requests, ensemble completions
-    and engine steps (all engines). Idle when it stops changing and nothing is queued."""
-    return (
-        snapshot.value(names.PENDING_REQUEST_COUNT, model=ENSEMBLE_MODEL),
-        snapshot.value(names.INFERENCE_COUNT, model=ENSEMBLE_MODEL),
-        snapshot.value(names.ENGINE_STEPS),
-    )
 
 
 class Sweep:
@@ -355,17 +343,10 @@ class Sweep:
     def _drain(self) -> bool:
         """Wait until nothing is in flight, so that the next length starts on an idle server
         (and the last leaves it idle for whoever uses it next)."""
-        deadline = time.monotonic() + self.settings.drain_timeout
-        previous, still = None, 0
-        while time.monotonic() < deadline:
-            current = _activity(read_snapshot(self.settings.endpoints.metrics_url))
-            still = still + 1 if current == previous and current[0] == 0 else 0
-            if still >= 2:  # a second without progress and nothing queued
-                return True
-            previous = current
-            gevent.sleep(0.5)
-        log.info("the server did not drain in time; going on")
-        return False
+        state, _ = wait_for_drain(self.settings.endpoints.metrics_url, self.settings.drain_timeout)
+        if state is None or not state.idle:
+            log.info("the server did not drain in time; going on")
+        return state is not None and state.idle
 
     def _prometheus(
         self, start: Snapshot, end: Snapshot, direct_deltas: Deltas

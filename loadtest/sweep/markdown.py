@@ -16,7 +16,6 @@ from contract.tensors import (
     POSTPROCESSING_MODEL,
     PREPROCESSING_MODEL,
 )
-from loadtest.machine import machine_lines
 from loadtest.metrics import MODELS, reuse_line, sample_name
 from loadtest.results import (
     RPS_LATENCY_CHART,
@@ -26,6 +25,7 @@ from loadtest.results import (
     RunResult,
     timeseries_chart,
 )
+from loadtest.targets import served_lines
 from reporting.tables import number, percent, table, templates
 
 TEMPLATES = Path(__file__).parents[1] / "templates" / "report.md"
@@ -50,7 +50,7 @@ def render(result: RunResult) -> str:
             started=run.started,
             seconds=f"{run.seconds:.0f}",
             command=run.command,
-            machine="\n".join(machine_lines(run.machine, run.model)),
+            machine="\n".join(served_lines(run.machine, run.model)),
             users=s.users,
             protocol=s.protocol.upper(),
             warmup=f"{s.warmup_s:.0f}",

@@ -18,8 +18,7 @@ from datetime import datetime
 import locust  # noqa: F401
 
 from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
-from loadtest.machine import machine_info
-from loadtest.results import RunInfo, RunResult, RunSettings
+from loadtest.results import MachineInfo, RunInfo, RunResult, RunSettings
 from loadtest.sweep import locustfile
 from loadtest.sweep.driver import Sweep, format_duration
 from loadtest.sweep.report import write_report
@@ -90,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             command=" ".join(["python -m loadtest.sweep", *(argv or sys.argv[1:])]),
             settings=run_settings(settings, stream),
             prometheus=prometheus.note,
-            machine=machine_info(),
+            machine=MachineInfo.here(),
             model=server.describe(),
         )
         paths = write_report(settings.out, RunResult(run, rows))

@@ -13,7 +13,8 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from pathlib import Path
 
-from loadtest.targets import TARGETS, Endpoints, Target
+from loadtest.targets import TARGETS, Target
+from reporting.triton import Endpoints
 from serving.paths import MODEL_REPOSITORY, REPO_ROOT
 
 DESCRIPTION = "make loadtest: a Locust sweep over output lengths against the served ensemble."
