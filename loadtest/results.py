@@ -70,7 +70,7 @@ class StreamFigures:
     total: ClientFigures
 
 
-# --- the server's side (Triton's metrics port, or Prometheus) -----------------------------
+# --- the server's side (Prometheus when one runs, else Triton's metrics port) -----------
 
 
 @dataclass(frozen=True)
@@ -102,61 +102,6 @@ class WindowFigures:
 
 
 @dataclass(frozen=True)
-class FigureComparison:
-    """One figure from both sources (:data:`loadtest.prom.COMPARED`)."""
-
-    figure: str  # its path in WindowFigures, e.g. "batch_size.gptj"
-    label: str
-    strict: bool  # decides the agreement (see loadtest.prom)
-    direct: float | None
-    other: float | None
-    rel_diff: float | None
-
-
-@dataclass(frozen=True)
-class Agreement:
-    tolerance: float
-    max_rel_diff: float | None  # over the strict figures
-    agree: bool
-    figures: list[FigureComparison]
-
-
-@dataclass(frozen=True)
-class PromWindow:
-    """Prometheus' window: its first and last scrape inside the direct reading's window."""
-
-    start: float  # Unix seconds
-    end: float
-    seconds: float
-    scrapes: int
-    direct_seconds: float  # the direct reading's window, for comparison
-
-
-@dataclass(frozen=True)
-class PromReading:
-    """The same window from Prometheus, and how it compares with the direct reading."""
-
-    url: str
-    instance: str | None
-    window: PromWindow
-    figures: WindowFigures
-    deltas: Increases
-    agreement: Agreement
-    contained: bool  # no counter grew more in Prometheus' (inner) window
-    excess: dict[str, float]  # the counters that did, by how much
-
-
-@dataclass(frozen=True)
-class PromError:
-    """Prometheus could not give the window's figures; the sweep went on without them."""
-
-    error: str
-
-
-# --- one output length ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
 class Timeline:
     """The window's ends in seconds since the users started (the request log's clock)."""
 
@@ -184,7 +129,8 @@ HEADLINE = (
 @dataclass(frozen=True)
 class LengthResult:
     """Everything measured at one output length. The headline figures are properties over
-    the two sources: the client's (``locust``) and the direct metrics reading (``triton``)."""
+    the two sides: the client's (``locust``) and Triton's metrics (``triton``, read from
+    ``source``)."""
 
     output_len: int
     protocol: str
@@ -197,7 +143,7 @@ class LengthResult:
     stream: StreamFigures | None
     drained: bool
     files: list[str]
-    prometheus: PromReading | PromError | None
+    source: str  # where the window's Triton figures were read: Prometheus, or /metrics
 
     @property
     def window_s(self) -> float:
@@ -274,7 +220,6 @@ class RunSettings:
     prompts: int
     prompt_seed: int
     sampling: dict[str, Any]
-    agreement_tolerance: float
 
 
 @dataclass(frozen=True)

@@ -344,7 +344,7 @@ def test_the_comparison_report_puts_the_halves_side_by_side(tmp_path):
 
 
 def test_the_comparison_is_the_default_and_no_compare_is_the_single_run():
-    from loadtest.editor.run import parser
+    from loadtest.editor.settings import parser
 
     assert parser().parse_args([]).compare is True
     assert parser().parse_args(["--no-compare"]).compare is False

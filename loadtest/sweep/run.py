@@ -18,6 +18,7 @@ from datetime import datetime
 import locust  # noqa: F401
 
 from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
+from loadtest import console
 from loadtest.results import MachineInfo, RunInfo, RunResult, RunSettings
 from loadtest.sweep import locustfile
 from loadtest.sweep.driver import Sweep, format_duration
@@ -26,18 +27,6 @@ from loadtest.sweep.settings import Settings, parse_args
 from loadtest.targets import prometheus_for
 
 log = logging.getLogger(__name__)
-
-
-def _console() -> None:
-    """The load test's progress on stdout, one ``[loadtest]`` line each (Locust's own
-    logging stays off, as the sweep drives it through its API)."""
-    logger = logging.getLogger("loadtest")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("[loadtest] %(message)s"))
-        logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
 
 
 def run_settings(settings: Settings, stream: bool) -> RunSettings:
@@ -56,13 +45,12 @@ def run_settings(settings: Settings, stream: bool) -> RunSettings:
         prompts=s.prompts,
         prompt_seed=s.prompt_seed,
         sampling=locustfile.SAMPLING,
-        agreement_tolerance=s.agreement_tolerance,
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     settings = parse_args(argv)
-    _console()
+    console()
     settings.out.mkdir(parents=True, exist_ok=True)
     log.info(f"run folder {settings.out}")
     with ExitStack() as stack:

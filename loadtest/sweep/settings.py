@@ -55,7 +55,6 @@ class Settings:
     prompt_seed: int
     out: Path  # the run folder
     prometheus: str  # auto, off or a URL (loadtest.targets.prometheus_for)
-    agreement_tolerance: float
     model_repository: Path
     progress_every: float
     drain_timeout: float = 180.0
@@ -107,13 +106,6 @@ def parser() -> argparse.ArgumentParser:
         help="auto: $PROMETHEUS_URL or http://127.0.0.1:9090 if it scrapes this Triton, else a "
         "private Prometheus if installed; off; or a Prometheus URL",
     )
-    p.add_argument(
-        "--agreement-tolerance",
-        type=float,
-        default=0.10,
-        help="relative difference allowed between the direct reading and Prometheus, before "
-        "the allowance for one wave of completions at each window edge",
-    )
     p.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
     p.add_argument("--quick", action="store_true", help=f"a short run: {QUICK}")
     p.add_argument("--progress-every", type=float, help="seconds between progress lines")
@@ -141,6 +133,5 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         prompt_seed=args.prompt_seed,
         out=args.out or RESULTS / f"{stamp}-{args.protocol}",
         prometheus=args.prometheus,
-        agreement_tolerance=args.agreement_tolerance,
         model_repository=args.model_repository,
     )
