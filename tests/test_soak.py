@@ -51,7 +51,6 @@ from loadtest.soak.results import (
     Check,
     Ledger,
     Record,
-    RssSample,
     SoakResult,
     accounting_checks,
     case_check,
@@ -59,9 +58,9 @@ from loadtest.soak.results import (
     error_messages,
     judge,
     kind_summaries,
-    rss_flatness,
     total_summary,
 )
+from loadtest.soak.server import RssSample, rss_flatness
 from loadtest.soak.stall import Stall, longest_stall, stall_bound, stall_check
 
 # Error texts as this Triton (2.51, python backend) and tritonclient really produce them.

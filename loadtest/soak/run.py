@@ -53,10 +53,9 @@ from loadtest.soak.results import (
     case_summaries,
     error_messages,
     kind_summaries,
-    rss_flatness,
     total_summary,
 )
-from loadtest.soak.server import RssSampler, http_status
+from loadtest.soak.server import RssSampler, http_status, rss_flatness
 from loadtest.soak.settings import SoakSettings, parse_args
 from loadtest.soak.stall import EngineSampler, explain, longest_stall, stall_check
 from reporting.machine import describe

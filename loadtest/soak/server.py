@@ -9,12 +9,13 @@ import contextlib
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
 
 from contract.tensors import ENGINE_MODEL
-from loadtest.soak.results import RssSample
 from reporting.triton import ServedTriton
 
 STUB_BINARY = "triton_python_backend_stub"
@@ -40,6 +41,52 @@ def tritonserver(served: ServedTriton) -> psutil.Process | None:
 
 
 # --- memory --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RssSample:
+    t_s: float  # seconds since the run began
+    phase: str
+    rss_bytes: int  # tritonserver and its stubs, summed
+    processes: int
+
+
+@dataclass(frozen=True)
+class Flatness:
+    """Is the server's memory flat after warm-up? The largest RSS of the last third of the
+    samples against the largest of the first third (max, not mean: a leak raises the peaks)."""
+
+    samples: int
+    first_third_max: int | None
+    last_third_max: int | None
+    growth: float | None  # last / first - 1
+    tolerance: float
+    flat: bool | None  # None: too few samples to say
+    note: str
+
+
+def rss_flatness(samples: Sequence[int], tolerance: float, minimum: int = 6) -> Flatness:
+    """Flatness of the RSS values of the measured phase after warm-up, in time order."""
+    if len(samples) < minimum:
+        return Flatness(
+            len(samples),
+            None,
+            None,
+            None,
+            tolerance,
+            None,
+            f"too few samples after warm-up ({len(samples)} < {minimum}): run longer",
+        )
+    third = len(samples) // 3
+    first, last = max(samples[:third]), max(samples[-third:])
+    growth = last / first - 1
+    flat = growth <= tolerance
+    verb = "flat" if flat else "growing"
+    note = (
+        f"{verb}: last third max {last / 2**20:,.0f} MiB vs first third max "
+        f"{first / 2**20:,.0f} MiB ({growth:+.1%}, tolerance {tolerance:.0%})"
+    )
+    return Flatness(len(samples), first, last, growth, tolerance, flat, note)
 
 
 def tree_rss(root: psutil.Process) -> tuple[int, int]:

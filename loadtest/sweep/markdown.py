@@ -24,7 +24,7 @@ from loadtest.results import (
     RunResult,
     timeseries_chart,
 )
-from loadtest.targets import served_lines
+from loadtest.targets import header_fields
 from reporting.tables import number, percent, table, templates
 
 TEMPLATES = Path(__file__).parents[1] / "templates" / "report.md"
@@ -45,11 +45,7 @@ def render(result: RunResult) -> str:
     return (
         _fill(
             "report",
-            name=run.name,
-            started=run.started,
-            seconds=f"{run.seconds:.0f}",
-            command=run.command,
-            machine="\n".join(served_lines(run.machine, run.model)),
+            **header_fields(run),
             users=s.users,
             protocol=s.protocol.upper(),
             warmup=f"{s.warmup_s:.0f}",
