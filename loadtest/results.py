@@ -126,6 +126,11 @@ HEADLINE = (
 )
 
 
+def _headline(side: str, name: str) -> Any:
+    """A read-only attribute that is ``name`` of the result's ``side`` (locust or triton)."""
+    return property(lambda self: getattr(getattr(self, side), name), doc=f"{side}.{name}")
+
+
 @dataclass(frozen=True)
 class LengthResult:
     """Everything measured at one output length. The headline figures are properties over
@@ -145,49 +150,18 @@ class LengthResult:
     files: list[str]
     source: str  # where the window's Triton figures were read: Prometheus, or /metrics
 
-    @property
-    def window_s(self) -> float:
-        return self.triton.window_s
-
-    @property
-    def rps(self) -> float | None:
-        return self.locust.rps
-
-    @property
-    def latency_ms(self) -> Latency:
-        return self.locust.latency_ms
-
-    @property
-    def failures(self) -> int:
-        return self.locust.failures
-
-    @property
-    def requests(self) -> int:
-        return self.locust.requests
-
-    @property
-    def tokens_per_s(self) -> float | None:
-        return self.triton.tokens_per_s
-
-    @property
-    def tokens_per_request(self) -> float | None:
-        return self.triton.tokens_per_request
-
-    @property
-    def batch_size(self) -> dict[str, float | None]:
-        return self.triton.batch_size
-
-    @property
-    def engine_batch_size(self) -> float | None:
-        return self.triton.engine_batch_size
-
-    @property
-    def stage_share(self) -> dict[str, float | None]:
-        return self.triton.stage_share
-
-    @property
-    def queue_share(self) -> float | None:
-        return self.triton.queue_share
+    # the headline figures: the client's own, then Triton's (HEADLINE lists them in order)
+    window_s = _headline("triton", "window_s")
+    rps = _headline("locust", "rps")
+    latency_ms = _headline("locust", "latency_ms")
+    failures = _headline("locust", "failures")
+    requests = _headline("locust", "requests")
+    tokens_per_s = _headline("triton", "tokens_per_s")
+    tokens_per_request = _headline("triton", "tokens_per_request")
+    batch_size = _headline("triton", "batch_size")
+    engine_batch_size = _headline("triton", "engine_batch_size")
+    stage_share = _headline("triton", "stage_share")
+    queue_share = _headline("triton", "queue_share")
 
     def increase(self, sample: str, model: str) -> float:
         """A counter's increase over the window (``sample``: its parsed sample name)."""

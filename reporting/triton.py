@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -93,7 +93,36 @@ def get_json(url: str, timeout: float = 5.0) -> Any:
         return json.loads(response.read() or b"null")
 
 
-class LauncherServer(ManagedServer):
+class ChildServer(ManagedServer):
+    """A server a tool runs as its child on 127.0.0.1:``port``, its output in ``log_file``,
+    tied to the tool's life (:func:`serving.process.spawn_tied`)."""
+
+    ready_path = "/"
+
+    def __init__(self, port: int, log_file: Path) -> None:
+        self.port, self.log_file = port, log_file
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ready_url(self) -> str:
+        return self.url + self.ready_path
+
+    @property
+    def log_hint(self) -> str:
+        return f"; see {self.log_file}"
+
+    def spawn(self, command: list[str], **popen: Any) -> Self:
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_file.open("ab") as out:
+            self.process = spawn_tied(command, out, **popen)
+        return self
+
+
+class LauncherServer(ChildServer):
     """``python -m serving.triton`` as a child: the production entry point."""
 
     name = "serving.triton launcher"
@@ -102,31 +131,23 @@ class LauncherServer(ManagedServer):
     stop_timeout = 90.0  # the launcher itself waits up to 60 s for tritonserver
 
     def __init__(self, model_repository: Path, endpoints: Endpoints, log_file: Path) -> None:
+        super().__init__(endpoints.ports.http, log_file)
         self.model_repository = Path(model_repository).resolve()
         self.endpoints = endpoints
-        self.log_file = log_file
-        self.process: subprocess.Popen | None = None
-
-    def command(self) -> list[str]:
-        ports = self.endpoints.ports
-        return [sys.executable, "-m", "serving.triton", "--model-repository",
-                str(self.model_repository), "--address", "127.0.0.1", "--http-port",
-                str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port",
-                str(ports.metrics)]  # fmt: skip
-
-    def start(self) -> LauncherServer:
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_file.open("ab") as out:
-            self.process = spawn_tied(self.command(), out, cwd=REPO_ROOT)
-        return self
 
     @property
-    def ready_url(self) -> str:
+    def ready_url(self) -> str:  # a server someone else starts may answer at localhost
         return f"{self.endpoints.http_url}/v2/health/ready"
 
-    @property
-    def log_hint(self) -> str:
-        return f"; see {self.log_file}"
+    def start(self) -> LauncherServer:
+        ports = self.endpoints.ports
+        return self.spawn(
+            [sys.executable, "-m", "serving.triton", "--model-repository",
+             str(self.model_repository), "--address", "127.0.0.1", "--http-port",
+             str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port",
+             str(ports.metrics)],
+            cwd=REPO_ROOT,
+        )  # fmt: skip
 
 
 @dataclass
