@@ -38,7 +38,6 @@ from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
 
 STOP_WAIT_S = 2.0  # how long a stream left early waits for its stop request's answer
 _WOKEN = object()  # what a cancel puts on a stream's answer queue
-_ENDED = object()  # what an HTTP reader puts on the queue when the body ends
 
 
 class StreamCancelledError(CodegenError):

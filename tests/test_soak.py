@@ -96,6 +96,10 @@ REAL_ERRORS = {
         None,
     ),
     "Request for unknown model: 'gptj' is not found": (UNAVAILABLE, None),
+    # a drill's probes while the launcher stops the server (tritonclient.http, a gRPC stream)
+    "HTTPConnectionClosed: connection closed.": (UNAVAILABLE, None),
+    "[request id: codegen-stream-9b03] Server is stopping, scheduler for model has stopped "
+    "accepting new inference requests": (UNAVAILABLE, None),
     "the server said something new": (UNCLEAR, None),
 }
 

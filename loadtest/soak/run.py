@@ -88,6 +88,7 @@ def kv_check(before: EngineState | None, after: EngineState | None) -> Check:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per HTTP request
     settings = parse_args(argv)
     settings.out.mkdir(parents=True, exist_ok=True)
     started_at = datetime.now().isoformat(timespec="seconds")
