@@ -16,6 +16,7 @@ import contextlib
 import functools
 import json
 import queue
+import socket
 import threading
 import time
 import uuid
@@ -65,6 +66,9 @@ class ResponseStream:
         self.answers: queue.Queue = queue.Queue()
         self.cancelled = threading.Event()
         self.finished = False  # the last answer (or an error) came: nothing left to stop
+        # an HTTP stream's reader leaves by itself once it has read this many pieces of text:
+        # a client that leaves at its first piece, without a hand-off to another thread first
+        self.leave_after: int | None = None
 
     def read(self, timeout: float) -> Piece | None:
         """The next answer, or None when none came within ``timeout`` seconds. Raises the
@@ -180,8 +184,9 @@ class GrpcStream(ResponseStream):
 
 class SseStream(ResponseStream):
     """Server-sent events of an HTTP POST on the transport's ``httpx`` client, sent and read
-    by a thread of its own, so that opening one never blocks; closing the connection cancels
-    the request."""
+    by a thread of its own, so that opening one never blocks. Leaving it shuts its socket down
+    at once, whatever the reader is doing (a ``close`` from another thread would wait for the
+    next piece): the server sees the client gone and cancels the request."""
 
     def __init__(
         self,
@@ -194,38 +199,50 @@ class SseStream(ResponseStream):
         super().__init__(transport)
         self.parse, self.ends_with_done = parse, ends_with_done
         self.http = transport.http
-        self.request = self.http.build_request("POST", url, json=body)
-        self.response: Any = None
+        trace = {"trace": self._trace}  # hands over the connection as soon as it is made
+        self.request = self.http.build_request("POST", url, json=body, extensions=trace)
+        self.socket: socket.socket | None = None
         self.left = threading.Event()
-        threading.Thread(target=self._read, name="sse-reader", daemon=True).start()
+        self.reader = threading.Thread(target=self._read, name="sse-reader", daemon=True)
+        self.reader.start()
+
+    def _trace(self, event: str, info: dict[str, Any]) -> None:
+        if event == "connection.connect_tcp.complete":
+            self.socket = info["return_value"].get_extra_info("socket")
+            if self.left.is_set():
+                self._shut()
 
     def _read(self) -> None:
+        texts = 0
         try:
-            self.response = self.http.send(self.request, stream=True)
-            if self.left.is_set():
-                return
-            if self.response.status_code != 200:
-                status = self.response.status_code
-                raise CodegenError(error_message(self.response.read(), status))
-            for line in self.response.iter_lines():
-                data = line[5:].strip() if line.startswith("data:") else None
-                if data == "[DONE]":
-                    break
-                if data:
-                    message = json.loads(data)
-                    if "error" in message:
-                        raise CodegenError(error_message(data.encode(), 200))
-                    self.answers.put((self.parse(message), None))
-            else:
-                if self.ends_with_done:
-                    raise CodegenError("the API closed the stream before [DONE]")
-            self.answers.put((Piece(final=True), None))
+            response = self.http.send(self.request, stream=True)
+            try:
+                if response.status_code != 200:
+                    status = response.status_code
+                    raise CodegenError(error_message(response.read(), status))
+                for line in response.iter_lines():
+                    data = line[5:].strip() if line.startswith("data:") else None
+                    if data == "[DONE]":
+                        break
+                    if data:
+                        message = json.loads(data)
+                        if "error" in message:
+                            raise CodegenError(error_message(data.encode(), 200))
+                        piece = self.parse(message)
+                        texts += bool(piece.text)
+                        self.answers.put((piece, None))
+                        if self.leave_after is not None and texts >= self.leave_after:
+                            self.abandon()
+                            return
+                else:
+                    if self.ends_with_done:
+                        raise CodegenError("the API closed the stream before [DONE]")
+                self.answers.put((Piece(final=True), None))
+            finally:
+                response.close()
         except Exception as exc:
             if not self.left.is_set():
                 self.answers.put((None, exc))
-        finally:
-            if self.left.is_set():
-                self.abandon()
 
     def cancel(self) -> None:
         super().cancel()
@@ -235,11 +252,13 @@ class SseStream(ResponseStream):
         self.abandon()
 
     def abandon(self) -> None:
-        """Close the response: a body not read to its end closes its connection."""
         self.left.set()
-        if self.response is not None:
-            with contextlib.suppress(Exception):
-                self.response.close()
+        self._shut()
+
+    def _shut(self) -> None:
+        if self.socket is not None:
+            with contextlib.suppress(OSError):
+                self.socket.shutdown(socket.SHUT_RDWR)
 
 
 class Transport(Closing):
@@ -277,7 +296,9 @@ class Transport(Closing):
         SSL context each time (about 20 ms, in every first token it measured)."""
         import httpx
 
-        return httpx.Client(timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout))
+        timeout = httpx.Timeout(self.timeout, connect=self.connect_timeout)
+        # a connection per stream: it is the stream's to shut down when its reader leaves
+        return httpx.Client(timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0))
 
     def close(self) -> None:
         if self._client is not None:

@@ -20,18 +20,24 @@ from client.transport import ResponseStream, Transport
 EVENTS = [{"choices": [{"text": "ab"}]}, {"choices": [{"text": ""}], "usage": {"prompt_tokens": 3,
           "completion_tokens": 2}}]  # fmt: skip
 REFUSAL = {"error": {"message": "suffix is not supported", "param": "suffix"}}
-released = threading.Event()
+ROUTES = ("hold", "late", "trickle")
+left = {route: threading.Event() for route in ROUTES}  # the server saw the client go
+arrived = {route: threading.Event() for route in ROUTES}
 
 
 class _Api(http.server.BaseHTTPRequestHandler):
     """``/done``: the events, then [DONE]; ``/cut``: the events, no [DONE]; ``/refuse``: 400;
-    ``/hold``: headers, then nothing until the test releases it."""
+    ``/hold``: headers, then nothing until the client leaves; ``/late``: not even headers;
+    ``/trickle``: one piece, then nothing until the client leaves."""
 
     protocol_version = "HTTP/1.1"
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
         route = self.path.split("/")[1]
+        if route == "late":
+            self._until_the_client_leaves(route)
+            return
         if route == "refuse":
             body = json.dumps(REFUSAL).encode()
             self.send_response(400)
@@ -43,15 +49,23 @@ class _Api(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
-        if route == "hold":
+        if route in ("hold", "trickle"):
+            if route == "trickle":  # one piece, then nothing until the client leaves
+                self.wfile.write(b"data: " + json.dumps(EVENTS[0]).encode() + b"\n\n")
             self.wfile.flush()
-            released.wait(10)
+            self._until_the_client_leaves(route)
             return
         for event in EVENTS:
             self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
             self.wfile.flush()
         if route == "done":
             self.wfile.write(b"data: [DONE]\n\n")
+
+    def _until_the_client_leaves(self, route: str) -> None:
+        arrived[route].set()
+        self.connection.settimeout(10)
+        if self.rfile.read(1) == b"":  # the client shut its side: it left
+            left[route].set()
 
     def log_message(self, *args: object) -> None:
         pass
@@ -62,7 +76,6 @@ def api() -> Iterator[str]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Api)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"127.0.0.1:{server.server_address[1]}"
-    released.set()
     server.shutdown()
 
 
@@ -97,10 +110,28 @@ def test_a_stream_cut_before_done_is_an_error(api):
         _read_all(_stream(api, "cut"))
 
 
-def test_a_reader_waits_no_longer_than_it_asks_and_can_abandon(api):
+def test_a_reader_waits_no_longer_than_it_asks_and_leaves_at_once(api):
     stream = _stream(api, "hold")
     began = time.monotonic()
     assert stream.read(0.2) is None
     assert time.monotonic() - began < 5.0
-    stream.abandon()
-    assert stream.left.is_set()
+    stream.abandon()  # while its reader thread is blocked reading: the server sees it go
+    assert left["hold"].wait(5.0)
+
+
+def test_a_stream_left_before_its_answer_began_is_dropped_too(api):
+    stream = _stream(api, "late")
+    stream.abandon()  # at once: the connection may not even be made yet
+    stream.reader.join(5.0)
+    assert not stream.reader.is_alive()  # it did not wait for an answer
+    # the server saw the client go, or never got the request (shut down before it was sent)
+    if arrived["late"].wait(1.0):
+        assert left["late"].wait(5.0)
+
+
+def test_a_reader_told_to_leave_at_its_first_piece_leaves_by_itself(api):
+    stream = _stream(api, "trickle")
+    stream.leave_after = 1
+    piece = stream.read(10.0)
+    assert piece is not None and piece.text == "ab"
+    assert left["trickle"].wait(5.0)  # nobody called abandon(): the reader left on its own

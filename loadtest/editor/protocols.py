@@ -78,6 +78,12 @@ class Exchange:
             self.stream.close()
         return True
 
+    def leave_at_first_piece(self) -> None:
+        """Leave as soon as the first piece of text is read: over HTTP, on the stream's own
+        reader thread (:attr:`ResponseStream.leave_after`), with no hand-off first."""
+        if self.stream is not None:
+            self.stream.leave_after = 1
+
     def abandon(self) -> None:
         """The next keystroke: stop reading and drop the request."""
         if self.stream is not None:
