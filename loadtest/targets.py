@@ -21,8 +21,6 @@ import importlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,11 +31,11 @@ from contract.tensors import ENGINE_MODEL, MODEL_STAGE
 from loadtest.api_process import ApiProcess
 from loadtest.prom import PromSource
 from loadtest.results import CheckpointInfo, MachineInfo, ModelInfo
-from loadtest.run_prometheus import INSTALL_HINT, PrometheusServer, find_binary
+from loadtest.run_prometheus import INSTALL_HINT
 from reporting.machine import machine_lines
 from reporting.triton import Endpoints, ServedTriton, get_json, open_triton
 from serving.paths import checkpoint_dir
-from serving.process import free_port, http_ready
+from serving.process import http_ready
 
 log = logging.getLogger(__name__)
 
@@ -289,46 +287,30 @@ TARGETS: dict[str, Target] = {
 
 @dataclass(frozen=True)
 class PrometheusChoice:
-    source: PromSource | None  # None: no comparison
+    source: PromSource | None  # None: Triton's metrics port, read at both ends of a window
     note: str  # which one, in a sentence for the log and the report
 
 
 @contextmanager
 def prometheus_for(choice: str, endpoints: Endpoints) -> Iterator[PrometheusChoice]:
-    """The Prometheus to compare with. ``off``: none. A URL: that one, which must scrape this
-    Triton. ``auto``: ``$PROMETHEUS_URL`` or http://127.0.0.1:9090 when it scrapes this Triton;
-    else a private one for this run (stopped and deleted on exit) when Prometheus is installed;
-    else none."""
+    """The Prometheus Triton's figures come from. ``off``: none (the metrics port, read at
+    both ends of each window). A URL: that one, which must scrape this Triton. ``auto``:
+    ``$PROMETHEUS_URL`` or http://127.0.0.1:9090 when one runs there and scrapes this Triton
+    (``make prometheus``); else none."""
     if choice == "off":
         yield PrometheusChoice(None, "Prometheus: off (--prometheus off)")
         return
-    url = choice
-    if url == "auto":
-        url = os.environ.get("PROMETHEUS_URL") or "http://127.0.0.1:9090"
+    default = os.environ.get("PROMETHEUS_URL") or "http://127.0.0.1:9090"
+    url = default if choice == "auto" else choice
     source = PromSource(url)
-    if source.reachable():
-        instance = source.find_instance(endpoints.metrics_url)
-        if instance:
-            source.instance = instance
-            yield PrometheusChoice(source, f"Prometheus at {url} (target {instance})")
-            return
-        note = f"the Prometheus at {url} does not scrape {endpoints.metrics_url}"
-        if choice != "auto":
-            raise SystemExit(note)
-        log.info(note + "; starting a private one")
-    elif choice != "auto":
-        raise SystemExit(f"no Prometheus answers at {url}")
-    if find_binary() is None:
-        yield PrometheusChoice(None, f"Prometheus: not installed, skipped ({INSTALL_HINT})")
+    instance = source.find_instance(endpoints.metrics_url) if source.reachable() else None
+    if instance:
+        source.instance = instance
+        yield PrometheusChoice(source, f"Prometheus at {url} (target {instance})")
         return
-    target = endpoints.metrics_target
-    directory = Path(tempfile.mkdtemp(prefix="loadtest-prometheus-"))
-    try:
-        with PrometheusServer(target, free_port(), directory, interval="1s") as server:
-            source = PromSource(server.url, instance=target)
-            source.wait_for_scrapes()  # windows are aligned to its scrapes: have a few first
-            yield PrometheusChoice(
-                source, f"private Prometheus at {server.url} scraping {target} every 1s"
-            )
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    note = f"no Prometheus at {url} scrapes {endpoints.metrics_url}"
+    if choice != "auto":
+        raise SystemExit(note)
+    yield PrometheusChoice(
+        None, f"{note}: Triton's metrics port instead ({INSTALL_HINT}, then `make prometheus`)"
+    )
