@@ -139,16 +139,27 @@ format: setup-dev  ## ruff format and autofix
 prometheus-install:  ## install Debian's prometheus (apt-get; root or sudo) unless on PATH
 	bash scripts/install-prometheus.sh
 
-# PROFILE=editor: simulated typists instead of the sweep (PROTOCOL openai, the default there, or grpc),
-# prefix cache on vs off on two servers it starts itself; COMPARE=0: one run against HOST instead
+# PROFILE=sweep (the default): the Locust sweep over output lengths. PROFILE=editor: simulated
+# typists (PROTOCOL openai, the default there, or grpc), prefix cache on vs off on two servers it
+# starts itself; COMPARE=0: one run against HOST. PROFILE=soak: what `make soak` runs.
+# PROFILE=stress: clients leaving at every point, against the Triton at HOST (DURATION, 120 s)
 EDITOR_PROTOCOL = $(if $(filter command line environment,$(origin PROTOCOL)),$(PROTOCOL),openai)
-loadtest: model $(if $(PROFILE),,prometheus-install)  ## Locust sweep over output lengths (~10 min; QUICK=1 ~1 min); PROFILE=editor: typists
+STRESS_PORT = $(lastword $(subst :, ,$(HOST)))
+loadtest: model $(if $(filter-out sweep,$(PROFILE)),,prometheus-install)  ## load profiles: PROFILE=sweep (Locust sweep, ~10 min; QUICK=1 ~1 min), editor, soak, stress
 ifeq ($(PROFILE),editor)
 	$(BIN)/python -m loadtest.editor --protocol $(EDITOR_PROTOCOL) --host $(HOST) $(if $(QUICK),--quick) \
 		$(if $(USERS),--typists $(USERS)) $(if $(DURATION),--duration $(DURATION)) \
 		$(if $(filter 0,$(COMPARE)),--no-compare)
-else ifneq ($(PROFILE),)
-	@echo "unknown PROFILE=$(PROFILE): leave it out for the sweep, or PROFILE=editor" >&2; exit 2
+else ifeq ($(PROFILE),soak)
+	$(BIN)/python -m loadtest.soak --host $(HOST) $(if $(DURATION),--duration $(DURATION)) \
+		$(if $(SATURATION),--saturation $(SATURATION)) $(SOAK_ARGS)
+else ifeq ($(PROFILE),stress)
+	$(BIN)/python -m loadtest.stress --http $(HOST) \
+		--grpc $(subst :$(STRESS_PORT),:$(shell echo $$(($(STRESS_PORT)+1))),$(HOST)) \
+		--metrics http://$(subst :$(STRESS_PORT),:$(shell echo $$(($(STRESS_PORT)+2))),$(HOST))/metrics \
+		$(if $(DURATION),--duration $(DURATION))
+else ifneq ($(filter-out sweep,$(PROFILE)),)
+	@echo "unknown PROFILE=$(PROFILE): sweep (the default), editor, soak or stress" >&2; exit 2
 else
 	$(BIN)/python -m loadtest.sweep --protocol $(PROTOCOL) --host $(HOST) $(if $(QUICK),--quick) \
 		$(if $(LENGTHS),--lengths $(LENGTHS)) $(if $(USERS),--users $(USERS)) \
@@ -163,9 +174,8 @@ bench: $(VENV)/.setup-bench model  ## torch engine vs openvino vs transformers v
 llama-server:  ## build llama.cpp's llama-server (CPU) from the pinned llama-cpp-python sdist into build/llama.cpp/ (10 CPU-minutes, once)
 	bash scripts/build-llama-server.sh
 
-soak: model  ## bounded load + fault test at 2x saturation, editor phase, drain, stub-kill drill (~6 min)
-	$(BIN)/python -m loadtest.soak --host $(HOST) $(if $(DURATION),--duration $(DURATION)) \
-		$(if $(SATURATION),--saturation $(SATURATION)) $(SOAK_ARGS)
+soak:  ## bounded load + fault test at 2x saturation, editor phase, drain, stub-kill drill (~6 min); = make loadtest PROFILE=soak
+	$(MAKE) loadtest PROFILE=soak
 
 eval: $(VENV)/.setup-bench $(if $(URL),,model)  ## HumanEval pass@1, next line, infill: served vs transformers (URL=, QUICK=1, LIMIT=)
 	$(BIN)/python -m evaluation --checkpoint $(CHECKPOINT) --out eval/results \

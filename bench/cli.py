@@ -22,14 +22,15 @@ import torch
 
 from bench import report
 from bench.beams import run_beams
+from bench.format import machine, machine_label
 from bench.kernels import run_kernels
-from bench.machine import describe, load_average, machine_label
 from bench.models import DEFAULT_CHECKPOINT, resolve_models
 from bench.prefix import checkpoints, run_prefix
 from bench.served_prefix import run_served_prefix
 from bench.settings import SECTIONS, make_plan
 from bench.traffic import TRAFFIC_SECTIONS, run_traffic
 from engine import in_passing_thread
+from reporting.machine import load_average
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -94,11 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now()
     out = args.out or RESULTS / started.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    machine = describe(plan.device)
+    machine_info = machine(plan.device)
     results: dict[str, Any] = {
         "started": started.isoformat(timespec="seconds"),
-        "machine": machine,
-        "machine_label": machine_label(machine),
+        "machine": machine_info,
+        "machine_label": machine_label(machine_info),
         "plan": plan.to_dict(),
         "models": [],
         "notes": [],

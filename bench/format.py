@@ -6,6 +6,29 @@ from collections.abc import Sequence
 from typing import Any
 
 from reporting import tables
+from reporting.machine import describe
+
+
+def machine(device: str = "cpu") -> dict[str, Any]:
+    """This machine (:func:`reporting.machine.describe`) with torch's threads and, on CUDA,
+    the GPU it runs on."""
+    import torch
+
+    info = describe()
+    info.update(torch_threads=torch.get_num_threads(), device=device, gpu=None)
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def machine_label(info: dict[str, Any]) -> str:
+    """One line for every table and chart: cores, CPU, threads (and GPU)."""
+    text = f"{info['cores']} cores, {info['cpu']}, torch threads {info['torch_threads']}"
+    if info.get("cpu_flags"):
+        text += f", flags {' '.join(info['cpu_flags'])}"
+    if info.get("gpu"):
+        text += f", GPU {info['gpu']}"
+    return text
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

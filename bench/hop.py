@@ -29,7 +29,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
-from bench.machine import describe, machine_label
+from bench.format import machine, machine_label
 from bench.models import CACHE, build_random_gptj
 from bench.server import running_server
 from client.client import CodegenClient
@@ -147,16 +147,16 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = args.checkpoint or build_random_gptj(
         CACHE / "gptj-default-shape-random", DEFAULT_SHAPE, EOS
     )
-    machine = machine_label(describe("cpu"))
+    label = machine_label(machine("cpu"))
     with tempfile.TemporaryDirectory(prefix="bench-hop-") as tmp:
         log = Path(tmp) / "tritonserver.log"
         with running_server(checkpoint, Path(tmp), log, "cpu") as server:
             summary = measure(server.grpc_url, args.tokens, args.requests, args.warmup)
-    print(f"{machine}; {checkpoint.name}; {args.requests} requests per path, one at a time")
+    print(f"{label}; {checkpoint.name}; {args.requests} requests per path, one at a time")
     for name, figures in summary.items():
         print(f"  {name:20s} {figures}")
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine, **summary}, indent=2))
+        args.json.write_text(json.dumps({"machine": label, **summary}, indent=2))
     return 0
 
 

@@ -4,7 +4,8 @@ transformers and CTranslate2.
 For each model, dtype and system the model is loaded once, then every batch size runs greedy
 and sampled on the same prompts. A short probe (which also warms the system up) estimates the
 cell's time; a cell that would overrun its budget (bf16 on a CPU without bf16 instructions is
-the usual one) generates fewer tokens, and its row says how many.
+the usual one) generates fewer tokens, and its row says how many. Also transformers' static
+``generate`` as the served arrivals' reference (:func:`transformers_reference`).
 """
 
 from __future__ import annotations
@@ -26,11 +27,15 @@ from bench.systems import (
     unsupported,
 )
 from engine import in_passing_thread
+from reporting.machine import bf16_native
 
 Progress = Callable[[str], None]
 PROBE_TOKENS = 2
 MAX_REPEATS = 5
 MODES = ("greedy", "sampled")
+# transformers' reference generate makes fewer tokens than asked where they would take longer
+# than this (a loaded machine); its row says how many (a shorter context flatters it, if any)
+REFERENCE_BUDGET_S = 30.0
 
 
 def fit_tokens(
@@ -187,3 +192,40 @@ def run_kernels(
                     lambda m=model, p=prompts, d=dtype, s=system: one_system(m, p, d, s)
                 )
     return rows
+
+
+def transformers_reference(
+    model: ModelInfo, plan: Plan, length: int, row: dict[str, Any], progress: Progress
+) -> None:
+    """What the served system is held against at the target length: transformers'
+    static-batch ``generate``, alone, after the torch backend (the faster of float32 and,
+    where native, bfloat16)."""
+    prompts = random_prompts(plan.clients, 32, model.vocab_size, model.banned, plan.seed)
+    dtypes = ("float32", "bfloat16") if bf16_native() else ("float32",)
+    for dtype in dtypes:
+
+        def once(dtype: str = dtype) -> tuple[float, int]:
+            runner = TransformersRunner(model.path, dtype, plan.device)
+            try:
+                generate(runner, prompts[:2], 2, True, plan.seed)  # warm-up
+                started = time.perf_counter()  # a probe sets how many tokens fit
+                generate(runner, prompts, PROBE_TOKENS, True, plan.seed)
+                probe_s = time.perf_counter() - started
+                new = fit_tokens(probe_s, PROBE_TOKENS, REFERENCE_BUDGET_S, length, 8)
+                started = time.perf_counter()
+                made = sum(generate(runner, prompts, new, True, plan.seed))
+                return made / (time.perf_counter() - started), new
+            finally:
+                runner.close()
+
+        rate, new = in_passing_thread(once)
+        row[f"transformers_{dtype}_tokens_per_s"] = rate
+        row[f"transformers_{dtype}_new_tokens"] = new
+        progress(
+            f"transformers generate {dtype}, {plan.clients} x {new} of {length} tokens: "
+            f"{rate:,.0f} tok/s"
+        )
+        if rate > (row.get("transformers_static_tokens_per_s") or 0):
+            row["transformers_static_tokens_per_s"] = rate
+            row["transformers_static_dtype"] = dtype
+            row["transformers_static_new_tokens"] = new

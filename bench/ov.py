@@ -17,30 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from engine import PRECISIONS
+from reporting.machine import bf16_native
 
-CPU_FLAGS = ("avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "avx2", "fma")
 OPENVINO_DTYPES = tuple(PRECISIONS)  # float32, bfloat16: what compile_properties takes
-
-
-def cpu_flags(cpuinfo: str | None = None) -> list[str]:
-    """Which of the flags that decide bf16/int8 speed this CPU has (/proc/cpuinfo)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return []
-    words: set[str] = set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            words.update(value.split())
-    return [flag for flag in CPU_FLAGS if flag in words]
-
-
-def bf16_native(flags: list[str] | None = None) -> bool:
-    """Whether the CPU computes bfloat16 natively (AVX-512 BF16 or AMX)."""
-    found = cpu_flags() if flags is None else flags
-    return "avx512_bf16" in found or "amx_bf16" in found
 
 
 def served_dtype(flags: list[str] | None = None) -> str:

@@ -134,7 +134,7 @@ def run_prefix(
 ) -> list[dict[str, Any]]:
     """Every (model, system) in a process of its own; the rows for the report (the served
     rows: bench/served_prefix.py)."""
-    from bench.ov import bf16_native
+    from reporting.machine import bf16_native
 
     systems = [s for s in SYSTEMS if s != "torch-bfloat16" or bf16_native()]
     rows = []
@@ -197,11 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         row = measure(args.one, args.checkpoint, args.length, args.repeats, args.new)
         print(json.dumps(row))
         return 0
-    from bench.machine import describe, machine_label
+    from bench.format import machine, machine_label
     from bench.models import DEFAULT_CHECKPOINT
-    from bench.ov import cpu_flags
 
-    print(f"machine: {machine_label(describe())}; CPU flags: {' '.join(cpu_flags()) or 'none'}")
+    print(f"machine: {machine_label(machine())}")  # the label names the CPU flags
     rows = run_prefix(
         args.models.split(","), args.checkpoint or DEFAULT_CHECKPOINT, args.repeats, args.new
     )

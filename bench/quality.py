@@ -189,7 +189,7 @@ def main() -> None:
 def report_openvino(args: argparse.Namespace) -> None:
     """The openvino table: each model's float32 and bfloat16 greedy agreement."""
     from bench.models import DEFAULT_CHECKPOINT, RANDOM_350M, build_random_gptj
-    from bench.ov import cpu_flags
+    from reporting.machine import cpu_flags
 
     print(
         f"\nopenvino backend (OpenVINO GenAI pipeline, greedy) vs transformers float32 greedy: "

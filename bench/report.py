@@ -19,16 +19,13 @@ from bench.served_prefix import served_prefix_table
 from bench.tables import (
     THROUGHPUT_TARGET,
     THROUGHPUT_TARGET_LENGTH,
-    arrival_tables,
     beam_tables,
     kernel_comparison,
     kernel_tables,
-    mixed_tables,
-    single_tables,
     step_cost,
-    throughput_verdict,
 )
 from bench.targets import any_measured, targets_table
+from bench.traffic_tables import arrival_tables, mixed_tables, single_tables, throughput_verdict
 
 __all__ = [
     "THROUGHPUT_TARGET",

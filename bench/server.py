@@ -1,4 +1,4 @@
-"""The served side: a real Triton on a copy of the model repository, as tests/conftest.py does.
+"""The served side: a real Triton on a copy of the model repository.
 
 A copy (with the checkpoint benchmarked) on free ports keeps the benchmark from touching a
 server someone already runs on 8000-8002 and from depending on what ``model_repository/``
@@ -14,9 +14,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from reporting.triton import Endpoints, ServedTriton, open_triton
 from serving.paths import MODEL_REPOSITORY, checkpoint_dir
 from serving.process import free_ports
-from serving.triton import Ports, TritonServer
+from serving.triton import Ports
 
 GPTJ_CONFIG = MODEL_REPOSITORY / "engine" / "config.pbtxt"  # the engine model holds them
 
@@ -58,11 +59,11 @@ def running_server(
     device: str,
     backend: str = "torch",
     parameters: dict[str, str] | None = None,
-) -> Iterator[TritonServer]:
-    """Triton serving ``checkpoint`` from a fresh repository copy under ``workdir``; stopped
-    on exit. The device and the backend (the one the bare side measures) go to the engine
-    model through CODEGEN_DEVICE and CODEGEN_BACKEND; ``parameters`` (dtype, say) replace
-    those of the copy's engine config."""
+) -> Iterator[ServedTriton]:
+    """Triton serving ``checkpoint`` from a fresh repository copy under ``workdir``, started
+    on free ports (:func:`reporting.triton.open_triton`); stopped on exit. The device and the
+    backend (the one the bare side measures) go to the engine model through CODEGEN_DEVICE and
+    CODEGEN_BACKEND; ``parameters`` (dtype, say) replace those of the copy's engine config."""
     repo = workdir / "model_repository"
     shutil.rmtree(repo, ignore_errors=True)
     shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("checkpoint"))
@@ -72,17 +73,10 @@ def running_server(
         config.write_text(set_pbtxt_parameters(config.read_text(), parameters))
     previous = {name: os.environ.get(name) for name in ("CODEGEN_DEVICE", "CODEGEN_BACKEND")}
     os.environ.update(CODEGEN_DEVICE=device, CODEGEN_BACKEND=backend)
-    server = TritonServer(repo, Ports(*free_ports(3)), log_file=log_file)
     try:
-        server.start()
-        try:
-            server.wait_ready(timeout=600)
-        except BaseException:
-            server.stop()
-            raise
-        yield server
+        with open_triton(Endpoints.local(Ports(*free_ports(3))), repo, log_file) as server:
+            yield server
     finally:
-        server.stop()
         for name, value in previous.items():
             if value is None:
                 os.environ.pop(name, None)

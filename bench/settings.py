@@ -97,60 +97,29 @@ def make_plan(
 ) -> Plan:
     """The full plan, or the quick one (~14 minutes on 2 cores with SmolLM2-135M as the
     default model, a few with the trained 5M GPT-J), narrowed by the command line's choices."""
-    if quick:
-        plan = Plan(
-            quick=True,
-            sections=SECTIONS,
-            device=device,
-            models=("default",),
-            dtypes=DTYPES,
-            systems=SYSTEMS,
-            kernels={
-                "default": KernelPlan(
-                    batches=(1, 16), new_tokens=16, cell_budget_s=4.0, min_cell_s=0.3
-                ),
-                "350m": KernelPlan(
-                    batches=(1,), new_tokens=8, min_tokens=4, cell_budget_s=6.0, min_cell_s=0.3
-                ),
-            },
-            clients=16,
-            lengths=(8, 32),
-            window_s=3.0,
-            max_window_s=5.0,
-            warmup_cap_s=10.0,
-            mixed_short=8,
-            mixed_long=128,
-            mixed_clients=8,
-            single_tokens=8,
-            single_repeats=6,
-            served=served,
-            beam_tokens=16,
-            prefix_repeats=1,
-        )
-    else:
-        plan = Plan(
-            quick=False,
-            sections=SECTIONS,
-            device=device,
-            models=MODELS,
-            dtypes=DTYPES,
-            systems=SYSTEMS,
-            kernels={
-                "default": KernelPlan(batches=(1, 16, 64), new_tokens=64, cell_budget_s=6.0),
-                "350m": KernelPlan(batches=(1, 16), new_tokens=16, min_tokens=4, cell_budget_s=8.0),
-            },
-            clients=16,
-            lengths=(8, 32, 128, 512),
-            window_s=10.0,
-            max_window_s=25.0,
-            warmup_cap_s=60.0,
-            mixed_short=8,
-            mixed_long=512,
-            mixed_clients=8,
-            single_tokens=8,
-            single_repeats=20,
-            served=served,
-        )
+    plan = Plan(
+        quick=False, sections=SECTIONS, device=device, models=MODELS, dtypes=DTYPES,
+        systems=SYSTEMS,
+        kernels={
+            "default": KernelPlan(batches=(1, 16, 64), new_tokens=64, cell_budget_s=6.0),
+            "350m": KernelPlan(batches=(1, 16), new_tokens=16, min_tokens=4, cell_budget_s=8.0),
+        },
+        clients=16, lengths=(8, 32, 128, 512), window_s=10.0, max_window_s=25.0,
+        warmup_cap_s=60.0, mixed_short=8, mixed_long=512, mixed_clients=8, single_tokens=8,
+        single_repeats=20, served=served,
+    )  # fmt: skip
+    if quick:  # the same sections, each smaller
+        quick_kernels = {
+            "default": KernelPlan(batches=(1, 16), new_tokens=16, cell_budget_s=4.0,
+                                  min_cell_s=0.3),
+            "350m": KernelPlan(batches=(1,), new_tokens=8, min_tokens=4, cell_budget_s=6.0,
+                               min_cell_s=0.3),
+        }  # fmt: skip
+        plan = replace(
+            plan, quick=True, models=("default",), kernels=quick_kernels, lengths=(8, 32),
+            window_s=3.0, max_window_s=5.0, warmup_cap_s=10.0, mixed_long=128,
+            single_repeats=6, beam_tokens=16, prefix_repeats=1,
+        )  # fmt: skip
     changes: dict[str, Any] = {}
     for name, text, allowed in (
         ("sections", only, SECTIONS),

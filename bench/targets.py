@@ -60,7 +60,6 @@ def _length_note(at: int | None, wanted: int) -> str:
 
 def static_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     """openvino over the torch engine, static batches of 16 and 64, default model, greedy."""
-    rows = []
     kernels = [k for k in results.get("kernels") or [] if k.get("plan_key") == "default"]
     rates = {
         (k["system"], k["dtype"], k["batch"]): k.get("tokens_per_s")
@@ -68,21 +67,14 @@ def static_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         if k["mode"] == "greedy"
     }
     dtypes = [d for d in OPENVINO_DTYPES if any(k["dtype"] == d for k in kernels)]
-    for batch in (16, 64):
-        for dtype in dtypes or ["float32"]:
-            value = ratio(
-                rates.get(("openvino", dtype, batch)), rates.get(("engine", dtype, batch))
-            )
-            rows.append(
-                _row(
-                    f"openvino >= {OPENVINO_OVER_TORCH_STATIC}x torch, static batch {batch}",
-                    value,
-                    OPENVINO_OVER_TORCH_STATIC,
-                    False,
-                    f"default model, {dtype} both, greedy, static batch {batch}",
-                )
-            )
-    return rows
+    return [
+        _row(f"openvino >= {OPENVINO_OVER_TORCH_STATIC}x torch, static batch {batch}",
+             ratio(rates.get(("openvino", dtype, batch)), rates.get(("engine", dtype, batch))),
+             OPENVINO_OVER_TORCH_STATIC, False,
+             f"default model, {dtype} both, greedy, static batch {batch}")
+        for batch in (16, 64)
+        for dtype in dtypes or ["float32"]
+    ]  # fmt: skip
 
 
 def served_rows(results: dict[str, Any]) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.format import ratio
-from bench.kernels import PROBE_TOKENS, fit_tokens
+from bench.kernels import transformers_reference
 from bench.load import (
     BareTarget,
     Measurement,
@@ -35,11 +35,11 @@ from bench.load import (
     short_latencies,
     static_batches,
 )
-from bench.models import CACHE, ModelInfo, random_prompts
-from bench.ov import PipelineGenerate, bf16_native, served_dtype, stand_in_end_id, start_backend
+from bench.models import CACHE, ModelInfo
+from bench.ov import PipelineGenerate, served_dtype, stand_in_end_id, start_backend
 from bench.server import running_server, served_engine_settings
 from bench.settings import Plan
-from bench.systems import TORCH_DTYPES, TransformersRunner, generate
+from bench.systems import TORCH_DTYPES
 from contract.model_tokens import prompt_head
 from contract.prompts import code_prompts
 from engine import CausalLM, TorchEngine, in_passing_thread, load_model
@@ -47,9 +47,6 @@ from engine import CausalLM, TorchEngine, in_passing_thread, load_model
 Progress = Callable[[str], None]
 TRAFFIC_SECTIONS = ("arrivals", "mixed", "single")
 TARGET_LENGTH = 128  # the output length the throughput targets are held at
-# transformers' reference generate makes fewer tokens than asked where they would take longer
-# than this (a loaded machine); its row says how many (a shorter context flatters it, if any)
-REFERENCE_BUDGET_S = 30.0
 
 
 def key(backend: str, path: str) -> str:
@@ -203,48 +200,6 @@ def _drive(
         )
 
 
-def _transformers_reference(
-    model: ModelInfo,
-    plan: Plan,
-    arrivals: dict[int, dict[str, Any]],
-    progress: Progress,
-) -> None:
-    """What the served system is held against at the target length: transformers'
-    static-batch ``generate``, alone, after the torch backend (the faster of float32 and,
-    where native, bfloat16)."""
-    length = target_length(plan.lengths)
-    row = arrivals.setdefault(length, {"length": length})
-    prompts = random_prompts(plan.clients, 32, model.vocab_size, model.banned, plan.seed)
-    dtypes = ("float32", "bfloat16") if bf16_native() else ("float32",)
-    for dtype in dtypes:
-
-        def once(dtype: str = dtype) -> tuple[float, int]:
-            runner = TransformersRunner(model.path, dtype, plan.device)
-            try:
-                generate(runner, prompts[:2], 2, True, plan.seed)  # warm-up
-                started = time.perf_counter()  # a probe sets how many tokens fit
-                generate(runner, prompts, PROBE_TOKENS, True, plan.seed)
-                probe_s = time.perf_counter() - started
-                new = fit_tokens(probe_s, PROBE_TOKENS, REFERENCE_BUDGET_S, length, 8)
-                started = time.perf_counter()
-                made = sum(generate(runner, prompts, new, True, plan.seed))
-                return made / (time.perf_counter() - started), new
-            finally:
-                runner.close()
-
-        rate, new = in_passing_thread(once)
-        row[f"transformers_{dtype}_tokens_per_s"] = rate
-        row[f"transformers_{dtype}_new_tokens"] = new
-        progress(
-            f"transformers generate {dtype}, {plan.clients} x {new} of {length} tokens: "
-            f"{rate:,.0f} tok/s"
-        )
-        if rate > (row.get("transformers_static_tokens_per_s") or 0):
-            row["transformers_static_tokens_per_s"] = rate
-            row["transformers_static_dtype"] = dtype
-            row["transformers_static_new_tokens"] = new
-
-
 @contextmanager
 def _bare(
     backend: str,
@@ -353,7 +308,9 @@ def _backend_traffic(
     if backend == "torch" and "arrivals" in plan.sections:
         assert weights is not None
         _forward_ceilings(weights, [len(i) for i in ids], plan, arrivals, progress)
-        _transformers_reference(model, plan, arrivals, progress)
+        length = target_length(plan.lengths)
+        row = arrivals.setdefault(length, {"length": length})
+        transformers_reference(model, plan, length, row, progress)
 
 
 def run_traffic(

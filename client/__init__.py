@@ -4,25 +4,25 @@
 checkpoint: ``tritonclient`` is imported on the first request.
 """
 
-from client.client import (
+from client.client import CodegenClient
+from client.request import CompletionRequest
+from client.results import (
     DEFAULT_PORTS,
     PROTOCOLS,
-    CodegenClient,
     CodegenError,
     Completion,
-    CompletionStream,
     Health,
     ModelStatus,
     SamplingOptions,
     ServerUnavailable,
     ServerUnavailableError,
-    StreamCancelledError,
     Target,
     TimedOutError,
     resolve_target,
     split_completion,
 )
-from client.request import CompletionRequest
+from client.stream import CompletionStream
+from client.transport import StreamCancelledError, Transport
 from contract.options import InvalidRequestError
 from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
 
@@ -45,6 +45,7 @@ __all__ = [
     "StreamCancelledError",
     "Target",
     "TimedOutError",
+    "Transport",
     "resolve_target",
     "split_completion",
 ]

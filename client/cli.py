@@ -23,17 +23,17 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from client.client import (
+from client.client import CodegenClient
+from client.request import CompletionRequest
+from client.results import (
     DEFAULT_PORTS,
     PROTOCOLS,
-    CodegenClient,
     CodegenError,
     Completion,
     Health,
     ServerUnavailableError,
     TimedOutError,
 )
-from client.request import CompletionRequest
 from contract.options import DEFAULT_MAX_TOKENS, DEFAULT_SAMPLING, InvalidRequestError
 from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
 
@@ -252,28 +252,19 @@ def _read_prompt(args: argparse.Namespace, stdin: TextIO | None) -> str:
     return stdin.read()
 
 
+# CompletionRequest's fields that the command line names alike, and those it names otherwise
+_SAME_NAME = ("max_tokens", "top_k", "top_p", "temperature", "repetition_penalty", "seed",
+              "end_id", "start_id", "len_penalty", "suffix", "single_line", "n_indent",
+              "t_max_predict_ms")  # fmt: skip
+_FLAG_NAME = {"return_log_probs": "log_probs", "beam_width": "beams",
+              "beam_search_diversity_rate": "diversity_rate"}  # fmt: skip
+
+
 def _request(args: argparse.Namespace, prompt: str) -> CompletionRequest:
-    return CompletionRequest(
-        (prompt,),
-        max_tokens=args.max_tokens,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        temperature=args.temperature,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-        stop_words=tuple(args.stop),
-        bad_words=tuple(args.bad_word),
-        return_log_probs=args.log_probs,
-        end_id=args.end_id,
-        start_id=args.start_id,
-        beam_width=args.beams,
-        len_penalty=args.len_penalty,
-        beam_search_diversity_rate=args.diversity_rate,
-        suffix=args.suffix,
-        single_line=args.single_line,
-        n_indent=args.n_indent,
-        t_max_predict_ms=args.t_max_predict_ms,
-    )
+    options = {name: getattr(args, name) for name in _SAME_NAME}
+    options |= {name: getattr(args, flag) for name, flag in _FLAG_NAME.items()}
+    stops = {"stop_words": tuple(args.stop), "bad_words": tuple(args.bad_word)}
+    return CompletionRequest((prompt,), **options, **stops)
 
 
 def _print_json(data: Any, out: TextIO) -> None:

@@ -29,69 +29,40 @@ The data it returns and raises is in :mod:`client.results`, streaming in :mod:`c
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from collections.abc import Sequence
-from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any
 
-from client.request import CompletionRequest, requested_outputs, stop_inputs
+from client.request import CompletionRequest
 from client.results import (
-    DEFAULT_PORTS,
-    PROTOCOLS,
     BeamText,
+    Closing,
     CodegenError,
     Completion,
     Health,
     ModelStatus,
     Protocol,
     SamplingOptions,
-    ServerUnavailable,
-    ServerUnavailableError,
     Target,
     TimedOutError,
     resolve_target,
     split_completion,
 )
-from client.stream import (
-    CompletionStream,
-    StreamCancel,
-    StreamCancelledError,
-    _protocol_module,
-    grpc_pieces,
-    http_pieces,
-)
+from client.stream import CompletionStream
+from client.transport import Transport
 from contract.options import InvalidRequestError
 from contract.tensors import ENSEMBLE_MODEL
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = [
-    "DEFAULT_PORTS",
-    "PROTOCOLS",
-    "BeamText",
-    "CodegenClient",
-    "CodegenError",
-    "Completion",
-    "CompletionStream",
-    "Health",
-    "ModelStatus",
-    "SamplingOptions",
-    "ServerUnavailable",
-    "ServerUnavailableError",
-    "StreamCancelledError",
-    "Target",
-    "TimedOutError",
-    "resolve_target",
-    "split_completion",
-]
+__all__ = ["CodegenClient", "SamplingOptions"]
 
 STOP_TIMEOUT_S = 10.0  # how long a stop request sent on giving up may take
 
 
-class CodegenClient:
+class CodegenClient(Closing):
     """A connection to the code-completion server over gRPC (default) or HTTP.
 
     ``url`` is ``host[:port]`` or a URL with a scheme (see :func:`resolve_target`); it
@@ -108,10 +79,9 @@ class CodegenClient:
         timeout: float = 600.0,
         connect_timeout: float = 10.0,
     ) -> None:
-        self.target = resolve_target(url, protocol)
+        self.transport = Transport(resolve_target(url, protocol), timeout, connect_timeout)
+        self.target: Target = self.transport.target
         self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self._client: Any = None
 
     @property
     def url(self) -> str:
@@ -126,71 +96,12 @@ class CodegenClient:
 
     # -- connection ---------------------------------------------------------------------------
 
-    def _module(self) -> ModuleType:
-        return _protocol_module(self.protocol)
-
-    def _new_client(self) -> Any:
-        module = self._module()
-        if self.protocol == "grpc":
-            return module.InferenceServerClient(self.target.address, ssl=self.target.ssl)
-        return module.InferenceServerClient(
-            self.target.address,
-            ssl=self.target.ssl,
-            connection_timeout=self.connect_timeout,
-            network_timeout=self.timeout,
-        )
-
-    @property
-    def _triton(self) -> Any:
-        if self._client is None:
-            self._client = self._new_client()
-        return self._client
-
     def close(self) -> None:
         """Close the connection (a later call opens a new one)."""
-        if self._client is not None:
-            with contextlib.suppress(Exception):
-                self._client.close()
-            self._client = None
-
-    def __enter__(self) -> CodegenClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def _error(self, exc: BaseException) -> CodegenError:
-        """A tritonclient / requests / socket exception as a CodegenError a person can act on."""
-        from tritonclient.utils import InferenceServerException
-
-        if isinstance(exc, CodegenError):
-            return exc
-        if isinstance(exc, InferenceServerException):
-            message = exc.message() or str(exc)
-            if exc.status() == "StatusCode.UNAVAILABLE":
-                return ServerUnavailableError(self.url, message)
-            if exc.status() == "StatusCode.DEADLINE_EXCEEDED":
-                return TimedOutError(f"no answer from {self.url} within {self.timeout:g} s")
-            return CodegenError(message)
-        import requests
-
-        timed_out = isinstance(exc, requests.ConnectionError) and "timed out" in str(exc)
-        if timed_out or isinstance(exc, TimeoutError | requests.Timeout):
-            return TimedOutError(f"no answer from {self.url} within {self.timeout:g} s")
-        if isinstance(exc, OSError | requests.ConnectionError):
-            return ServerUnavailableError(self.url, str(exc) or type(exc).__name__)
-        return CodegenError(f"{type(exc).__name__}: {exc}")
+        self.transport.close()
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return getattr(self._triton, method)(*args, **kwargs)
-        except Exception as exc:
-            raise self._error(exc) from exc
+        return self.transport.call(method, *args, **kwargs)
 
     # -- health -------------------------------------------------------------------------------
 
@@ -249,23 +160,11 @@ class CodegenClient:
         It goes with ``request_id`` (a new random one by default): if it times out or is
         interrupted (Ctrl-C), a stop request with that id stops its generation on the server
         before the error is raised (see :meth:`stop`)."""
-        module = self._module()
         request_id = request_id or f"codegen-client-{uuid.uuid4().hex}"
-        kwargs = {"client_timeout": self.timeout} if self.protocol == "grpc" else {}
         started = time.perf_counter()
         try:
-            result = self._call(
-                "infer",
-                ENSEMBLE_MODEL,
-                request.infer_inputs(module),
-                outputs=requested_outputs(module),
-                request_id=request_id,
-                **kwargs,
-            )
-        except KeyboardInterrupt:
-            self._stop_quietly(request_id)
-            raise
-        except TimedOutError:
+            result = self.transport.infer(request, request_id)
+        except (KeyboardInterrupt, TimedOutError):
             self._stop_quietly(request_id)
             raise
         latency = time.perf_counter() - started
@@ -331,11 +230,11 @@ class CodegenClient:
                 "they finish; use complete() instead"
             )
         started = time.perf_counter()
-        cancel = StreamCancel()
-        source = grpc_pieces if self.protocol == "grpc" else http_pieces
-        pieces = source(self, request, cancel)
         return CompletionStream(
-            request.prompts[0], pieces, request.return_log_probs, started, cancel
+            request.prompts[0],
+            lambda: self.transport.stream(request),
+            request.return_log_probs,
+            started,
         )
 
     # -- stopping a unary request -------------------------------------------------------------
@@ -345,20 +244,7 @@ class CodegenClient:
         client): the stop request (``stop`` true, same id) ends it, and its client gets an
         error saying so. True when it was stopped, False when nothing with that id was
         generating (it had ended)."""
-        module = self._module()
-        try:
-            self._call(
-                "infer",
-                ENSEMBLE_MODEL,
-                stop_inputs(module),
-                outputs=requested_outputs(module),
-                request_id=request_id,
-            )
-        except CodegenError as exc:
-            if "no request with id" in str(exc):
-                return False
-            raise
-        return True
+        return self.transport.stop(request_id)
 
     def _stop_quietly(self, request_id: str) -> None:
         """Stop a request given up on, on a connection of its own (the one in use may be

@@ -1,11 +1,15 @@
 """What the client library returns and raises, and where it connects: the plain data of
-:mod:`client.client`, importable without ``tritonclient``."""
+:mod:`client.client` and :mod:`client.transport` (a streamed :class:`Piece`, a refusal's
+message), importable without ``tritonclient``."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Literal, TypedDict
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Self, TypedDict
 from urllib.parse import urlsplit
 
 from contract.options import InvalidRequestError
@@ -218,3 +222,85 @@ def split_completion(prompt: str, text: str) -> str:
             break
         common += 1
     return text[common:]
+
+
+class Closing:
+    """A context manager that closes what it holds on the way out."""
+
+    def close(self) -> None:
+        """Release what is held (subclasses)."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _flat(value: Any) -> list:
+    """A JSON value of a streamed tensor as a list (Triton writes one element as a scalar)."""
+    return value if isinstance(value, list) else [value]
+
+
+@dataclass
+class Piece:
+    """One streamed answer: its text, the tokens it carries and, on the last, ``final``."""
+
+    text: str = ""
+    log_probs: list[float] = field(default_factory=list)
+    sequence_length: int | None = None  # prompt + generated so far (Triton's streams)
+    cum_log_prob: float | None = None
+    final: bool = False
+    usage: dict[str, int] | None = None  # the OpenAI API's token counts
+    arrived: float = field(default_factory=time.perf_counter)  # when it came off the wire
+
+    @property
+    def tokens(self) -> int:
+        return len(self.log_probs) or (1 if self.text else 0)
+
+    @classmethod
+    def from_result(cls, result: Any) -> Piece:
+        """From a gRPC stream's InferResult."""
+        final = result.get_response().parameters.get("triton_final_response")
+        text = result.as_numpy("OUTPUT_0")
+        if text is None:
+            return cls(final=bool(final is not None and final.bool_param))
+        log_probs = result.as_numpy("output_log_probs")
+        return cls(
+            text=text.reshape(-1)[0].decode("utf-8", errors="replace"),
+            log_probs=[] if log_probs is None else [float(x) for x in log_probs.ravel()],
+            sequence_length=int(result.as_numpy("sequence_length").reshape(-1)[0]),
+            cum_log_prob=float(result.as_numpy("cum_log_probs").reshape(-1)[0]),
+            final=bool(final is not None and final.bool_param),
+        )
+
+    @classmethod
+    def from_generate(cls, data: dict[str, Any]) -> Piece:
+        """From one event of Triton's ``generate_stream`` (it sends no final flag: the end
+        of the body is the end)."""
+        return cls(
+            text=str(_flat(data.get("OUTPUT_0", ""))[0]),
+            log_probs=[float(x) for x in _flat(data.get("output_log_probs", []))],
+            sequence_length=int(_flat(data.get("sequence_length", 0))[0]),
+            cum_log_prob=float(_flat(data.get("cum_log_probs", 0.0))[0]),
+        )
+
+    @classmethod
+    def from_openai(cls, data: dict[str, Any]) -> Piece:
+        """From one chunk of the OpenAI API's ``/v1/completions`` stream."""
+        text = "".join(c.get("text") or "" for c in data.get("choices", []))
+        return cls(text=text, usage=data.get("usage"))
+
+
+def error_message(body: bytes, status: int) -> str:
+    """The server's message from a refused HTTP request (Triton's JSON or one event, or the
+    OpenAI API's error object with its ``param``)."""
+    text = body.decode(errors="replace").strip()
+    for candidate in (text, text.removeprefix("data:").strip()):
+        with contextlib.suppress(ValueError):
+            error = json.loads(candidate)["error"]
+            if isinstance(error, dict):
+                param = f" [param: {error['param']}]" if error.get("param") else ""
+                return f"HTTP {status}: {error.get('message')}{param}"
+            return str(error)
+    return f"HTTP {status}: {text[:200]}"

@@ -15,7 +15,8 @@ MISMATCH_ROWS = 60  # the markdown lists this many; the JSON lists them all
 
 def machine() -> dict[str, Any]:
     """Cores, CPU model and the flags that decide its speed (/proc/cpuinfo), library versions."""
-    from bench.machine import describe, machine_label
+    from bench.format import machine as describe
+    from bench.format import machine_label
 
     info = describe("cpu")
     info["label"] = machine_label(info)

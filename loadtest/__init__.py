@@ -8,11 +8,27 @@
 
 What they share sits here: :mod:`loadtest.targets` (what is loaded and which Prometheus watches
 it), :mod:`loadtest.api_process` (the OpenAI API in front), :mod:`loadtest.metrics` (Triton's
-metrics over a window), :mod:`loadtest.prom` (the same from Prometheus),
-:mod:`loadtest.results` (typed results), :mod:`loadtest.machine` (this machine, as a report
-says it) and :mod:`loadtest.run_prometheus` (``make prometheus``). Their prompts come from
-:mod:`contract.prompts`; their tables and charts from :mod:`reporting`.
+metrics over a window), :mod:`loadtest.prom` (the same from Prometheus when one runs),
+:mod:`loadtest.results` (typed results) and :mod:`loadtest.run_prometheus` (``make
+prometheus``), and :func:`console` below. The server, the machine and the drain are every
+tool's (:mod:`reporting.triton`, :mod:`reporting.machine`); the requests travel on the client's
+transport (:mod:`client.transport`); the prompts come from :mod:`contract.prompts`.
 
 Importing this package imports nothing else: Locust monkey-patches the process with gevent, so
 only the sweep's run, its driver and the locustfile load it.
 """
+
+import logging
+import sys
+
+
+def console() -> None:
+    """A load test's progress on stdout, one ``[loadtest]`` line each (Locust's own logging
+    stays off, as the sweep drives it through its API)."""
+    logger = logging.getLogger("loadtest")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("[loadtest] %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False

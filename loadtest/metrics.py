@@ -10,68 +10,17 @@ why is explained once, in :mod:`contract.metrics`.
 
 from __future__ import annotations
 
-import time
-import urllib.request
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from contract import metrics as names
 from contract.tensors import ENGINE_MODEL, ENSEMBLE_MODEL, MODEL_STAGE, STAGES
 from loadtest.results import Increases, WindowFigures
+from reporting.triton import Snapshot, sample_name
 
 PREPROCESSING, POSTPROCESSING = STAGES[0], STAGES[-1]
 MODELS = (ENSEMBLE_MODEL, *STAGES)  # the unary pipeline's four Triton models
-
-SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
-
-
-def sample_name(metric: str) -> str:
-    """The name a counter's samples carry once parsed: prometheus_client follows OpenMetrics
-    and gives every counter sample a ``_total`` suffix (Triton exposes ``nv_inference_count``,
-    the parser yields ``nv_inference_count_total``); the engine's counters already end so."""
-    gauges = {names.PENDING_REQUEST_COUNT, names.ENGINE_RUNNING}
-    return metric if metric in gauges or metric.endswith("_total") else metric + "_total"
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Every sample of one ``/metrics`` reading, and when it was taken (Unix seconds)."""
-
-    taken_at: float
-    series: Mapping[SeriesKey, float]
-    text: str = field(default="", repr=False)
-
-    def value(self, metric: str, **labels: str) -> float:
-        """Sum of the samples of ``metric`` whose labels include ``labels`` (0 when none)."""
-        wanted = sample_name(metric)
-        return sum(
-            v
-            for (name, series_labels), v in self.series.items()
-            if name == wanted and all((k, val) in series_labels for k, val in labels.items())
-        )
-
-
-def parse_metrics(text: str, taken_at: float = 0.0) -> Snapshot:
-    """Parse Prometheus text exposition (Triton's ``/metrics``) into a :class:`Snapshot`."""
-    series: dict[SeriesKey, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            # OpenMetrics' *_created companions are timestamps, not counts.
-            if sample.name.endswith("_created"):
-                continue
-            series[(sample.name, tuple(sorted(sample.labels.items())))] = float(sample.value)
-    return Snapshot(taken_at, series, text)
-
-
-def read_snapshot(url: str, timeout: float = 10.0) -> Snapshot:
-    """One reading of a metrics endpoint, stamped with the midpoint of the HTTP exchange."""
-    started = time.time()
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        text = response.read().decode()
-    return parse_metrics(text, (started + time.time()) / 2)
 
 
 def counter_increase(start: float | None, end: float) -> float:

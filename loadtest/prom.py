@@ -7,17 +7,8 @@ first scrape at or after the window's start and ``T_end`` the last at or before 
 query is ``increase(x[T_end - T_start])`` evaluated at ``T_end``. Both edge samples then sit
 exactly on the range's ends (Prometheus 2.x ranges are closed), nothing is extrapolated, and
 the result is the counter's exact increase between two scrapes, counter resets included. The
-aligned window is up to one scrape interval shorter at each end than the direct reading's, which
-is the whole difference between the two sources under steady load.
-
-The second half is how the two readings are compared (:func:`compare`). Figures that are ratios
-of event counts (requests, tokens, executions, steps) are *strict*: a window edge moves them by
-the share of requests completing there, so they must agree within the relative tolerance plus
-one wave of completions (one per user) at each edge (:func:`edge_tolerance`). Figures weighted
-by durations are shown but do not decide: a request completing at an edge brings its whole
-duration, and one stalled wave at an edge of a short window moves them by tens of percent.
-Every counter, durations included, is also checked exactly (:func:`excess`): Prometheus' window
-lies inside the direct one and counters only grow, so none may have grown more there.
+aligned window is up to one scrape interval shorter at each end than the sweep's own, which is
+why the sweep opens and closes its window just around two scrapes.
 """
 
 from __future__ import annotations
@@ -34,15 +25,9 @@ import requests
 from prometheus_api_client import PrometheusConnect
 
 from contract import metrics as names
-from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE, POSTPROCESSING_MODEL, PREPROCESSING_MODEL
-from loadtest.metrics import Deltas, Snapshot, sample_name, window_figures
-from loadtest.results import (
-    Agreement,
-    FigureComparison,
-    PromReading,
-    PromWindow,
-    WindowFigures,
-)
+from contract.tensors import ENSEMBLE_MODEL
+from loadtest.metrics import Deltas
+from reporting.triton import sample_name
 
 # The counters the figures need (Prometheus stores them under their exposed names).
 COUNTERS = (
@@ -174,92 +159,3 @@ class PromSource:
             for model, value in self.increase(metric, window).items():
                 values[(sample_name(metric), model)] = value
         return Deltas(values, window.seconds), window
-
-
-# --- the comparison with the direct reading ------------------------------------------------
-
-# (figure, label, strict): a figure is a WindowFigures field, or "field.key" for one model's.
-COMPARED = (
-    ("rps", "requests/s", True),
-    ("tokens_per_s", "generated tokens/s", True),
-    (f"batch_size.{PREPROCESSING_MODEL}", "batch size preprocessing", True),
-    (f"batch_size.{MODEL_STAGE}", "batch size gptj (Triton)", True),
-    (f"batch_size.{POSTPROCESSING_MODEL}", "batch size postprocessing", True),
-    ("engine_batch_size", "engine running batch", True),
-    ("mean_request_ms", "mean request time (Triton)", False),
-    ("queue_share", "queue share", False),
-    (f"stage_share.{PREPROCESSING_MODEL}", "preprocessing share of model time", False),
-    (f"stage_share.{POSTPROCESSING_MODEL}", "postprocessing share of model time", False),
-)
-
-
-def figure(figures: WindowFigures, path: str) -> float | None:
-    """One figure named as in :data:`COMPARED`; None when absent."""
-    name, _, key = path.partition(".")
-    value: Any = getattr(figures, name)
-    if key:
-        value = value.get(key)
-    return value if isinstance(value, (int, float)) else None
-
-
-def relative_difference(a: float | None, b: float | None) -> float | None:
-    """|a - b| / max(|a|, |b|): symmetric, 0 when equal, None when either is missing."""
-    if a is None or b is None:
-        return None
-    scale = max(abs(a), abs(b))
-    return 0.0 if scale == 0 else abs(a - b) / scale
-
-
-def agreement(direct: WindowFigures, other: WindowFigures, tolerance: float) -> Agreement:
-    """Figure-by-figure comparison of two sources; they agree when every strict figure is
-    present in both and within ``tolerance`` (relative)."""
-    rows = []
-    for path, label, strict in COMPARED:
-        a, b = figure(direct, path), figure(other, path)
-        rows.append(FigureComparison(path, label, strict, a, b, relative_difference(a, b)))
-    strict_diffs = [r.rel_diff for r in rows if r.strict]
-    worst = None if None in strict_diffs else max(strict_diffs, default=None)
-    return Agreement(tolerance, worst, worst is not None and worst <= tolerance, rows)
-
-
-def edge_tolerance(relative: float, users: int, requests: float) -> float:
-    """The relative tolerance plus one wave of completions (up to one per user) at each edge
-    of the shorter window, as a share of the window's requests."""
-    return relative + 2 * users / max(requests or 0, 1)
-
-
-def excess(inner: Deltas, outer: Deltas) -> dict[str, float]:
-    """Counters that grew more in the ``inner`` window than in the ``outer`` one that holds
-    it (nothing, when both readings are right), by how much."""
-    return {
-        f"{metric}{{model={model}}}": value - outer.get(metric, model)
-        for (metric, model), value in inner.values.items()
-        if value > outer.get(metric, model) * (1 + 1e-9) + 1e-6
-    }
-
-
-def compare(
-    source: PromSource,
-    start: Snapshot,
-    end: Snapshot,
-    direct_deltas: Deltas,
-    relative_tolerance: float,
-    users: int,
-) -> PromReading:
-    """Prometheus' reading of the window between two direct snapshots, and the comparison."""
-    deltas, window = source.window_deltas(start.taken_at, end.taken_at)
-    direct, figures = window_figures(direct_deltas), window_figures(deltas)
-    tolerance = edge_tolerance(relative_tolerance, users, direct.requests)
-    over = excess(deltas, direct_deltas)
-    return PromReading(
-        url=source.url,
-        instance=source.instance,
-        window=PromWindow(
-            window.start, window.end, window.seconds, window.scrapes, end.taken_at - start.taken_at
-        ),
-        figures=figures,
-        deltas=deltas.as_dict(),
-        agreement=agreement(direct, figures, tolerance),
-        contained=not over,
-        excess=over,
-    )

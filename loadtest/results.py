@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from reporting.machine import describe
+
 Increases = dict[str, dict[str, float]]  # counter sample name -> model -> increase
 PERCENTILES = ("p50", "p90", "p95", "p99")
 
@@ -68,7 +70,7 @@ class StreamFigures:
     total: ClientFigures
 
 
-# --- the server's side (Triton's metrics port, or Prometheus) -----------------------------
+# --- the server's side (Prometheus when one runs, else Triton's metrics port) -----------
 
 
 @dataclass(frozen=True)
@@ -100,61 +102,6 @@ class WindowFigures:
 
 
 @dataclass(frozen=True)
-class FigureComparison:
-    """One figure from both sources (:data:`loadtest.prom.COMPARED`)."""
-
-    figure: str  # its path in WindowFigures, e.g. "batch_size.gptj"
-    label: str
-    strict: bool  # decides the agreement (see loadtest.prom)
-    direct: float | None
-    other: float | None
-    rel_diff: float | None
-
-
-@dataclass(frozen=True)
-class Agreement:
-    tolerance: float
-    max_rel_diff: float | None  # over the strict figures
-    agree: bool
-    figures: list[FigureComparison]
-
-
-@dataclass(frozen=True)
-class PromWindow:
-    """Prometheus' window: its first and last scrape inside the direct reading's window."""
-
-    start: float  # Unix seconds
-    end: float
-    seconds: float
-    scrapes: int
-    direct_seconds: float  # the direct reading's window, for comparison
-
-
-@dataclass(frozen=True)
-class PromReading:
-    """The same window from Prometheus, and how it compares with the direct reading."""
-
-    url: str
-    instance: str | None
-    window: PromWindow
-    figures: WindowFigures
-    deltas: Increases
-    agreement: Agreement
-    contained: bool  # no counter grew more in Prometheus' (inner) window
-    excess: dict[str, float]  # the counters that did, by how much
-
-
-@dataclass(frozen=True)
-class PromError:
-    """Prometheus could not give the window's figures; the sweep went on without them."""
-
-    error: str
-
-
-# --- one output length ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
 class Timeline:
     """The window's ends in seconds since the users started (the request log's clock)."""
 
@@ -179,10 +126,16 @@ HEADLINE = (
 )
 
 
+def _headline(side: str, name: str) -> Any:
+    """A read-only attribute that is ``name`` of the result's ``side`` (locust or triton)."""
+    return property(lambda self: getattr(getattr(self, side), name), doc=f"{side}.{name}")
+
+
 @dataclass(frozen=True)
 class LengthResult:
     """Everything measured at one output length. The headline figures are properties over
-    the two sources: the client's (``locust``) and the direct metrics reading (``triton``)."""
+    the two sides: the client's (``locust``) and Triton's metrics (``triton``, read from
+    ``source``)."""
 
     output_len: int
     protocol: str
@@ -195,51 +148,20 @@ class LengthResult:
     stream: StreamFigures | None
     drained: bool
     files: list[str]
-    prometheus: PromReading | PromError | None
+    source: str  # where the window's Triton figures were read: Prometheus, or /metrics
 
-    @property
-    def window_s(self) -> float:
-        return self.triton.window_s
-
-    @property
-    def rps(self) -> float | None:
-        return self.locust.rps
-
-    @property
-    def latency_ms(self) -> Latency:
-        return self.locust.latency_ms
-
-    @property
-    def failures(self) -> int:
-        return self.locust.failures
-
-    @property
-    def requests(self) -> int:
-        return self.locust.requests
-
-    @property
-    def tokens_per_s(self) -> float | None:
-        return self.triton.tokens_per_s
-
-    @property
-    def tokens_per_request(self) -> float | None:
-        return self.triton.tokens_per_request
-
-    @property
-    def batch_size(self) -> dict[str, float | None]:
-        return self.triton.batch_size
-
-    @property
-    def engine_batch_size(self) -> float | None:
-        return self.triton.engine_batch_size
-
-    @property
-    def stage_share(self) -> dict[str, float | None]:
-        return self.triton.stage_share
-
-    @property
-    def queue_share(self) -> float | None:
-        return self.triton.queue_share
+    # the headline figures: the client's own, then Triton's (HEADLINE lists them in order)
+    window_s = _headline("triton", "window_s")
+    rps = _headline("locust", "rps")
+    latency_ms = _headline("locust", "latency_ms")
+    failures = _headline("locust", "failures")
+    requests = _headline("locust", "requests")
+    tokens_per_s = _headline("triton", "tokens_per_s")
+    tokens_per_request = _headline("triton", "tokens_per_request")
+    batch_size = _headline("triton", "batch_size")
+    engine_batch_size = _headline("triton", "engine_batch_size")
+    stage_share = _headline("triton", "stage_share")
+    queue_share = _headline("triton", "queue_share")
 
     def increase(self, sample: str, model: str) -> float:
         """A counter's increase over the window (``sample``: its parsed sample name)."""
@@ -272,7 +194,6 @@ class RunSettings:
     prompts: int
     prompt_seed: int
     sampling: dict[str, Any]
-    agreement_tolerance: float
 
 
 @dataclass(frozen=True)
@@ -286,6 +207,13 @@ class MachineInfo:
     torch: str | None
     locust: str | None
     tritonclient: str | None
+    cpu_flags: list[str] = field(default_factory=list)
+
+    @classmethod
+    def here(cls) -> MachineInfo:
+        """This machine now (:func:`reporting.machine.describe`)."""
+        info = describe()
+        return cls(**{f.name: info[f.name] for f in dataclasses.fields(cls)})
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,11 @@ import argparse
 import shutil
 import signal
 import string
-import subprocess
 import sys
 from pathlib import Path
 
+from reporting.triton import ChildServer
 from serving.paths import REPO_ROOT
-from serving.process import ManagedServer
 
 TEMPLATE = Path(__file__).with_name("prometheus.yml")
 INSTALL_HINT = "run scripts/install-prometheus.sh (make setup does) to install Prometheus"
@@ -48,12 +47,13 @@ def render_config(target: str, interval: str) -> str:
     )
 
 
-class PrometheusServer(ManagedServer):
+class PrometheusServer(ChildServer):
     """A Prometheus child process scraping ``target``: start, wait until ready, stop."""
 
     name = "prometheus"
     stop_signal = signal.SIGTERM  # Prometheus flushes its head block on TERM
     stop_timeout = 20.0
+    ready_path = "/-/ready"
 
     def __init__(
         self,
@@ -63,16 +63,9 @@ class PrometheusServer(ManagedServer):
         interval: str = "2s",
         retention: str = "7d",
     ) -> None:
-        self.target = target
-        self.port = port
         self.directory = Path(directory or REPO_ROOT / ".prometheus").resolve()
-        self.interval = interval
-        self.retention = retention
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__(port, self.directory / "prometheus.log")
+        self.target, self.interval, self.retention = target, interval, retention
 
     @property
     def config_file(self) -> Path:
@@ -94,24 +87,7 @@ class PrometheusServer(ManagedServer):
             raise FileNotFoundError(f"no `prometheus` on PATH: {INSTALL_HINT}")
         self.directory.mkdir(parents=True, exist_ok=True)
         self.config_file.write_text(render_config(self.target, self.interval))
-        log = open(self.directory / "prometheus.log", "ab")  # noqa: SIM115 (child keeps it)
-        self.process = subprocess.Popen(
-            self.command(binary),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=self.directory,
-            start_new_session=True,
-        )
-        log.close()
-        return self
-
-    @property
-    def ready_url(self) -> str:
-        return f"{self.url}/-/ready"
-
-    @property
-    def log_hint(self) -> str:
-        return f"; see {self.directory / 'prometheus.log'}"
+        return self.spawn(self.command(binary), cwd=self.directory)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
-import queue
 import random
 import sys
 import threading
@@ -34,16 +32,20 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 
-import requests
-import tritonclient.grpc as grpcclient
+import httpx
 
-from client.request import CompletionRequest, generate_body, requested_outputs
+from client.request import CompletionRequest
+from client.results import CodegenError, TimedOutError, error_message, resolve_target
+from client.transport import ResponseStream, Transport
 from contract import metrics as names
 from contract.prompts import stdlib_sources
-from contract.tensors import ENSEMBLE_MODEL, MODEL_STAGE, STREAM_MODEL
+from contract.tensors import MODEL_STAGE
+from reporting.triton import read_snapshot
 
 LOCAL = ("127.0.0.1", "localhost", "[::1]")
+STALL_S = 120.0  # a stream with no answer for this long is stalled
 DEADLINE_ERRORS = ("Deadline", "deadline", "timeout", "Timeout", "cancelled", "Cancelled")
 
 
@@ -107,95 +109,65 @@ def _request(rng: random.Random, max_tokens: int) -> CompletionRequest:
     return CompletionRequest((prompt,), max_tokens=max_tokens, top_k=5, seed=rng.randint(0, 9999))
 
 
+def read_then_leave(
+    pattern: str, open_stream: Callable[[], ResponseStream], keep: int | None, tally: Tally
+) -> None:
+    """Read ``keep`` answers of a stream (None: to its end), then drop it: a gRPC stream closed
+    with a cancel, an HTTP connection closed, as an editor leaves them."""
+    tally.begin()
+    finished = False
+    try:
+        stream = open_stream()
+        try:
+            pieces = 0
+            while keep is None or pieces < keep:
+                piece = stream.read(STALL_S)
+                if piece is None:
+                    tally.error(pattern, f"no answer within {STALL_S:g} s (a stalled stream)")
+                    return
+                pieces += 1
+                if piece.final:
+                    finished = True
+                    break
+        finally:
+            stream.abandon()
+    except CodegenError as exc:
+        tally.error(pattern, str(exc))
+    finally:
+        tally.end(f"{pattern} {'finished' if finished else 'left'}", completed=finished)
+
+
 def grpc_stream(address: str, rng: random.Random, tally: Tally, read_all: bool) -> None:
     """One gRPC stream: read ``0-8`` pieces then cancel it, or read it to its end."""
-    pattern = "grpc-full" if read_all else "grpc-cancel"
     request = _request(rng, 64 if not read_all else rng.choice((8, 16, 32)))
-    keep = rng.randint(0, 8)
-    answers: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(address)
-    finished = False
-    tally.begin()
-    try:
-        client.start_stream(callback=lambda result, error: answers.put((result, error)))
-        client.async_stream_infer(
-            STREAM_MODEL,
-            request.infer_inputs(grpcclient),
-            outputs=requested_outputs(grpcclient),
-            enable_empty_final_response=True,
-        )
-        pieces = 0
-        while read_all or pieces < keep:
-            result, error = answers.get(timeout=120)
-            if error is not None:
-                tally.error(pattern, str(error))
-                return
-            pieces += 1
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                finished = True
-                break
-    except queue.Empty:
-        tally.error(pattern, "no answer within 120 s (a stalled stream)")
-    except Exception as exc:
-        tally.error(pattern, repr(exc))
-    finally:
-        with contextlib.suppress(Exception):
-            client.stop_stream(cancel_requests=not finished)
-        with contextlib.suppress(Exception):
-            client.close()
-        tally.end(f"{pattern} {'finished' if finished else 'left'}", completed=finished)
+    keep = None if read_all else rng.randint(0, 8)
+    pattern = "grpc-full" if read_all else "grpc-cancel"
+    read_then_leave(pattern, lambda: Transport(address, STALL_S).stream(request), keep, tally)
 
 
 def http_abandon(address: str, rng: random.Random, tally: Tally) -> None:
     """Triton's HTTP generate_stream, the connection closed after 0-8 events."""
-    request = _request(rng, 64)
-    keep = rng.randint(0, 8)
-    url = f"http://{address}/v2/models/{STREAM_MODEL}/generate_stream"
-    tally.begin()
-    finished = False
-    try:
-        with requests.post(url, json=generate_body(request), stream=True, timeout=120) as answer:
-            if answer.status_code != 200:
-                tally.error("http-abandon", f"HTTP {answer.status_code}: {answer.text[:200]}")
-                return
-            events = 0
-            for line in answer.iter_lines():
-                if line.startswith(b"data:"):
-                    if (error := _event_error(line)) is not None:
-                        tally.error("http-abandon", error)
-                        return
-                    events += 1
-                    if events >= keep:
-                        break
-            else:
-                finished = True
-    except Exception as exc:
-        tally.error("http-abandon", repr(exc))
-    finally:
-        tally.end(f"http-abandon {'finished' if finished else 'left'}", completed=finished)
+    request, keep = _request(rng, 64), rng.randint(0, 8)
+    with Transport(resolve_target(address, "http"), STALL_S) as transport:
+        read_then_leave("http-abandon", lambda: transport.stream(request), keep, tally)
 
 
 def unary(address: str, rng: random.Random, tally: Tally) -> None:
     """The unary ensemble over gRPC; half of them given up by a short client deadline."""
     request = _request(rng, rng.choice((8, 16, 32)))
     deadline = rng.choice((None, rng.uniform(0.05, 1.0)))
-    client = grpcclient.InferenceServerClient(address)
+    transport = Transport(address, deadline or STALL_S)
     tally.begin()
     completed = False
     try:
-        client.infer(
-            ENSEMBLE_MODEL,
-            request.infer_inputs(grpcclient),
-            outputs=requested_outputs(grpcclient),
-            client_timeout=deadline,
-        )
+        transport.infer(request, f"stress-{rng.getrandbits(64):x}")
         completed = True
-    except Exception as exc:
-        if deadline is None or not any(word in str(exc) for word in DEADLINE_ERRORS):
+    except CodegenError as exc:
+        gave_up = isinstance(exc, TimedOutError) or any(w in str(exc) for w in DEADLINE_ERRORS)
+        if deadline is None or not gave_up:
             tally.error("unary", str(exc))
     finally:
-        with contextlib.suppress(Exception):
-            client.close()
+        transport.close()
         tally.end(f"unary {'answered' if completed else 'given up'}", completed=completed)
 
 
@@ -203,46 +175,25 @@ def api_abandon(api: str, rng: random.Random, tally: Tally) -> None:
     """A /v1/completions request: streamed and closed after 0-8 events, or non-streamed and
     given up by a short client timeout."""
     body = {"prompt": code_prompt(rng, rng.randint(*PROMPT_CHARS_NOW)), "max_tokens": 48,
-            "temperature": 0.2, "stream": rng.random() < 0.7}  # fmt: skip
-    keep = rng.randint(0, 8)
+            "temperature": 0.2}  # fmt: skip
+    if rng.random() < 0.7:
+        keep = rng.randint(0, 8)
+        with Transport(resolve_target(api, "http"), STALL_S) as transport:
+            read_then_leave("api-abandon", lambda: transport.openai_stream(body), keep, tally)
+        return
     tally.begin()
     finished = False
     try:
-        timeout = 120 if body["stream"] else rng.uniform(0.05, 1.0)
-        with requests.post(f"{api}/v1/completions", json=body, stream=True, timeout=timeout) as r:
-            if r.status_code != 200:
-                tally.error("api-abandon", f"HTTP {r.status_code}: {r.text[:200]}")
-                return
-            if not body["stream"]:
-                json.loads(r.content)
-                finished = True
-                return
-            events = 0
-            for line in r.iter_lines():
-                if line.startswith(b"data:"):
-                    if (error := _event_error(line)) is not None:
-                        tally.error("api-abandon", error)
-                        return
-                    events += 1
-                    if events >= keep:
-                        break
-            else:
-                finished = True
-    except requests.Timeout:
+        answer = httpx.post(f"{api}/v1/completions", json=body, timeout=rng.uniform(0.05, 1.0))
+        if answer.status_code != 200:
+            tally.error("api-abandon", error_message(answer.content, answer.status_code))
+        finished = answer.status_code == 200
+    except httpx.TimeoutException:
         pass  # the client gave up, as an editor does
     except Exception as exc:
         tally.error("api-abandon", repr(exc))
     finally:
         tally.end(f"api {'finished' if finished else 'left'}", completed=finished)
-
-
-def _event_error(line: bytes) -> str | None:
-    """The error a server-sent event carries (not the word "error" inside generated text)."""
-    try:
-        data = json.loads(line.removeprefix(b"data:").strip())
-    except ValueError:
-        return None
-    return str(data["error"]) if isinstance(data, dict) and "error" in data else None
 
 
 def _worker(job: Callable[[random.Random], None], seed: int, until: float, limit: int) -> None:
@@ -253,24 +204,14 @@ def _worker(job: Callable[[random.Random], None], seed: int, until: float, limit
         job(rng)
 
 
-def _metric_values(metrics_url: str, name: str) -> dict[str, float]:
-    text = requests.get(metrics_url, timeout=10).text
-    found = {}
-    for line in text.splitlines():
-        if line.startswith(name + "{") and 'model="' in line:
-            model = line.split('model="', 1)[1].split('"', 1)[0]
-            found[model] = float(line.rsplit(" ", 1)[1])
-    return found
-
-
 def released(metrics_url: str, timeout: float = 60.0) -> list[str]:
     """What is still held once the traffic stopped (empty: everything was let go)."""
+    gauges = (names.PENDING_REQUEST_COUNT, names.ENGINE_RUNNING, names.CALLS_IN_FLIGHT)
     deadline = time.monotonic() + timeout
     while True:
-        held = []
-        for name in (names.PENDING_REQUEST_COUNT, names.ENGINE_RUNNING, names.CALLS_IN_FLIGHT):
-            held += [f"{name}{{model={m}}} = {v:g}"
-                     for m, v in _metric_values(metrics_url, name).items() if v]  # fmt: skip
+        series = read_snapshot(metrics_url).series.items()
+        held = [f"{name}{{model={dict(labels).get('model')}}} = {value:g}"
+                for (name, labels), value in series if name in gauges and value]  # fmt: skip
         if not held or time.monotonic() > deadline:
             return held
         time.sleep(1.0)
@@ -280,14 +221,15 @@ def answers_at_once(grpc: str, timeout: float = 30.0) -> list[str]:
     """A new stream and a new unary request, each answered within ``timeout`` seconds."""
     problems = []
     request = CompletionRequest(("def answer():\n",), max_tokens=8)
-    client = grpcclient.InferenceServerClient(grpc)
+    transport = Transport(grpc, timeout)
     try:
-        client.infer(ENSEMBLE_MODEL, request.infer_inputs(grpcclient), client_timeout=timeout)
-        client.infer(MODEL_STAGE, _stage_inputs(), client_timeout=timeout)
-    except Exception as exc:
+        transport.infer(request, "stress-after")
+        transport.call("infer", MODEL_STAGE, _stage_inputs(transport.module),
+                       client_timeout=timeout)  # fmt: skip
+    except CodegenError as exc:
         problems.append(f"a unary request after the run failed: {exc}")
     finally:
-        client.close()
+        transport.close()
     tally = Tally()
     grpc_stream(grpc, random.Random(0), tally, read_all=True)
     if tally.errors:
@@ -295,7 +237,7 @@ def answers_at_once(grpc: str, timeout: float = 30.0) -> list[str]:
     return problems
 
 
-def _stage_inputs() -> list:
+def _stage_inputs(module: ModuleType) -> list:
     import numpy as np
 
     arrays = {
@@ -305,7 +247,7 @@ def _stage_inputs() -> list:
     }
     inputs = []
     for name, array in arrays.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), "UINT32")
+        tensor = module.InferInput(name, list(array.shape), "UINT32")
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs

@@ -16,78 +16,28 @@ statistics and readiness the sweep reads stay Triton's), then finds or starts th
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import logging
 import os
-import shutil
-import tempfile
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from contract.tensors import ENGINE_MODEL
+from contract.tensors import ENGINE_MODEL, MODEL_STAGE
 from loadtest.api_process import ApiProcess
 from loadtest.prom import PromSource
-from loadtest.results import CheckpointInfo, ModelInfo
-from loadtest.run_prometheus import INSTALL_HINT, PrometheusServer, find_binary
+from loadtest.results import CheckpointInfo, MachineInfo, ModelInfo
+from loadtest.run_prometheus import INSTALL_HINT
+from reporting.machine import machine_lines
+from reporting.triton import Endpoints, ServedTriton, get_json, open_triton
 from serving.paths import checkpoint_dir
-from serving.process import free_port, http_ready, port_in_use
-from serving.triton import Ports, TritonServer
+from serving.process import http_ready
 
 log = logging.getLogger(__name__)
-LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
-
-
-@dataclass(frozen=True)
-class Endpoints:
-    """Where Triton answers: HTTP (health, statistics API, the HTTP users), gRPC, metrics."""
-
-    host: str  # host:port of the HTTP endpoint
-    grpc: str  # host:port
-    metrics_url: str
-
-    @classmethod
-    def from_host(
-        cls, host: str, grpc: str | None = None, metrics_url: str | None = None
-    ) -> Endpoints:
-        """From Triton's HTTP ``host:port``; gRPC and metrics default to its port + 1 and + 2,
-        as ``make triton`` lays them out."""
-        host = host.removeprefix("http://").removeprefix("https://").rstrip("/")
-        hostname, _, port = host.rpartition(":")
-        if not hostname or not port.isdigit():
-            raise ValueError(f"--host must be host:port, got {host!r}")
-        return cls(
-            host=host,
-            grpc=grpc or f"{hostname}:{int(port) + 1}",
-            metrics_url=metrics_url or f"http://{hostname}:{int(port) + 2}/metrics",
-        )
-
-    @property
-    def http_url(self) -> str:
-        return f"http://{self.host}"
-
-    @property
-    def is_local(self) -> bool:
-        return self.host.rpartition(":")[0] in LOCAL_HOSTS
-
-    @property
-    def ports(self) -> Ports:
-        metrics = urllib.parse.urlsplit(self.metrics_url).port
-        return Ports(
-            int(self.host.rpartition(":")[2]), int(self.grpc.rpartition(":")[2]), metrics or 80
-        )
-
-    @property
-    def metrics_target(self) -> str:
-        """The metrics endpoint as a Prometheus scrape target (``host:port``)."""
-        split = urllib.parse.urlsplit(self.metrics_url)
-        hostname = "127.0.0.1" if split.hostname in LOCAL_HOSTS else split.hostname
-        return f"{hostname}:{split.port}"
 
 
 class Server(Protocol):
@@ -131,83 +81,42 @@ class Target:
         return getattr(importlib.import_module(module), name)
 
 
-def _get_json(url: str, timeout: float = 5.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return json.loads(response.read() or b"null")
-
-
 class TritonTarget:
-    """The Triton at ``endpoints``: used when it is ready; waited for when one is starting on
-    this machine; otherwise, on this machine, started on the model repository."""
-
-    start_timeout = 600.0  # the default model loads in well under a minute; a cold disk less so
+    """The Triton at ``endpoints``, found or started (:func:`reporting.triton.open_triton`)."""
 
     def __init__(self, endpoints: Endpoints, model_repository: Path, out: Path) -> None:
         self.endpoints = endpoints
         self.model_repository = Path(model_repository)
-        self.server = TritonServer(
-            self.model_repository, endpoints.ports, log_file=out / "tritonserver.log"
-        )
-        self.started = False
+        self.log_file = out / "tritonserver.log"
+        self.served: ServedTriton | None = None
 
     @property
     def users_url(self) -> str:
         return self.endpoints.http_url
 
+    @property
+    def started(self) -> bool:
+        return self.served is not None and self.served.started
+
     def __enter__(self) -> TritonTarget:
-        host = self.endpoints.host
-        if http_ready(f"{self.endpoints.http_url}/v2/health/ready"):
-            log.info(f"using the Triton server at {host}")
-            return self
-        if not self.endpoints.is_local:
-            raise SystemExit(f"no Triton server answers at {host}")
-        if port_in_use(self.endpoints.ports.http):
-            log.info(f"a server is starting at {host}; waiting for it to be ready")
-            try:
-                self.server.wait_ready(self.start_timeout)  # not ours: only polls
-            except TimeoutError as exc:
-                raise SystemExit(f"the server at {host} did not become ready: {exc}") from exc
-            return self
-        checkpoint = checkpoint_dir(self.model_repository) / "config.json"
-        if not checkpoint.exists():
-            raise SystemExit(f"no model at {checkpoint.parent}: run `make model` first")
-        log.info(f"starting Triton on {self.model_repository} (log: {self.server.log_file}) ...")
-        self.server.start()
-        try:
-            self.server.wait_ready(self.start_timeout)
-        except BaseException:
-            self.server.stop()
-            raise
-        self.started = True
-        log.info("Triton is ready")
+        self.served = open_triton(self.endpoints, self.model_repository, self.log_file)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.started:
-            log.info("stopping the Triton server this sweep started")
-            self.server.stop()
-            self.started = False
+        if self.served is not None:
+            self.served.close()
 
     def model_ready(self, model: str) -> bool:
         return http_ready(f"{self.endpoints.http_url}/v2/models/{model}/ready")
 
     def statistics(self) -> dict[str, Any]:
-        return _get_json(f"{self.endpoints.http_url}/v2/models/stats")
+        return get_json(f"{self.endpoints.http_url}/v2/models/stats")
 
     def describe(self) -> ModelInfo:
         """Triton's version and the model stage's configuration, from the server; the
         checkpoint, from the build.json that ``make model`` writes beside it."""
-        server: dict[str, Any] = {}
-        try:
-            server["triton_version"] = _get_json(f"{self.endpoints.http_url}/v2")["version"]
-            config = _get_json(f"{self.endpoints.http_url}/v2/models/{ENGINE_MODEL}/config")
-            parameters = config.get("parameters", {})
-            server["stage_parameters"] = {k: v.get("string_value") for k, v in parameters.items()}
-            server["dynamic_batching"] = config.get("dynamic_batching")
-            server["instances"] = config.get("instance_group")
-        except Exception as exc:
-            server = {"error": str(exc)}
-        return ModelInfo(**server, checkpoint=_checkpoint_info(self.model_repository))
+        info = self.served.info() if self.served else ServedTriton(self.endpoints).info()
+        return ModelInfo(**info, checkpoint=_checkpoint_info(self.model_repository))
 
 
 # the same figure under GPT-J's config.json names, then the Llama family's
@@ -279,6 +188,38 @@ def _checkpoint_info(model_repository: Path) -> CheckpointInfo | None:
     )
 
 
+def served_lines(m: MachineInfo, model: ModelInfo) -> list[str]:
+    """The machine and the served model, as a report's bullet list."""
+    lines = [
+        *machine_lines(dataclasses.asdict(m)),
+        f"- Triton Inference Server {model.triton_version or '?'} (CPU only)",
+    ]
+    c = model.checkpoint
+    if c:
+        family = {"gptj": "GPT-J", "llama": "Llama"}.get(c.family or "gptj", c.family)
+        loss = f" (held-out loss {c.held_out_loss})" if c.held_out_loss is not None else ""
+        lines.append(
+            f"- Model: `{c.name}` {family}, {c.layers} layers x {c.width} wide, {c.heads} heads, "
+            f"context {c.context}, vocabulary {c.vocab}, {(c.parameters or 0) / 1e6:.2f}M "
+            f"parameters{loss}"
+        )
+    if model.stage_parameters:
+        parameters = sorted(model.stage_parameters.items())
+        lines.append(
+            f"- Engine (model `{ENGINE_MODEL}`, behind `{MODEL_STAGE}`): continuous batching, "
+            + ", ".join(f"{k}={v}" for k, v in parameters if k != "checkpoint_path")
+        )
+    return lines
+
+
+def header_fields(run: Any) -> dict[str, str]:
+    """What every run report's header says of its run (a sweep's ``RunInfo``, an editor
+    run): its name, start, length, command, machine and served model."""
+    machine = "\n".join(served_lines(run.machine, run.model))
+    return {"name": run.name, "started": run.started, "seconds": f"{run.seconds:.0f}",
+            "command": run.command, "machine": machine}  # fmt: skip
+
+
 class OpenAITarget:
     """Triton, found or started as :class:`TritonTarget` does (its metrics and statistics are
     what the sweep reads), with the OpenAI-compatible API started in front of it."""
@@ -346,46 +287,30 @@ TARGETS: dict[str, Target] = {
 
 @dataclass(frozen=True)
 class PrometheusChoice:
-    source: PromSource | None  # None: no comparison
+    source: PromSource | None  # None: Triton's metrics port, read at both ends of a window
     note: str  # which one, in a sentence for the log and the report
 
 
 @contextmanager
 def prometheus_for(choice: str, endpoints: Endpoints) -> Iterator[PrometheusChoice]:
-    """The Prometheus to compare with. ``off``: none. A URL: that one, which must scrape this
-    Triton. ``auto``: ``$PROMETHEUS_URL`` or http://127.0.0.1:9090 when it scrapes this Triton;
-    else a private one for this run (stopped and deleted on exit) when Prometheus is installed;
-    else none."""
+    """The Prometheus Triton's figures come from. ``off``: none (the metrics port, read at
+    both ends of each window). A URL: that one, which must scrape this Triton. ``auto``:
+    ``$PROMETHEUS_URL`` or http://127.0.0.1:9090 when one runs there and scrapes this Triton
+    (``make prometheus``); else none."""
     if choice == "off":
         yield PrometheusChoice(None, "Prometheus: off (--prometheus off)")
         return
-    url = choice
-    if url == "auto":
-        url = os.environ.get("PROMETHEUS_URL") or "http://127.0.0.1:9090"
+    default = os.environ.get("PROMETHEUS_URL") or "http://127.0.0.1:9090"
+    url = default if choice == "auto" else choice
     source = PromSource(url)
-    if source.reachable():
-        instance = source.find_instance(endpoints.metrics_url)
-        if instance:
-            source.instance = instance
-            yield PrometheusChoice(source, f"Prometheus at {url} (target {instance})")
-            return
-        note = f"the Prometheus at {url} does not scrape {endpoints.metrics_url}"
-        if choice != "auto":
-            raise SystemExit(note)
-        log.info(note + "; starting a private one")
-    elif choice != "auto":
-        raise SystemExit(f"no Prometheus answers at {url}")
-    if find_binary() is None:
-        yield PrometheusChoice(None, f"Prometheus: not installed, skipped ({INSTALL_HINT})")
+    instance = source.find_instance(endpoints.metrics_url) if source.reachable() else None
+    if instance:
+        source.instance = instance
+        yield PrometheusChoice(source, f"Prometheus at {url} (target {instance})")
         return
-    target = endpoints.metrics_target
-    directory = Path(tempfile.mkdtemp(prefix="loadtest-prometheus-"))
-    try:
-        with PrometheusServer(target, free_port(), directory, interval="1s") as server:
-            source = PromSource(server.url, instance=target)
-            source.wait_for_scrapes()  # windows are aligned to its scrapes: have a few first
-            yield PrometheusChoice(
-                source, f"private Prometheus at {server.url} scraping {target} every 1s"
-            )
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    note = f"no Prometheus at {url} scrapes {endpoints.metrics_url}"
+    if choice != "auto":
+        raise SystemExit(note)
+    yield PrometheusChoice(
+        None, f"{note}: Triton's metrics port instead ({INSTALL_HINT}, then `make prometheus`)"
+    )

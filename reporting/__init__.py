@@ -1,7 +1,7 @@
-"""Tables and charts for the project's run reports, in one neutral place.
+"""What every tool (load test, soak, benchmark) shares: the Triton it measures and this machine.
 
-The load test's sweep and editor profile, the soak and the benchmark write Markdown reports
-with PNG charts; they format numbers, lay out tables, fill template prose and save figures
-through :mod:`reporting.tables` and :mod:`reporting.charts`. It imports nothing of the project
-(figures come in as plain values), so any of them may import it.
+:mod:`reporting.triton` finds or starts the server, describes it and waits for it to drain;
+:mod:`reporting.machine` describes the machine; :mod:`reporting.tables` and
+:mod:`reporting.charts` lay out the Markdown reports and their PNG charts. It imports only
+``contract`` and ``serving`` of the project, so every tool may import it.
 """

@@ -13,7 +13,7 @@ matplotlib.use("Agg")  # files only: no display on a server
 import matplotlib.pyplot as plt
 import numpy as np
 
-__all__ = ["COLORS", "MARKERS", "plt", "rolling", "save_figure", "shade_phases"]
+__all__ = ["COLORS", "MARKERS", "latency_panel", "plt", "rolling", "save_figure", "shade_phases"]
 
 MARKERS = {"mean": "o", "p50": "s", "p90": "^", "p95": "v", "p99": "D"}
 COLORS = {"mean": "#444444", "p50": "#1f77b4", "p90": "#2ca02c", "p95": "#ff7f0e", "p99": "#d62728"}
@@ -59,3 +59,26 @@ def shade_phases(
                 begin, 1.0, f" {name}", transform=label_axis.get_xaxis_transform(), va="top",
                 fontsize=8,
             )  # fmt: skip
+
+
+def latency_panel(
+    ax: Any,
+    times: np.ndarray,
+    values: np.ndarray,
+    grid: np.ndarray,
+    width: float,
+    labels: tuple[str, str, str],
+) -> None:
+    """Each value as a dot at its time, with its rolling p50 and p95 over ``width`` seconds
+    on ``grid``; ``labels``: the dots', the y axis' and the x axis'."""
+    dots, ylabel, xlabel = labels
+    ax.plot(times, values, ".", ms=3, color="#9e9ac8", alpha=0.5, label=dots)
+    if len(times):
+        for key, q in (("p50", 50), ("p95", 95)):
+            line = rolling(times, values, grid, width, lambda v, q=q: np.percentile(v, q))
+            ax.plot(grid, line, color=COLORS[key], lw=1.8, label=f"rolling {key} ({width:g} s)")
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel(xlabel)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8)

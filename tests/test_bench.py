@@ -12,6 +12,7 @@ import torch
 
 from bench import report
 from bench.beams import run_beams
+from bench.format import machine_label
 from bench.kernels import fit_tokens, measure
 from bench.load import (
     Measurement,
@@ -21,7 +22,6 @@ from bench.load import (
     short_latencies,
     windowed_rate,
 )
-from bench.machine import cpu_model, machine_label
 from bench.models import build_random_gptj, convert_ct2, describe_checkpoint, random_prompts
 from bench.server import GPTJ_CONFIG, pbtxt_parameters, served_engine_settings
 from bench.settings import KernelPlan, make_plan, parse_list
@@ -306,10 +306,7 @@ def test_quick_plan_is_smaller_and_only_selects_sections():
     assert make_plan(lengths="8,64", clients=4).lengths == (8, 64)
 
 
-def test_cpu_model_and_label():
-    cpuinfo = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n"
-    assert cpu_model(cpuinfo) == "AMD EPYC 7B13"
-    assert cpu_model("processor: 0\n") == "unknown CPU"
+def test_machine_label():
     label = machine_label({"cores": 2, "cpu": "X", "torch_threads": 2, "gpu": None})
     assert label == "2 cores, X, torch threads 2"
 

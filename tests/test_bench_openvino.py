@@ -10,7 +10,7 @@ import pytest
 from bench import report
 from bench.load import BareTarget, ServedTarget
 from bench.models import END_OF_TEXT, random_prompts
-from bench.ov import PipelineGenerate, bf16_native, cpu_flags, served_dtype, stand_in_end_id
+from bench.ov import PipelineGenerate, served_dtype, stand_in_end_id
 from bench.quality import agreement
 from bench.server import GPTJ_CONFIG, pbtxt_parameters, set_pbtxt_parameters
 from bench.settings import make_plan
@@ -18,8 +18,6 @@ from bench.systems import OpenVINORunner, TransformersRunner, generate, unsuppor
 from bench.targets import held_at, target_rows, targets_table
 from bench.traffic import key, mirrored, target_length
 from engine.interface import GenerationRequest, Handle
-
-CPUINFO = "processor\t: 0\nflags\t\t: fpu avx2 fma avx512f avx512_vnni avx512_bf16 sse\n"
 
 
 def test_arrivals_measure_each_system_twice_in_mirrored_order():
@@ -29,13 +27,9 @@ def test_arrivals_measure_each_system_twice_in_mirrored_order():
     assert mirrored(["bare"]) == ["bare", "bare"]
 
 
-def test_cpu_flags_and_bf16_native():
-    flags = cpu_flags(CPUINFO)
-    assert flags == ["avx512f", "avx512_bf16", "avx512_vnni", "avx2", "fma"]
-    assert bf16_native(flags) and served_dtype(flags) == "bfloat16"
-    old = cpu_flags("flags\t: fpu avx2 fma avx512f\n")
-    assert not bf16_native(old) and served_dtype(old) == "float32"
-    assert cpu_flags("processor: 0\n") == []
+def test_the_served_dtype_follows_native_bfloat16():
+    assert served_dtype(["avx512_bf16"]) == "bfloat16"
+    assert served_dtype(["avx2", "fma", "avx512f"]) == "float32"
 
 
 def test_stand_in_end_id_is_in_the_vocabulary_and_never_the_end_token():

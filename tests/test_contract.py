@@ -142,7 +142,7 @@ ALLOWED: dict[str, set[str]] = {
     "client": {"contract"},
     "serving": {"contract"},
     "modelbuild": {"contract", "engine", "preprocessing", "postprocessing", "serving"},
-    "reporting": set(),
+    "reporting": {"contract", "serving"},
     "loadtest": {"contract", "client", "serving", "openai_api", "reporting"},
     "openai_api": {"contract", "client", "serving"},
     "bench": {"contract", "engine", "client", "serving", "loadtest", "modelbuild", "reporting"},

@@ -10,9 +10,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from loadtest.machine import machine_lines
 from loadtest.results import MachineInfo, ModelInfo
-from loadtest.targets import _checkpoint_info
+from loadtest.targets import _checkpoint_info, served_lines
 from serving.paths import checkpoint_dir
 
 MACHINE = MachineInfo("a CPU", 2, 7.7, "none", "Linux", "3.12", "2.13.0", "2.47", "2.73")
@@ -40,7 +39,7 @@ def test_a_pretrained_llama_is_described_from_its_config(tmp_path):
     assert (info.layers, info.width, info.heads, info.context, info.vocab) == (
         30, 576, 9, 8192, 49152,
     )  # fmt: skip
-    line = machine_lines(MACHINE, ModelInfo(checkpoint=info))[-1]
+    line = served_lines(MACHINE, ModelInfo(checkpoint=info))[-1]
     assert line.startswith("- Model: `smollm2` Llama, 30 layers x 576 wide, 9 heads")
     assert "held-out loss" not in line  # a pretrained model has none
 
@@ -54,7 +53,7 @@ def test_a_trained_gptj_keeps_its_build_figures(tmp_path):
     repo = _repository(tmp_path, {"build.json": build, "config.json": {"model_type": "gptj"}})
     info = _checkpoint_info(repo)
     assert info is not None and info.family == "gptj" and info.parameters == 5_250_000
-    line = machine_lines(MACHINE, ModelInfo(checkpoint=info))[-1]
+    line = served_lines(MACHINE, ModelInfo(checkpoint=info))[-1]
     assert line.startswith("- Model: `tiny-test-gptj` GPT-J, 4 layers x 256 wide, 8 heads")
     assert line.endswith("(held-out loss 1.5)")
 

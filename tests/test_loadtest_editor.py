@@ -1,5 +1,5 @@
-"""The editor profile without a server: the typists' schedule, the context window, the SSE
-reader, the suffix decision, the figures and the report."""
+"""The editor profile without a server: the typists' schedule, the context window, the suffix
+decision, the figures and the report."""
 
 from __future__ import annotations
 
@@ -20,13 +20,12 @@ from loadtest.editor.figures import (
     editor_figures,
     engine_figures,
 )
-from loadtest.editor.protocols import Exchange, SseDecoder, error_text
+from loadtest.editor.protocols import Exchange
 from loadtest.editor.report import EditorRun, write_report
 from loadtest.editor.suffix import ProbeError, decide, probe
 from loadtest.editor.typist import TypingStyle, Typist, keystroke, line_starts, pauses
 from loadtest.editor.window import MARGIN_TOKENS, Clipper
-from loadtest.machine import machine_info
-from loadtest.results import ModelInfo
+from loadtest.results import MachineInfo, ModelInfo
 from modelbuild.corpus import split
 
 TEXT = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(60))
@@ -149,43 +148,6 @@ def test_the_prefix_is_clipped_from_the_left_and_the_suffix_from_the_right():
 def test_a_context_too_small_for_the_completion_is_refused():
     with pytest.raises(ValueError, match="ask for fewer tokens"):
         Clipper(CharEncoder(), context=40, max_tokens=32)
-
-
-# --- the SSE reader --------------------------------------------------------------------------
-
-
-def _chunked(body: bytes, pieces: int = 3) -> bytes:
-    size = max(1, len(body) // pieces)
-    out = b""
-    for i in range(0, len(body), size):
-        part = body[i : i + size]
-        out += f"{len(part):x}\r\n".encode() + part + b"\r\n"
-    return out + b"0\r\n\r\n"
-
-
-def test_the_sse_decoder_reads_chunked_events_fed_byte_by_byte():
-    events = [{"choices": [{"text": "ab"}]}, {"choices": [{"text": ""}], "usage": {"x": 1}}]
-    body = (
-        b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
-    )
-    wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(body)
-    decoder, got = SseDecoder(), []
-    for i in range(len(wire)):
-        got += decoder.feed(wire[i : i + 1])
-    assert got == [*(json.dumps(e) for e in events), "[DONE]"]
-    assert decoder.status == 200 and decoder.ended
-
-
-def test_an_error_answer_keeps_its_body_and_names_the_param():
-    error = {"error": {"message": "suffix is not supported", "param": "suffix"}}
-    body = json.dumps(error).encode()
-    wire = f"HTTP/1.1 400 Bad Request\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
-    decoder = SseDecoder()
-    assert decoder.feed(wire) == []
-    assert decoder.status == 400
-    assert error_text(decoder.error_body, 400) == (
-        "HTTP 400: suffix is not supported [param: suffix]"
-    )
 
 
 # --- the suffix decision ---------------------------------------------------------------------
@@ -324,7 +286,7 @@ def test_the_report_is_written_with_its_charts_and_a_loud_prefix_only_banner(tmp
         figures=editor_figures(RECORDS, engine),
         after="answered a plain request in 20 ms",
         problems=[],
-        machine=machine_info(),
+        machine=MachineInfo.here(),
         model=ModelInfo(),
     )
     paths = write_report(tmp_path, run, RECORDS)

@@ -19,7 +19,6 @@ from loadtest.editor.compare import (
     Comparison,
     cache_repository,
     check_caching,
-    cpu_flags,
     evaluate,
     set_caching,
     write_comparison,
@@ -42,9 +41,8 @@ from loadtest.editor.protocols import Exchange
 from loadtest.editor.report import EditorRun
 from loadtest.editor.typist import TypingStyle
 from loadtest.editor.window import Clipper
-from loadtest.machine import machine_info
 from loadtest.metrics import reuse_line, reuse_share
-from loadtest.results import ModelInfo
+from loadtest.results import MachineInfo, ModelInfo
 from serving.paths import MODEL_REPOSITORY, checkpoint_dir
 
 # --- the repository copy and the engine's word -------------------------------------------------
@@ -98,12 +96,6 @@ def test_the_engine_must_say_it_runs_the_setting_asked_for(tmp_path):
         check_caching(log, expected=True)
     with pytest.raises(SystemExit, match="did not log"):
         check_caching(tmp_path / "missing.log", expected=True)
-
-
-def test_cpu_flags_keep_the_vector_flags_that_matter():
-    cpuinfo = "processor : 0\nflags : fpu sse avx2 avx512f avx512_bf16 avx512_vnni ht\n"
-    assert cpu_flags(cpuinfo) == ["avx2", "avx512f", "avx512_bf16", "avx512_vnni"]
-    assert cpu_flags("processor : 0\n") == []
 
 
 def test_reuse_is_reused_over_received_and_the_sweep_line_says_so():
@@ -275,7 +267,7 @@ def _run(
         figures=editor_figures(records, figures),
         after=after,
         problems=[],
-        machine=machine_info(),
+        machine=MachineInfo.here(),
         model=ModelInfo(),
         drill=None
         if drill is None
@@ -352,7 +344,7 @@ def test_the_comparison_report_puts_the_halves_side_by_side(tmp_path):
 
 
 def test_the_comparison_is_the_default_and_no_compare_is_the_single_run():
-    from loadtest.editor.run import parser
+    from loadtest.editor.settings import parser
 
     assert parser().parse_args([]).compare is True
     assert parser().parse_args(["--no-compare"]).compare is False

@@ -16,22 +16,15 @@ from loadtest.metrics import (
     busy_shares,
     counter_increase,
     execution_busy_us,
-    parse_metrics,
-    sample_name,
     snapshot_deltas,
     window_figures,
 )
 from loadtest.prom import (
     AlignedWindow,
     PromSource,
-    agreement,
-    compare,
-    edge_tolerance,
-    excess,
-    relative_difference,
 )
-from loadtest.results import PromReading
 from loadtest.run_prometheus import render_config
+from reporting.triton import parse_metrics, sample_name
 
 HEADER = """\
 # HELP nv_inference_request_failure Number of failed inference requests, all batch sizes
@@ -237,38 +230,6 @@ def test_empty_window_gives_none_not_a_division_by_zero():
     assert window_figures(Deltas({}, 0.0)).rps is None
 
 
-def test_agreement(window):
-    direct = window_figures(window)
-    assert agreement(direct, direct, 0.01).agree
-    # 5% fewer requests in the same window: rates differ by 5%
-    scaled = dict(window.values)
-    for key in list(scaled):
-        if key[0] in ("nv_inference_count_total", "codegen_engine_generated_tokens_total"):
-            scaled[key] *= 0.95
-    other = window_figures(Deltas(scaled, window.window_s))
-    result = agreement(direct, other, 0.10)
-    assert result.agree
-    assert result.max_rel_diff == pytest.approx(0.05)
-    assert not agreement(direct, other, 0.04).agree
-    # the stage shares are shown but do not decide
-    shifted = dict(window.values)
-    shifted[("nv_inference_compute_infer_duration_us_total", "preprocessing")] *= 3
-    third = agreement(direct, window_figures(Deltas(shifted, window.window_s)), 0.01)
-    assert third.agree
-    share = next(r for r in third.figures if r.figure == "stage_share.preprocessing")
-    assert not share.strict
-    assert share.rel_diff == pytest.approx(2 / 3)
-    # a figure missing on one side cannot agree
-    assert not agreement(direct, window_figures(Deltas({}, 10.0)), 1.0).agree
-
-
-def test_relative_difference():
-    assert relative_difference(100, 90) == pytest.approx(0.1)
-    assert relative_difference(90, 100) == pytest.approx(0.1)
-    assert relative_difference(0, 0) == 0
-    assert relative_difference(None, 1) is None
-
-
 class FakeClient:
     """prometheus-api-client's custom_query, answering from recorded samples."""
 
@@ -311,43 +272,22 @@ def test_prometheus_window_is_aligned_to_scrapes():
         source.aligned_window(100.5, 101.0)
 
 
-def test_edge_tolerance_allows_one_wave_of_completions_at_each_edge():
-    assert edge_tolerance(0.10, users=4, requests=200) == pytest.approx(0.14)
-    assert edge_tolerance(0.10, users=4, requests=0) == pytest.approx(8.1)  # never / 0
-
-
-def test_excess_finds_counters_that_grew_more_in_the_inner_window(window):
-    inner = dict(window.values)
-    inner[("nv_inference_count_total", "gptj")] -= 10  # fewer: fine
-    assert excess(Deltas(inner, 9.0), window) == {}
-    inner[("nv_inference_count_total", "ensemble")] += 3
-    assert excess(Deltas(inner, 9.0), window) == {
-        "nv_inference_count_total{model=ensemble}": pytest.approx(3)
-    }
-
-
-def test_compare_reads_prometheus_over_the_aligned_window():
-    """compare(): Prometheus' increases over its scrape-aligned window, typed, against the
-    direct snapshots that bracket it."""
+def test_prometheus_gives_the_increases_over_its_scrapes_inside_the_window():
+    """window_deltas(): Prometheus' increases over its scrape-aligned window, the same
+    Deltas (and so the same figures) as the /metrics reading gives."""
     start, end = snapshot(START, 100.0), snapshot(END, 110.0)
     direct = snapshot_deltas(start, end)
     source = PromSource("http://127.0.0.1:9", instance="127.0.0.1:8002")
-    # Prometheus saw the same increases, minus one ensemble completion, over 8 of the 10 s
+    # Prometheus saw 0.8 of the increases, over 8 of the 10 s
     increases: dict[str, dict[str, float]] = {}
     for (metric, model), value in direct.values.items():
         exposed = metric.removesuffix("_total") if metric.startswith("nv_") else metric
         increases.setdefault(exposed, {})[model] = value * 0.8
     source.client = FakeClient([101.0 + i for i in range(9)], increases)
-    reading = compare(source, start, end, direct, relative_tolerance=0.10, users=4)
-    assert isinstance(reading, PromReading)
-    assert reading.window.scrapes == 9
-    assert reading.window.seconds == pytest.approx(8.0)
-    assert reading.window.direct_seconds == pytest.approx(10.0)
-    assert reading.figures.rps == pytest.approx(20.0)  # 0.8 x the requests in 0.8 x the time
-    assert reading.contained and reading.excess == {}
-    assert reading.agreement.agree
-    assert reading.agreement.tolerance == pytest.approx(0.10 + 2 * 4 / 200)
-    assert json.dumps(dataclasses.asdict(reading))
+    deltas, window = source.window_deltas(start.taken_at, end.taken_at)
+    assert window.scrapes == 9 and window.seconds == pytest.approx(8.0)
+    assert deltas.values.keys() <= direct.values.keys()
+    assert window_figures(deltas).rps == pytest.approx(20.0)  # 0.8 x the requests in 0.8 x the time
 
 
 def test_next_scrape_predicts_the_scrape_phase(monkeypatch):

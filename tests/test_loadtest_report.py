@@ -5,13 +5,11 @@ A renamed field fails here, at unit-test time, rather than when a real run draws
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 
 from loadtest.metrics import snapshot_deltas, window_figures
-from loadtest.prom import agreement
 from loadtest.results import (
     CheckpointInfo,
     ClientFigures,
@@ -20,9 +18,6 @@ from loadtest.results import (
     LocustWindow,
     MachineInfo,
     ModelInfo,
-    PromError,
-    PromReading,
-    PromWindow,
     RequestRecord,
     RunInfo,
     RunResult,
@@ -42,7 +37,7 @@ ROW_KEYS = [
     "output_len", "protocol", "users", "window_s", "rps", "latency_ms", "failures", "requests",
     "tokens_per_s", "tokens_per_request", "batch_size", "engine_batch_size", "stage_share",
     "queue_share", "busy_share", "locust", "triton", "triton_deltas", "timeline", "stream",
-    "drained", "files", "prometheus",
+    "drained", "files", "source",
 ]  # fmt: skip
 
 
@@ -50,7 +45,7 @@ def _latency(ms: float) -> Latency:
     return Latency(ms, ms, 1.2 * ms, 1.3 * ms, 1.5 * ms, 2 * ms)
 
 
-def _row(length: int, prometheus: PromReading | PromError | None) -> LengthResult:
+def _row(length: int, source: str) -> LengthResult:
     deltas = snapshot_deltas(snapshot(START, 100.0), snapshot(END, 110.0))
     direct = window_figures(deltas)
     stream = ClientFigures(12, 0, 1.2, _latency(80.0))
@@ -66,22 +61,7 @@ def _row(length: int, prometheus: PromReading | PromError | None) -> LengthResul
         stream=StreamFigures(1, 3.0, stream, ClientFigures(300, 0, 100.0, _latency(9.0)), stream),
         drained=True,
         files=[length_file(length, "_stats.csv")],
-        prometheus=prometheus,
-    )
-
-
-def _reading() -> PromReading:
-    deltas = snapshot_deltas(snapshot(START, 100.0), snapshot(END, 110.0))
-    figures = window_figures(deltas)
-    return PromReading(
-        url="http://127.0.0.1:9090",
-        instance="127.0.0.1:8002",
-        window=PromWindow(101.0, 109.0, 8.0, 9, 10.0),
-        figures=figures,
-        deltas=deltas.as_dict(),
-        agreement=agreement(figures, figures, 0.14),
-        contained=True,
-        excess={},
+        source=source,
     )
 
 
@@ -105,7 +85,6 @@ def result() -> RunResult:
             prompts=300,
             prompt_seed=0,
             sampling={"top_k": 40, "top_p": 0.95, "temperature": 0.8},
-            agreement_tolerance=0.1,
         ),
         prometheus="Prometheus at http://127.0.0.1:9090 (target 127.0.0.1:8002)",
         machine=MachineInfo("a CPU", 2, 7.7, "none", "Linux", "3.12", "2.13.0", "2.47", "2.73"),
@@ -115,7 +94,7 @@ def result() -> RunResult:
             checkpoint=CheckpointInfo("/ckpt", "tiny-test-gptj", 5_250_000, 4, 256, 8, 1024, 4096),
         ),
     )
-    return RunResult(run, [_row(8, _reading()), _row(32, PromError("no scrapes"))])
+    return RunResult(run, [_row(8, "Prometheus' increase()"), _row(32, "Triton's /metrics")])
 
 
 def test_summary_json_keeps_its_stable_keys_and_round_trips(result, tmp_path):
@@ -131,13 +110,10 @@ def test_summary_json_keeps_its_stable_keys_and_round_trips(result, tmp_path):
     first = data["rows"][0]
     assert first["rps"] == first["locust"]["rps"] == 19.8
     assert first["tokens_per_s"] == first["triton"]["tokens_per_s"] == pytest.approx(640.0)
-    assert set(first["prometheus"]) == {f.name for f in dataclasses.fields(PromReading)}
-    assert data["rows"][1]["prometheus"] == {"error": "no scrapes"}
+    assert first["source"] == "Prometheus' increase()"  # one source per window, named
     # what the report reads back is what was written, types included
     loaded = RunResult.load(result.save(tmp_path / "summary.json"))
     assert loaded == result
-    assert isinstance(loaded.rows[0].prometheus, PromReading)
-    assert isinstance(loaded.rows[1].prometheus, PromError)
     assert loaded.to_dict() == data
 
 
@@ -173,10 +149,9 @@ def test_the_report_is_drawn_from_typed_results(result, tmp_path):
     assert "Postprocessing spends 1.00% of the model inference time.\n" in report
     assert "- 1 requests failed: {'boom': 1}" in report
     assert "time to first token mean 80 ms" in report
-    assert "- Prometheus agrees: largest relative difference 0.0%" in report
-    assert "Prometheus vs the direct reading" in report
-    assert "**Output length 8**: Prometheus window 8.0 s (9 scrapes)" in report
-    assert "**Output length 32**" not in report  # its Prometheus reading failed
+    assert "# metrics: increase over the measured window, from Prometheus' increase()" in report
+    assert "# metrics: increase over the measured window, from Triton's /metrics" in report
+    assert "Prometheus agrees" not in report  # one reading per window: nothing compared
     assert "- Model: `tiny-test-gptj` GPT-J, 4 layers x 256 wide" in report
     assert "checkpoint_path" not in report
     assert "## How the figures are computed" in report and report.endswith("ends.\n")

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from loadtest.sweep.settings import DEFAULTS, QUICK, parse_args
-from loadtest.targets import TARGETS, Endpoints
+from loadtest.targets import TARGETS
+from reporting.triton import Endpoints
 from serving.paths import REPO_ROOT
 
 

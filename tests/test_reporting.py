@@ -4,7 +4,30 @@ from __future__ import annotations
 
 import pytest
 
+from reporting.machine import bf16_native, cpu_flags, cpu_model, describe, machine_lines
 from reporting.tables import number, percent, table, templates
+
+CPUINFO = (
+    "processor\t: 0\nmodel name\t: AMD EPYC 7B13\n"
+    "flags\t\t: fpu sse avx2 fma avx512f avx512_vnni avx512_bf16 ht\n"
+)
+
+
+def test_the_cpu_its_model_and_the_flags_that_decide_its_speed():
+    assert cpu_model(CPUINFO) == "AMD EPYC 7B13"
+    assert cpu_model("processor: 0\n") == "unknown CPU"
+    flags = cpu_flags(CPUINFO)
+    assert flags == ["avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni"]
+    assert bf16_native(flags)
+    assert not bf16_native(cpu_flags("flags\t: fpu avx2 fma avx512f\n"))
+    assert cpu_flags("processor: 0\n") == []
+
+
+def test_this_machine_described_once_for_every_report():
+    info = describe()
+    assert info["cores"] and info["cpu"] and "locust" in info and "torch" in info
+    lines = machine_lines(info)
+    assert lines[0].startswith(f"- CPU: {info['cpu']} ({info['cores']} cores)")
 
 
 def test_a_table_aligns_its_columns_and_writes_every_cell():

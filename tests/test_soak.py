@@ -51,7 +51,6 @@ from loadtest.soak.results import (
     Check,
     Ledger,
     Record,
-    RssSample,
     SoakResult,
     accounting_checks,
     case_check,
@@ -59,9 +58,9 @@ from loadtest.soak.results import (
     error_messages,
     judge,
     kind_summaries,
-    rss_flatness,
     total_summary,
 )
+from loadtest.soak.server import RssSample, rss_flatness
 from loadtest.soak.stall import Stall, longest_stall, stall_bound, stall_check
 
 # Error texts as this Triton (2.51, python backend) and tritonclient really produce them.
@@ -97,6 +96,10 @@ REAL_ERRORS = {
         None,
     ),
     "Request for unknown model: 'gptj' is not found": (UNAVAILABLE, None),
+    # a drill's probes while the launcher stops the server (tritonclient.http, a gRPC stream)
+    "HTTPConnectionClosed: connection closed.": (UNAVAILABLE, None),
+    "[request id: codegen-stream-9b03] Server is stopping, scheduler for model has stopped "
+    "accepting new inference requests": (UNAVAILABLE, None),
     "the server said something new": (UNCLEAR, None),
 }
 

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import pytest
 import tritonclient.grpc as grpcclient
 
-import client.stream as stream_module
+import client.transport as stream_module
 from client import CodegenClient
 
 
@@ -77,7 +77,7 @@ def _codegen(monkeypatch, answers_stop: bool) -> CodegenClient:
         InferenceServerClient=lambda address, ssl=False: _FakeTriton(address, ssl, answers_stop),
     )
     codegen = CodegenClient("127.0.0.1:1", "grpc")
-    monkeypatch.setattr(codegen, "_module", lambda: fake)
+    codegen.transport.module = fake  # the stream opens its client through it
     _FakeTriton.instances.clear()
     return codegen
 

@@ -27,6 +27,7 @@ from contract import metrics as names
 from contract.tensors import ENGINE_MODEL
 from loadtest.editor.drill import DRILL_TOKENS
 from loadtest.editor.report import EditorRun
+from reporting.machine import CPU_FLAGS
 from reporting.tables import number, percent
 from serving.paths import checkpoint_dir
 
@@ -37,7 +38,6 @@ TTFT_RATIO = 1 / 3  # answered first-token p50 with the cache on, at most this s
 WASTE_PER_ABANDONED = 2.0  # tokens generated after the client left, per abandoned request
 CACHING = re.compile(r'(key:\s*"prefix_caching"\s*value:\s*\{\s*string_value:\s*")([^"]*)(")')
 ENGINE_SAYS = re.compile(r"prefix cache (on|off)")
-FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx512vl", "amx_bf16", "amx_int8")
 
 
 def set_caching(config: str, caching: bool) -> str:
@@ -80,20 +80,6 @@ def check_caching(log_file: Path, expected: bool) -> None:
         )
     if said[-1] != want:
         raise SystemExit(f"the engine says its prefix cache is {said[-1]}, expected {want}")
-
-
-def cpu_flags(cpuinfo: str | None = None) -> list[str]:
-    """The vector-instruction flags of this CPU that matter to the engine (lscpu's flags)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return []
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            present = set(line.split(":", 1)[1].split())
-            return [flag for flag in FLAGS if flag in present]
-    return []
 
 
 @dataclass(frozen=True)
@@ -300,7 +286,7 @@ def render(c: Comparison) -> str:
         f"`prefix_caching` true ({ON}) or false ({OFF}), confirmed by the engine's log; "
         "run folders `cache-on/` and `cache-off/` hold each half's report.",
         f"- Machine: {m.cpu}, {m.cores} cores, {m.memory_gib} GiB; CPU flags: "
-        f"{', '.join(c.flags) or 'none of ' + ', '.join(FLAGS)}; {m.os}.",
+        f"{', '.join(c.flags) or 'none of ' + ', '.join(CPU_FLAGS)}; {m.os}.",
         "- 1-minute load average (before -> after each half): "
         + "; ".join(f"{h} {a:.2f} -> {b:.2f}" for h, (a, b) in c.load.items())
         + f". Above {m.cores} the halves shared the CPU with other work, and timings suffer.",

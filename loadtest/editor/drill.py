@@ -58,6 +58,7 @@ class DrillFigures:
 def abandon_at_first_piece(exchange: Exchange, limit_s: float = 60.0) -> DrillOutcome:
     """Read until the first piece of text (or the end, or a failure), then leave."""
     deadline = time.monotonic() + limit_s
+    exchange.leave_at_first_piece()
     while exchange.first_token_s is None and not exchange.over:
         if time.monotonic() >= deadline:
             exchange.abandon()

@@ -28,9 +28,9 @@ from loadtest.editor.figures import (
     EditorRecord,
     EngineFigures,
 )
-from loadtest.machine import machine_lines
 from loadtest.results import MachineInfo, ModelInfo
-from reporting.charts import COLORS, plt, rolling, save_figure
+from loadtest.targets import header_fields
+from reporting.charts import latency_panel, plt, save_figure
 from reporting.tables import number, percent, templates
 
 TEMPLATES = Path(__file__).parent.parent / "templates" / "editor.md"
@@ -101,11 +101,7 @@ def render(run: EditorRun) -> str:
     return (
         _fill(
             "report",
-            name=run.name,
-            started=run.started,
-            seconds=f"{run.seconds:.0f}",
-            command=run.command,
-            machine="\n".join(machine_lines(run.machine, run.model)),
+            **header_fields(run),
             typists=s["typists"],
             duration=f"{s['duration_s']:.0f}",
             protocol=_protocol(run.protocol),
@@ -233,22 +229,9 @@ def chart_timeline(records: Sequence[EditorRecord], path: Path, title: str) -> P
     answered = [r for r in records if r.outcome == ANSWERED and r.first_token_ms is not None]
     times = np.array([r.t_s for r in answered], dtype=float)
     ttft = np.array([r.first_token_ms for r in answered], dtype=float)
-    bottom.plot(times, ttft, ".", ms=3, color="#9e9ac8", alpha=0.6, label="answered: first token")
-    if len(times):
-        grid = np.arange(0.0, end + 0.01, 0.5)
-        for key, q in (("p50", 50), ("p95", 95)):
-            bottom.plot(
-                grid,
-                rolling(times, ttft, grid, 10.0, lambda v, q=q: np.percentile(v, q)),
-                color=COLORS[key],
-                lw=1.8,
-                label=f"rolling {key} (10 s)",
-            )
-    bottom.set_ylabel("first token (ms)")
-    bottom.set_xlabel("seconds since the typists started")
-    bottom.set_ylim(bottom=0)
-    bottom.grid(True, alpha=0.3)
-    bottom.legend(loc="upper right", fontsize=8)
+    grid = np.arange(0.0, end + 0.01, 0.5)
+    labels = ("answered: first token", "first token (ms)", "seconds since the typists started")
+    latency_panel(bottom, times, ttft, grid, 10.0, labels)
     return save_figure(fig, path, title, dpi=100)
 
 

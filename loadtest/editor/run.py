@@ -30,13 +30,14 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from datetime import datetime
 from pathlib import Path
 
 from contract import metrics as names
 from contract.corpus import held_out_files
 from contract.tensors import ENGINE_MODEL, STREAM_MODEL
+from loadtest import console
 from loadtest.editor.compare import (
     HALVES,
     OFF,
@@ -44,11 +45,9 @@ from loadtest.editor.compare import (
     Comparison,
     cache_repository,
     check_caching,
-    cpu_flags,
     write_comparison,
 )
 from loadtest.editor.drill import (
-    DRILL_REQUESTS,
     DRILL_TOKENS,
     DrillFigures,
     abandon_at_first_piece,
@@ -59,115 +58,23 @@ from loadtest.editor.drive import Typing, progress_line
 from loadtest.editor.figures import ERROR, EngineFigures, editor_figures, engine_figures
 from loadtest.editor.protocols import SAMPLING, Sender
 from loadtest.editor.report import EditorRun, write_report
+from loadtest.editor.settings import parse_args
 from loadtest.editor.suffix import ProbeError, probe
 from loadtest.editor.typist import TypingStyle
 from loadtest.editor.window import CheckpointTokenizer, Clipper
-from loadtest.machine import machine_info
-from loadtest.metrics import read_snapshot, snapshot_deltas
-from loadtest.soak.server import model_context, wait_for_drain
-from loadtest.targets import TARGETS, Endpoints, OpenAITarget, TritonTarget
-from serving.paths import MODEL_REPOSITORY, REPO_ROOT, checkpoint_dir
+from loadtest.metrics import snapshot_deltas
+from loadtest.results import MachineInfo
+from loadtest.targets import TARGETS, OpenAITarget, TritonTarget
+from reporting.machine import cpu_flags
+from reporting.triton import Endpoints, model_context, read_snapshot, wait_for_drain
+from serving.paths import REPO_ROOT, checkpoint_dir
 from serving.process import free_ports, http_ready
 
 log = logging.getLogger("loadtest.editor")
 RESULTS = REPO_ROOT / "loadtest" / "results"
-PROTOCOLS = ("openai", "grpc")
-ANCHOR_CHARS = 512  # see loadtest.editor.window: about a visit's typing, a fifth of a prefix
+
+
 TARGETS_MISSED = 3  # exit status: the comparison ran cleanly but missed a target
-
-
-@dataclass(frozen=True)
-class Preset:
-    typists: int
-    duration: float  # --no-compare
-    progress_every: float
-    half_duration: float  # each half of the comparison
-
-
-DEFAULTS = Preset(4, 90.0, 10.0, 90.0)
-# with the server's start and the drain, about a minute (the comparison: two short halves)
-QUICK = Preset(2, 25.0, 5.0, 10.0)
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtest.editor", description=__doc__.split("\n")[0]
-    )
-    p.add_argument("--protocol", choices=PROTOCOLS, default="openai", help="openai (SSE) or grpc")
-    p.add_argument(
-        "--compare",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="prefix cache on vs off, each on a server this run starts (default); "
-        "--no-compare: one run against --host as it is configured",
-    )
-    p.add_argument(
-        "--host",
-        default="127.0.0.1:8000",
-        help="Triton's HTTP host:port (local), for --no-compare (the comparison starts its own)",
-    )
-    p.add_argument("--grpc-url", help="Triton's gRPC host:port (default: HTTP port + 1)")
-    p.add_argument("--metrics-url", help="Triton's metrics URL (default: HTTP port + 2)")
-    p.add_argument("--typists", type=int, help=f"simulated typists ({DEFAULTS.typists})")
-    p.add_argument(
-        "--duration",
-        type=float,
-        help=f"seconds of typing ({DEFAULTS.duration:.0f}; "
-        f"each half of the comparison: {DEFAULTS.half_duration:.0f})",
-    )
-    p.add_argument("--max-tokens", type=int, default=32, help="tokens per completion (32)")
-    p.add_argument(
-        "--no-suffix", action="store_true", help="send prefixes only (default: with suffixes)"
-    )
-    p.add_argument("--suffix-share", type=float, default=0.25, help="of the prompt budget (0.25)")
-    p.add_argument(
-        "--anchor-chars",
-        type=int,
-        default=ANCHOR_CHARS,
-        help="the prefix's left cut moves in steps of this many characters (at a line start), "
-        "so that a prefix cache can reuse it; 0: the exact longest tail (%(default)s)",
-    )
-    p.add_argument(
-        "--pause",
-        type=_pair,
-        default=TypingStyle().pause_s,
-        help="a pause's shortest and longest seconds, MIN,MAX (%(default)s)",
-    )
-    p.add_argument(
-        "--drill",
-        type=int,
-        default=DRILL_REQUESTS,
-        help=f"after the typing, this many {DRILL_TOKENS}-token completions abandoned at their "
-        "first piece, to measure tokens generated after a client left; 0: none (%(default)s)",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help=f"a short run: {QUICK}")
-    p.add_argument("--progress-every", type=float, help="seconds between progress lines")
-    p.add_argument(
-        "--out", type=Path, help="run folder (loadtest/results/<time>-editor-<protocol>)"
-    )
-    p.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
-    return p
-
-
-def _pair(text: str) -> tuple[float, float]:
-    try:
-        low, high = (float(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected MIN,MAX seconds, got {text!r}") from None
-    if not 0 < low <= high:
-        raise argparse.ArgumentTypeError(f"expected 0 < MIN <= MAX, got {text!r}")
-    return low, high
-
-
-def _console() -> None:
-    logger = logging.getLogger("loadtest")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("[loadtest] %(message)s"))
-        logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
 
 
 def _address(protocol: str, server: TritonTarget | OpenAITarget) -> str:
@@ -177,27 +84,12 @@ def _address(protocol: str, server: TritonTarget | OpenAITarget) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser()
-    args = p.parse_args(argv)
-    preset = QUICK if args.quick else DEFAULTS
-    args.typists = args.typists or preset.typists
-    args.duration = args.duration or (preset.half_duration if args.compare else preset.duration)
-    args.progress_every = args.progress_every or preset.progress_every
-    try:
-        endpoints = Endpoints.from_host(args.host, args.grpc_url, args.metrics_url)
-    except ValueError as exc:
-        p.error(str(exc))
-    if not endpoints.is_local:
-        p.error(f"--host must be on this machine (127.0.0.1 or localhost), got {args.host}")
-    if args.typists < 1 or args.duration <= 0 or args.max_tokens < 1:
-        p.error("--typists and --max-tokens must be >= 1 and --duration > 0")
-    if args.anchor_chars < 0 or args.drill < 0:
-        p.error("--anchor-chars and --drill must be >= 0")
+    args, endpoints = parse_args(argv)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     kind = "compare" if args.compare else args.protocol
     out = args.out or RESULTS / f"{stamp}-editor-{kind}"
     out.mkdir(parents=True, exist_ok=True)
-    _console()
+    console()
     log.info(f"run folder {out}")
     command = " ".join(["python -m loadtest.editor", *(argv or sys.argv[1:])])
     if args.compare:
@@ -380,7 +272,7 @@ def type_once(
             figures=editor_figures(records, engine),
             after=after,
             problems=problems,
-            machine=machine_info(),
+            machine=MachineInfo.here(),
             model=server.describe(),
             drill=drill,
         )

@@ -53,7 +53,8 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.compile(
             r"stub process|not healthy|unavailable|connection refused|failed to connect|"
             r"socket closed|connection reset|broken pipe|is not ready|unknown model|"
-            r"no available version|server is shutting down|remotedisconnected|"
+            r"no available version|server is (shutting down|stopping)|remotedisconnected|"
+            r"connection ?closed|"
             r"connection aborted|eof occurred|stub.*(died|exited|unhealthy)",
             re.IGNORECASE,
         ),

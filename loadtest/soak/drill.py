@@ -23,12 +23,9 @@ from loadtest.soak.results import (
     Check,
     Ledger,
 )
-from loadtest.soak.server import (
-    ServerHandle,
-    find_stub,
-    http_status,
-)
+from loadtest.soak.server import find_stub, http_status, tritonserver
 from loadtest.soak.settings import SoakSettings
+from reporting.triton import ServedTriton
 
 log = logging.getLogger("soak")
 DRILL_WINDOW_S = 60.0
@@ -39,7 +36,7 @@ DRILL_DEADLINE_S = 30.0  # a drill request with no answer by then is unanswered
 
 
 def stub_kill_drill(
-    settings: SoakSettings, handle: ServerHandle, params: ClientParams
+    settings: SoakSettings, handle: ServedTriton, params: ClientParams
 ) -> dict[str, Any]:
     """SIGKILL the stub of the engine model (the server's one engine) of a server this soak
     started, with requests in flight, and watch for 60 s: readiness, fresh requests, the
@@ -52,7 +49,7 @@ def stub_kill_drill(
             "note": "skipped: the server was found running, not started by the soak (the drill "
             "never kills a server it did not start)",
         }
-    server = handle.tritonserver()
+    server = tritonserver(handle)
     stub = find_stub(server) if server else None
     if stub is None:
         return {"done": False, "note": f"skipped: no {ENGINE_MODEL} python-backend stub found"}

@@ -27,8 +27,9 @@ from loadtest.editor.window import CheckpointTokenizer, Clipper
 from loadtest.soak.cases import ABANDONED as LEDGER_ABANDONED
 from loadtest.soak.cases import EDITOR, OK, REJECTED, classify_error
 from loadtest.soak.results import FAIL, PASS, SKIP, Check, Ledger
-from loadtest.soak.server import RssSampler, model_context
+from loadtest.soak.server import RssSampler
 from loadtest.soak.settings import SoakSettings
+from reporting.triton import model_context
 from serving.paths import checkpoint_dir
 
 log = logging.getLogger("soak")

@@ -77,7 +77,7 @@ class Crowd:
 
 def generated_tokens(metrics_url: str) -> float | None:
     from contract import metrics as names
-    from loadtest.metrics import read_snapshot
+    from reporting.triton import read_snapshot
 
     with contextlib.suppress(OSError, ValueError):
         return read_snapshot(metrics_url).value(names.ENGINE_GENERATED_TOKENS, model=ENGINE_MODEL)

@@ -21,9 +21,9 @@ from loadtest.soak.cases import (
 from loadtest.soak.results import (
     KindSummary,
     Record,
-    RssSample,
     SoakResult,
 )
+from loadtest.soak.server import RssSample
 from reporting.charts import plt, save_figure, shade_phases
 from reporting.tables import number, table, text_table
 
@@ -42,20 +42,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def write_requests(path: Path, records: Iterable[Record]) -> None:
+def write_rows(path: Path, kind: type, rows: Iterable[Any]) -> None:
+    """Dataclass rows of ``kind`` as a CSV file, one column per field."""
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(Record.__dataclass_fields__)
-        for r in records:
-            writer.writerow(asdict(r).values())
-
-
-def write_rss(path: Path, samples: Iterable[RssSample]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(RssSample.__dataclass_fields__)
-        for s in samples:
-            writer.writerow(asdict(s).values())
+        writer.writerow(kind.__dataclass_fields__)
+        writer.writerows(asdict(row).values() for row in rows)
 
 
 def _kinds(rows: Sequence[KindSummary]) -> tuple[list[str], list[list[object]]]:
@@ -287,8 +279,8 @@ def write_run(
     paths = [out / "summary.json", out / "report.md", out / "requests.csv", out / "rss.csv"]
     paths[0].write_text(json.dumps(summary, indent=2) + "\n")
     paths[1].write_text(render_report(result))
-    write_requests(paths[2], records)
-    write_rss(paths[3], samples)
+    write_rows(paths[2], Record, records)
+    write_rows(paths[3], RssSample, samples)
     title = f"Soak {result.started_at}: {result.settings.get('clients')} clients"
     paths.append(draw_chart(out / "soak.png", samples, records, phases, title))
     return paths

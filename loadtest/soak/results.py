@@ -35,6 +35,7 @@ from loadtest.soak.cases import (
     VANISH_KINDS,
     names_any,
 )
+from loadtest.soak.server import Flatness
 
 MESSAGE_CHARS = 400  # of each error text kept per request
 PASS, FAIL, WARN, SKIP = "PASS", "FAIL", "WARN", "SKIP"
@@ -294,55 +295,6 @@ def error_messages(records: Iterable[Record], limit: int = 30) -> list[dict[str,
         {"category": category, "count": count, "message": example[(category, shape)]}
         for (category, shape), count in counts.most_common(limit)
     ]
-
-
-# --- memory --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RssSample:
-    t_s: float  # seconds since the run began
-    phase: str
-    rss_bytes: int  # tritonserver and its stubs, summed
-    processes: int
-
-
-@dataclass(frozen=True)
-class Flatness:
-    """Is the server's memory flat after warm-up? The largest RSS of the last third of the
-    samples against the largest of the first third (max, not mean: a leak raises the peaks)."""
-
-    samples: int
-    first_third_max: int | None
-    last_third_max: int | None
-    growth: float | None  # last / first - 1
-    tolerance: float
-    flat: bool | None  # None: too few samples to say
-    note: str
-
-
-def rss_flatness(samples: Sequence[int], tolerance: float, minimum: int = 6) -> Flatness:
-    """Flatness of the RSS values of the measured phase after warm-up, in time order."""
-    if len(samples) < minimum:
-        return Flatness(
-            len(samples),
-            None,
-            None,
-            None,
-            tolerance,
-            None,
-            f"too few samples after warm-up ({len(samples)} < {minimum}): run longer",
-        )
-    third = len(samples) // 3
-    first, last = max(samples[:third]), max(samples[-third:])
-    growth = last / first - 1
-    flat = growth <= tolerance
-    verb = "flat" if flat else "growing"
-    note = (
-        f"{verb}: last third max {last / 2**20:,.0f} MiB vs first third max "
-        f"{first / 2**20:,.0f} MiB ({growth:+.1%}, tolerance {tolerance:.0%})"
-    )
-    return Flatness(len(samples), first, last, growth, tolerance, flat, note)
 
 
 # --- the whole run -------------------------------------------------------------------------

@@ -25,13 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from dataclasses import asdict
 from datetime import datetime
 from typing import Any
-
-import psutil
 
 from contract.prompts import code_prompts
 from loadtest.soak.cases import (
@@ -56,21 +53,13 @@ from loadtest.soak.results import (
     case_summaries,
     error_messages,
     kind_summaries,
-    rss_flatness,
     total_summary,
 )
-from loadtest.soak.server import (
-    EngineState,
-    RssSampler,
-    close_server,
-    engine_state,
-    http_status,
-    model_context,
-    open_server,
-    wait_for_drain,
-)
+from loadtest.soak.server import RssSampler, http_status, rss_flatness
 from loadtest.soak.settings import SoakSettings, parse_args
 from loadtest.soak.stall import EngineSampler, explain, longest_stall, stall_check
+from reporting.machine import describe
+from reporting.triton import EngineState, engine_state, model_context, open_triton, wait_for_drain
 
 # --- the run -------------------------------------------------------------------------------
 
@@ -78,9 +67,11 @@ log = logging.getLogger("soak")
 
 
 def machine() -> str:
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    memory = psutil.virtual_memory().total / 2**30
-    return f"{os.cpu_count()} cores (load average {load} at the start), {memory:.1f} GiB RAM"
+    m = describe()
+    return (
+        f"{m['cores']} cores (load average {m['load_average']} at the start), "
+        f"{m['memory_gib']} GiB RAM, {m['cpu']}, flags {' '.join(m['cpu_flags']) or 'none'}"
+    )
 
 
 def kv_check(before: EngineState | None, after: EngineState | None) -> Check:
@@ -97,13 +88,16 @@ def kv_check(before: EngineState | None, after: EngineState | None) -> Check:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per HTTP request
     settings = parse_args(argv)
     settings.out.mkdir(parents=True, exist_ok=True)
     started_at = datetime.now().isoformat(timespec="seconds")
     wall = time.monotonic()
     log.info(f"soak: results in {settings.out}")
     try:
-        handle = open_server(settings.endpoints, settings.model_repository, settings.out)
+        handle = open_triton(
+            settings.endpoints, settings.model_repository, settings.out / "tritonserver.log"
+        )
     except SystemExit as exc:
         log.error(f"soak cannot run: {exc}")
         return 2
@@ -181,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler.stop()
         engine_sampler.stop()
         # a drilled server has requests that never end: Triton's own exit waits for them
-        launcher_code = close_server(handle, timeout=20.0 if drill.get("done") else None)
+        launcher_code = handle.close(timeout=20.0 if drill.get("done") else None)
     kinds = kind_summaries(soak_records)
     total = total_summary(kinds)
     cases = case_summaries(soak_records)
@@ -239,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             "description": handle.description,
             "started_by_soak": handle.started,
             "launcher_exit_code_at_stop": launcher_code,
-            **handle.info,
+            **handle.info(),
         },
         saturation=saturation,
         kinds=kinds,

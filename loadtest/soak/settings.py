@@ -11,7 +11,7 @@ from loadtest.soak.cases import (
     KINDS,
     parse_mix,
 )
-from loadtest.targets import Endpoints
+from reporting.triton import Endpoints
 from serving.paths import MODEL_REPOSITORY, REPO_ROOT
 
 log = logging.getLogger("soak")
@@ -65,13 +65,9 @@ def parser() -> argparse.ArgumentParser:
         default=0.10,
         help="throughput must rise by this fraction for the ramp to go on (0.10)",
     )
-    p.add_argument(
-        "--ramp-patience",
-        type=int,
-        default=2,
-        help="levels in a row without that rise before the ramp stops (2: one noisy level on "
-        "a shared machine does not end it)",
-    )
+    patience = "levels in a row without that rise before the ramp stops (2: one noisy level "
+    p.add_argument("--ramp-patience", type=int, default=2,
+                   help=patience + "on a shared machine does not end it)")  # fmt: skip
     p.add_argument("--max-clients", type=int, default=32, help="the ramp's last level (32)")
     p.add_argument(
         "--mix",

@@ -25,9 +25,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from contract import metrics as names
-from loadtest.metrics import read_snapshot
 from loadtest.soak.cases import OK
 from loadtest.soak.results import FAIL, PASS, SKIP, Check, Record
+from reporting.triton import read_snapshot
 
 
 @dataclass(frozen=True)

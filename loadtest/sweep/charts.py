@@ -21,7 +21,7 @@ from loadtest.results import (
     read_request_log,
     timeseries_chart,
 )
-from reporting.charts import COLORS, MARKERS, plt, rolling, save_figure
+from reporting.charts import COLORS, MARKERS, latency_panel, plt, save_figure
 
 PRE, POST = PREPROCESSING_MODEL, POSTPROCESSING_MODEL
 
@@ -228,25 +228,7 @@ def chart_timeseries(
     top.set_ylabel("requests/s")
     top.legend(loc="upper right", fontsize=8)
 
-    bottom.plot(
-        times,
-        latency,
-        ".",
-        ms=2.5,
-        color="#9e9ac8",
-        alpha=0.5,
-        label="each request (at completion)",
-    )
-    for key, q in (("p50", 50), ("p95", 95)):
-        bottom.plot(
-            grid,
-            rolling(times, latency, grid, width, lambda v, q=q: np.percentile(v, q)),
-            color=COLORS[key],
-            lw=1.8,
-            label=f"rolling {key}",
-        )
-    bottom.set_ylabel("response time (ms)")
-    bottom.set_xlabel("seconds since the users started")
-    bottom.set_ylim(bottom=0)
-    bottom.legend(loc="upper right", fontsize=8)
+    labels = ("each request (at completion)", "response time (ms)",
+              "seconds since the users started")  # fmt: skip
+    latency_panel(bottom, times, latency, grid, width, labels)
     return save_figure(fig, path, title, dpi=100)

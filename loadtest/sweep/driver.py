@@ -4,8 +4,9 @@ For each length: start the users, warm up, then read Triton's metrics and reset 
 statistics at the same moment (the window opens), run for the duration, and read both again
 (the window closes). Both count a request when it completes, so Locust's requests and
 Triton's ensemble count over the window agree. Then an optional streaming phase (time to first
-token and inter-token latency under the same load), stop, let the server drain, and take the
-same window's figures from Prometheus. The result is a :class:`loadtest.results.LengthResult`.
+token and inter-token latency under the same load), stop, and let the server drain. Triton's
+figures come from one source: Prometheus when one runs, else the two readings of ``/metrics``.
+The result is a :class:`loadtest.results.LengthResult`.
 
 Locust runs in this process (one Environment per length): that is what lets the window open
 and close exactly. The users are those of ``loadtest/sweep/locustfile.py``. The rest of a run
@@ -31,25 +32,20 @@ import gevent
 from locust.env import Environment
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV, StatsCSVFileWriter, StatsEntry
 
-from contract import metrics as names
 from contract.tensors import ENSEMBLE_MODEL
 from loadtest.metrics import (
     Deltas,
-    Snapshot,
     busy_shares,
     execution_busy_us,
-    read_snapshot,
     snapshot_deltas,
     window_figures,
 )
-from loadtest.prom import PromSource, compare
+from loadtest.prom import PromSource
 from loadtest.results import (
     ClientFigures,
     Latency,
     LengthResult,
     LocustWindow,
-    PromError,
-    PromReading,
     RequestRecord,
     StreamFigures,
     Timeline,
@@ -59,9 +55,10 @@ from loadtest.results import (
 from loadtest.sweep import locustfile
 from loadtest.sweep.settings import Settings
 from loadtest.targets import Server
+from reporting.triton import Snapshot, read_snapshot, wait_for_drain
 
 log = logging.getLogger(__name__)
-EDGE_S = 0.15  # the direct reading brackets Prometheus' scrapes by this much at each end
+EDGE_S = 0.15  # the window brackets Prometheus' scrapes by this much at each end
 
 
 def format_duration(seconds: float) -> str:
@@ -147,18 +144,9 @@ def _write_tables(environment: Environment, base: str) -> list[str]:
     return written
 
 
-def _activity(snapshot: Snapshot) -> tuple[float, float, float]:
-    """What moves while requests are in flight: queued ensemble requests, ensemble completions
-    and engine steps (all engines). Idle when it stops changing and nothing is queued."""
-    return (
-        snapshot.value(names.PENDING_REQUEST_COUNT, model=ENSEMBLE_MODEL),
-        snapshot.value(names.INFERENCE_COUNT, model=ENSEMBLE_MODEL),
-        snapshot.value(names.ENGINE_STEPS),
-    )
-
-
 class Sweep:
-    """Runs the lengths one after another against ``server``, compared with ``prom``."""
+    """Runs the lengths one after another against ``server``; Triton's figures come from
+    ``prom`` when there is one."""
 
     def __init__(
         self, settings: Settings, server: Server, prom: PromSource | None, stream: bool
@@ -242,21 +230,21 @@ class Sweep:
         write_request_log(s.out / length_file(length, "_requests.csv"), recorder.records)
         files.append(length_file(length, "_requests.csv"))
 
-        direct_deltas = snapshot_deltas(start, end)
-        direct = window_figures(direct_deltas)
+        deltas, source = self._window_deltas(start, end)
+        figures = window_figures(deltas)
         result = LengthResult(
             output_len=length,
             protocol=s.protocol,
             users=s.users,
-            busy_share=busy_shares(start_busy, end_busy, direct.compute_us["model"]),
+            busy_share=busy_shares(start_busy, end_busy, figures.compute_us["model"]),
             locust=LocustWindow(**vars(client), window_s=locust_window, errors=errors),
-            triton=direct,
-            triton_deltas=direct_deltas.as_dict(),
+            triton=figures,
+            triton_deltas=deltas.as_dict(),
             timeline=Timeline(start.taken_at - recorder.origin, end.taken_at - recorder.origin),
             stream=stream,
             drained=drained,
             files=files,
-            prometheus=self._prometheus(start, end, direct_deltas),
+            source=source,
         )
         self._log_result(result)
         return result
@@ -355,40 +343,32 @@ class Sweep:
     def _drain(self) -> bool:
         """Wait until nothing is in flight, so that the next length starts on an idle server
         (and the last leaves it idle for whoever uses it next)."""
-        deadline = time.monotonic() + self.settings.drain_timeout
-        previous, still = None, 0
-        while time.monotonic() < deadline:
-            current = _activity(read_snapshot(self.settings.endpoints.metrics_url))
-            still = still + 1 if current == previous and current[0] == 0 else 0
-            if still >= 2:  # a second without progress and nothing queued
-                return True
-            previous = current
-            gevent.sleep(0.5)
-        log.info("the server did not drain in time; going on")
-        return False
+        state, _ = wait_for_drain(self.settings.endpoints.metrics_url, self.settings.drain_timeout)
+        if state is None or not state.idle:
+            log.info("the server did not drain in time; going on")
+        return state is not None and state.idle
 
-    def _prometheus(
-        self, start: Snapshot, end: Snapshot, direct_deltas: Deltas
-    ) -> PromReading | PromError | None:
-        if self.prom is None:
-            return None
-        s = self.settings
-        try:
-            return compare(self.prom, start, end, direct_deltas, s.agreement_tolerance, s.users)
-        except Exception as exc:  # the direct reading stands on its own
-            log.info(f"Prometheus: {exc}")
-            return PromError(str(exc))
+    def _window_deltas(self, start: Snapshot, end: Snapshot) -> tuple[Deltas, str]:
+        """The window's counter increases from one source: Prometheus when one runs (its
+        scrapes inside the window), else the two readings of ``/metrics``."""
+        if self.prom is not None:
+            try:
+                deltas, window = self.prom.window_deltas(start.taken_at, end.taken_at)
+                return deltas, (
+                    f"Prometheus' increase() over {window.seconds:.1f} s ({window.scrapes} "
+                    f"scrapes inside the {end.taken_at - start.taken_at:.1f} s window)"
+                )
+            except Exception as exc:  # the window's own readings stand in
+                log.info(f"Prometheus: {exc}; reading /metrics instead")
+        return snapshot_deltas(start, end), "Triton's /metrics read at both ends of the window"
 
     def _log_result(self, r: LengthResult) -> None:
         lat, shares = r.latency_ms, r.stage_share
-        prom = r.prometheus
-        worst = prom.agreement.max_rel_diff if isinstance(prom, PromReading) else None
         log.info(
             f"length {r.output_len}: {r.rps or 0:.2f} req/s, mean {lat.mean or 0:.0f} ms "
             f"p95 {lat.p95 or 0:.0f} ms, {r.tokens_per_s or 0:.0f} tokens/s, "
             f"engine batch {r.engine_batch_size or 0:.1f}, "
             f"pre {100 * (shares['preprocessing'] or 0):.2f}% post "
             f"{100 * (shares['postprocessing'] or 0):.2f}% of model time, "
-            f"{r.failures} failures"
-            + (f"; Prometheus agrees within {100 * worst:.1f}%" if worst is not None else "")
+            f"{r.failures} failures (Triton's figures from {r.source})"
         )

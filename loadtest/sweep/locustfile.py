@@ -7,10 +7,11 @@ output length changes between the sweep's runs.
 
 - :class:`HttpEnsembleUser`: Locust's FastHttpUser posting the KServe v2 binary body that
   tritonclient.http builds to ``/v2/models/ensemble/infer``.
-- :class:`GrpcEnsembleUser`: tritonclient.grpc's unary ``infer``, reported through Locust's
-  request event (grpc is made gevent-cooperative first, as Locust's gRPC guide does).
-- :class:`StreamingUser`: the decoupled ``ensemble_stream`` over a gRPC stream; it reports the
-  time to first token and each inter-token gap as their own request names.
+- :class:`GrpcEnsembleUser`: the unary ``infer`` on the client's transport, reported through
+  Locust's request event (grpc is made gevent-cooperative first, as Locust's gRPC guide does).
+- :class:`StreamingUser`: the decoupled ``ensemble_stream`` over a gRPC stream (the same
+  transport); it reports the time to first token and each inter-token gap as their own
+  request names.
 
 Standalone (the sweep imports these classes and runs Locust in-process instead)::
 
@@ -22,20 +23,19 @@ from __future__ import annotations
 
 import itertools
 import os
-import queue
 import time
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import grpc.experimental.gevent as grpc_gevent
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from locust import FastHttpUser, User, constant, events, task
 
 from client.request import CompletionRequest, requested_outputs
+from client.transport import Transport
 from contract.prompts import code_prompts
-from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
+from contract.tensors import ENSEMBLE_MODEL
 
 grpc_gevent.init_gevent()  # before any channel exists: grpc calls then yield to other users
 
@@ -166,114 +166,79 @@ class HttpEnsembleUser(FastHttpUser):
                 response.failure(f"unreadable response: {exc}")
 
 
-class GrpcEnsembleUser(User):
-    """Unary requests to ``ensemble`` over gRPC, reported through Locust's request event."""
+class _TransportUser(User):
+    """A user on the client's transport (:mod:`client.transport`) to Triton's gRPC endpoint,
+    cycling through the sweep's requests and reporting through Locust's request event."""
 
+    abstract = True
     wait_time = constant(0)
+    request_type = "grpc"
 
     def on_start(self) -> None:
         settings = load_settings(self.environment)
-        self.client = grpcclient.InferenceServerClient(settings.grpc_url)
-        self._outputs = requested_outputs(grpcclient)
+        self.transport = Transport(settings.grpc_url, REQUEST_TIMEOUT_S)
         requests = requests_for(settings)
         self._requests = itertools.islice(
             itertools.cycle(requests), _start_offset(self, len(requests)), None
         )
 
     def on_stop(self) -> None:
-        self.client.close()
+        self.transport.close()
+
+    def _fire(self, name: str, seconds: float, length: int = 0, error: Exception | None = None):
+        self.environment.events.request.fire(request_type=self.request_type, name=name,
+                                             response_time=seconds * 1000, response_length=length,
+                                             exception=error, context={})  # fmt: skip
+
+
+class GrpcEnsembleUser(_TransportUser):
+    """Unary requests to ``ensemble`` over gRPC."""
 
     @task
     def complete(self) -> None:
-        request = next(self._requests)
-        inputs = request.infer_inputs(grpcclient)
         started = time.perf_counter()
         length, error = 0, None
         try:
-            result = self.client.infer(
-                ENSEMBLE_MODEL, inputs, outputs=self._outputs, client_timeout=REQUEST_TIMEOUT_S
-            )
-            output = result.as_numpy("OUTPUT_0")
+            output = self.transport.infer(next(self._requests)).as_numpy("OUTPUT_0")
             if output is None:
                 raise RuntimeError("response has no OUTPUT_0")
             length = sum(len(text) for text in output.reshape(-1))
         except Exception as exc:
             error = exc
-        self.environment.events.request.fire(
-            request_type="grpc",
-            name=ENSEMBLE_MODEL,
-            response_time=(time.perf_counter() - started) * 1000,
-            response_length=length,
-            exception=error,
-            context={},
-        )
+        self._fire(ENSEMBLE_MODEL, time.perf_counter() - started, length, error)
 
 
-def _is_final(result: Any) -> bool:
-    parameter = result.get_response().parameters.get("triton_final_response")
-    return bool(parameter is not None and parameter.bool_param)
-
-
-class StreamingUser(User):
-    """Requests to the decoupled ``ensemble_stream`` over a gRPC stream.
+class StreamingUser(_TransportUser):
+    """Requests to the decoupled ``ensemble_stream`` over a gRPC stream, on one client per
+    user (opened once, as a long-lived editor connection would be).
 
     Reports three request names: ``stream TTFT`` (request sent -> first piece of text),
     ``stream inter-token`` (each gap between consecutive pieces; one piece per generated token
     unless a token completes no character) and ``stream total`` (the whole request).
     """
 
-    wait_time = constant(0)
+    request_type = "grpc-stream"
 
     def on_start(self) -> None:
-        settings = load_settings(self.environment)
-        self.client = grpcclient.InferenceServerClient(settings.grpc_url)
-        requests = requests_for(settings)
-        self._requests = itertools.islice(
-            itertools.cycle(requests), _start_offset(self, len(requests)), None
-        )
+        super().on_start()
+        self.client = self.transport.module.InferenceServerClient(self.transport.target.address)
 
     def on_stop(self) -> None:
         self.client.close()
-
-    def _fire(self, name: str, seconds: float, length: int = 0, error: Exception | None = None):
-        self.environment.events.request.fire(
-            request_type="grpc-stream",
-            name=name,
-            response_time=seconds * 1000,
-            response_length=length,
-            exception=error,
-            context={},
-        )
+        super().on_stop()
 
     @task
     def stream(self) -> None:
         request = next(self._requests)
-        responses: queue.Queue = queue.Queue()
-        self.client.start_stream(
-            callback=lambda result, error: responses.put((time.perf_counter(), result, error))
-        )
         started = time.perf_counter()
         last: float | None = None
         pieces, error = 0, None
         try:
-            self.client.async_stream_infer(
-                STREAM_MODEL, request.infer_inputs(grpcclient), enable_empty_final_response=True
-            )
-            while True:
-                arrived, result, failure = responses.get(timeout=REQUEST_TIMEOUT_S)
-                if failure is not None:
-                    raise RuntimeError(str(failure))
-                output = result.as_numpy("OUTPUT_0")
-                if output is not None and any(len(piece) for piece in output.reshape(-1)):
-                    if last is None:
-                        self._fire(TTFT_NAME, arrived - started)
-                    else:
-                        self._fire(ITL_NAME, arrived - last)
-                    last, pieces = arrived, pieces + 1
-                if _is_final(result):
-                    break
+            for piece in self.transport.stream(request, client=self.client).pieces():
+                if piece.text:
+                    since = started if last is None else last
+                    self._fire(TTFT_NAME if last is None else ITL_NAME, piece.arrived - since)
+                    last, pieces = piece.arrived, pieces + 1
         except Exception as exc:
             error = exc
-        finally:
-            self.client.stop_stream()
         self._fire(STREAM_NAME, time.perf_counter() - started, pieces, error)

@@ -16,16 +16,15 @@ from contract.tensors import (
     POSTPROCESSING_MODEL,
     PREPROCESSING_MODEL,
 )
-from loadtest.machine import machine_lines
 from loadtest.metrics import MODELS, reuse_line, sample_name
 from loadtest.results import (
     RPS_LATENCY_CHART,
     STAGE_SHARES_CHART,
     LengthResult,
-    PromReading,
     RunResult,
     timeseries_chart,
 )
+from loadtest.targets import header_fields
 from reporting.tables import number, percent, table, templates
 
 TEMPLATES = Path(__file__).parents[1] / "templates" / "report.md"
@@ -46,11 +45,7 @@ def render(result: RunResult) -> str:
     return (
         _fill(
             "report",
-            name=run.name,
-            started=run.started,
-            seconds=f"{run.seconds:.0f}",
-            command=run.command,
-            machine="\n".join(machine_lines(run.machine, run.model)),
+            **header_fields(run),
             users=s.users,
             protocol=s.protocol.upper(),
             warmup=f"{s.warmup_s:.0f}",
@@ -64,9 +59,7 @@ def render(result: RunResult) -> str:
             summary_table="\n".join(_summary_table(result.rows)),
             rps_latency_chart=RPS_LATENCY_CHART,
             stage_shares_chart=STAGE_SHARES_CHART,
-            length_sections="\n".join(
-                [*(_length_section(row) for row in result.rows), *_prometheus_section(result.rows)]
-            ),
+            length_sections="\n".join([_length_section(row) for row in result.rows]),
         )
         + "\n"
     )
@@ -145,20 +138,12 @@ def _length_section(row: LengthResult) -> str:
                 gaps=stream.inter_token.requests,
             )
         )
-    if isinstance(row.prometheus, PromReading):
-        agreement = row.prometheus.agreement
-        optional.append(
-            _fill(
-                "agreement",
-                max_rel_diff=percent(agreement.max_rel_diff, 1),
-                tolerance=percent(agreement.tolerance, 1),
-            )
-        )
     return _fill(
         "length",
         output_len=row.output_len,
         chart=timeseries_chart(row.output_len),
         metric_listing="\n".join(_metric_listing(row)),
+        source=row.source,
         rps=number(row.rps, 2),
         requests=row.requests,
         window_s=number(row.window_s, 1),
@@ -184,33 +169,3 @@ def _length_section(row: LengthResult) -> str:
         engine_busy=percent(t.engine_busy, 0),
         optional="".join(f"\n{line}" for line in optional),
     )
-
-
-def _prometheus_section(rows: list[LengthResult]) -> list[str]:
-    """The comparison with Prometheus, when there was one; a list of none or one section."""
-    readings = [(r, r.prometheus) for r in rows if isinstance(r.prometheus, PromReading)]
-    if not readings:
-        return []
-    blocks = []
-    for row, prom in readings:
-        w, a = prom.window, prom.agreement
-        table = [
-            f"| {f.label if f.strict else f'{f.label} (shown, not decisive)'} "
-            f"| {number(f.direct, 4)} | {number(f.other, 4)} | {percent(f.rel_diff, 1)} |"
-            for f in a.figures
-        ]
-        blocks.append(
-            _fill(
-                "prometheus_length",
-                output_len=row.output_len,
-                seconds=f"{w.seconds:.1f}",
-                scrapes=w.scrapes,
-                direct_seconds=f"{w.direct_seconds:.1f}",
-                verdict="agree" if a.agree else "DISAGREE",
-                max_rel_diff=percent(a.max_rel_diff, 1),
-                tolerance=percent(a.tolerance, 1),
-                contained="contained" if prom.contained else f"NOT contained: {prom.excess}",
-                table="\n".join(table),
-            )
-        )
-    return [_fill("prometheus", lengths="\n\n".join(blocks)) + "\n"]

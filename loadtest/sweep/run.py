@@ -18,8 +18,8 @@ from datetime import datetime
 import locust  # noqa: F401
 
 from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
-from loadtest.machine import machine_info
-from loadtest.results import RunInfo, RunResult, RunSettings
+from loadtest import console
+from loadtest.results import MachineInfo, RunInfo, RunResult, RunSettings
 from loadtest.sweep import locustfile
 from loadtest.sweep.driver import Sweep, format_duration
 from loadtest.sweep.report import write_report
@@ -27,18 +27,6 @@ from loadtest.sweep.settings import Settings, parse_args
 from loadtest.targets import prometheus_for
 
 log = logging.getLogger(__name__)
-
-
-def _console() -> None:
-    """The load test's progress on stdout, one ``[loadtest]`` line each (Locust's own
-    logging stays off, as the sweep drives it through its API)."""
-    logger = logging.getLogger("loadtest")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("[loadtest] %(message)s"))
-        logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
 
 
 def run_settings(settings: Settings, stream: bool) -> RunSettings:
@@ -57,13 +45,12 @@ def run_settings(settings: Settings, stream: bool) -> RunSettings:
         prompts=s.prompts,
         prompt_seed=s.prompt_seed,
         sampling=locustfile.SAMPLING,
-        agreement_tolerance=s.agreement_tolerance,
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     settings = parse_args(argv)
-    _console()
+    console()
     settings.out.mkdir(parents=True, exist_ok=True)
     log.info(f"run folder {settings.out}")
     with ExitStack() as stack:
@@ -90,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             command=" ".join(["python -m loadtest.sweep", *(argv or sys.argv[1:])]),
             settings=run_settings(settings, stream),
             prometheus=prometheus.note,
-            machine=machine_info(),
+            machine=MachineInfo.here(),
             model=server.describe(),
         )
         paths = write_report(settings.out, RunResult(run, rows))

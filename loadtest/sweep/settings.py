@@ -13,7 +13,8 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from pathlib import Path
 
-from loadtest.targets import TARGETS, Endpoints, Target
+from loadtest.targets import TARGETS, Target
+from reporting.triton import Endpoints
 from serving.paths import MODEL_REPOSITORY, REPO_ROOT
 
 DESCRIPTION = "make loadtest: a Locust sweep over output lengths against the served ensemble."
@@ -54,7 +55,6 @@ class Settings:
     prompt_seed: int
     out: Path  # the run folder
     prometheus: str  # auto, off or a URL (loadtest.targets.prometheus_for)
-    agreement_tolerance: float
     model_repository: Path
     progress_every: float
     drain_timeout: float = 180.0
@@ -103,15 +103,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prometheus",
         default="auto",
-        help="auto: $PROMETHEUS_URL or http://127.0.0.1:9090 if it scrapes this Triton, else a "
-        "private Prometheus if installed; off; or a Prometheus URL",
-    )
-    p.add_argument(
-        "--agreement-tolerance",
-        type=float,
-        default=0.10,
-        help="relative difference allowed between the direct reading and Prometheus, before "
-        "the allowance for one wave of completions at each window edge",
+        help="where Triton's figures come from: auto, $PROMETHEUS_URL or http://127.0.0.1:9090 "
+        "if one runs there scraping this Triton (make prometheus), else its metrics port; off: "
+        "the metrics port; or a Prometheus URL",
     )
     p.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
     p.add_argument("--quick", action="store_true", help=f"a short run: {QUICK}")
@@ -140,6 +134,5 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         prompt_seed=args.prompt_seed,
         out=args.out or RESULTS / f"{stamp}-{args.protocol}",
         prometheus=args.prometheus,
-        agreement_tolerance=args.agreement_tolerance,
         model_repository=args.model_repository,
     )

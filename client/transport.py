@@ -1,0 +1,388 @@
+"""How a request travels, written once for the client and every load profile: unary gRPC and
+HTTP through ``tritonclient``, a gRPC stream, Triton's HTTP ``generate_stream`` and the
+OpenAI API's server-sent events (``httpx``), stop by request id, and every failure as the
+client's own error types (:mod:`client.results`).
+
+A stream is a :class:`ResponseStream`: its answers arrive on a queue (gRPC's callback thread,
+or a reader thread for HTTP), so a reader waits with a timeout of its own choosing
+(:meth:`ResponseStream.read`), any thread can wake it (:meth:`~ResponseStream.cancel`), and
+leaving it is :meth:`~ResponseStream.close` (a stop request by id first, as the product client
+does) or :meth:`~ResponseStream.abandon` (the connection dropped, as an editor does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import queue
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+from client.request import CompletionRequest, generate_body, requested_outputs, stop_inputs
+from client.results import (
+    Closing,
+    CodegenError,
+    Piece,
+    ServerUnavailableError,
+    Target,
+    TimedOutError,
+    error_message,
+    resolve_target,
+)
+from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
+
+STOP_WAIT_S = 2.0  # how long a stream left early waits for its stop request's answer
+_WOKEN = object()  # what a cancel puts on a stream's answer queue
+
+
+class StreamCancelledError(CodegenError):
+    """The stream was cancelled by its own reader (``cancel``)."""
+
+    def __init__(self) -> None:
+        super().__init__("the stream was cancelled by the client; the server stops generating")
+
+
+def protocol_module(protocol: str) -> ModuleType:
+    """``tritonclient.grpc`` or ``tritonclient.http``, imported on first use (they are slow
+    to import and pull in gRPC / gevent)."""
+    if protocol == "grpc":
+        import tritonclient.grpc as module
+    else:
+        import tritonclient.http as module
+    return module
+
+
+class ResponseStream:
+    """The answers of one streamed request, read with a timeout, cancelled from any thread."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self.answers: queue.Queue = queue.Queue()
+        self.cancelled = threading.Event()
+        self.finished = False  # the last answer (or an error) came: nothing left to stop
+        # an HTTP stream's reader leaves by itself once it has read this many pieces of text:
+        # a client that leaves at its first piece, without a hand-off to another thread first
+        self.leave_after: int | None = None
+
+    def read(self, timeout: float) -> Piece | None:
+        """The next answer, or None when none came within ``timeout`` seconds. Raises the
+        server's error as a CodegenError, StreamCancelledError once cancelled."""
+        if self.cancelled.is_set():
+            raise StreamCancelledError()
+        try:
+            answer, error = self.answers.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            return None
+        if error is _WOKEN or self.cancelled.is_set():
+            raise StreamCancelledError()
+        if error is not None:
+            self.finished = True  # an error response is the request's last
+            raise self.transport.error(error)
+        self.finished = answer.final
+        return answer
+
+    def pieces(self) -> Iterator[Piece]:
+        """Every answer to the last, each waited for up to the transport's timeout; the
+        stream is closed when they end, fail, or the reader leaves."""
+        try:
+            while not self.finished:
+                piece = self.read(self.transport.timeout)
+                if piece is None:
+                    url, timeout = self.transport.url, self.transport.timeout
+                    raise TimedOutError(f"no answer from {url} within {timeout:g} s")
+                yield piece
+        finally:
+            self.close()
+
+    def cancel(self) -> None:
+        """Wake a reader at once with StreamCancelledError (safe from any thread)."""
+        self.cancelled.set()
+        self.answers.put((None, _WOKEN))
+
+    def close(self) -> None:
+        """Leave the stream; a request still generating is stopped on the server."""
+
+    def abandon(self) -> None:
+        """Leave at once, dropping the connection (what an editor does at a keystroke)."""
+
+
+class GrpcStream(ResponseStream):
+    """A gRPC stream, on a client of its own (a gRPC client carries one stream at a time), or
+    on ``client``, which the caller keeps open for its next stream."""
+
+    def __init__(
+        self, transport: Transport, model: str, inputs: list, request_id: str, client: Any = None
+    ) -> None:
+        super().__init__(transport)
+        self.module = transport.module
+        self.model, self.request_id = model, request_id
+        self.own_client = client is None
+        self.client: Any = client
+        try:
+            if self.own_client:
+                address, ssl = transport.target.address, transport.target.ssl
+                self.client = self.module.InferenceServerClient(address, ssl=ssl)
+            self.client.start_stream(callback=self._answer)
+            self.client.async_stream_infer(
+                model, inputs, outputs=requested_outputs(self.module), request_id=request_id,
+                enable_empty_final_response=True,
+            )  # fmt: skip
+        except Exception as exc:
+            # a stream that failed (e.g. nothing listens) reports why through the callback
+            reported = None
+            with contextlib.suppress(queue.Empty):
+                reported = self.answers.get_nowait()[1]
+            self._end(cancel=False)
+            raise transport.error(reported or exc) from exc
+
+    def _answer(self, result: Any, error: Any) -> None:
+        self.answers.put((None if result is None else Piece.from_result(result), error))
+
+    def close(self) -> None:
+        """A stop request with the stream's id on the stream, then the stream closed; a gRPC
+        cancel only if the stop went unanswered: Triton 2.51 races a cancellation that
+        arrives while a request completes (triton-inference-server/server#7840)."""
+        if self.client is not None and not self.finished:
+            with contextlib.suppress(Exception):
+                self.finished = self._send_stop()
+        self._end(cancel=not self.finished)
+
+    def abandon(self) -> None:
+        self._end(cancel=not self.finished)
+
+    def _send_stop(self) -> bool:
+        """Send the stop request and wait (a little) until both it and the stream's request
+        ended: True when both did."""
+        self.client.async_stream_infer(self.model, stop_inputs(self.module),
+                                       request_id=self.request_id,
+                                       enable_empty_final_response=True)  # fmt: skip
+        ends, deadline = 0, time.monotonic() + STOP_WAIT_S
+        while ends < 2 and (left := deadline - time.monotonic()) > 0:
+            try:
+                answer, error = self.answers.get(timeout=left)
+            except queue.Empty:
+                break
+            if error is not _WOKEN and (error is not None or answer.final):
+                ends += 1
+        return ends == 2
+
+    def _end(self, cancel: bool) -> None:
+        client, self.client = self.client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.stop_stream(cancel_requests=cancel)
+            if self.own_client:
+                with contextlib.suppress(Exception):
+                    client.close()
+
+
+class SseStream(ResponseStream):
+    """Server-sent events of an HTTP POST on the transport's ``httpx`` client, sent and read
+    by a thread of its own, so that opening one never blocks. Leaving it shuts its socket down
+    at once, whatever the reader is doing (a ``close`` from another thread would wait for the
+    next piece): the server sees the client gone and cancels the request."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        url: str,
+        body: dict,
+        parse: Callable[[dict], Piece],
+        ends_with_done: bool = False,  # the OpenAI API ends with [DONE]; Triton, with the body
+    ) -> None:
+        super().__init__(transport)
+        self.parse, self.ends_with_done = parse, ends_with_done
+        self.http = transport.http
+        trace = {"trace": self._trace}  # hands over the connection as soon as it is made
+        self.request = self.http.build_request("POST", url, json=body, extensions=trace)
+        self.socket: socket.socket | None = None
+        self.left = threading.Event()
+        self.reader = threading.Thread(target=self._read, name="sse-reader", daemon=True)
+        self.reader.start()
+
+    def _trace(self, event: str, info: dict[str, Any]) -> None:
+        if event == "connection.connect_tcp.complete":
+            self.socket = info["return_value"].get_extra_info("socket")
+            if self.left.is_set():
+                self._shut()
+
+    def _read(self) -> None:
+        texts = 0
+        try:
+            response = self.http.send(self.request, stream=True)
+            try:
+                if response.status_code != 200:
+                    status = response.status_code
+                    raise CodegenError(error_message(response.read(), status))
+                for line in response.iter_lines():
+                    data = line[5:].strip() if line.startswith("data:") else None
+                    if data == "[DONE]":
+                        break
+                    if data:
+                        message = json.loads(data)
+                        if "error" in message:
+                            raise CodegenError(error_message(data.encode(), 200))
+                        piece = self.parse(message)
+                        texts += bool(piece.text)
+                        self.answers.put((piece, None))
+                        if self.leave_after is not None and texts >= self.leave_after:
+                            self.abandon()
+                            return
+                else:
+                    if self.ends_with_done:
+                        raise CodegenError("the API closed the stream before [DONE]")
+                self.answers.put((Piece(final=True), None))
+            finally:
+                response.close()
+        except Exception as exc:
+            if not self.left.is_set():
+                self.answers.put((None, exc))
+
+    def cancel(self) -> None:
+        super().cancel()
+        self.abandon()  # a read blocked in the reader thread fails at once
+
+    def close(self) -> None:
+        self.abandon()
+
+    def abandon(self) -> None:
+        self.left.set()
+        self._shut()
+
+    def _shut(self) -> None:
+        if self.socket is not None:
+            with contextlib.suppress(OSError):
+                self.socket.shutdown(socket.SHUT_RDWR)
+
+
+class Transport(Closing):
+    """One server, one protocol (``grpc`` or ``http``), one timeout: unary calls, streams and
+    stops, every failure raised as a CodegenError."""
+
+    def __init__(self, target: Target | str, timeout: float = 600.0, connect: float = 10.0) -> None:
+        """``target``: a resolved :class:`Target`, or ``host:port`` of a gRPC endpoint."""
+        self.target = target if isinstance(target, Target) else resolve_target(target, "grpc")
+        self.timeout, self.connect_timeout = timeout, connect
+        self._client: Any = None
+
+    @functools.cached_property
+    def module(self) -> ModuleType:
+        return protocol_module(self.target.protocol)
+
+    @property
+    def url(self) -> str:
+        return self.target.url
+
+    @property
+    def triton(self) -> Any:
+        """The unary tritonclient, opened on first use."""
+        if self._client is None:
+            kwargs: dict[str, Any] = {"ssl": self.target.ssl}
+            if self.target.protocol == "http":
+                kwargs.update(connection_timeout=self.connect_timeout,
+                              network_timeout=self.timeout)  # fmt: skip
+            self._client = self.module.InferenceServerClient(self.target.address, **kwargs)
+        return self._client
+
+    @functools.cached_property
+    def http(self) -> Any:
+        """One ``httpx`` client for every HTTP stream: a new one per request would build an
+        SSL context each time (about 20 ms, in every first token it measured)."""
+        import httpx
+
+        timeout = httpx.Timeout(self.timeout, connect=self.connect_timeout)
+        # a connection per stream: it is the stream's to shut down when its reader leaves
+        return httpx.Client(timeout=timeout, limits=httpx.Limits(max_keepalive_connections=0))
+
+    def close(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
+            self._client = None
+        if "http" in self.__dict__:
+            with contextlib.suppress(Exception):
+                self.__dict__.pop("http").close()
+
+    def error(self, exc: BaseException) -> CodegenError:
+        """A tritonclient / httpx / requests / socket exception as a CodegenError a person can
+        act on."""
+        from tritonclient.utils import InferenceServerException
+
+        if isinstance(exc, CodegenError):
+            return exc
+        timed_out = TimedOutError(f"no answer from {self.url} within {self.timeout:g} s")
+        if isinstance(exc, InferenceServerException):
+            message = exc.message() or str(exc)
+            if exc.status() == "StatusCode.UNAVAILABLE":
+                return ServerUnavailableError(self.url, message)
+            return timed_out if exc.status() == "StatusCode.DEADLINE_EXCEEDED" else (
+                CodegenError(message))  # fmt: skip
+        import httpx
+        import requests
+
+        if isinstance(exc, TimeoutError | requests.Timeout | httpx.TimeoutException) or (
+            "timed out" in str(exc).lower()
+        ):
+            return timed_out
+        if isinstance(exc, OSError | requests.ConnectionError | httpx.TransportError):
+            return ServerUnavailableError(self.url, str(exc) or type(exc).__name__)
+        return CodegenError(f"{type(exc).__name__}: {exc}")
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """A unary tritonclient call (``infer``, ``is_server_ready``, ...)."""
+        try:
+            return getattr(self.triton, method)(*args, **kwargs)
+        except Exception as exc:
+            raise self.error(exc) from exc
+
+    def infer(
+        self, request: CompletionRequest, request_id: str = "", model: str = ENSEMBLE_MODEL
+    ) -> Any:
+        kwargs = {"client_timeout": self.timeout} if self.target.protocol == "grpc" else {}
+        return self.call("infer", model, request.infer_inputs(self.module),
+                         outputs=requested_outputs(self.module), request_id=request_id,
+                         **kwargs)  # fmt: skip
+
+    def stop(self, request_id: str) -> bool:
+        """Stop the unary request with ``request_id`` still generating: True when it was
+        stopped, False when nothing with that id was generating."""
+        try:
+            self.call("infer", ENSEMBLE_MODEL, stop_inputs(self.module),
+                      outputs=requested_outputs(self.module), request_id=request_id)  # fmt: skip
+        except CodegenError as exc:
+            if "no request with id" in str(exc):
+                return False
+            raise
+        return True
+
+    def stream(
+        self,
+        request: CompletionRequest,
+        inputs: list | None = None,
+        request_id: str = "",
+        client: Any = None,
+    ) -> ResponseStream:
+        """Stream a one-prompt request from the streaming ensemble: a gRPC stream, or
+        ``generate_stream`` over HTTP. ``inputs`` replace the request's own tensors; ``client``
+        carries the gRPC stream (see :class:`GrpcStream`)."""
+        request_id = request_id or f"codegen-stream-{uuid.uuid4().hex}"
+        if self.target.protocol == "grpc":
+            inputs = inputs if inputs is not None else request.infer_inputs(self.module)
+            return GrpcStream(self, STREAM_MODEL, inputs, request_id, client)
+        scheme = "https" if self.target.ssl else "http"
+        url = f"{scheme}://{self.target.address}/v2/models/{STREAM_MODEL}/generate_stream"
+        return SseStream(self, url, generate_body(request), Piece.from_generate)
+
+    def openai_stream(self, body: dict[str, Any]) -> ResponseStream:
+        """``POST /v1/completions`` with ``stream: true`` to the OpenAI-compatible API at
+        this transport's address."""
+        scheme = "https" if self.target.ssl else "http"
+        url = f"{scheme}://{self.target.address}/v1/completions"
+        body = {**body, "stream": True}
+        return SseStream(self, url, body, Piece.from_openai, ends_with_done=True)
