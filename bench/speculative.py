@@ -153,9 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from tokenizers import Tokenizer
 
-    from bench.machine import cpu_model, load_average
-    from bench.ov import cpu_flags
     from engine import export_weights
+    from reporting.machine import cpu_flags, cpu_model, load_average
 
     tokenizer = Tokenizer.from_file(str(args.checkpoint / "tokenizer.json"))
     cases = workload(tokenizer, args.files, args.seed)
