@@ -14,7 +14,7 @@ Sections (``python -m bench --only ...``):
 - ``prefix``: a long prompt resent with a few more tokens, bare per system, then through the
   server (the openvino backend's prefix cache).
 
-The report ends with issue 17's targets, each a ratio from the run with PASS / FAIL
+The report ends with the bench's targets, each a ratio from the run with PASS / FAIL
 (bench/targets.py). Results land in ``bench/results/<timestamp>/`` (markdown, JSON, a PNG
 chart). The engines are used through their public API only, so the benchmark keeps working
 while their internals change.

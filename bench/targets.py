@@ -1,4 +1,4 @@
-"""Issue 17's targets, each a ratio (or a time) from this one run, with PASS / FAIL.
+"""The bench's targets, each a ratio (or a time) from this one run, with PASS / FAIL.
 
 A target whose measurement is not in the run (a section left out, a quick run's shorter
 lengths) says so rather than passing. Pure functions of the results dictionary.
@@ -209,8 +209,7 @@ def targets_table(results: dict[str, Any]) -> Table:
     passed = sum(r["verdict"] == "PASS" for r in rows)
     failed = sum(r["verdict"] == "FAIL" for r in rows)
     return (
-        f"Targets (issue 17): {passed} PASS, {failed} FAIL, {len(rows) - passed - failed} "
-        "not measured",
+        f"Targets: {passed} PASS, {failed} FAIL, {len(rows) - passed - failed} not measured",
         context(
             results,
             "models: default (static batches, traffic, unary prefix) and the 350M shape "

@@ -1,7 +1,7 @@
 """The soak's editor phase: the typists of ``make loadtest PROFILE=editor`` through the OpenAI
 API, each request a streamed completion of a long file prefix abandoned at the next keystroke.
 
-Issue 16 found that traffic of this shape crashed Triton, wedged ``ensemble_stream`` and leaked
+An earlier soak found traffic of this shape crashed Triton, wedged ``ensemble_stream`` and leaked
 the API's capacity; the soak's other phases never send it. The API is started here in front of
 the soak's Triton (as the load test starts it, :class:`loadtest.api_process.ApiProcess`) and
 stopped after the phase. Every request goes into the soak's :class:`Ledger` as kind ``editor``

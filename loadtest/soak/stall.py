@@ -1,6 +1,6 @@
 """The soak's stall check: the longest time with requests in flight and none progressing.
 
-Issue 16's soak froze for over 100 s with 64 requests in flight before Triton's queue timeouts
+An earlier soak froze for over 100 s with 64 requests in flight before Triton's queue timeouts
 released them; the accounting saw it only as timeouts afterwards. This check measures it
 directly from the ledger's records: progress is a request answered in full, or a stream's first
 text; time counts only while something is in flight (typists that are typing send nothing).
@@ -11,7 +11,7 @@ unary request for the soak phase, a full-context editor request to its first tok
 editor phase). Under the phase's load a request shares the engine with up to about twice the
 clients that saturate it, or with the other typists' full-context prefills, so a healthy
 server's longest gap stays within a few lone-request times; eight of them is a stall on any
-machine, and the 100 s stalls of issue 16 fail it everywhere. A check that a slow machine fails
+machine, and the 100 s stalls seen then fail it everywhere. A check that a slow machine fails
 by construction would say nothing about the server.
 """
 
