@@ -63,7 +63,7 @@ class _Api(http.server.BaseHTTPRequestHandler):
 
     def _until_the_client_leaves(self, route: str) -> None:
         arrived[route].set()
-        self.connection.settimeout(10)
+        self.connection.settimeout(120)  # a bound for a loaded machine, not a timing
         if self.rfile.read(1) == b"":  # the client shut its side: it left
             left[route].set()
 
@@ -114,19 +114,19 @@ def test_a_reader_waits_no_longer_than_it_asks_and_leaves_at_once(api):
     stream = _stream(api, "hold")
     began = time.monotonic()
     assert stream.read(0.2) is None
-    assert time.monotonic() - began < 5.0
+    assert time.monotonic() - began < 60.0  # the server holds its answer for 120 s
     stream.abandon()  # while its reader thread is blocked reading: the server sees it go
-    assert left["hold"].wait(5.0)
+    assert left["hold"].wait(60.0)
 
 
 def test_a_stream_left_before_its_answer_began_is_dropped_too(api):
     stream = _stream(api, "late")
     stream.abandon()  # at once: the connection may not even be made yet
-    stream.reader.join(5.0)
-    assert not stream.reader.is_alive()  # it did not wait for an answer
+    stream.reader.join(60.0)
+    assert not stream.reader.is_alive()  # it did not wait for an answer (held for 120 s)
     # the server saw the client go, or never got the request (shut down before it was sent)
     if arrived["late"].wait(1.0):
-        assert left["late"].wait(5.0)
+        assert left["late"].wait(60.0)
 
 
 def test_a_reader_told_to_leave_at_its_first_piece_leaves_by_itself(api):
@@ -134,4 +134,4 @@ def test_a_reader_told_to_leave_at_its_first_piece_leaves_by_itself(api):
     stream.leave_after = 1
     piece = stream.read(10.0)
     assert piece is not None and piece.text == "ab"
-    assert left["trickle"].wait(5.0)  # nobody called abandon(): the reader left on its own
+    assert left["trickle"].wait(60.0)  # nobody called abandon(): the reader left on its own
