@@ -109,8 +109,10 @@ def test_batch_sizes_and_shares_are_in_range(run):
         assert row.stage_share["model"] == pytest.approx(1.0)
         for stage, share in row.busy_share.items():
             # each execution counted once: about the seed's figure or less (it counts one per
-            # request); read a few ms after the metrics, so allow for one execution either way
-            assert 0 < share <= row.stage_share[stage] * 1.1, (stage, share)
+            # request). The statistics are read after the metrics, a few ms apart unloaded and
+            # hundreds of ms on a loaded machine, during which executions go on: 1.5x still
+            # catches counting per request (batches of up to USERS requests)
+            assert 0 < share <= row.stage_share[stage] * 1.5, (stage, share)
         assert 0 <= row.queue_share <= 1
         # the model stage's time is the engine's, far above Triton's admission-only figure
         assert row.triton.compute_us["model"] > row.triton.triton_model_compute_infer_us
