@@ -304,3 +304,54 @@ HOSTILE_TRANSPORTS = ("grpc", "http")
 def raw_tensors(case: Case, base: CompletionRequest, context: int) -> Tensors:
     """The case's tensors: ``base``'s (valid) with the case's change; nothing is validated."""
     return case.build(base.tensors(), context)
+
+
+class Rotation:
+    """Which case, over which transport, a raw kind sends next: every case over every
+    transport in turn."""
+
+    def __init__(self) -> None:
+        self.count: dict[str, int] = {}
+
+    def next(self, kind: str) -> tuple[str, str]:
+        cases, transports = (
+            (INVALID_CASES, INVALID_TRANSPORTS)
+            if kind == INVALID
+            else (HOSTILE_CASES, HOSTILE_TRANSPORTS)
+        )
+        n = self.count.get(kind, 0)
+        self.count[kind] = n + 1
+        return cases[n % len(cases)].name, transports[(n // len(cases)) % len(transports)]
+
+
+def judge(kind: str, case: str, status: str, category: str, message: str) -> bool:
+    """Whether a request ended as it must.
+
+    Valid requests must be answered, or turned away for overload (queue full, queue timeout).
+    Vanishing clients may finish or leave. An invalid case, and a hostile case that expects a
+    rejection, must be rejected by a validation error naming the option; a legal hostile case
+    must be answered. An editor's request is answered or abandoned at the next keystroke.
+    Nothing may go unanswered.
+    """
+    if status == UNANSWERED:
+        return False
+    if kind == EDITOR:
+        return status in (OK, ABANDONED)
+    if case:
+        spec = CASES[case]
+        if spec.must_reject:
+            return status == REJECTED and category == VALIDATION and names_any(message, spec.expect)
+        refused_by_name = status == REJECTED and category == VALIDATION and spec.may_refuse
+        return status == OK or bool(refused_by_name and names_any(message, spec.may_refuse))
+    if kind in VANISH_KINDS:
+        return status in (OK, ABANDONED) or category in (CANCELLED, TIMEOUT)
+    return status == OK or category in (QUEUE_FULL, TIMEOUT)
+
+
+def must_get(case: Case) -> str:
+    """What a case must get back, in words."""
+    if case.expect:
+        return f"rejected naming {'|'.join(case.expect)}"
+    if case.may_refuse:
+        return f"answered, or refused naming {'|'.join(case.may_refuse)}"
+    return "answered"
