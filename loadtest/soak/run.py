@@ -27,6 +27,7 @@ import logging
 import time
 from dataclasses import asdict, replace
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 
 import gevent
@@ -94,19 +95,13 @@ def _tokens(metrics_url: str) -> float | None:
     return None
 
 
-class _Silent:
-    """An event hook that keeps nothing: the lone reference request is no row of the table."""
-
-    class request:  # noqa: N801 - Locust's attribute name
-        @staticmethod
-        def fire(**_: Any) -> None:
-            return None
+SILENT = SimpleNamespace(request=SimpleNamespace(fire=lambda **_: None))  # keeps no row
 
 
 def lone_request_s(params: ClientParams, seed: int) -> float | None:
     """One valid unary request alone on the idle server (no row of the table): the machine's
     speed, which the stall check scales its bound to."""
-    client, began = Client(10_000, params, Requests(_Silent()), seed), time.perf_counter()
+    client, began = Client(10_000, params, Requests(SILENT), seed), time.perf_counter()
     try:
         outcome = client.run(UNARY_GRPC)
     finally:
