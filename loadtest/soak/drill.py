@@ -113,21 +113,14 @@ def stub_kill_drill(
     # the first three started before the kill; probes start 2 s and more after it
     in_flight = [r for r in records if r["started"] < killed_wall]
     probes_done = [r for r in records if r["started"] >= killed_wall]
-    ready_false = next(
-        (e["t_s"] for e in timeline if e["what"] == "ready" and e["value"] != "200"), None
-    )
-    stage_false = next(
-        (
-            e["t_s"]
-            for e in timeline
-            if e["what"] == f"{ENGINE_MODEL} ready" and e["value"] != "200"
-        ),
-        None,
-    )
-    launcher_code = launcher.poll()
-    exited_at = next(
-        (e["t_s"] for e in timeline if e["what"] == "launcher" and e["value"] != "running"), None
-    )
+
+    def changed(what: str, healthy: str) -> float | None:
+        """When ``what`` first stopped being ``healthy`` after the kill (None: never)."""
+        return next((e["t_s"] for e in timeline if e["what"] == what and e["value"] != healthy),
+                    None)  # fmt: skip
+
+    ready_false, stage_false = changed("ready", "200"), changed(f"{ENGINE_MODEL} ready", "200")
+    launcher_code, exited_at = launcher.poll(), changed("launcher", "running")
     stubs = [e["value"] for e in timeline if e["what"] == f"{ENGINE_MODEL} stub"]
     restarted = any(v not in ("none", f"pid {stub.pid}") for v in stubs)
     failed = [r for r in (*in_flight, *probes_done) if r["status"] != OK]

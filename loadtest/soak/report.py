@@ -22,6 +22,7 @@ from reporting.events import markdown
 
 KIND_COLUMNS = ["kind", "sent", "ok", "rejected", "abandoned", "unanswered", "unexpected",
                 "p50 s", "p99 s"]  # fmt: skip
+CHECK_COLUMNS = ["check", "result", "detail"]
 MEASURED = ("soak", "editor")  # the phases the accounting covers
 COLORS = {"ramp": "#fff2cc", "soak": "#e2f0d9", "editor": "#e4dff2", "drain": "#deebf7",
           "drill": "#f8cbad"}  # fmt: skip
@@ -38,6 +39,11 @@ def plain(value: Any) -> Any:
     if isinstance(value, float | np.floating):
         return float(value) if np.isfinite(value) else None
     return value.item() if isinstance(value, np.integer | np.bool_) else value
+
+
+def table(frame: pd.DataFrame, digits: int = 1) -> str:
+    """A Markdown table, whole numbers kept whole and missing figures as "-"."""
+    return markdown(frame.astype(object).where(frame.notna(), None), digits=digits)
 
 
 def measured(frame: pd.DataFrame) -> pd.DataFrame:
@@ -66,11 +72,15 @@ def render_report(result: dict[str, Any], frame: pd.DataFrame) -> str:
         "",
         "## Checks",
         "",
-        markdown(pd.DataFrame([asdict(c) for c in result["checks"]])),
+        table(
+            pd.DataFrame([asdict(c) for c in result["checks"]]).set_axis(
+                ["check", "result", "detail"], axis=1
+            )
+        ),
         "",
         "## Requests by kind (soak and editor phases)",
         "",
-        markdown(checks.kinds(rows)[KIND_COLUMNS], digits=2),
+        table(checks.kinds(rows)[KIND_COLUMNS], digits=2),
         "",
         "p50/p99: latency of the accepted requests (for streams, to the last piece).",
         "",
@@ -80,8 +90,8 @@ def render_report(result: dict[str, Any], frame: pd.DataFrame) -> str:
         "",
     ]
     if not case_table.empty:
-        lines += ["## Invalid and hostile cases", "", markdown(case_table), ""]
-    lines += ["## Error texts", "", markdown(errors) if not errors.empty else "None.", ""]
+        lines += ["## Invalid and hostile cases", "", table(case_table), ""]
+    lines += ["## Error texts", "", table(errors) if not errors.empty else "None.", ""]
     rss = result["rss"]
     lines += ["## Memory", "", rss.note if rss else result["rss_note"], ""]
     lines += ["## Editor phase", "", *_editor(result["editor"]), ""]
@@ -113,7 +123,7 @@ def _saturation(sat: dict[str, Any]) -> str:
         return f"Given: {sat['clients']} clients ({sat['note']})."
     steps = pd.DataFrame(sat["steps"])[["clients", "rps", "tokens_per_s"]]
     steps.columns = ["clients", "requests/s", "tokens/s"]
-    return markdown(steps, digits=2) + "\n\n" + sat["note"]
+    return table(steps, digits=2) + "\n\n" + sat["note"]
 
 
 def _editor(editor: dict[str, Any]) -> list[str]:
@@ -146,7 +156,7 @@ def _drill(drill: dict[str, Any]) -> list[str]:
     lines = [str(drill["note"]), "", *(f"- {k}: {drill[k]}" for k in keys if k in drill)]
     timeline = pd.DataFrame(drill["timeline"], columns=["t_s", "what", "value"])
     timeline.columns = ["t after kill (s)", "what", "became"]
-    lines += ["", markdown(timeline)]
+    lines += ["", table(timeline)]
     if drill["in_flight"]:
         lines += ["", "Requests in flight when the stub died:", ""]
         lines += [f"- {r['transport']}: {r['status']} {r['category']} {r['message'][:200]}"
@@ -156,8 +166,8 @@ def _drill(drill: dict[str, Any]) -> list[str]:
 
 def console_table(result: dict[str, Any], frame: pd.DataFrame) -> str:
     """What the soak prints at the end: the accounting table and the checks."""
-    table = checks.kinds(measured(frame))[KIND_COLUMNS]
-    text = table.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.2f}")
+    kinds = checks.kinds(measured(frame))[KIND_COLUMNS]
+    text = kinds.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.2f}")
     lines = ["", text, ""]
     width = max((len(c.name) for c in result["checks"]), default=10)
     lines += [f"  {c.status:4}  {c.name:<{width}}  {c.detail}" for c in result["checks"]]
@@ -195,13 +205,13 @@ def write_run(out: Path, result: dict[str, Any], frame: pd.DataFrame, samples: S
     run's own, written as it ends)."""
     out.mkdir(parents=True, exist_ok=True)
     frame, rows = checks.soak_rows(frame), measured(frame)
-    table = checks.kinds(rows)
+    kinds = checks.kinds(rows)
     summary = plain(
         {
             **result,
             "failed": bool(failed(result)),
             "phases": phases,
-            "kinds": table.drop(columns="rejected").to_dict("records"),
+            "kinds": kinds.drop(columns="rejected").to_dict("records"),
             "cases": checks.cases(rows).to_dict("records"),
             "errors": checks.error_messages(rows).to_dict("records"),
         }
