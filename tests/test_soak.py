@@ -210,6 +210,7 @@ def test_every_request_is_accounted_for_and_leftovers_are_unanswered():
     found = {c.name: c.status for c in checks.accounting_checks(table, 7, len(frame))}
     assert found["every request accounted for"] == PASS
     assert found["nothing unanswered"] == FAIL
+    assert found["every error classified"] == PASS
     lost = {c.name: c.status for c in checks.accounting_checks(table, 8, len(frame))}
     assert lost["every request accounted for"] == FAIL  # one sent and never reported
     cases = checks.cases(frame).set_index("case")
@@ -218,6 +219,18 @@ def test_every_request_is_accounted_for_and_leftovers_are_unanswered():
     assert checks.case_check(cases.reset_index(), INVALID).status == FAIL
     errors = checks.error_messages(frame)
     assert errors["count"].tolist() == [1, 1, 1]
+
+
+def test_an_error_text_no_category_matches_is_a_warning_counted_per_request():
+    log, requests = events_of_a_run()
+    for _ in range(2):
+        ticket = requests.begin(UNARY_GRPC, "", "grpc")
+        requests.end(ticket, Outcome(REJECTED, UNCLEAR, "the server said something new"))
+    requests.close("still in flight")
+    table = checks.kinds(log.frame())
+    found = {c.name: c for c in checks.accounting_checks(table, 9, 9)}
+    assert found["every error classified"].status == "WARN"
+    assert found["every error classified"].detail.startswith("2 error text(s)")
 
 
 def _rows(*requests: tuple) -> pd.DataFrame:
