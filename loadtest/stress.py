@@ -18,7 +18,8 @@ Every request is a Locust request event, a row of :class:`reporting.events.Event
 to ``--out``/events.csv when given). It fails (exit 1) on an unexpected error, on a stall (no
 request completed for ``--stall`` seconds while some were in flight), or when afterwards the
 server does not answer a new stream and a new unary request at once, or a model still holds
-pending requests, engine rows or calls in flight. Traffic goes to this machine only.
+pending requests, engine rows or calls in flight. Traffic goes to this machine only. With
+``--out``, Locust's own tables and HTML page are written beside events.csv.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from client.transport import ResponseStream, Transport
 from contract import metrics as names
 from contract.prompts import stdlib_sources
 from contract.tensors import MODEL_STAGE
+from loadtest.soak.users import write_locust_reports  # and grpc made gevent-cooperative
 from reporting.events import EventLog
 from reporting.triton import read_snapshot
 
@@ -298,7 +300,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stall", type=float, default=30.0, help="seconds without a completion")
     parser.add_argument("--max-requests", type=int, default=5000, help="per user")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", type=Path, help="a folder for events.csv")
+    parser.add_argument("--out", type=Path, help="a folder for events.csv and Locust's reports")
     parser.add_argument(
         "--prompt-chars", default=",".join(map(str, PROMPT_CHARS)),
         help="the range of prompt lengths in characters, MIN,MAX (they must fit the context)",
@@ -311,9 +313,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import grpc.experimental.gevent as grpc_gevent
-
-    grpc_gevent.init_gevent()  # before any channel exists: grpc calls then yield to users
     args = parse_args(argv)
     counts = {GrpcCancel: args.cancel_threads, GrpcFull: 1, HttpAbandon: 2, Unary: 2}
     if args.api:
@@ -346,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     frame = events.frame().assign(ended=lambda f: f.get("ended", ""))
     if args.out:
         events.save(args.out / "events.csv")
+        write_locust_reports(env, args.out)
     outcomes = (frame["kind"] + " " + frame["ended"]).value_counts().sort_index()
     print("outcomes:", dict(outcomes))
     print(f"longest interval without a completion: {longest_gap(frame, 0.0):.1f} s")

@@ -71,6 +71,7 @@ def test_hundreds_of_abandoned_requests_leave_the_full_capacity(server, tmp_path
     ], capture_output=True, text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
     assert run.stdout.rstrip().endswith("PASS")
+    assert (tmp_path / "locust.html").stat().st_size > 0
     events = pd.read_csv(tmp_path / "events.csv")
     assert set(events["kind"]) == {"grpc-cancel", "grpc-full", "http-abandon", "unary"}
     assert (events["outcome"] != "error").all()
