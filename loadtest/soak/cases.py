@@ -25,7 +25,6 @@ Tensors = dict[str, np.ndarray]
 # --- outcomes ------------------------------------------------------------------------------
 
 OK, REJECTED, ABANDONED, UNANSWERED = "ok", "rejected", "abandoned", "unanswered"
-STATUSES = (OK, REJECTED, ABANDONED, UNANSWERED)
 
 # Error categories, most specific first (classify_error tries them in this order).
 CANCELLED = "cancelled"
