@@ -3,7 +3,7 @@
     python -m loadtest.stress --grpc 127.0.0.1:8001 --http 127.0.0.1:8000 --duration 120
     python -m loadtest.stress ... --api http://127.0.0.1:8080   # also through the OpenAI API
 
-Worker threads, each looping over one pattern until the run ends (bounded in time and count):
+Locust users, each looping over one pattern until the run ends (bounded in time and count):
 
 - ``grpc-cancel``: a gRPC stream to ``ensemble_stream`` with a long prompt, read for 0-8 pieces,
   then left the way the project's client leaves it (``stop_stream(cancel_requests=True)``);
@@ -14,10 +14,12 @@ Worker threads, each looping over one pattern until the run ends (bounded in tim
 - ``api-abandon`` (with ``--api``): a streamed ``/v1/completions`` closed after 0-8 events, and a
   non-streamed one given up by a short client timeout.
 
-It fails (exit 1) on an unexpected error, on a stall (no request completed for ``--stall``
-seconds while some were in flight), or when afterwards the server does not answer a new stream
-and a new unary request at once, or a model still holds pending requests, engine rows or calls
-in flight. Traffic goes to this machine only.
+Every request is a Locust request event, a row of :class:`reporting.events.EventLog` (written
+to ``--out``/events.csv when given). It fails (exit 1) on an unexpected error, on a stall (no
+request completed for ``--stall`` seconds while some were in flight), or when afterwards the
+server does not answer a new stream and a new unary request at once, or a model still holds
+pending requests, engine rows or calls in flight. Traffic goes to this machine only. With
+``--out``, Locust's own tables and HTML page are written beside events.csv.
 """
 
 from __future__ import annotations
@@ -25,16 +27,23 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import itertools
 import random
 import sys
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
-import httpx
+import gevent
+import numpy as np
+
+# Locust patches the process with gevent on import; that must precede anything that loads ssl
+# (grpc, httpx, urllib.request: imported below it, or where they are used).
+from locust import User, constant, task
+from locust.env import Environment
+from locust.exception import StopUser
 
 from client.request import CompletionRequest
 from client.results import CodegenError, TimedOutError, error_message, resolve_target
@@ -42,46 +51,14 @@ from client.transport import ResponseStream, Transport
 from contract import metrics as names
 from contract.prompts import stdlib_sources
 from contract.tensors import MODEL_STAGE
+from loadtest.soak.users import write_locust_reports  # and grpc made gevent-cooperative
+from reporting.events import EventLog
 from reporting.triton import read_snapshot
 
 LOCAL = ("127.0.0.1", "localhost", "[::1]")
 STALL_S = 120.0  # a stream with no answer for this long is stalled
 DEADLINE_ERRORS = ("Deadline", "deadline", "timeout", "Timeout", "cancelled", "Cancelled")
-
-
-@dataclass
-class Tally:
-    """What happened, shared by the workers."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    counts: Counter = field(default_factory=Counter)
-    errors: list[str] = field(default_factory=list)
-    last_completion: float = field(default_factory=time.monotonic)
-    longest_gap: float = 0.0
-    in_flight: int = 0
-
-    def begin(self) -> None:
-        with self.lock:
-            self.in_flight += 1
-
-    def end(self, outcome: str, completed: bool) -> None:
-        now = time.monotonic()
-        with self.lock:
-            self.in_flight -= 1
-            self.counts[outcome] += 1
-            if completed:
-                self.longest_gap = max(self.longest_gap, now - self.last_completion)
-                self.last_completion = now
-
-    def error(self, pattern: str, message: str) -> None:
-        with self.lock:
-            self.counts[f"{pattern} error"] += 1
-            if len(self.errors) < 50:
-                self.errors.append(f"{pattern}: {message[:300]}")
-
-    def gap_now(self) -> float:
-        with self.lock:
-            return time.monotonic() - self.last_completion if self.in_flight else 0.0
+PROMPT_CHARS = (800, 1600)  # long file prefixes that fit the default model's 1,024 tokens
 
 
 @functools.cache
@@ -100,108 +77,159 @@ def code_prompt(rng: random.Random, chars: int) -> str:
     return text[start : start + chars]
 
 
-PROMPT_CHARS = (800, 1600)  # long file prefixes that fit the default model's 1,024 tokens
-PROMPT_CHARS_NOW = list(PROMPT_CHARS)  # this run's (--prompt-chars)
+class StressUser(User):
+    """One pattern, one request after another; ``args`` and the counters are the run's."""
 
+    abstract = True
+    wait_time = constant(0)
+    pattern = ""
+    args: argparse.Namespace
+    in_flight = 0
+    last_completion = 0.0
+    index = itertools.count()
 
-def _request(rng: random.Random, max_tokens: int) -> CompletionRequest:
-    prompt = code_prompt(rng, rng.randint(*PROMPT_CHARS_NOW))
-    return CompletionRequest((prompt,), max_tokens=max_tokens, top_k=5, seed=rng.randint(0, 9999))
+    def on_start(self) -> None:
+        self.rng = random.Random(self.args.seed * 1000 + next(StressUser.index))
+        self.sent = 0
 
+    def request(self, max_tokens: int) -> CompletionRequest:
+        low, high = self.args.prompt_chars
+        prompt = code_prompt(self.rng, self.rng.randint(low, high))
+        seed = self.rng.randint(0, 9999)
+        return CompletionRequest((prompt,), max_tokens=max_tokens, top_k=5, seed=seed)
 
-def read_then_leave(
-    pattern: str, open_stream: Callable[[], ResponseStream], keep: int | None, tally: Tally
-) -> None:
-    """Read ``keep`` answers of a stream (None: to its end), then drop it: a gRPC stream closed
-    with a cancel, an HTTP connection closed, as an editor leaves them."""
-    tally.begin()
-    finished = False
-    try:
+    def measure(self, name: str, send: Callable[[], tuple[str, bool, str]]) -> None:
+        """Run ``send`` as one request event: it returns (how it ended, completed, error)."""
+        if self.sent >= self.args.max_requests:
+            raise StopUser()
+        self.sent += 1
+        StressUser.in_flight += 1
+        began, wall = time.perf_counter(), time.time()
+        try:
+            ended, completed, error = send()
+        except CodegenError as exc:
+            ended, completed, error = "error", False, str(exc)
+        finally:
+            StressUser.in_flight -= 1
+        if completed:
+            StressUser.last_completion = time.monotonic()
+        outcome = "error" if error else "ok" if completed else "abandoned"
+        self.environment.events.request.fire(
+            request_type=self.pattern, name=name, response_time=(time.perf_counter() - began) * 1e3,
+            response_length=0, exception=CodegenError(error[:300]) if error else None,
+            start_time=wall, context={"outcome": outcome, "ended": ended},
+        )  # fmt: skip
+
+    def read_then_leave(self, open_stream: Callable[[], ResponseStream], keep: int | None):
+        """Read ``keep`` answers of a stream (None: to its end), then drop it: a gRPC stream
+        closed with a cancel, an HTTP connection closed, as an editor leaves them."""
         stream = open_stream()
         try:
             pieces = 0
             while keep is None or pieces < keep:
                 piece = stream.read(STALL_S)
                 if piece is None:
-                    tally.error(pattern, f"no answer within {STALL_S:g} s (a stalled stream)")
-                    return
+                    return "error", False, f"no answer within {STALL_S:g} s (a stalled stream)"
                 pieces += 1
                 if piece.final:
-                    finished = True
-                    break
+                    return "finished", True, ""
+            return "left", False, ""
         finally:
             stream.abandon()
-    except CodegenError as exc:
-        tally.error(pattern, str(exc))
-    finally:
-        tally.end(f"{pattern} {'finished' if finished else 'left'}", completed=finished)
 
 
-def grpc_stream(address: str, rng: random.Random, tally: Tally, read_all: bool) -> None:
-    """One gRPC stream: read ``0-8`` pieces then cancel it, or read it to its end."""
-    request = _request(rng, 64 if not read_all else rng.choice((8, 16, 32)))
-    keep = None if read_all else rng.randint(0, 8)
-    pattern = "grpc-full" if read_all else "grpc-cancel"
-    read_then_leave(pattern, lambda: Transport(address, STALL_S).stream(request), keep, tally)
+class GrpcCancel(StressUser):
+    """A gRPC stream read for 0-8 pieces, then cancelled (:class:`GrpcFull`: read to its end)."""
+
+    pattern = "grpc-cancel"
+    read_all = False
+
+    @task
+    def stream(self) -> None:
+        full = self.read_all
+        request = self.request(self.rng.choice((8, 16, 32)) if full else 64)
+        keep = None if full else self.rng.randint(0, 8)
+        transport = Transport(self.args.grpc, STALL_S)
+        self.measure(
+            "stream", lambda: self.read_then_leave(lambda: transport.stream(request), keep)
+        )
 
 
-def http_abandon(address: str, rng: random.Random, tally: Tally) -> None:
-    """Triton's HTTP generate_stream, the connection closed after 0-8 events."""
-    request, keep = _request(rng, 64), rng.randint(0, 8)
-    with Transport(resolve_target(address, "http"), STALL_S) as transport:
-        read_then_leave("http-abandon", lambda: transport.stream(request), keep, tally)
+class GrpcFull(GrpcCancel):
+    pattern = "grpc-full"
+    read_all = True
 
 
-def unary(address: str, rng: random.Random, tally: Tally) -> None:
+class HttpAbandon(StressUser):
+    pattern = "http-abandon"
+
+    @task
+    def abandon(self) -> None:
+        request, keep = self.request(64), self.rng.randint(0, 8)
+        with Transport(resolve_target(self.args.http, "http"), STALL_S) as transport:
+            self.measure(
+                "generate_stream",
+                lambda: self.read_then_leave(lambda: transport.stream(request), keep),
+            )
+
+
+class Unary(StressUser):
     """The unary ensemble over gRPC; half of them given up by a short client deadline."""
-    request = _request(rng, rng.choice((8, 16, 32)))
-    deadline = rng.choice((None, rng.uniform(0.05, 1.0)))
-    transport = Transport(address, deadline or STALL_S)
-    tally.begin()
-    completed = False
-    try:
-        transport.infer(request, f"stress-{rng.getrandbits(64):x}")
-        completed = True
-    except CodegenError as exc:
-        gave_up = isinstance(exc, TimedOutError) or any(w in str(exc) for w in DEADLINE_ERRORS)
-        if deadline is None or not gave_up:
-            tally.error("unary", str(exc))
-    finally:
-        transport.close()
-        tally.end(f"unary {'answered' if completed else 'given up'}", completed=completed)
+
+    pattern = "unary"
+
+    @task
+    def unary(self) -> None:
+        request = self.request(self.rng.choice((8, 16, 32)))
+        deadline = self.rng.choice((None, self.rng.uniform(0.05, 1.0)))
+
+        def send() -> tuple[str, bool, str]:
+            with Transport(self.args.grpc, deadline or STALL_S) as transport:
+                try:
+                    transport.infer(request, f"stress-{self.rng.getrandbits(64):x}")
+                except CodegenError as exc:
+                    gave_up = isinstance(exc, TimedOutError) or any(
+                        w in str(exc) for w in DEADLINE_ERRORS
+                    )
+                    return "given up", False, "" if deadline and gave_up else str(exc)
+            return "answered", True, ""
+
+        self.measure("infer", send)
 
 
-def api_abandon(api: str, rng: random.Random, tally: Tally) -> None:
-    """A /v1/completions request: streamed and closed after 0-8 events, or non-streamed and
-    given up by a short client timeout."""
-    body = {"prompt": code_prompt(rng, rng.randint(*PROMPT_CHARS_NOW)), "max_tokens": 48,
-            "temperature": 0.2}  # fmt: skip
-    if rng.random() < 0.7:
-        keep = rng.randint(0, 8)
-        with Transport(resolve_target(api, "http"), STALL_S) as transport:
-            read_then_leave("api-abandon", lambda: transport.openai_stream(body), keep, tally)
-        return
-    tally.begin()
-    finished = False
-    try:
-        answer = httpx.post(f"{api}/v1/completions", json=body, timeout=rng.uniform(0.05, 1.0))
-        if answer.status_code != 200:
-            tally.error("api-abandon", error_message(answer.content, answer.status_code))
-        finished = answer.status_code == 200
-    except httpx.TimeoutException:
-        pass  # the client gave up, as an editor does
-    except Exception as exc:
-        tally.error("api-abandon", repr(exc))
-    finally:
-        tally.end(f"api {'finished' if finished else 'left'}", completed=finished)
+class ApiAbandon(StressUser):
+    """/v1/completions: streamed and closed after 0-8 events, or non-streamed and given up by a
+    short client timeout."""
 
+    pattern = "api-abandon"
 
-def _worker(job: Callable[[random.Random], None], seed: int, until: float, limit: int) -> None:
-    rng = random.Random(seed)
-    for _ in range(limit):
-        if time.monotonic() >= until:
+    @task
+    def abandon(self) -> None:
+        low, high = self.args.prompt_chars
+        body = {"prompt": code_prompt(self.rng, self.rng.randint(low, high)), "max_tokens": 48,
+                "temperature": 0.2}  # fmt: skip
+        api = self.args.api
+        if self.rng.random() < 0.7:
+            keep = self.rng.randint(0, 8)
+            with Transport(resolve_target(api, "http"), STALL_S) as transport:
+                self.measure(
+                    "stream",
+                    lambda: self.read_then_leave(lambda: transport.openai_stream(body), keep),
+                )
             return
-        job(rng)
+        timeout = self.rng.uniform(0.05, 1.0)
+        import httpx
+
+        def send() -> tuple[str, bool, str]:
+            try:
+                answer = httpx.post(f"{api}/v1/completions", json=body, timeout=timeout)
+            except httpx.TimeoutException:
+                return "left", False, ""  # the client gave up, as an editor does
+            if answer.status_code != 200:
+                return "error", False, error_message(answer.content, answer.status_code)
+            return "finished", True, ""
+
+        self.measure("completion", send)
 
 
 def released(metrics_url: str, timeout: float = 60.0) -> list[str]:
@@ -218,39 +246,40 @@ def released(metrics_url: str, timeout: float = 60.0) -> list[str]:
 
 
 def answers_at_once(grpc: str, timeout: float = 30.0) -> list[str]:
-    """A new stream and a new unary request, each answered within ``timeout`` seconds."""
+    """A new stream, a new unary request and a call of the engine model, each answered within
+    ``timeout`` seconds."""
     problems = []
     request = CompletionRequest(("def answer():\n",), max_tokens=8)
-    transport = Transport(grpc, timeout)
-    try:
-        transport.infer(request, "stress-after")
-        transport.call("infer", MODEL_STAGE, _stage_inputs(transport.module),
-                       client_timeout=timeout)  # fmt: skip
-    except CodegenError as exc:
-        problems.append(f"a unary request after the run failed: {exc}")
-    finally:
-        transport.close()
-    tally = Tally()
-    grpc_stream(grpc, random.Random(0), tally, read_all=True)
-    if tally.errors:
-        problems.append(f"a stream after the run failed: {tally.errors}")
+    with Transport(grpc, timeout) as transport:
+        try:
+            transport.infer(request, "stress-after")
+            transport.call("infer", MODEL_STAGE, _stage_inputs(transport.module),
+                           client_timeout=timeout)  # fmt: skip
+        except CodegenError as exc:
+            problems.append(f"a unary request after the run failed: {exc}")
+        try:
+            list(transport.stream(request).pieces())
+        except CodegenError as exc:
+            problems.append(f"a stream after the run failed: {exc}")
     return problems
 
 
 def _stage_inputs(module: ModuleType) -> list:
-    import numpy as np
-
-    arrays = {
-        "input_ids": np.array([[5, 6, 7, 8]], dtype=np.uint32),
-        "input_lengths": np.array([[4]], dtype=np.uint32),
-        "request_output_len": np.array([[4]], dtype=np.uint32),
-    }
     inputs = []
-    for name, array in arrays.items():
+    for name, value in (("input_ids", [[5, 6, 7, 8]]), ("input_lengths", [[4]]),
+                        ("request_output_len", [[4]])):  # fmt: skip
+        array = np.array(value, dtype=np.uint32)
         tensor = module.InferInput(name, list(array.shape), "UINT32")
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs
+
+
+def longest_gap(frame: Any, began: float) -> float:
+    """The longest interval without a completion, from the run's start (table time)."""
+    ok = frame[frame["outcome"] == "ok"]
+    ends = sorted(ok["started_s"] + ok["latency_ms"] / 1e3)
+    return max((b - a for a, b in zip([began, *ends], ends, strict=False)), default=0.0)
 
 
 def _local(address: str) -> str:
@@ -260,67 +289,68 @@ def _local(address: str) -> str:
     return address
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--grpc", default="127.0.0.1:8001")
     parser.add_argument("--http", default="127.0.0.1:8000")
     parser.add_argument("--metrics", default="http://127.0.0.1:8002/metrics")
-    parser.add_argument(
-        "--api", help="the OpenAI-compatible API's base URL, e.g. http://127.0.0.1:8080"
-    )
+    parser.add_argument("--api", help="the OpenAI-compatible API's base URL")
     parser.add_argument("--duration", type=float, default=120.0)
-    parser.add_argument("--cancel-threads", type=int, default=8)
+    parser.add_argument("--cancel-threads", type=int, default=8, help="grpc-cancel users")
     parser.add_argument("--stall", type=float, default=30.0, help="seconds without a completion")
-    parser.add_argument("--max-requests", type=int, default=5000, help="per worker")
+    parser.add_argument("--max-requests", type=int, default=5000, help="per user")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, help="a folder for events.csv and Locust's reports")
     parser.add_argument(
-        "--prompt-chars",
-        default=",".join(map(str, PROMPT_CHARS)),
+        "--prompt-chars", default=",".join(map(str, PROMPT_CHARS)),
         help="the range of prompt lengths in characters, MIN,MAX (they must fit the context)",
-    )
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    low, high = (int(x) for x in args.prompt_chars.split(","))
-    PROMPT_CHARS_NOW[:] = [low, high]
+    args.prompt_chars = tuple(int(x) for x in args.prompt_chars.split(","))
     for address in (args.grpc, args.http, args.metrics, *([args.api] if args.api else [])):
         _local(address)
+    return args
 
-    tally = Tally()
-    jobs: list[Callable[[random.Random], None]] = [
-        *[lambda rng: grpc_stream(args.grpc, rng, tally, False)] * args.cancel_threads,
-        lambda rng: grpc_stream(args.grpc, rng, tally, True),
-        lambda rng: http_abandon(args.http, rng, tally),
-        lambda rng: http_abandon(args.http, rng, tally),
-        lambda rng: unary(args.grpc, rng, tally),
-        lambda rng: unary(args.grpc, rng, tally),
-    ]
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    counts = {GrpcCancel: args.cancel_threads, GrpcFull: 1, HttpAbandon: 2, Unary: 2}
     if args.api:
-        jobs += [lambda rng: api_abandon(args.api, rng, tally)] * 4
-    until = time.monotonic() + args.duration
-    threads = [
-        threading.Thread(target=_worker, args=(job, args.seed * 1000 + i, until, args.max_requests),
-                         daemon=True)
-        for i, job in enumerate(jobs)
-    ]  # fmt: skip
-    print(f"stress: {len(threads)} workers for {args.duration:.0f} s ...", flush=True)
-    for thread in threads:
-        thread.start()
+        counts[ApiAbandon] = 4
+    for cls, count in counts.items():
+        cls.fixed_count, cls.args = count, args
+    events = EventLog(profile="stress", window="stress")
+    env = Environment(user_classes=list(counts), stop_timeout=150.0)
+    events.attach(env)
+    runner = env.create_local_runner()
+    users = sum(counts.values())
+    print(f"stress: {users} users for {args.duration:.0f} s ...", flush=True)
+    StressUser.last_completion = began = time.monotonic()
+    runner.start(users, spawn_rate=users)
+    runner.spawning_greenlet.join()  # every user started (each stops after --max-requests)
     stalled = False
-    while any(thread.is_alive() for thread in threads):
-        time.sleep(5)
-        gap = tally.gap_now()
-        with tally.lock:
-            done = sum(tally.counts.values())
-        print(f"  {done} requests done, {tally.in_flight} in flight, {len(tally.errors)} errors, "
-              f"{gap:.1f} s since the last completion", flush=True)  # fmt: skip
+    while time.monotonic() - began < args.duration and runner.user_count:
+        gevent.sleep(min(5.0, max(0.1, args.duration - (time.monotonic() - began))))
+        gap = time.monotonic() - StressUser.last_completion if StressUser.in_flight else 0.0
+        frame = events.frame()
+        errors = int((frame["outcome"] == "error").sum()) if len(frame) else 0
+        print(f"  {len(frame)} requests done, {StressUser.in_flight} in flight, {errors} "
+              f"errors, {gap:.1f} s since the last completion", flush=True)  # fmt: skip
         if gap > args.stall:
             stalled = True
             print(f"STALL: nothing completed for {gap:.0f} s", flush=True)
             break
-    for thread in threads:
-        thread.join(timeout=150 if not stalled else 1)
-    print("outcomes:", dict(sorted(tally.counts.items())))
-    print(f"longest interval without a completion: {tally.longest_gap:.1f} s")
-    problems = list(tally.errors)
+    env.stop_timeout = 1.0 if stalled else 150.0  # users end the request they are in
+    runner.quit()
+    frame = events.frame().assign(ended=lambda f: f.get("ended", ""))
+    if args.out:
+        events.save(args.out / "events.csv")
+        write_locust_reports(env, args.out)
+    outcomes = (frame["kind"] + " " + frame["ended"]).value_counts().sort_index()
+    print("outcomes:", dict(outcomes))
+    print(f"longest interval without a completion: {longest_gap(frame, 0.0):.1f} s")
+    failed = frame[frame["outcome"] == "error"]
+    problems = [f"{k}: {e}" for k, e in zip(failed["kind"], failed["error"], strict=True)][:50]
     if stalled:
         problems.append("stalled")
     problems += answers_at_once(args.grpc)

@@ -1,11 +1,12 @@
-"""``make soak``: bounded load and faults at twice the saturation (:mod:`loadtest.soak.run`).
+"""``make soak``: bounded load and faults at twice the saturation, on Locust
+(:mod:`loadtest.soak.run`).
 
-One module per concern: :mod:`~loadtest.soak.settings` (command line),
-:mod:`~loadtest.soak.cases` (the kinds, invalid and hostile cases, error classes),
-:mod:`~loadtest.soak.clients` (one worker per client thread), :mod:`~loadtest.soak.phases`
-(ramp and soak), :mod:`~loadtest.soak.editor_phase` (the typists), :mod:`~loadtest.soak.drill`
-(the stub-kill drill), :mod:`~loadtest.soak.server` (find or start the server, RSS, engine
-gauges), :mod:`~loadtest.soak.stall` (the stall bound), :mod:`~loadtest.soak.results` (the
-ledger and the checks) and :mod:`~loadtest.soak.report` (the run folder, through the shared
-:mod:`reporting` helpers). ``python -m loadtest.soak`` runs it.
+:mod:`~loadtest.soak.settings` (command line), :mod:`~loadtest.soak.cases` (the kinds, invalid
+and hostile cases, error classes, verdicts), :mod:`~loadtest.soak.send` (one request of any
+kind, as a Locust request event), :mod:`~loadtest.soak.plan` (the phases as load-shape stages),
+:mod:`~loadtest.soak.users` (the Locust user and shape), :mod:`~loadtest.soak.editor_phase`
+(the typists), :mod:`~loadtest.soak.drill` (the stub-kill drill), :mod:`~loadtest.soak.server`
+(RSS, engine gauges, the stub), :mod:`~loadtest.soak.checks` (figures and checks from the
+event table) and :mod:`~loadtest.soak.report` (the run folder). ``python -m loadtest.soak``
+runs it.
 """

@@ -25,7 +25,6 @@ Tensors = dict[str, np.ndarray]
 # --- outcomes ------------------------------------------------------------------------------
 
 OK, REJECTED, ABANDONED, UNANSWERED = "ok", "rejected", "abandoned", "unanswered"
-STATUSES = (OK, REJECTED, ABANDONED, UNANSWERED)
 
 # Error categories, most specific first (classify_error tries them in this order).
 CANCELLED = "cancelled"
@@ -238,61 +237,32 @@ INVALID_CASES: tuple[Case, ...] = (
     Case("empty_prompt", _prompt(b""), ("INPUT_0",), "INPUT_0 empty"),
     Case("prompt_over_context", _over_context, ("context",), "prompt of ~2x the context"),
     Case("invalid_utf8", _prompt(b"def f(\xff\xfe):\n"), ("INPUT_0",), "INPUT_0 not UTF-8"),
-    Case(
-        "too_many_stop_words",
-        _words("INPUT_3", _TOO_MANY),
-        ("INPUT_3",),
-        f"{len(_TOO_MANY)} stop words (limit {MAX_WORDS_PER_LIST})",
-    ),
-    Case(
-        "stop_word_too_long",
-        _words("INPUT_3", [_LONG_WORD]),
-        ("INPUT_3",),
-        f"a stop word over {MAX_TOKENS_PER_WORD} tokens",
-    ),
+    Case("too_many_stop_words", _words("INPUT_3", _TOO_MANY), ("INPUT_3",),
+         f"{len(_TOO_MANY)} stop words (limit {MAX_WORDS_PER_LIST})"),
+    Case("stop_word_too_long", _words("INPUT_3", [_LONG_WORD]), ("INPUT_3",),
+         f"a stop word over {MAX_TOKENS_PER_WORD} tokens"),
     Case("max_tokens_0", _set("INPUT_1", 0, _U32), ("request_output_len", "INPUT_1"), "INPUT_1 0"),
     Case("temperature_-1", _set("temperature", -1.0, _F32), ("temperature",), "temperature -1"),
-    Case(
-        "repetition_penalty_0",
-        _set("repetition_penalty", 0.0, _F32),
-        ("repetition_penalty",),
-        "repetition_penalty 0",
-    ),
+    Case("repetition_penalty_0", _set("repetition_penalty", 0.0, _F32), ("repetition_penalty",),
+         "repetition_penalty 0"),
     Case("beam_width_64", _set("beam_width", 64, _U32), ("beam_width",), "beam_width 64"),
-)
+)  # fmt: skip
 
 HOSTILE_CASES: tuple[Case, ...] = (
     Case("prompt_at_byte_cap", _at_byte_cap, ("context",), f"{MAX_PROMPT_BYTES:,}-byte prompt"),
     Case("prompt_over_byte_cap", _over_byte_cap, ("INPUT_0",), "byte cap + 1 prompt"),
-    Case(
-        "huge_max_tokens",
-        _set("INPUT_1", 2**32 - 1, _U32),
-        ("request_output_len", "INPUT_1", "context"),
-        "INPUT_1 2**32-1",
-    ),
-    Case(
-        "many_bad_words",
-        _words("INPUT_2", _LEGAL_BAD),
-        (),
-        f"{MAX_WORDS_PER_LIST} bad words (the limit: legal)",
-        may_refuse=("bad_words",),
-    ),
-    Case(
-        "tiny_temperature",
-        _set("temperature", 1e-30, _F32),
-        ("temperature",),
-        "temperature 1e-30 (overflows the logits: refused)",
-    ),
+    Case("huge_max_tokens", _set("INPUT_1", 2**32 - 1, _U32),
+         ("request_output_len", "INPUT_1", "context"), "INPUT_1 2**32-1"),
+    Case("many_bad_words", _words("INPUT_2", _LEGAL_BAD), (),
+         f"{MAX_WORDS_PER_LIST} bad words (the limit: legal)", may_refuse=("bad_words",)),
+    Case("tiny_temperature", _set("temperature", 1e-30, _F32), ("temperature",),
+         "temperature 1e-30 (overflows the logits: refused)"),
     Case("temperature_nan", _set("temperature", np.nan, _F32), ("temperature",), "raw NaN"),
     Case("temperature_inf", _set("temperature", np.inf, _F32), ("temperature",), "raw +inf"),
     Case("top_p_nan", _set("runtime_top_p", np.nan, _F32), ("runtime_top_p",), "raw NaN"),
-    Case(
-        "repetition_penalty_inf",
-        _set("repetition_penalty", np.inf, _F32),
-        ("repetition_penalty",),
-        "raw +inf",
-    ),
-)
+    Case("repetition_penalty_inf", _set("repetition_penalty", np.inf, _F32),
+         ("repetition_penalty",), "raw +inf"),
+)  # fmt: skip
 
 CASES = {case.name: case for case in (*INVALID_CASES, *HOSTILE_CASES)}
 
@@ -304,3 +274,54 @@ HOSTILE_TRANSPORTS = ("grpc", "http")
 def raw_tensors(case: Case, base: CompletionRequest, context: int) -> Tensors:
     """The case's tensors: ``base``'s (valid) with the case's change; nothing is validated."""
     return case.build(base.tensors(), context)
+
+
+class Rotation:
+    """Which case, over which transport, a raw kind sends next: every case over every
+    transport in turn."""
+
+    def __init__(self) -> None:
+        self.count: dict[str, int] = {}
+
+    def next(self, kind: str) -> tuple[str, str]:
+        cases, transports = (
+            (INVALID_CASES, INVALID_TRANSPORTS)
+            if kind == INVALID
+            else (HOSTILE_CASES, HOSTILE_TRANSPORTS)
+        )
+        n = self.count.get(kind, 0)
+        self.count[kind] = n + 1
+        return cases[n % len(cases)].name, transports[(n // len(cases)) % len(transports)]
+
+
+def judge(kind: str, case: str, status: str, category: str, message: str) -> bool:
+    """Whether a request ended as it must.
+
+    Valid requests must be answered, or turned away for overload (queue full, queue timeout).
+    Vanishing clients may finish or leave. An invalid case, and a hostile case that expects a
+    rejection, must be rejected by a validation error naming the option; a legal hostile case
+    must be answered. An editor's request is answered or abandoned at the next keystroke.
+    Nothing may go unanswered.
+    """
+    if status == UNANSWERED:
+        return False
+    if kind == EDITOR:
+        return status in (OK, ABANDONED)
+    if case:
+        spec = CASES[case]
+        if spec.must_reject:
+            return status == REJECTED and category == VALIDATION and names_any(message, spec.expect)
+        refused_by_name = status == REJECTED and category == VALIDATION and spec.may_refuse
+        return status == OK or bool(refused_by_name and names_any(message, spec.may_refuse))
+    if kind in VANISH_KINDS:
+        return status in (OK, ABANDONED) or category in (CANCELLED, TIMEOUT)
+    return status == OK or category in (QUEUE_FULL, TIMEOUT)
+
+
+def must_get(case: Case) -> str:
+    """What a case must get back, in words."""
+    if case.expect:
+        return f"rejected naming {'|'.join(case.expect)}"
+    if case.may_refuse:
+        return f"answered, or refused naming {'|'.join(case.may_refuse)}"
+    return "answered"

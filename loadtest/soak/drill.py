@@ -5,24 +5,14 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from contract.tensors import ENGINE_MODEL, ENSEMBLE_MODEL, STREAM_MODEL
-from loadtest.soak.cases import (
-    OK,
-    UNARY_GRPC,
-    UNARY_HTTP,
-)
-from loadtest.soak.clients import ClientParams, Worker
-from loadtest.soak.results import (
-    PASS,
-    SKIP,
-    WARN,
-    Check,
-    Ledger,
-)
+from loadtest.soak.cases import OK, UNARY_GRPC, UNARY_HTTP
+from loadtest.soak.checks import PASS, SKIP, WARN, Check
+from loadtest.soak.send import Client, ClientParams, Requests
 from loadtest.soak.server import find_stub, http_status, tritonserver
 from loadtest.soak.settings import SoakSettings
 from reporting.triton import ServedTriton
@@ -36,11 +26,11 @@ DRILL_DEADLINE_S = 30.0  # a drill request with no answer by then is unanswered
 
 
 def stub_kill_drill(
-    settings: SoakSettings, handle: ServedTriton, params: ClientParams
+    settings: SoakSettings, handle: ServedTriton, params: ClientParams, requests: Requests
 ) -> dict[str, Any]:
     """SIGKILL the stub of the engine model (the server's one engine) of a server this soak
     started, with requests in flight, and watch for 60 s: readiness, fresh requests, the
-    launcher and tritonserver."""
+    launcher and tritonserver. Its requests are events of ``requests`` (a drill's own)."""
     if not settings.drill:
         return {"done": False, "note": "skipped (--no-drill)"}
     if not handle.started or handle.launcher is None or handle.launcher.process is None:
@@ -62,18 +52,17 @@ def stub_kill_drill(
         f"{ENSEMBLE_MODEL} ready": f"{http}/v2/models/{ENSEMBLE_MODEL}/ready",
         f"{STREAM_MODEL} ready": f"{http}/v2/models/{STREAM_MODEL}/ready",
     }
-    ledger = Ledger()
     threads: list[threading.Thread] = []
     params = replace(params, deadline_s=min(params.deadline_s, DRILL_DEADLINE_S))
     # the requests in flight at the kill ask for many tokens, so that they are still running
     long = replace(params, max_tokens=params.long_tokens)
 
     def send(kind: str, transport: str, index: int) -> None:
-        worker = Worker(100 + index, long if index < 3 else params, ledger, settings.seed)
+        client = Client(100 + index, long if index < 3 else params, requests, settings.seed)
         try:
-            worker.run(kind, "drill", "", transport)
+            client.run(kind, "", transport)
         finally:
-            worker.close()
+            client.close()
 
     def launch(kind: str, transport: str) -> None:
         thread = threading.Thread(target=send, args=(kind, transport, len(threads)), daemon=True)
@@ -86,6 +75,7 @@ def stub_kill_drill(
         launch(kind, transport)
     time.sleep(1.0)
     killed, killed_at = time.monotonic(), datetime.now().isoformat(timespec="seconds")
+    killed_wall = time.time()
     stub.send_signal(signal.SIGKILL)
     timeline: list[dict[str, Any]] = []
     last: dict[str, Any] = {}
@@ -118,26 +108,19 @@ def stub_kill_drill(
         time.sleep(0.5)
     for thread in threads:  # the last probe's deadline ends at most DRILL_DEADLINE_S from now
         thread.join(timeout=DRILL_DEADLINE_S + 5.0)
-    ledger.close(f"no answer within {DRILL_DEADLINE_S:.0f} s")
-    records, _ = ledger.snapshot()
+    requests.close(f"no answer within {DRILL_DEADLINE_S:.0f} s")
+    records = requests.ended
     # the first three started before the kill; probes start 2 s and more after it
-    in_flight = [asdict(r) for r in records if r.started_s < 1.5]
-    probes_done = [asdict(r) for r in records if r.started_s >= 1.5]
-    ready_false = next(
-        (e["t_s"] for e in timeline if e["what"] == "ready" and e["value"] != "200"), None
-    )
-    stage_false = next(
-        (
-            e["t_s"]
-            for e in timeline
-            if e["what"] == f"{ENGINE_MODEL} ready" and e["value"] != "200"
-        ),
-        None,
-    )
-    launcher_code = launcher.poll()
-    exited_at = next(
-        (e["t_s"] for e in timeline if e["what"] == "launcher" and e["value"] != "running"), None
-    )
+    in_flight = [r for r in records if r["started"] < killed_wall]
+    probes_done = [r for r in records if r["started"] >= killed_wall]
+
+    def changed(what: str, healthy: str) -> float | None:
+        """When ``what`` first stopped being ``healthy`` after the kill (None: never)."""
+        return next((e["t_s"] for e in timeline if e["what"] == what and e["value"] != healthy),
+                    None)  # fmt: skip
+
+    ready_false, stage_false = changed("ready", "200"), changed(f"{ENGINE_MODEL} ready", "200")
+    launcher_code, exited_at = launcher.poll(), changed("launcher", "running")
     stubs = [e["value"] for e in timeline if e["what"] == f"{ENGINE_MODEL} stub"]
     restarted = any(v not in ("none", f"pid {stub.pid}") for v in stubs)
     failed = [r for r in (*in_flight, *probes_done) if r["status"] != OK]

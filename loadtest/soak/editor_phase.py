@@ -4,9 +4,10 @@ API, each request a streamed completion of a long file prefix abandoned at the n
 An earlier soak found traffic of this shape crashed Triton, wedged ``ensemble_stream`` and leaked
 the API's capacity; the soak's other phases never send it. The API is started here in front of
 the soak's Triton (as the load test starts it, :class:`loadtest.api_process.ApiProcess`) and
-stopped after the phase. Every request goes into the soak's :class:`Ledger` as kind ``editor``
-(answered -> ok, abandoned -> abandoned, an error -> rejected with its category), so the
-accounting, the error list and the stall check (:mod:`loadtest.soak.stall`) cover it.
+stopped after the phase. Every request is a request event of kind ``editor``
+(:class:`~loadtest.soak.send.Requests`: answered -> ok, abandoned -> abandoned, an error ->
+rejected with its category), so the accounting, the error list and the stall check
+(:mod:`loadtest.soak.checks`) cover it.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from loadtest.editor.typist import TypingStyle, Typist
 from loadtest.editor.window import CheckpointTokenizer, Clipper
 from loadtest.soak.cases import ABANDONED as LEDGER_ABANDONED
 from loadtest.soak.cases import EDITOR, OK, REJECTED, classify_error
-from loadtest.soak.results import FAIL, PASS, SKIP, Check, Ledger
-from loadtest.soak.server import RssSampler
+from loadtest.soak.checks import FAIL, PASS, SKIP, Check
+from loadtest.soak.send import Outcome, Requests
+from loadtest.soak.server import Sampler
 from loadtest.soak.settings import SoakSettings
 from reporting.triton import model_context
 from serving.paths import checkpoint_dir
@@ -52,7 +54,7 @@ def lone_first_token_s(
     sender: Sender, clipper: Clipper, with_suffix: bool, seed: int
 ) -> float | None:
     """First token of one full-context request alone on the idle server: the machine's speed,
-    which the stall check scales its bound to (loadtest.soak.stall)."""
+    which the stall check scales its bound to (loadtest.soak.checks)."""
     visit = next(Typist(0, held_out_files(), seed).visits())
     window = clipper.clip(visit.text, visit.pause.cursor, with_suffix, visit.pause.suffix_at)
     exchange = sender.open(window.prefix, window.suffix, seed)
@@ -62,10 +64,10 @@ def lone_first_token_s(
 
 
 def run_editor_phase(
-    settings: SoakSettings, ledger: Ledger, sampler: RssSampler
+    settings: SoakSettings, requests: Requests, sampler: Sampler
 ) -> tuple[float, float, dict[str, Any]]:
-    """The phase; (begin, end) in ledger time and what it did, for the report."""
-    begin = ledger.now()
+    """The phase; (begin, end) in wall-clock time and what it did, for the report."""
+    begin = time.time()
     if settings.editor_duration_s <= 0:
         return begin, begin, {"done": False, "note": "skipped (--editor-duration 0)"}
     sampler.phase = "editor"
@@ -82,12 +84,12 @@ def run_editor_phase(
         except (OSError, TimeoutError, RuntimeError, ValueError) as exc:
             # the phase cannot run (no tokenizer, the API not ready: Triton gone): a failed
             # check in the report, not a soak without one
-            return begin, ledger.now(), {"done": False, "error": f"{type(exc).__name__}: {exc}"}
+            return begin, time.time(), {"done": False, "error": f"{type(exc).__name__}: {exc}"}
         sender = Sender("openai", api.url.removeprefix("http://"), settings.editor_max_tokens)
         try:
             mode = probe(sender.open, True)
         except ProbeError as exc:
-            return begin, ledger.now(), {"done": False, "error": str(exc)}
+            return begin, time.time(), {"done": False, "error": str(exc)}
         (log.warning if mode.refused else log.info)(f"editor phase: {mode.note}")
         style = SOAK_STYLE
         lone = lone_first_token_s(sender, clipper, mode.send, settings.seed)
@@ -96,7 +98,7 @@ def run_editor_phase(
         def end(ticket: Any, record: EditorRecord) -> None:
             status, category = _status(record)
             first = None if record.first_token_ms is None else record.first_token_ms / 1000
-            ledger.end(ticket, status, category, record.error, first_token_s=first)
+            requests.end(ticket, Outcome(status, category, record.error, first))
 
         typing = Typing(
             held_out_files(),
@@ -106,7 +108,7 @@ def run_editor_phase(
             mode,
             settings.seed,
             style,
-            begin=lambda: ledger.begin(EDITOR, "", TRANSPORT, "editor"),
+            begin=lambda: requests.begin(EDITOR, "", TRANSPORT),
             end=end,
         )
         log.info(
@@ -114,7 +116,7 @@ def run_editor_phase(
             f"{settings.editor_duration_s:.0f}s, prompts up to {clipper.budget} tokens"
         )
         began = time.monotonic()
-        begin = ledger.now()
+        begin = time.time()
         typing.start(began + settings.editor_duration_s)
         while typing.join(settings.progress_every_s):
             elapsed = time.monotonic() - began
@@ -123,7 +125,7 @@ def run_editor_phase(
                 break
         typing.stop.set()
         stuck = typing.join(5.0)
-        end_s = ledger.now()
+        end_s = time.time()
         records, _ = typing.snapshot()
     finally:
         api.stop()

@@ -1,153 +1,116 @@
-"""The soak's run folder: summary.json, report.md, soak.png, requests.csv and rss.csv, and the
-table it prints at the end, all drawn from a :class:`~loadtest.soak.results.SoakResult`."""
+"""The soak's run folder, built from the request-event table (``events.csv``) and the run's
+other findings: summary.json, report.md, soak.png and samples.csv, and the table it prints at
+the end."""
 
 from __future__ import annotations
 
-import csv
 import json
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
-from loadtest.soak.cases import (
-    ALL_KINDS,
-    CATEGORIES,
-    OK,
-    STATUSES,
-)
-from loadtest.soak.results import (
-    KindSummary,
-    Record,
-    SoakResult,
-)
-from loadtest.soak.server import RssSample
+from loadtest.soak import checks
+from loadtest.soak.cases import ALL_KINDS, OK
+from loadtest.soak.checks import FAIL
+from loadtest.soak.server import Sample
 from reporting.charts import plt, save_figure, shade_phases
-from reporting.tables import number, table, text_table
+from reporting.events import markdown
 
-# --- the run folder ------------------------------------------------------------------------
+KIND_COLUMNS = ["kind", "sent", "ok", "rejected", "abandoned", "unanswered", "unexpected",
+                "p50 s", "p99 s"]  # fmt: skip
+CHECK_COLUMNS = ["check", "result", "detail"]
+MEASURED = ("soak", "editor")  # the phases the accounting covers
+COLORS = {"ramp": "#fff2cc", "soak": "#e2f0d9", "editor": "#e4dff2", "drain": "#deebf7",
+          "drill": "#f8cbad"}  # fmt: skip
 
 
-def _plain(value: Any) -> Any:
-    if hasattr(value, "__dataclass_fields__"):
-        return {k: _plain(v) for k, v in asdict(value).items()}
+def plain(value: Any) -> Any:
+    """``value`` as JSON can hold it (dataclasses as dicts, NaN and inf as null)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return plain(asdict(value))
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, float) and not np.isfinite(value):
-        return None
-    return value
+        return [plain(v) for v in value]
+    if isinstance(value, float | np.floating):
+        return float(value) if np.isfinite(value) else None
+    return value.item() if isinstance(value, np.integer | np.bool_) else value
 
 
-def write_rows(path: Path, kind: type, rows: Iterable[Any]) -> None:
-    """Dataclass rows of ``kind`` as a CSV file, one column per field."""
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(kind.__dataclass_fields__)
-        writer.writerows(asdict(row).values() for row in rows)
+def table(frame: pd.DataFrame, digits: int = 1) -> str:
+    """A Markdown table, whole numbers kept whole and missing figures as "-"."""
+    return markdown(frame.astype(object).where(frame.notna(), None), digits=digits)
 
 
-def _kinds(rows: Sequence[KindSummary]) -> tuple[list[str], list[list[object]]]:
-    """The accounting table's header and rows: one row per kind, then the total."""
-    header = ["kind", "sent", "ok", "rejected", "abandoned", "unanswered", "unexpected"]
-    cells: list[list[object]] = []
-    for r in rows:
-        rejected = ", ".join(f"{c} {r.rejected[c]}" for c in CATEGORIES if r.rejected.get(c))
-        cells.append(
-            [r.kind, r.sent, r.ok, rejected or "0", r.abandoned, r.unanswered, r.unexpected,
-             number(r.p50_s, 2), number(r.p99_s, 2)]
-        )  # fmt: skip
-    return [*header, "p50 s", "p99 s"], cells
+def measured(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the phases the accounting covers, with every soak column."""
+    return checks.soak_rows(frame[frame["window"].isin(MEASURED)])
 
 
-KINDS_ALIGN = "lrrlrrrrr"
+def failed(result: dict[str, Any]) -> list[str]:
+    return [c.name for c in result["checks"] if c.status == FAIL]
 
 
-def kinds_table(rows: Sequence[KindSummary]) -> list[str]:
-    """The accounting table, in Markdown."""
-    return table(*_kinds(rows), KINDS_ALIGN)
-
-
-def render_report(result: SoakResult) -> str:
+def render_report(result: dict[str, Any], frame: pd.DataFrame) -> str:
     """report.md: the checks first, then the tables that back them."""
-    s, srv = result.settings, result.server
+    s, sat = result["settings"], result["saturation"]
+    rows = measured(frame)
+    case_table, errors = checks.cases(rows), checks.error_messages(rows)
     lines = [
-        f"# Soak test {result.started_at}",
+        f"# Soak test {result['started_at']}",
         "",
-        f"Server: {srv.get('description', '?')}. Machine: {s.get('machine', '?')}. "
-        f"Wall time {result.wall_s:.0f} s.",
+        f"Server: {result['server'].get('description', '?')}. Machine: {s['machine']}. "
+        f"Wall time {result['wall_s']:.0f} s.",
         "",
-        f"Load: {s.get('clients')} closed-loop clients (2 x saturation "
-        f"{result.saturation.get('clients')}) for {s.get('duration_s'):.0f} s, "
-        f"{s.get('max_tokens')} tokens per valid request, deadline {s.get('deadline_s'):.0f} s.",
+        f"Load: {s['clients']} closed-loop clients (2 x saturation {sat['clients']}) for "
+        f"{s['duration_s']:.0f} s, {s['max_tokens']} tokens per valid request, deadline "
+        f"{s['deadline_s']:.0f} s.",
         "",
         "## Checks",
         "",
-        *table(
-            ["check", "result", "detail"], [(c.name, c.status, c.detail) for c in result.checks]
+        table(
+            pd.DataFrame([asdict(c) for c in result["checks"]]).set_axis(
+                ["check", "result", "detail"], axis=1
+            )
         ),
         "",
-        "## Requests by kind (soak phase)",
+        "## Requests by kind (soak and editor phases)",
         "",
-        *kinds_table([*result.kinds, result.total]),
+        table(checks.kinds(rows)[KIND_COLUMNS], digits=2),
         "",
         "p50/p99: latency of the accepted requests (for streams, to the last piece).",
         "",
         "## Saturation",
         "",
-        _saturation_text(result.saturation),
+        _saturation(sat),
         "",
     ]
-    if result.cases:
-        header = ["case", "kind", "sent", "must be", "as expected", "outcomes", "message"]
-        cells = [
-            (c.case, c.kind, c.sent, c.expect, c.as_expected,
-             ", ".join(f"{k} {v}" for k, v in c.outcomes.items()), _cell(c.sample_message, 160))
-            for c in result.cases
-        ]  # fmt: skip
-        lines += ["## Invalid and hostile cases", "", *table(header, cells, "llrlr"), ""]
-    lines += ["## Error texts", ""]
-    if result.errors:
-        cells = [(e["category"], e["count"], _cell(e["message"], 200)) for e in result.errors]
-        lines += table(["category", "count", "message"], cells, "lr")
-    else:
-        lines.append("None.")
+    if not case_table.empty:
+        lines += ["## Invalid and hostile cases", "", table(case_table), ""]
+    lines += ["## Error texts", "", table(errors) if not errors.empty else "None.", ""]
+    rss = result["rss"]
+    lines += ["## Memory", "", rss.note if rss else result["rss_note"], ""]
+    lines += ["## Editor phase", "", *_editor(result["editor"]), ""]
     lines += [
-        "",
-        "## Memory",
-        "",
-        result.rss.note if result.rss else result.rss_note,
-        "",
-        "## Editor phase",
-        "",
-        *_editor_lines(result.editor),
-        "",
         "## Stalls",
         "",
         "The longest time, per phase, with requests in flight and none answered in full or "
-        f"streaming its first text (bound: max({result.settings.get('max_stall_s', '?')} s, "
-        "8 x one request alone just before the phase), loadtest/soak/stall.py):",
+        f"streaming its first text (bound: max({s['max_stall_s']} s, {checks.STALL_FACTOR} x "
+        "one request alone just before the phase), loadtest/soak/checks.py):",
         "",
-        *(
-            f"- {_get(s, 'phase')}: {_get(s, 'seconds')} s"
-            + (f" from t={_get(s, 'at_s')} s" if _get(s, "at_s") is not None else "")
-            + f", {_get(s, 'progress_events')} progress events, bound {_get(s, 'bound_s')} s"
-            + f" (one request alone: {_get(s, 'reference_s')} s)"
-            + (f"; engine meanwhile: {_get(s, 'engine')}" if _get(s, "engine") else "")
-            for s in result.stalls
-        ),
+        *(f"- {checks.stall_line(stall)}" for stall in result["stalls"]),
         "",
         "## Drain and engine",
         "",
-        *(f"- {k}: {v}" for k, v in result.drain.items()),
-        *(f"- {k}: {v}" for k, v in result.engine.items()),
+        *(f"- {k}: {v}" for k, v in {**result["drain"], **result["engine"]}.items()),
         "",
         "## Stub-kill drill",
         "",
-        *_drill_lines(result.drill),
+        *_drill(result["drill"]),
         "",
         "![RSS and latency over time](soak.png)",
         "",
@@ -155,20 +118,20 @@ def render_report(result: SoakResult) -> str:
     return "\n".join(lines)
 
 
-def _cell(text: str, limit: int) -> str:
-    """At most ``limit`` characters of ``text`` (the table puts it on one line)."""
-    return text[:limit]
+def _saturation(sat: dict[str, Any]) -> str:
+    if not sat["steps"]:
+        return f"Given: {sat['clients']} clients ({sat['note']})."
+    steps = pd.DataFrame(sat["steps"])[["clients", "rps", "tokens_per_s"]]
+    steps.columns = ["clients", "requests/s", "tokens/s"]
+    return table(steps, digits=2) + "\n\n" + sat["note"]
 
 
-def _get(item: Any, key: str) -> Any:
-    return item[key] if isinstance(item, dict) else getattr(item, key)
-
-
-def _editor_lines(editor: dict[str, Any]) -> list[str]:
+def _editor(editor: dict[str, Any]) -> list[str]:
     """The editor phase: what the typists did (loadtest.soak.editor_phase)."""
     if not editor.get("done"):
         return [str(editor.get("error") or editor.get("note") or "not run")]
     f, suffix = editor["figures"], editor["suffix"]
+    first, latency = f["first_token_ms"], f["latency_ms"]
     lines = [
         f"{editor['typists']} typists for {editor['duration_s']:.0f} s through the OpenAI API "
         f"(SSE), {editor['max_tokens']} tokens per completion, prompts up to "
@@ -176,111 +139,89 @@ def _editor_lines(editor: dict[str, Any]) -> list[str]:
         "",
         f"- requests {f['requests']}: answered {f['answered']}, abandoned {f['abandoned']}, "
         f"errors {f['errors']}",
-        f"- first token p50 / p95 (answered): {number(f['first_token_ms']['p50'], 0)} / "
-        f"{number(f['first_token_ms']['p95'], 0)} ms; latency p50 / p95: "
-        f"{number(f['latency_ms']['p50'], 0)} / {number(f['latency_ms']['p95'], 0)} ms",
-        f"- prompt tokens sent per request: {number(f['prompt_tokens_sent'], 0)}",
+        f"- first token p50 / p95 (answered): {first['p50'] or 0:.0f} / {first['p95'] or 0:.0f} "
+        f"ms; latency p50 / p95: {latency['p50'] or 0:.0f} / {latency['p95'] or 0:.0f} ms",
+        f"- prompt tokens sent per request: {f['prompt_tokens_sent'] or 0:.0f}",
         f"- suffix: {suffix['note']}",
     ]
-    if not suffix["send"] and suffix["requested"]:
-        lines.insert(0, f"**{suffix['note']}**\n")
-    return lines
+    return (
+        [f"**{suffix['note']}**", ""] if not suffix["send"] and suffix["requested"] else []
+    ) + lines
 
 
-def _saturation_text(saturation: dict[str, Any]) -> str:
-    steps = saturation.get("steps") or []
-    if not steps:
-        return f"Given: {saturation.get('clients')} clients ({saturation.get('note', '')})."
-    cells = [(s["clients"], f"{s['rps']:.2f}", f"{s['tokens_per_s']:.0f}") for s in steps]
-    rows = table(["clients", "requests/s", "tokens/s"], cells, "rrr")
-    return "\n".join([*rows, "", saturation.get("note", "")])
-
-
-def _drill_lines(drill: dict[str, Any]) -> list[str]:
+def _drill(drill: dict[str, Any]) -> list[str]:
     if not drill.get("done"):
         return [str(drill.get("note", "not run"))]
-    lines = [str(drill.get("note", "")), ""]
-    for key in ("stub", "killed_at", "launcher_exit", "tritonserver_exit", "stub_restarted"):
-        if key in drill:
-            lines.append(f"- {key}: {drill[key]}")
-    timeline = [
-        (f"{e['t_s']:.1f}", e["what"], _cell(str(e["value"]), 200))
-        for e in drill.get("timeline", [])
-    ]
-    lines += ["", *table(["t after kill (s)", "what", "became"], timeline, "r")]
-    in_flight = drill.get("in_flight", [])
-    if in_flight:
+    keys = ("stub", "killed_at", "launcher_exit", "tritonserver_exit", "stub_restarted")
+    lines = [str(drill["note"]), "", *(f"- {k}: {drill[k]}" for k in keys if k in drill)]
+    timeline = pd.DataFrame(drill["timeline"], columns=["t_s", "what", "value"])
+    timeline.columns = ["t after kill (s)", "what", "became"]
+    lines += ["", table(timeline)]
+    if drill["in_flight"]:
         lines += ["", "Requests in flight when the stub died:", ""]
-        lines += [
-            f"- {r['transport']}: {r['status']} {r['category']} {r['message'][:200]}"
-            for r in in_flight
-        ]
+        lines += [f"- {r['transport']}: {r['status']} {r['category']} {r['message'][:200]}"
+                  for r in drill["in_flight"]]  # fmt: skip
     return lines
 
 
-def console_table(result: SoakResult) -> str:
+def console_table(result: dict[str, Any], frame: pd.DataFrame) -> str:
     """What the soak prints at the end: the accounting table and the checks."""
-    lines = ["", *text_table(*_kinds([*result.kinds, result.total]), KINDS_ALIGN), ""]
-    width = max((len(c.name) for c in result.checks), default=10)
-    lines += [f"  {c.status:4}  {c.name:<{width}}  {c.detail}" for c in result.checks]
+    kinds = checks.kinds(measured(frame))[KIND_COLUMNS]
+    text = kinds.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.2f}")
+    lines = ["", text, ""]
+    width = max((len(c.name) for c in result["checks"]), default=10)
+    lines += [f"  {c.status:4}  {c.name:<{width}}  {c.detail}" for c in result["checks"]]
     return "\n".join(lines)
 
 
-def draw_chart(
-    path: Path,
-    samples: Sequence[RssSample],
-    records: Sequence[Record],
-    phases: Sequence[tuple[str, float, float]],
-    title: str,
-) -> Path:
+def draw_chart(path: Path, samples: Sequence[Sample], frame: pd.DataFrame,
+               phases: Sequence[tuple[str, float, float]], title: str) -> Path:  # fmt: skip
     """RSS over time above the latency of the accepted requests over time, phases shaded."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
-    if samples:
-        top.plot([s.t_s for s in samples], [s.rss_bytes / 2**20 for s in samples], "-", lw=1.5)
+    rss = [(s.t_s, s.rss_bytes / 2**20) for s in samples if s.rss_bytes]
+    if rss:
+        top.plot(*zip(*rss, strict=True), "-", lw=1.5)
     top.set_ylabel("server RSS (MiB)\ntritonserver + stubs")
-    top.grid(True, alpha=0.3)
+    ok = frame[frame["status"] == OK]
     for kind in ALL_KINDS:
-        points = [
-            (r.started_s + (r.latency_s or 0), r.latency_s)
-            for r in records
-            if r.kind == kind and r.status == OK and r.latency_s is not None
-        ]
-        if points:
-            xs, ys = zip(*points, strict=True)
-            bottom.scatter(xs, ys, s=6, alpha=0.6, label=kind)
+        rows = ok[ok["kind"] == kind]
+        if len(rows):
+            latency = pd.to_numeric(rows["latency_ms"]) / 1000
+            ended = pd.to_numeric(rows["started_s"]) + latency
+            bottom.scatter(ended, latency, s=6, alpha=0.6, label=kind)
     bottom.set_ylabel("latency of accepted\nrequests (s)")
     bottom.set_xlabel("seconds since the start of the run")
-    bottom.grid(True, alpha=0.3)
+    for ax in (top, bottom):
+        ax.grid(True, alpha=0.3)
     if bottom.get_legend_handles_labels()[0]:
         bottom.legend(fontsize=8, markerscale=2, loc="upper left")
-    colors = {
-        "ramp": "#fff2cc",
-        "soak": "#e2f0d9",
-        "editor": "#e4dff2",
-        "drain": "#deebf7",
-        "drill": "#f8cbad",
-    }
-    shade_phases((top, bottom), phases, colors, label_axis=top)
+    shade_phases((top, bottom), phases, COLORS, label_axis=top)
     return save_figure(fig, path, title)
 
 
-def write_run(
-    out: Path,
-    result: SoakResult,
-    records: Sequence[Record],
-    samples: Sequence[RssSample],
-    phases: Sequence[tuple[str, float, float]],
-) -> list[Path]:
-    """summary.json, report.md, soak.png, requests.csv and rss.csv into ``out``."""
+def write_run(out: Path, result: dict[str, Any], frame: pd.DataFrame, samples: Sequence[Sample],
+              phases: Sequence[tuple[str, float, float]]) -> list[Path]:  # fmt: skip
+    """summary.json, report.md, soak.png and samples.csv into ``out`` (events.csv is the
+    run's own, written as it ends)."""
     out.mkdir(parents=True, exist_ok=True)
-    summary = _plain(result)
-    summary["failed"] = result.failed
-    summary["statuses"] = list(STATUSES)
-    paths = [out / "summary.json", out / "report.md", out / "requests.csv", out / "rss.csv"]
+    frame, rows = checks.soak_rows(frame), measured(frame)
+    kinds = checks.kinds(rows)
+    summary = plain(
+        {
+            **result,
+            "failed": bool(failed(result)),
+            "phases": phases,
+            "kinds": kinds.drop(columns="rejected").to_dict("records"),
+            "cases": checks.cases(rows).to_dict("records"),
+            "errors": checks.error_messages(rows).to_dict("records"),
+        }
+    )
+    paths = [out / "summary.json", out / "report.md", out / "samples.csv"]
     paths[0].write_text(json.dumps(summary, indent=2) + "\n")
-    paths[1].write_text(render_report(result))
-    write_rows(paths[2], Record, records)
-    write_rows(paths[3], RssSample, samples)
-    title = f"Soak {result.started_at}: {result.settings.get('clients')} clients"
-    paths.append(draw_chart(out / "soak.png", samples, records, phases, title))
+    paths[1].write_text(render_report(result, frame))
+    pd.DataFrame([asdict(s) for s in samples], columns=list(Sample.__dataclass_fields__)).to_csv(
+        paths[2], index=False
+    )
+    title = f"Soak {result['started_at']}: {result['settings']['clients']} clients"
+    paths.append(draw_chart(out / "soak.png", samples, frame, phases, title))
     return paths

@@ -1,6 +1,7 @@
-"""The soak's view of the server's processes: the RSS of tritonserver's tree, sampled through
-the run, and the python-backend stub the stub-kill drill kills. The server itself is found or
-started by :func:`reporting.triton.open_triton`; a server found running is never drilled.
+"""The soak's view of the server: the RSS of tritonserver's tree and the engine's gauges,
+sampled through the run, and the python-backend stub the stub-kill drill kills. The server
+itself is found or started by :func:`reporting.triton.open_triton`; a server found running
+is never drilled.
 """
 
 from __future__ import annotations
@@ -9,16 +10,17 @@ import contextlib
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psutil
 
+from contract import metrics as names
 from contract.tensors import ENGINE_MODEL
-from reporting.triton import ServedTriton
+from reporting.triton import ServedTriton, read_snapshot
 
 STUB_BINARY = "triton_python_backend_stub"
+ENGINE_GAUGES = (names.ENGINE_STEPS, names.ENGINE_RUNNING, names.PENDING_REQUEST_COUNT)
 
 
 def tritonserver(served: ServedTriton) -> psutil.Process | None:
@@ -40,53 +42,18 @@ def tritonserver(served: ServedTriton) -> psutil.Process | None:
     return None
 
 
-# --- memory --------------------------------------------------------------------------------
+# --- sampling ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class RssSample:
+class Sample:
     t_s: float  # seconds since the run began
     phase: str
-    rss_bytes: int  # tritonserver and its stubs, summed
+    rss_bytes: int | None  # tritonserver and its stubs, summed (None: not found)
     processes: int
-
-
-@dataclass(frozen=True)
-class Flatness:
-    """Is the server's memory flat after warm-up? The largest RSS of the last third of the
-    samples against the largest of the first third (max, not mean: a leak raises the peaks)."""
-
-    samples: int
-    first_third_max: int | None
-    last_third_max: int | None
-    growth: float | None  # last / first - 1
-    tolerance: float
-    flat: bool | None  # None: too few samples to say
-    note: str
-
-
-def rss_flatness(samples: Sequence[int], tolerance: float, minimum: int = 6) -> Flatness:
-    """Flatness of the RSS values of the measured phase after warm-up, in time order."""
-    if len(samples) < minimum:
-        return Flatness(
-            len(samples),
-            None,
-            None,
-            None,
-            tolerance,
-            None,
-            f"too few samples after warm-up ({len(samples)} < {minimum}): run longer",
-        )
-    third = len(samples) // 3
-    first, last = max(samples[:third]), max(samples[-third:])
-    growth = last / first - 1
-    flat = growth <= tolerance
-    verb = "flat" if flat else "growing"
-    note = (
-        f"{verb}: last third max {last / 2**20:,.0f} MiB vs first third max "
-        f"{first / 2**20:,.0f} MiB ({growth:+.1%}, tolerance {tolerance:.0%})"
-    )
-    return Flatness(len(samples), first, last, growth, tolerance, flat, note)
+    steps: float | None  # codegen_engine_steps_total
+    running: float | None  # codegen_engine_running_sequences
+    pending: float | None  # Triton's pending requests, every model
 
 
 def tree_rss(root: psutil.Process) -> tuple[int, int]:
@@ -101,19 +68,21 @@ def tree_rss(root: psutil.Process) -> tuple[int, int]:
     return total, count
 
 
-class RssSampler:
-    """Samples the server tree's RSS every ``every`` seconds in a thread, labelled with the
-    phase the soak is in."""
+class Sampler:
+    """The server tree's RSS and the engine's step counter and queues every ``every``
+    seconds, labelled with the phase the soak is in: RSS for the flatness check, the engine
+    to tell a stall apart (stepping with sequences running: busy; not stepping with requests
+    pending: wedged)."""
 
     def __init__(self, served: ServedTriton, clock: Any, every: float) -> None:
         self.served, self.clock, self.every = served, clock, every
-        self.samples: list[RssSample] = []
+        self.samples: list[Sample] = []
         self.phase = "start"
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
         self._root: psutil.Process | None = None
 
-    def start(self) -> RssSampler:
+    def start(self) -> Sampler:
         self._root = tritonserver(self.served)
         self._thread.start()
         return self
@@ -124,18 +93,35 @@ class RssSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            rss, count = (None, 0)
             if self._root is not None and self._root.is_running():
                 rss, count = tree_rss(self._root)
-                if count:
-                    self.samples.append(RssSample(round(self.clock(), 2), self.phase, rss, count))
+            engine: list[float | None] = [None, None, None]
+            with contextlib.suppress(OSError, ValueError):
+                snapshot = read_snapshot(self.served.endpoints.metrics_url, timeout=2.0)
+                engine = [snapshot.value(n) for n in ENGINE_GAUGES]
+            self.samples.append(Sample(round(self.clock(), 2), self.phase, rss, count, *engine))
             self._stop.wait(self.every)
 
-    def latest(self) -> RssSample | None:
-        return self.samples[-1] if self.samples else None
+    def latest_rss(self) -> str:
+        rss = next((s.rss_bytes for s in reversed(self.samples) if s.rss_bytes), None)
+        return "n/a" if rss is None else f"{rss / 2**30:.2f} GiB"
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+    def during(self, begin: float, end: float) -> str:
+        """What the engine did between ``begin`` and ``end`` (run time), in a phrase."""
+        inside = [s for s in self.samples if begin <= s.t_s <= end and s.steps is not None]
+        if len(inside) < 2:
+            return ""
+        steps = inside[-1].steps - inside[0].steps
+        return (
+            f"{steps:.0f} steps in {inside[-1].t_s - inside[0].t_s:.0f} s, up to "
+            f"{max(s.running or 0 for s in inside):.0f} sequences running and "
+            f"{max(s.pending or 0 for s in inside):.0f} requests pending in Triton"
+        )
 
 
 # --- the stub-kill drill -------------------------------------------------------------------

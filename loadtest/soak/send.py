@@ -1,15 +1,18 @@
-"""The soak's clients: one :class:`Worker` per closed-loop client thread, able to send every
-kind of the mix and to end each request in the :class:`~loadtest.soak.results.Ledger`.
+"""One soak request of any kind, sent through the client's transport (:mod:`client.transport`)
+and reported as one Locust ``request`` event (:class:`Requests`), the row
+:class:`reporting.events.EventLog` keeps.
 
-Every request goes through the client's transport (:mod:`client.transport`): valid ones built
-by ``CompletionRequest``, invalid and hostile ones as raw tensors, so nothing on the client
-side refuses them first. Every call has a deadline, so a request that gets no answer is
-counted, never waited for forever.
+Valid requests are built by ``CompletionRequest``; invalid and hostile ones are raw tensors, so
+nothing on the client side refuses them first. Every call has a deadline, so a request that
+gets no answer is counted, never waited for forever. Importing this module imports no Locust.
 """
 
 from __future__ import annotations
 
 import random
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +25,6 @@ from contract.tensors import ENSEMBLE_MODEL
 from loadtest.soak.cases import (
     ABANDONED,
     CASES,
-    HOSTILE_CASES,
-    HOSTILE_TRANSPORTS,
-    INVALID,
-    INVALID_CASES,
-    INVALID_TRANSPORTS,
     OK,
     REJECTED,
     STREAM,
@@ -37,20 +35,20 @@ from loadtest.soak.cases import (
     VANISH_UNARY,
     Tensors,
     classify_error,
+    judge,
     raw_tensors,
 )
-from loadtest.soak.results import Ledger, Record
 from reporting.triton import Endpoints
 
-# Valid requests sample as a completion service would (as the load test does); the seed is
-# the prompt's index, so a prompt always gets the same completion.
+# Valid requests sample as a completion service would; the seed is the prompt's index.
 SAMPLING: dict[str, Any] = {"top_k": 40, "top_p": 0.95, "temperature": 0.8}
-LOCAL_TIMEOUT = "local_timeout"  # the client's own timeout passed: abandoned or unanswered
+# Which event outcome (reporting.events.OUTCOMES) each end is: overload refusals are shed.
+SHED = ("queue_full", "timeout")
 
 
 @dataclass(frozen=True)
 class ClientParams:
-    """What every worker needs: where to send, how much, and how long to wait."""
+    """What every client needs: where to send, how much, and how long to wait."""
 
     endpoints: Endpoints
     prompts: tuple[str, ...]
@@ -67,48 +65,89 @@ class Outcome:
     status: str
     category: str = ""
     message: str = ""
+    first_token_s: float | None = None
 
 
 def rejected(message: str) -> Outcome:
     return Outcome(REJECTED, classify_error(message), message)
 
 
-class Rotation:
-    """Which case, over which transport, a raw kind sends next: every case over every
-    transport in turn (the caller holds the ledger's lock)."""
+class Requests:
+    """Fires one Locust ``request`` event per request as it ends, and remembers those still in
+    flight, so that what never ends is reported unanswered (:meth:`close`)."""
 
-    def __init__(self) -> None:
-        self.count: dict[str, int] = {}
+    def __init__(self, events: Any) -> None:
+        self.events = events
+        self.lock = threading.Lock()
+        self.in_flight: dict[int, tuple[str, str, str, float, str]] = {}
+        self.ended: list[dict[str, Any]] = []  # every end, for the drill's own summary
+        # the phase a request is counted in: the one it was sent in (a name, or what names it)
+        self.window: str | Callable[[], str] = ""
+        self.sent = 0
 
-    def next(self, kind: str) -> tuple[str, str]:
-        cases, transports = (
-            (INVALID_CASES, INVALID_TRANSPORTS)
-            if kind == INVALID
-            else (HOSTILE_CASES, HOSTILE_TRANSPORTS)
+    def begin(self, kind: str, case: str, transport: str) -> int:
+        with self.lock:
+            ticket, self.sent = self.sent, self.sent + 1
+            window = self.window() if callable(self.window) else self.window
+            self.in_flight[ticket] = (kind, case, transport, time.time(), window)
+        return ticket
+
+    def end(self, ticket: int, outcome: Outcome) -> None:
+        with self.lock:
+            entry = self.in_flight.pop(ticket, None)
+        if entry is None:
+            return
+        kind, case, transport, started, window = entry
+        status, category, message = outcome.status, outcome.category, outcome.message
+        first = outcome.first_token_s
+        with self.lock:
+            self.ended.append({"transport": transport, "started": started, "status": status,
+                               "category": category, "message": message[:400]})  # fmt: skip
+        self.events.request.fire(
+            request_type=kind,
+            name=case or kind,
+            response_time=(time.time() - started) * 1000,
+            response_length=0,
+            exception=CodegenError(message) if status in (REJECTED, UNANSWERED) else None,
+            start_time=started,
+            context={
+                "outcome": {OK: "ok", ABANDONED: "abandoned"}.get(status)
+                or ("shed" if category in SHED else "error"),
+                "first_token_ms": None if first is None else first * 1000,
+                "tokens": 0,
+                "window": window,
+                "status": status,
+                "category": category,
+                "case": case,
+                "transport": transport,
+                "expected": judge(kind, case, status, category, message),
+            },
         )
-        n = self.count.get(kind, 0)
-        self.count[kind] = n + 1
-        return cases[n % len(cases)].name, transports[(n // len(cases)) % len(transports)]
+
+    def close(self, reason: str) -> int:
+        """End everything still in flight as unanswered; how many there were."""
+        with self.lock:
+            tickets = list(self.in_flight)
+        for ticket in tickets:
+            self.end(ticket, Outcome(UNANSWERED, "", reason))
+        return len(tickets)
 
 
-class Worker:
-    """One client thread's connections (made on first use, remade after a timeout)."""
+class Client:
+    """One client's connections (made on first use, remade after a timeout) and its choices."""
 
-    def __init__(self, index: int, params: ClientParams, ledger: Ledger, seed: int = 0) -> None:
-        self.index, self.params, self.ledger = index, params, ledger
+    def __init__(self, index: int, params: ClientParams, requests: Requests, seed: int = 0):
+        self.params, self.requests = params, requests
         self.rng = random.Random(seed * 1_000_003 + index)
         endpoints, deadline = params.endpoints, params.deadline_s
         self.transports = {
             "grpc": Transport(resolve_target(endpoints.grpc, "grpc"), deadline),
             "http": Transport(resolve_target(endpoints.host, "http"), deadline),
         }
-        self.sent = 0
 
     def close(self) -> None:
         for transport in self.transports.values():
             transport.close()
-
-    # -- requests -------------------------------------------------------------------------
 
     def valid_request(self, max_tokens: int | None = None) -> CompletionRequest:
         prompts = self.params.prompts
@@ -117,22 +156,23 @@ class Worker:
             prompts[i], max_tokens=max_tokens or self.params.max_tokens, seed=i, **SAMPLING
         )
 
-    def run(self, kind: str, phase: str, case: str = "", transport: str = "") -> Record:
-        """Send one request of ``kind`` and record how it ended."""
-        self.sent += 1
+    def run(self, kind: str, case: str = "", transport: str = "") -> Outcome:
+        """Send one request of ``kind`` and report how it ended."""
+        streams = ("stream-grpc", "stream-http")
         transport = transport or {
             UNARY_GRPC: "grpc",
             UNARY_HTTP: "http",
-            STREAM: self.rng.choice(("stream-grpc", "stream-http")),
-            VANISH_STREAM: self.rng.choice(("stream-grpc", "stream-http")),
+            STREAM: self.rng.choice(streams),
+            VANISH_STREAM: self.rng.choice(streams),
             VANISH_UNARY: self.rng.choice(("grpc", "raw-http")),
         }.get(kind, "grpc")
-        ticket = self.ledger.begin(kind, case, transport, phase)
+        ticket = self.requests.begin(kind, case, transport)
         try:
             outcome = self._send(kind, case, transport)
         except Exception as exc:  # a client-side failure is still an end, with its text
             outcome = rejected(f"{type(exc).__name__}: {exc}")
-        return self.ledger.end(ticket, outcome.status, outcome.category, outcome.message)
+        self.requests.end(ticket, outcome)
+        return outcome
 
     def _send(self, kind: str, case: str, transport: str) -> Outcome:
         p = self.params
@@ -183,21 +223,25 @@ class Worker:
         inputs: list | None = None,
     ) -> Outcome:  # fmt: skip
         """A stream to its final answer; ``leave_after``: closed after that many pieces (the
-        client vanishing mid-stream); ``inputs``: raw tensors in the request's place."""
+        client vanishing mid-stream: abandoning is closing the stream); ``inputs``: raw
+        tensors in the request's place."""
         wire = self.transports["grpc" if transport in ("stream-grpc", "stream") else "http"]
-        pieces = 0
+        pieces, sent, first = 0, time.perf_counter(), None
         try:
             stream = wire.stream(request, inputs)
             for piece in stream.pieces():
+                if piece.text and first is None:
+                    first = piece.arrived - sent
                 pieces += bool(piece.text)
                 if leave_after is not None and pieces >= leave_after:
                     stream.close()
-                    return Outcome(ABANDONED, "", f"left after {pieces} piece(s) (on purpose)")
+                    return Outcome(ABANDONED, "", f"left after {pieces} piece(s) (on purpose)",
+                                   first)  # fmt: skip
         except TimedOutError as exc:
-            return Outcome(UNANSWERED, "", str(exc))
+            return Outcome(UNANSWERED, "", str(exc), first)
         except CodegenError as exc:
-            return rejected(str(exc))
-        return Outcome(OK)
+            return Outcome(REJECTED, classify_error(str(exc)), str(exc), first)
+        return Outcome(OK, first_token_s=first)
 
     def http_drop(self, request: CompletionRequest, after: float) -> Outcome:
         """POST to the ensemble's ``generate`` and drop the connection after ``after``
