@@ -87,14 +87,8 @@ class PromSource:
         local = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
         for target in self.targets():
             scrape = urllib.parse.urlsplit(target.get("scrapeUrl", ""))
-            same_host = (
-                scrape.hostname == wanted.hostname
-                or {
-                    scrape.hostname,
-                    wanted.hostname,
-                }
-                <= local
-            )
+            hosts = {scrape.hostname, wanted.hostname}
+            same_host = len(hosts) == 1 or hosts <= local
             if same_host and scrape.port == wanted.port:
                 return target["labels"].get("instance")
         return None
@@ -104,16 +98,6 @@ class PromSource:
             labels = {"instance": self.instance, **labels}
         matchers = ",".join(f'{key}="{value}"' for key, value in labels.items())
         return f"{metric}{{{matchers}}}" if matchers else metric
-
-    def wait_for_scrapes(self, count: int = 3, timeout: float = 20.0) -> bool:
-        """Whether the target has ``count`` recent scrapes, waiting up to ``timeout`` for a
-        Prometheus that has just started: windows are aligned to them."""
-        deadline = time.monotonic() + timeout
-        while len(self.scrape_times(time.time() - 10, time.time())) < count:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.5)
-        return True
 
     def scrape_times(self, start: float, end: float) -> list[float]:
         """Timestamps of the target's scrapes within [start, end], from the samples of the

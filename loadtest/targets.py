@@ -1,17 +1,13 @@
-"""What the sweep loads and what watches it: one :class:`Target` per ``--protocol`` (the Locust
-user that speaks it and the server that answers it), and the Prometheus to compare with.
+"""What a load profile loads and what watches it: one :class:`Target` per ``--protocol`` (the
+Locust user that speaks it and the server that answers it), the Prometheus Triton's figures
+come from (:func:`prometheus_for`), and the report header's machine and model.
 
-Servers are found, waited for or started with the launcher's own process management
-(:class:`serving.triton.TritonServer`, :class:`serving.process.ManagedServer` and its probes,
-:class:`loadtest.run_prometheus.PrometheusServer`); nothing here polls or signals by itself.
-Both are context managers: what a run started, it stops on the way out.
-
-Adding a protocol is one more entry in :data:`TARGETS`: the user class's name in
-``loadtest/sweep/locustfile.py`` and a factory for a :class:`Server`. An OpenAI-compatible API
-in front of Triton, say, would be a class that enters a :class:`TritonTarget` (the metrics,
-statistics and readiness the sweep reads stay Triton's), then finds or starts the API server (a
-``ManagedServer`` whose ``ready_url`` is its health route), and returns that server's URL as
-:attr:`Server.users_url`.
+Servers are found or started through :func:`reporting.triton.open_triton` (the production
+launcher) and :class:`loadtest.api_process.ApiProcess`; both targets are context managers:
+what a run started, it stops on the way out. Adding a protocol is one more entry in
+:data:`TARGETS`: the user class and a server factory (:class:`TritonTarget`, or a class that
+enters one and starts something in front, as :class:`OpenAITarget` does, returning its URL as
+``users_url``).
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from contract.tensors import ENGINE_MODEL, MODEL_STAGE
 from loadtest.api_process import ApiProcess
@@ -40,31 +36,9 @@ from serving.process import http_ready
 log = logging.getLogger(__name__)
 
 
-class Server(Protocol):
-    """What the sweep needs of whatever answers the load; entered before the sweep (found,
-    waited for or started) and exited after it (stopped if this run started it)."""
-
-    endpoints: Endpoints
-
-    @property
-    def users_url(self) -> str:
-        """The base URL the target's Locust users send to (Locust's ``host``)."""
-        ...
-
-    def model_ready(self, model: str) -> bool: ...
-
-    def statistics(self) -> dict[str, Any]:
-        """Triton's statistics API (``/v2/models/stats``), for the per-execution busy time."""
-        ...
-
-    def describe(self) -> ModelInfo: ...
-
-    def __enter__(self) -> Server: ...
-
-    def __exit__(self, *exc: object) -> None: ...
-
-
-ServerFactory = Callable[[Endpoints, Path, Path], Server]  # endpoints, model repo, run folder
+# a protocol's server: endpoints, model repository, run folder -> a context manager that
+# finds or starts it (TritonTarget, OpenAITarget)
+ServerFactory = Callable[[Endpoints, Path, Path], Any]
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,10 @@ output length changes between the sweep's runs.
 - :class:`GrpcEnsembleUser`: the unary ``infer`` on the client's transport, reported through
   Locust's request event (grpc is made gevent-cooperative first, as Locust's gRPC guide does).
 - :class:`StreamingUser`: the decoupled ``ensemble_stream`` over a gRPC stream (the same
-  transport); it reports the time to first token and each inter-token gap as their own
-  request names.
+  transport), with each request's time to first token and each inter-token gap.
+
+Every request fires Locust's request event, which the sweep records as a row of its event
+table (:class:`reporting.events.EventLog`).
 
 Standalone (the sweep imports these classes and runs Locust in-process instead)::
 
@@ -36,6 +38,7 @@ from client.request import CompletionRequest, requested_outputs
 from client.transport import Transport
 from contract.prompts import code_prompts
 from contract.tensors import ENSEMBLE_MODEL
+from loadtest.sweep import ITL_NAME, STREAM_NAME
 
 grpc_gevent.init_gevent()  # before any channel exists: grpc calls then yield to other users
 
@@ -43,7 +46,6 @@ grpc_gevent.init_gevent()  # before any channel exists: grpc calls then yield to
 # is the prompt's index, so the same prompt and length always produce the same completion.
 SAMPLING: dict[str, Any] = {"top_k": 40, "top_p": 0.95, "temperature": 0.8}
 REQUEST_TIMEOUT_S = 600.0  # a 512-token request at full load takes tens of seconds on 2 cores
-TTFT_NAME, ITL_NAME, STREAM_NAME = "stream TTFT", "stream inter-token", "stream total"
 
 
 @dataclass(frozen=True)
@@ -185,10 +187,12 @@ class _TransportUser(User):
     def on_stop(self) -> None:
         self.transport.close()
 
-    def _fire(self, name: str, seconds: float, length: int = 0, error: Exception | None = None):
+    def _fire(self, name: str, seconds: float, error: Exception | None = None, **context: Any):
+        """Locust's request event: the run's ledger (reporting.events.EventLog) records it,
+        ``context`` as its extra columns (``first_token_ms``, ``tokens``)."""
         self.environment.events.request.fire(request_type=self.request_type, name=name,
-                                             response_time=seconds * 1000, response_length=length,
-                                             exception=error, context={})  # fmt: skip
+                                             response_time=seconds * 1000, response_length=0,
+                                             exception=error, context=context)  # fmt: skip
 
 
 class GrpcEnsembleUser(_TransportUser):
@@ -196,25 +200,23 @@ class GrpcEnsembleUser(_TransportUser):
 
     @task
     def complete(self) -> None:
-        started = time.perf_counter()
-        length, error = 0, None
+        started, error = time.perf_counter(), None
         try:
-            output = self.transport.infer(next(self._requests)).as_numpy("OUTPUT_0")
-            if output is None:
+            if self.transport.infer(next(self._requests)).as_numpy("OUTPUT_0") is None:
                 raise RuntimeError("response has no OUTPUT_0")
-            length = sum(len(text) for text in output.reshape(-1))
         except Exception as exc:
             error = exc
-        self._fire(ENSEMBLE_MODEL, time.perf_counter() - started, length, error)
+        self._fire(ENSEMBLE_MODEL, time.perf_counter() - started, error)
 
 
 class StreamingUser(_TransportUser):
     """Requests to the decoupled ``ensemble_stream`` over a gRPC stream, on one client per
     user (opened once, as a long-lived editor connection would be).
 
-    Reports three request names: ``stream TTFT`` (request sent -> first piece of text),
-    ``stream inter-token`` (each gap between consecutive pieces; one piece per generated token
-    unless a token completes no character) and ``stream total`` (the whole request).
+    Each request is one ``stream`` row with its ``first_token_ms`` (request sent -> first
+    piece of text) and ``tokens`` (pieces received); each gap between consecutive pieces is a
+    ``stream inter-token`` row of its own (one piece per generated token unless a token
+    completes no character).
     """
 
     request_type = "grpc-stream"
@@ -231,14 +233,17 @@ class StreamingUser(_TransportUser):
     def stream(self) -> None:
         request = next(self._requests)
         started = time.perf_counter()
-        last: float | None = None
-        pieces, error = 0, None
+        first: float | None = None
+        last, pieces, error = started, 0, None
         try:
             for piece in self.transport.stream(request, client=self.client).pieces():
                 if piece.text:
-                    since = started if last is None else last
-                    self._fire(TTFT_NAME if last is None else ITL_NAME, piece.arrived - since)
+                    if first is None:
+                        first = (piece.arrived - started) * 1000
+                    else:
+                        self._fire(ITL_NAME, piece.arrived - last)
                     last, pieces = piece.arrived, pieces + 1
         except Exception as exc:
             error = exc
-        self._fire(STREAM_NAME, time.perf_counter() - started, pieces, error)
+        seconds = time.perf_counter() - started
+        self._fire(STREAM_NAME, seconds, error, first_token_ms=first, tokens=pieces)
