@@ -194,44 +194,37 @@ def header_fields(run: Any) -> dict[str, str]:
             "command": run.command, "machine": machine}  # fmt: skip
 
 
-class OpenAITarget:
+class OpenAITarget(TritonTarget):
     """Triton, found or started as :class:`TritonTarget` does (its metrics and statistics are
     what the sweep reads), with the OpenAI-compatible API started in front of it."""
 
     def __init__(self, endpoints: Endpoints, model_repository: Path, out: Path) -> None:
-        self.triton = TritonTarget(endpoints, model_repository, out)
+        super().__init__(endpoints, model_repository, out)
         self.api = ApiProcess(endpoints.grpc, out / "openai_api.log")
+
+    @property
+    def triton(self) -> TritonTarget:
+        """The Triton behind the API (this object: the API adds only its process)."""
+        return self
 
     @property
     def users_url(self) -> str:
         return self.api.url
 
     def __enter__(self) -> OpenAITarget:
-        self.triton.__enter__()
+        super().__enter__()
         try:
-            self.api.start()
-            self.api.wait_ready()
+            self.api.start().wait_ready()
         except BaseException:
             self.api.stop()
-            self.triton.__exit__()
+            super().__exit__()
             raise
-        log.info(
-            f"OpenAI-compatible API at {self.api.url} in front of {self.triton.endpoints.grpc}"
-        )
+        log.info(f"OpenAI-compatible API at {self.api.url} in front of {self.endpoints.grpc}")
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.api.stop()
-        self.triton.__exit__(*exc)
-
-    def model_ready(self, model: str) -> bool:
-        return self.triton.model_ready(model)
-
-    def statistics(self) -> dict[str, Any]:
-        return self.triton.statistics()
-
-    def describe(self) -> ModelInfo:
-        return self.triton.describe()
+        super().__exit__(*exc)
 
 
 TARGETS: dict[str, Target] = {
@@ -249,7 +242,7 @@ TARGETS: dict[str, Target] = {
     ),
     "openai": Target(
         "openai",
-        "loadtest.sweep.openai_protocol:OpenAIUser",
+        "loadtest.sweep.locustfile:OpenAIUser",
         OpenAITarget,
         "POST /v1/completions through the OpenAI-compatible API (its overhead over gRPC)",
     ),

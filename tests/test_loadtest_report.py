@@ -12,12 +12,15 @@ import json
 
 import pytest
 
-from loadtest.metrics import snapshot_deltas
+from loadtest.metrics import Deltas, snapshot_deltas, window_figures
+from loadtest.prom import COUNTERS
 from loadtest.results import CheckpointInfo, MachineInfo, ModelInfo
 from loadtest.sweep import ITL_NAME, STREAM_NAME
+from loadtest.sweep.markdown import metric_listing
 from loadtest.sweep.report import EVENTS, RUN, load_run, write_report
 from loadtest.sweep.report import main as redraw
 from reporting.events import EventLog
+from reporting.triton import sample_name
 from tests.test_loadtest_metrics import END, START, snapshot
 
 LENGTHS = (8, 32)
@@ -129,3 +132,19 @@ def test_the_report_is_drawn_from_the_event_table_and_the_windows(folder):
     (folder / "report.md").unlink()
     assert redraw([str(folder)]) == 0
     assert (folder / "report.md").read_text() == report
+
+
+def test_prometheus_is_asked_for_every_counter_the_report_reads(monkeypatch):
+    """A counter left out of the Prometheus queries would read 0 in every Prometheus window."""
+    asked: set[str] = set()
+    real = Deltas.get
+
+    def spy(self: Deltas, metric: str, model: str) -> float:
+        asked.add(sample_name(metric))
+        return real(self, metric, model)
+
+    monkeypatch.setattr(Deltas, "get", spy)
+    window_figures(Deltas({}, 1.0))
+    listed = {line.split("{")[0] for line in metric_listing({}) if "{" in line[:60]}
+    assert listed and asked
+    assert asked | {sample_name(m) for m in listed} <= {sample_name(c) for c in COUNTERS}

@@ -4,8 +4,8 @@
 - :mod:`loadtest.sweep.driver`: the per-length Locust driver (warm-up, window, streaming,
   drain), every request a row of :class:`reporting.events.EventLog`;
   :mod:`loadtest.sweep.run` runs a whole sweep (``python -m loadtest.sweep``).
-- :mod:`loadtest.sweep.locustfile` (the users; :mod:`loadtest.sweep.openai_protocol` for the
-  OpenAI API), their prompts from :mod:`contract.prompts`.
+- :mod:`loadtest.sweep.locustfile`: the users (HTTP, gRPC, streaming, the OpenAI API), their
+  prompts from :mod:`contract.prompts`.
 - :mod:`loadtest.sweep.report`: the report from the run folder's ``events.csv`` and
   ``run.json``, with :mod:`loadtest.sweep.charts` and :mod:`loadtest.sweep.markdown` (prose:
   ``loadtest/templates/report.md``).

@@ -91,7 +91,7 @@ def render(run: dict[str, Any], table: pd.DataFrame) -> str:
     ) + "\n"  # fmt: skip
 
 
-def _metric_listing(increases: dict[str, dict[str, float]]) -> list[str]:
+def metric_listing(increases: dict[str, dict[str, float]]) -> list[str]:
     """The seed's metric listing, as increases over the measured window."""
 
     def increase(metric: str, model: str) -> float:
@@ -127,7 +127,7 @@ def _length_section(row: pd.Series, window: dict[str, Any], stream_users: int) -
     return _fill(
         "length",
         output_len=row["output_len"], chart=timeseries_chart(row["output_len"]),
-        metric_listing="\n".join(_metric_listing(window["deltas"])), source=row["source"],
+        metric_listing="\n".join(metric_listing(window["deltas"])), source=row["source"],
         rps=number(row["rps"], 2), requests=row["requests"], window_s=number(row["window_s"], 1),
         triton_requests=f"{row['triton_requests']:.0f}", mean=number(row["latency_mean_ms"], 0),
         p50=number(row["latency_p50_ms"], 0), p95=number(row["latency_p95_ms"], 0),
