@@ -91,6 +91,15 @@ class PromSource:
         matchers = ",".join(f'{key}="{value}"' for key, value in labels.items())
         return f"{metric}{{{matchers}}}" if matchers else metric
 
+    def wait_for_scrapes(self, count: int, timeout: float = 30.0) -> None:
+        """Wait until the target has ``count`` scrapes in the last 30 s (a Prometheus that has
+        just started has none): windows are aligned to them."""
+        deadline = time.monotonic() + timeout
+        while len(self.scrape_times(time.time() - 30, time.time())) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Prometheus scraped {self.instance} fewer than {count} times")
+            time.sleep(0.5)
+
     def scrape_times(self, start: float, end: float) -> list[float]:
         """Timestamps of the target's scrapes within [start, end], from the samples of the
         ensemble's request counter (so a scrape that failed is not taken as a window edge)."""

@@ -27,11 +27,11 @@ from contract.tensors import ENGINE_MODEL, MODEL_STAGE
 from loadtest.api_process import ApiProcess
 from loadtest.prom import PromSource
 from loadtest.results import CheckpointInfo, MachineInfo, ModelInfo
-from loadtest.run_prometheus import INSTALL_HINT
+from loadtest.run_prometheus import INSTALL_HINT, PrometheusServer, find_binary
 from reporting.machine import machine_lines
 from reporting.triton import Endpoints, ServedTriton, get_json, open_triton
 from serving.paths import checkpoint_dir
-from serving.process import http_ready
+from serving.process import free_port, http_ready
 
 log = logging.getLogger(__name__)
 
@@ -259,11 +259,15 @@ class PrometheusChoice:
 
 
 @contextmanager
-def prometheus_for(choice: str, endpoints: Endpoints) -> Iterator[PrometheusChoice]:
+def prometheus_for(
+    choice: str, endpoints: Endpoints, folder: Path | None = None
+) -> Iterator[PrometheusChoice]:
     """The Prometheus Triton's figures come from. ``off``: none (the metrics port, read at
     both ends of each window). A URL: that one, which must scrape this Triton. ``auto``:
     ``$PROMETHEUS_URL`` or http://127.0.0.1:9090 when one runs there and scrapes this Triton
-    (``make prometheus``); else none."""
+    (``make prometheus``); else, given a ``folder`` and a ``prometheus`` on PATH, one started
+    for this run (scraping every second, its data in ``folder``, stopped on the way out);
+    else none."""
     if choice == "off":
         yield PrometheusChoice(None, "Prometheus: off (--prometheus off)")
         return
@@ -278,6 +282,16 @@ def prometheus_for(choice: str, endpoints: Endpoints) -> Iterator[PrometheusChoi
     note = f"no Prometheus at {url} scrapes {endpoints.metrics_url}"
     if choice != "auto":
         raise SystemExit(note)
-    yield PrometheusChoice(
-        None, f"{note}: Triton's metrics port instead ({INSTALL_HINT}, then `make prometheus`)"
-    )
+    if folder is None or find_binary() is None:
+        yield PrometheusChoice(None, f"{note}: Triton's metrics port instead ({INSTALL_HINT})")
+        return
+    target = endpoints.metrics_target
+    server = PrometheusServer(target, free_port(), folder / "prometheus", interval="1s")
+    try:
+        server.start().wait_ready()
+        own = PromSource(server.url, instance=target)
+        own.wait_for_scrapes(3)  # the windows are aligned to its scrapes
+        yield PrometheusChoice(own, f"Prometheus started for this run at {server.url} "
+                                    f"(target {target}, every 1s)")  # fmt: skip
+    finally:
+        server.stop()

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         if stream and not server.model_ready(STREAM_MODEL):
             log.info(f"`{STREAM_MODEL}` is not served: no streaming phase")
             stream = False
-        prometheus = stack.enter_context(prometheus_for(s.prometheus, s.endpoints))
+        prometheus = stack.enter_context(prometheus_for(s.prometheus, s.endpoints, s.out))
         log.info(prometheus.note)
         sweep = Sweep(s, server, prometheus.source, stream)
         log.info(sweep.plan())

@@ -100,8 +100,9 @@ def parser() -> argparse.ArgumentParser:
         "--prometheus",
         default="auto",
         help="where Triton's figures come from: auto, $PROMETHEUS_URL or http://127.0.0.1:9090 "
-        "if one runs there scraping this Triton (make prometheus), else its metrics port; off: "
-        "the metrics port; or a Prometheus URL",
+        "if one runs there scraping this Triton (make prometheus), else one started for the run "
+        "(when `prometheus` is on PATH), else its metrics port; off: the metrics port; or a "
+        "Prometheus URL",
     )
     p.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
     p.add_argument("--quick", action="store_true", help=f"a short run: {QUICK}")
