@@ -16,6 +16,7 @@ import dataclasses
 import importlib
 import json
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -122,10 +123,7 @@ def _safetensors_parameters(folder: Path) -> int | None:
             return None
         for name, entry in header.items():
             if name != "__metadata__" and not name.endswith((".attn.bias", ".masked_bias")):
-                count = 1
-                for dim in entry["shape"]:
-                    count *= dim
-                total += count
+                total += math.prod(entry["shape"])
     return total or None
 
 
@@ -152,11 +150,7 @@ def _checkpoint_info(model_repository: Path) -> CheckpointInfo | None:
         path=str(folder),
         name=name or config.get("_model_name_or_path"),
         parameters=data.get("parameters") or _safetensors_parameters(folder),
-        layers=figure("layers"),
-        width=figure("width"),
-        heads=figure("heads"),
-        context=figure("context"),
-        vocab=figure("vocab"),
+        **{key: figure(key) for key in _CONFIG_KEYS},
         held_out_loss=data.get("held_out_loss"),
         family=config.get("model_type", "gptj") if config else "gptj",
     )
