@@ -17,7 +17,7 @@ from loadtest.prom import COUNTERS
 from loadtest.results import CheckpointInfo, MachineInfo, ModelInfo
 from loadtest.sweep import ITL_NAME, STREAM_NAME
 from loadtest.sweep.markdown import metric_listing
-from loadtest.sweep.report import EVENTS, RUN, load_run, write_report
+from loadtest.sweep.report import EVENTS, RUN, length_row, load_run, write_report
 from loadtest.sweep.report import main as redraw
 from reporting.events import EventLog
 from reporting.triton import sample_name
@@ -97,6 +97,14 @@ def test_each_lengths_figures_join_its_window_rows_and_tritons_increases(folder)
     assert row["share_preprocessing"] == pytest.approx(0.02)
     assert row["busy_preprocessing"] == 0.015
     assert row["source"] == "Prometheus' increase()"  # one source per window, named
+
+
+def test_a_window_no_request_completed_in_has_no_latency_but_tritons_figures():
+    row = length_row(EventLog(profile="sweep").frame(), _window(8))
+    assert (row["requests"], row["failures"], row["rps"]) == (0, 0, 0)
+    assert row["latency_mean_ms"] is None and row["latency_p95_ms"] is None
+    assert row["ttft_mean_ms"] is None and row["gaps"] == 0
+    assert row["triton_requests"] == 200
 
 
 def test_the_report_is_drawn_from_the_event_table_and_the_windows(folder):

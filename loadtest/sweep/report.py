@@ -33,6 +33,7 @@ def _numbers(frame: pd.DataFrame, column: str) -> pd.Series:
 def length_row(frame: pd.DataFrame, window: dict[str, Any]) -> dict[str, Any]:
     """One output length's figures: the client's from the event table's rows of its measured
     window (``phase`` ``measure``) and streaming phase, Triton's from the window's increases."""
+    frame = frame.assign(**{c: pd.NA for c in ("window", "phase") if c not in frame})
     rows = frame[frame["window"] == window["output_len"]]
     measured = rows[(rows["phase"] == "measure") & (rows["name"] == ENSEMBLE_MODEL)]
     summary = events.summarize(measured, by=["window"])
