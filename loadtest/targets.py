@@ -181,7 +181,7 @@ def served_lines(m: MachineInfo, model: ModelInfo) -> list[str]:
 
 
 def header_fields(run: Any) -> dict[str, str]:
-    """What every run report's header says of its run (a sweep's ``RunInfo``, an editor
+    """What every run report's header says of its run (a sweep's run.json, an editor
     run): its name, start, length, command, machine and served model."""
     machine = "\n".join(served_lines(run.machine, run.model))
     return {"name": run.name, "started": run.started, "seconds": f"{run.seconds:.0f}",
