@@ -106,14 +106,18 @@ class Sweep:
 
         opening, closing = self._window_times()
         self._wait_until(opening, "warm-up", env, index, started)
-        start, start_busy = read_snapshot(metrics_url), self._execution_busy()
+        # the event table's window opens and closes right at the metric readings (Triton's
+        # statistics API, slow on a loaded machine, is read after them)
+        start = read_snapshot(metrics_url)
         self.events.stamp(phase="measure")
-        env.stats.reset_all()  # Locust's own CSV and HTML tables cover the window
         opened = time.time()
+        env.stats.reset_all()  # Locust's own CSV and HTML tables cover the window
+        start_busy = self._execution_busy()
         self._wait_until(closing, "measure", env, index, started)
-        end, end_busy = read_snapshot(metrics_url), self._execution_busy()
+        end = read_snapshot(metrics_url)
         self.events.stamp(phase="stream" if self.stream else "after")
         closed = time.time()
+        end_busy = self._execution_busy()
         Path(base + ".html").write_text(get_html_report(env, show_download_link=False))
         if self.stream:
             self._stream_phase(index, options, env, started)
@@ -204,6 +208,8 @@ class Sweep:
         """Streaming users beside the same unary load: time to first token, inter-token gaps."""
         s = self.settings
         env = self._environment(locustfile.StreamingUser, options)
+        # stopping lets each stream finish: its row (first token, tokens) is fired at its end
+        env.stop_timeout = locustfile.REQUEST_TIMEOUT_S
         env.runner.start(s.stream_users, spawn_rate=s.stream_users)
         self._wait_until(time.time() + s.stream_duration, "stream", unary, index, started)
         env.runner.quit()
