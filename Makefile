@@ -27,7 +27,8 @@ TP ?= 1
 DTYPE ?= fp16
 # make loadtest: LENGTHS=8,32,128,512 USERS=16 DURATION=100 (s per length), PROTOCOL=http|grpc|openai
 # (openai: through the OpenAI-compatible API, which the sweep starts on a free port),
-# HOST=host:port (Triton's HTTP endpoint), QUICK=1 (~1 min); unset = the sweep's own defaults
+# HOST=host:port (Triton's HTTP endpoint), QUICK=1 (~1 min); unset = the sweep's own defaults.
+# Triton's figures come from a Prometheus: the one at PROMETHEUS_URL, else one the sweep starts
 LENGTHS ?=
 USERS ?=
 DURATION ?=

@@ -9,10 +9,12 @@
 What they share sits here: :mod:`loadtest.targets` (what is loaded and which Prometheus watches
 it), :mod:`loadtest.api_process` (the OpenAI API in front), :mod:`loadtest.metrics` (Triton's
 metrics over a window), :mod:`loadtest.prom` (the same from Prometheus when one runs),
-:mod:`loadtest.results` (typed results) and :mod:`loadtest.run_prometheus` (``make
-prometheus``), and :func:`console` below. The server, the machine and the drain are every
-tool's (:mod:`reporting.triton`, :mod:`reporting.machine`); the requests travel on the client's
-transport (:mod:`client.transport`); the prompts come from :mod:`contract.prompts`.
+:mod:`loadtest.results` (the machine and model a report header names) and
+:mod:`loadtest.run_prometheus` (``make prometheus``), and :func:`console` below. Every request
+of a profile is a row of the one event table, :mod:`reporting.events`. The server, the machine
+and the drain are every tool's (:mod:`reporting.triton`, :mod:`reporting.machine`); the
+requests travel on the client's transport (:mod:`client.transport`); the prompts come from
+:mod:`contract.prompts`.
 
 Importing this package imports nothing else: Locust monkey-patches the process with gevent, so
 only the sweep's run, its driver and the locustfile load it.

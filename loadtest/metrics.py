@@ -1,33 +1,32 @@
-"""Triton's metrics over a measured window: snapshots, counter deltas and the derived figures.
+"""Triton's metrics over a measured window: counter increases and the figures derived from them.
 
-Every Triton and engine figure is a cumulative counter, so a load test reads the metrics port at
-the start and the end of its window and works with the differences. This module does that
-arithmetic once, for both sources: the direct reading (two snapshots of ``/metrics``) and
-Prometheus (:mod:`loadtest.prom` feeds the same :func:`window_figures` with ``increase()``).
-The model stage's time is the engine's busy time, not Triton's ``compute_infer`` for ``gptj``:
-why is explained once, in :mod:`contract.metrics`.
+Every Triton and engine figure is a cumulative counter, so a load test works with increases
+over its window, from one source per window: two readings of ``/metrics``
+(:func:`snapshot_deltas`) or Prometheus' ``increase()`` (:mod:`loadtest.prom`), both as
+:class:`Deltas`, both turned into figures by :func:`window_figures`. The model stage's time is
+the engine's busy time, not Triton's ``compute_infer`` for ``gptj``: :mod:`contract.metrics`
+says why.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from contract import metrics as names
 from contract.tensors import ENGINE_MODEL, ENSEMBLE_MODEL, MODEL_STAGE, STAGES
-from loadtest.results import Increases, WindowFigures
 from reporting.triton import Snapshot, sample_name
 
 PREPROCESSING, POSTPROCESSING = STAGES[0], STAGES[-1]
 MODELS = (ENSEMBLE_MODEL, *STAGES)  # the unary pipeline's four Triton models
+Increases = dict[str, dict[str, float]]  # counter sample name -> model -> increase
 
 
 def counter_increase(start: float | None, end: float) -> float:
     """A counter's increase between two readings, as Prometheus' ``increase()`` counts it
     without extrapolation: a series born during the window counts from 0, and a value that went
-    down means the counter was reset (the server restarted), so everything after the reset,
-    ``end``, is the increase (the part before the reset is lost, as in Prometheus)."""
+    down means the counter was reset (the server restarted), so ``end`` is the increase."""
     if start is None:
         return end
     return end - start if end >= start else end
@@ -49,6 +48,11 @@ class Deltas:
             out.setdefault(metric, {})[model] = value
         return out
 
+    @classmethod
+    def from_dict(cls, increases: Increases, window_s: float) -> Deltas:
+        values = {(m, model): v for m, models in increases.items() for model, v in models.items()}
+        return cls(values, window_s)
+
 
 def snapshot_deltas(start: Snapshot, end: Snapshot) -> Deltas:
     """Per-series increases from ``start`` to ``end`` (resets handled per series), then summed
@@ -60,16 +64,15 @@ def snapshot_deltas(start: Snapshot, end: Snapshot) -> Deltas:
         if name in gauges or not name.endswith("_total"):
             continue
         model = dict(labels).get("model", "")
-        totals[(name, model)] = totals.get((name, model), 0.0) + counter_increase(
-            start.series.get(key), value
-        )
+        increase = counter_increase(start.series.get(key), value)
+        totals[(name, model)] = totals.get((name, model), 0.0) + increase
     return Deltas(totals, end.taken_at - start.taken_at)
 
 
 def execution_busy_us(statistics: Mapping[str, Any]) -> dict[str, float]:
     """Each model's execution time (us) from Triton's statistics API (``/v2/models/stats``):
-    the sum over its ``batch_stats`` of ``compute_infer``, i.e. every execution counted once.
-    The metrics port's ``nv_inference_compute_infer_duration_us`` charges each request of a
+    the sum over its ``batch_stats`` of ``compute_infer``, every execution counted once. The
+    metrics port's ``nv_inference_compute_infer_duration_us`` charges each request of a
     batched execution with the whole execution, so it is this times the batch size."""
     busy: dict[str, float] = {}
     for model in statistics.get("model_stats", []):
@@ -93,64 +96,58 @@ def _ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator > 0 else None
 
 
-def window_figures(d: Deltas, models: Iterable[str] = MODELS) -> WindowFigures:
-    """The figures of one window, from counter increases alone (so any source can feed it).
+def window_figures(d: Deltas) -> dict[str, float | None]:
+    """One window's figures from counter increases alone (any source can feed it), as the
+    columns of a report's per-window row.
 
-    - requests, rps: the ensemble's completed inferences over the window.
-    - batch_size per model: count / exec_count (Triton's grouping; for ``gptj`` that is its
-      dynamic batcher, not the engine), and engine_batch_size = step rows / steps (the running
-      batch of the continuous-batching engine).
-    - stage_share: as the original load test reports it, each stage's compute time over the
-      model stage's; the model stage's is the engine's busy time (see the module docstring), so
-      ``model`` is 1 by definition and the others are fractions of it. Triton's own figure for
-      the model stage is kept as ``triton_model_compute_infer_us``, not used.
-    - queue_share: time requests spent queued (Triton's queues of the three stages plus the
-      engine's wait before prefill) over the ensemble's end-to-end request time.
+    - ``triton_requests``, ``triton_rps``: the ensemble's completed inferences over the window.
+    - ``batch_<model>``: count / exec_count (Triton's grouping; for ``gptj`` its dynamic
+      batcher, not the engine); ``engine_batch``: step rows / steps, the engine's running batch.
+    - ``share_<stage>``: as the seed's report has it, a stage's compute time over the model
+      stage's, which is the engine's busy time (so ``share_model`` is 1). Triton's own figure
+      for the model stage is kept as ``triton_model_compute_infer_us``, not used.
+    - ``queue_share``: time queued (Triton's queues of the three stages plus the engine's wait
+      before prefill) over the ensemble's end-to-end request time.
     """
-    window = d.window_s
-    ensemble = ENSEMBLE_MODEL
-    requests = d.get(names.INFERENCE_COUNT, ensemble)
-    engine_compute = d.get(names.ENGINE_COMPUTE_DURATION_US, ENGINE_MODEL)
+    window, engine = d.window_s, ENGINE_MODEL
+    requests = d.get(names.INFERENCE_COUNT, ENSEMBLE_MODEL)
     compute = {
         PREPROCESSING: d.get(names.COMPUTE_INFER_DURATION_US, PREPROCESSING),
-        "model": engine_compute,
+        "model": d.get(names.ENGINE_COMPUTE_DURATION_US, engine),
         POSTPROCESSING: d.get(names.COMPUTE_INFER_DURATION_US, POSTPROCESSING),
     }
-    queue = {stage: d.get(names.QUEUE_DURATION_US, stage) for stage in STAGES} | {
-        # the engine model's Triton queue (where requests wait while the engine is full)
-        # and the engine's own wait before prefill
-        "engine": d.get(names.QUEUE_DURATION_US, ENGINE_MODEL)
-        + d.get(names.ENGINE_QUEUE_DURATION_US, ENGINE_MODEL)
-    }
-    request_us = d.get(names.REQUEST_DURATION_US, ensemble)
-    generated = d.get(names.ENGINE_GENERATED_TOKENS, ENGINE_MODEL)
-    engine_requests = d.get(names.ENGINE_REQUESTS, ENGINE_MODEL)
-    return WindowFigures(
-        window_s=window,
-        requests=requests,
-        rps=_ratio(requests, window),
-        failures=d.get(names.REQUEST_FAILURE, ensemble),
-        mean_request_ms=_ratio(request_us / 1000, requests),
-        tokens_per_s=_ratio(generated, window),
-        generated_tokens=generated,
-        prompt_tokens=d.get(names.ENGINE_PROMPT_TOKENS, ENGINE_MODEL),
-        tokens_per_request=_ratio(generated, engine_requests),
-        counts={m: d.get(names.INFERENCE_COUNT, m) for m in models},
-        engine_requests=engine_requests,
-        batch_size={
-            m: _ratio(d.get(names.INFERENCE_COUNT, m), d.get(names.EXEC_COUNT, m)) for m in models
-        },
-        engine_batch_size=_ratio(
-            d.get(names.ENGINE_STEP_ROWS, ENGINE_MODEL), d.get(names.ENGINE_STEPS, ENGINE_MODEL)
-        ),
-        compute_us=compute,
-        triton_model_compute_infer_us=d.get(names.COMPUTE_INFER_DURATION_US, MODEL_STAGE),
-        stage_share={stage: _ratio(us, engine_compute) for stage, us in compute.items()},
-        queue_us=queue,
-        request_us=request_us,
-        queue_share=_ratio(sum(queue.values()), request_us),
-        engine_busy=_ratio(engine_compute / 1e6, window),
-    )
+    queued = sum(d.get(names.QUEUE_DURATION_US, stage) for stage in STAGES)
+    # the engine model's Triton queue (requests wait there while the engine is full) and the
+    # engine's own wait before prefill
+    queued += d.get(names.QUEUE_DURATION_US, engine) + d.get(names.ENGINE_QUEUE_DURATION_US, engine)
+    request_us = d.get(names.REQUEST_DURATION_US, ENSEMBLE_MODEL)
+    generated = d.get(names.ENGINE_GENERATED_TOKENS, engine)
+    engine_requests = d.get(names.ENGINE_REQUESTS, engine)
+    figures: dict[str, float | None] = {
+        "window_s": window,
+        "triton_requests": requests,
+        "triton_rps": _ratio(requests, window),
+        "triton_failures": d.get(names.REQUEST_FAILURE, ENSEMBLE_MODEL),
+        "triton_mean_ms": _ratio(request_us / 1000, requests),
+        "tokens_per_s": _ratio(generated, window),
+        "generated_tokens": generated,
+        "prompt_tokens": d.get(names.ENGINE_PROMPT_TOKENS, engine),
+        "tokens_per_request": _ratio(generated, engine_requests),
+        "engine_requests": engine_requests,
+        "engine_batch": _ratio(d.get(names.ENGINE_STEP_ROWS, engine),
+                               d.get(names.ENGINE_STEPS, engine)),
+        "triton_model_compute_infer_us": d.get(names.COMPUTE_INFER_DURATION_US, MODEL_STAGE),
+        "queue_share": _ratio(queued, request_us),
+        "engine_busy": _ratio(compute["model"] / 1e6, window),
+    }  # fmt: skip
+    for model in MODELS:
+        count = d.get(names.INFERENCE_COUNT, model)
+        figures[f"count_{model}"] = count
+        figures[f"batch_{model}"] = _ratio(count, d.get(names.EXEC_COUNT, model))
+    for stage, us in compute.items():
+        figures[f"compute_{stage}_us"] = us
+        figures[f"share_{stage}"] = _ratio(us, compute["model"])
+    return figures
 
 
 # --- the prefix cache: shared by the sweep's and the editor profile's reports ------------

@@ -29,22 +29,14 @@ from contract.tensors import ENSEMBLE_MODEL
 from loadtest.metrics import Deltas
 from reporting.triton import sample_name
 
-# The counters the figures need (Prometheus stores them under their exposed names).
+# The counters the report reads (Prometheus stores them under their exposed names).
 COUNTERS = (
-    names.INFERENCE_COUNT,
-    names.EXEC_COUNT,
-    names.REQUEST_FAILURE,
-    names.REQUEST_DURATION_US,
-    names.QUEUE_DURATION_US,
-    names.COMPUTE_INFER_DURATION_US,
-    names.ENGINE_REQUESTS,
-    names.ENGINE_QUEUE_DURATION_US,
-    names.ENGINE_COMPUTE_DURATION_US,
-    names.ENGINE_STEPS,
-    names.ENGINE_STEP_ROWS,
-    names.ENGINE_PROMPT_TOKENS,
+    names.INFERENCE_COUNT, names.EXEC_COUNT, names.REQUEST_FAILURE, names.REQUEST_DURATION_US,
+    names.QUEUE_DURATION_US, names.COMPUTE_INFER_DURATION_US, names.ENGINE_REQUESTS,
+    names.ENGINE_QUEUE_DURATION_US, names.ENGINE_COMPUTE_DURATION_US, names.ENGINE_STEPS,
+    names.ENGINE_STEP_ROWS, names.ENGINE_PROMPT_TOKENS, names.ENGINE_PROMPT_TOKENS_REUSED,
     names.ENGINE_GENERATED_TOKENS,
-)
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -87,14 +79,8 @@ class PromSource:
         local = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
         for target in self.targets():
             scrape = urllib.parse.urlsplit(target.get("scrapeUrl", ""))
-            same_host = (
-                scrape.hostname == wanted.hostname
-                or {
-                    scrape.hostname,
-                    wanted.hostname,
-                }
-                <= local
-            )
+            hosts = {scrape.hostname, wanted.hostname}
+            same_host = len(hosts) == 1 or hosts <= local
             if same_host and scrape.port == wanted.port:
                 return target["labels"].get("instance")
         return None
@@ -105,15 +91,14 @@ class PromSource:
         matchers = ",".join(f'{key}="{value}"' for key, value in labels.items())
         return f"{metric}{{{matchers}}}" if matchers else metric
 
-    def wait_for_scrapes(self, count: int = 3, timeout: float = 20.0) -> bool:
-        """Whether the target has ``count`` recent scrapes, waiting up to ``timeout`` for a
-        Prometheus that has just started: windows are aligned to them."""
+    def wait_for_scrapes(self, count: int, timeout: float = 30.0) -> None:
+        """Wait until the target has ``count`` scrapes in the last 30 s (a Prometheus that has
+        just started has none): windows are aligned to them."""
         deadline = time.monotonic() + timeout
-        while len(self.scrape_times(time.time() - 10, time.time())) < count:
+        while len(self.scrape_times(time.time() - 30, time.time())) < count:
             if time.monotonic() > deadline:
-                return False
+                raise TimeoutError(f"Prometheus scraped {self.instance} fewer than {count} times")
             time.sleep(0.5)
-        return True
 
     def scrape_times(self, start: float, end: float) -> list[float]:
         """Timestamps of the target's scrapes within [start, end], from the samples of the

@@ -1,17 +1,13 @@
-"""What the sweep loads and what watches it: one :class:`Target` per ``--protocol`` (the Locust
-user that speaks it and the server that answers it), and the Prometheus to compare with.
+"""What a load profile loads and what watches it: one :class:`Target` per ``--protocol`` (the
+Locust user that speaks it and the server that answers it), the Prometheus Triton's figures
+come from (:func:`prometheus_for`), and the report header's machine and model.
 
-Servers are found, waited for or started with the launcher's own process management
-(:class:`serving.triton.TritonServer`, :class:`serving.process.ManagedServer` and its probes,
-:class:`loadtest.run_prometheus.PrometheusServer`); nothing here polls or signals by itself.
-Both are context managers: what a run started, it stops on the way out.
-
-Adding a protocol is one more entry in :data:`TARGETS`: the user class's name in
-``loadtest/sweep/locustfile.py`` and a factory for a :class:`Server`. An OpenAI-compatible API
-in front of Triton, say, would be a class that enters a :class:`TritonTarget` (the metrics,
-statistics and readiness the sweep reads stay Triton's), then finds or starts the API server (a
-``ManagedServer`` whose ``ready_url`` is its health route), and returns that server's URL as
-:attr:`Server.users_url`.
+Servers are found or started through :func:`reporting.triton.open_triton` (the production
+launcher) and :class:`loadtest.api_process.ApiProcess`; both targets are context managers:
+what a run started, it stops on the way out. Adding a protocol is one more entry in
+:data:`TARGETS`: the user class and a server factory (:class:`TritonTarget`, or a class that
+enters one and starts something in front, as :class:`OpenAITarget` does, returning its URL as
+``users_url``).
 """
 
 from __future__ import annotations
@@ -20,51 +16,30 @@ import dataclasses
 import importlib
 import json
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from contract.tensors import ENGINE_MODEL, MODEL_STAGE
 from loadtest.api_process import ApiProcess
 from loadtest.prom import PromSource
 from loadtest.results import CheckpointInfo, MachineInfo, ModelInfo
-from loadtest.run_prometheus import INSTALL_HINT
+from loadtest.run_prometheus import INSTALL_HINT, PrometheusServer, find_binary
 from reporting.machine import machine_lines
 from reporting.triton import Endpoints, ServedTriton, get_json, open_triton
 from serving.paths import checkpoint_dir
-from serving.process import http_ready
+from serving.process import free_port, http_ready
 
 log = logging.getLogger(__name__)
 
 
-class Server(Protocol):
-    """What the sweep needs of whatever answers the load; entered before the sweep (found,
-    waited for or started) and exited after it (stopped if this run started it)."""
-
-    endpoints: Endpoints
-
-    @property
-    def users_url(self) -> str:
-        """The base URL the target's Locust users send to (Locust's ``host``)."""
-        ...
-
-    def model_ready(self, model: str) -> bool: ...
-
-    def statistics(self) -> dict[str, Any]:
-        """Triton's statistics API (``/v2/models/stats``), for the per-execution busy time."""
-        ...
-
-    def describe(self) -> ModelInfo: ...
-
-    def __enter__(self) -> Server: ...
-
-    def __exit__(self, *exc: object) -> None: ...
-
-
-ServerFactory = Callable[[Endpoints, Path, Path], Server]  # endpoints, model repo, run folder
+# a protocol's server: endpoints, model repository, run folder -> a context manager that
+# finds or starts it (TritonTarget, OpenAITarget)
+ServerFactory = Callable[[Endpoints, Path, Path], Any]
 
 
 @dataclass(frozen=True)
@@ -148,10 +123,7 @@ def _safetensors_parameters(folder: Path) -> int | None:
             return None
         for name, entry in header.items():
             if name != "__metadata__" and not name.endswith((".attn.bias", ".masked_bias")):
-                count = 1
-                for dim in entry["shape"]:
-                    count *= dim
-                total += count
+                total += math.prod(entry["shape"])
     return total or None
 
 
@@ -178,11 +150,7 @@ def _checkpoint_info(model_repository: Path) -> CheckpointInfo | None:
         path=str(folder),
         name=name or config.get("_model_name_or_path"),
         parameters=data.get("parameters") or _safetensors_parameters(folder),
-        layers=figure("layers"),
-        width=figure("width"),
-        heads=figure("heads"),
-        context=figure("context"),
-        vocab=figure("vocab"),
+        **{key: figure(key) for key in _CONFIG_KEYS},
         held_out_loss=data.get("held_out_loss"),
         family=config.get("model_type", "gptj") if config else "gptj",
     )
@@ -213,51 +181,44 @@ def served_lines(m: MachineInfo, model: ModelInfo) -> list[str]:
 
 
 def header_fields(run: Any) -> dict[str, str]:
-    """What every run report's header says of its run (a sweep's ``RunInfo``, an editor
+    """What every run report's header says of its run (a sweep's run.json, an editor
     run): its name, start, length, command, machine and served model."""
     machine = "\n".join(served_lines(run.machine, run.model))
     return {"name": run.name, "started": run.started, "seconds": f"{run.seconds:.0f}",
             "command": run.command, "machine": machine}  # fmt: skip
 
 
-class OpenAITarget:
+class OpenAITarget(TritonTarget):
     """Triton, found or started as :class:`TritonTarget` does (its metrics and statistics are
     what the sweep reads), with the OpenAI-compatible API started in front of it."""
 
     def __init__(self, endpoints: Endpoints, model_repository: Path, out: Path) -> None:
-        self.triton = TritonTarget(endpoints, model_repository, out)
+        super().__init__(endpoints, model_repository, out)
         self.api = ApiProcess(endpoints.grpc, out / "openai_api.log")
+
+    @property
+    def triton(self) -> TritonTarget:
+        """The Triton behind the API (this object: the API adds only its process)."""
+        return self
 
     @property
     def users_url(self) -> str:
         return self.api.url
 
     def __enter__(self) -> OpenAITarget:
-        self.triton.__enter__()
+        super().__enter__()
         try:
-            self.api.start()
-            self.api.wait_ready()
+            self.api.start().wait_ready()
         except BaseException:
             self.api.stop()
-            self.triton.__exit__()
+            super().__exit__()
             raise
-        log.info(
-            f"OpenAI-compatible API at {self.api.url} in front of {self.triton.endpoints.grpc}"
-        )
+        log.info(f"OpenAI-compatible API at {self.api.url} in front of {self.endpoints.grpc}")
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.api.stop()
-        self.triton.__exit__(*exc)
-
-    def model_ready(self, model: str) -> bool:
-        return self.triton.model_ready(model)
-
-    def statistics(self) -> dict[str, Any]:
-        return self.triton.statistics()
-
-    def describe(self) -> ModelInfo:
-        return self.triton.describe()
+        super().__exit__(*exc)
 
 
 TARGETS: dict[str, Target] = {
@@ -275,7 +236,7 @@ TARGETS: dict[str, Target] = {
     ),
     "openai": Target(
         "openai",
-        "loadtest.sweep.openai_protocol:OpenAIUser",
+        "loadtest.sweep.locustfile:OpenAIUser",
         OpenAITarget,
         "POST /v1/completions through the OpenAI-compatible API (its overhead over gRPC)",
     ),
@@ -292,11 +253,15 @@ class PrometheusChoice:
 
 
 @contextmanager
-def prometheus_for(choice: str, endpoints: Endpoints) -> Iterator[PrometheusChoice]:
+def prometheus_for(
+    choice: str, endpoints: Endpoints, folder: Path | None = None
+) -> Iterator[PrometheusChoice]:
     """The Prometheus Triton's figures come from. ``off``: none (the metrics port, read at
     both ends of each window). A URL: that one, which must scrape this Triton. ``auto``:
     ``$PROMETHEUS_URL`` or http://127.0.0.1:9090 when one runs there and scrapes this Triton
-    (``make prometheus``); else none."""
+    (``make prometheus``); else, given a ``folder`` and a ``prometheus`` on PATH, one started
+    for this run (scraping every second, its data in ``folder``, stopped on the way out);
+    else none."""
     if choice == "off":
         yield PrometheusChoice(None, "Prometheus: off (--prometheus off)")
         return
@@ -311,6 +276,16 @@ def prometheus_for(choice: str, endpoints: Endpoints) -> Iterator[PrometheusChoi
     note = f"no Prometheus at {url} scrapes {endpoints.metrics_url}"
     if choice != "auto":
         raise SystemExit(note)
-    yield PrometheusChoice(
-        None, f"{note}: Triton's metrics port instead ({INSTALL_HINT}, then `make prometheus`)"
-    )
+    if folder is None or find_binary() is None:
+        yield PrometheusChoice(None, f"{note}: Triton's metrics port instead ({INSTALL_HINT})")
+        return
+    target = endpoints.metrics_target
+    server = PrometheusServer(target, free_port(), folder / "prometheus", interval="1s")
+    try:
+        server.start().wait_ready()
+        own = PromSource(server.url, instance=target)
+        own.wait_for_scrapes(3)  # the windows are aligned to its scrapes
+        yield PrometheusChoice(own, f"Prometheus started for this run at {server.url} "
+                                    f"(target {target}, every 1s)")  # fmt: skip
+    finally:
+        server.stop()

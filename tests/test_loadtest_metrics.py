@@ -6,7 +6,6 @@ to the families the load test reads, with the engine's counters as the engine mo
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -140,7 +139,7 @@ def test_deltas_are_per_model_increases_and_skip_gauges(window):
     assert window.get("codegen_engine_compute_duration_us_total", "gptj") == 0
     assert not any(metric.startswith("nv_inference_pending") for metric, _ in window.values)
     assert not any("running_sequences" in metric for metric, _ in window.values)
-    assert json.dumps(window.as_dict())  # serialisable for summary.json
+    assert json.dumps(window.as_dict())  # serialisable for run.json
 
 
 def test_counter_increase_handles_resets_and_new_series():
@@ -161,40 +160,43 @@ def test_a_server_restart_inside_the_window_is_a_counter_reset():
     # a counter that did not go down is still an ordinary difference
     assert d.get("nv_inference_request_failure", "ensemble") == 0
     figures = window_figures(d)
-    assert figures.rps == pytest.approx(1.2)
-    assert figures.batch_size["gptj"] == pytest.approx(4.0)
-    assert figures.engine_batch_size == pytest.approx(3.0)
+    assert figures["triton_rps"] == pytest.approx(1.2)
+    assert figures["batch_gptj"] == pytest.approx(4.0)
+    assert figures["engine_batch"] == pytest.approx(3.0)
 
 
 def test_window_figures(window):
     f = window_figures(window)
-    assert f.requests == 200
-    assert f.rps == pytest.approx(20.0)
-    assert f.failures == 2
-    assert f.mean_request_ms == pytest.approx(500.0)
-    assert f.tokens_per_s == pytest.approx(640.0)
-    assert f.tokens_per_request == pytest.approx(32.0)
-    assert f.counts == {m: 200 for m in ("ensemble", "preprocessing", "gptj", "postprocessing")}
+    assert f["triton_requests"] == 200
+    assert f["triton_rps"] == pytest.approx(20.0)
+    assert f["triton_failures"] == 2
+    assert f["triton_mean_ms"] == pytest.approx(500.0)
+    assert f["tokens_per_s"] == pytest.approx(640.0)
+    assert f["tokens_per_request"] == pytest.approx(32.0)
+    models = ("ensemble", "preprocessing", "gptj", "postprocessing")
+    assert {m: f[f"count_{m}"] for m in models} == {m: 200 for m in models}
     # batch size = delta count / delta exec_count; the engine's = rows / steps
-    assert f.batch_size == {
+    assert {m: f[f"batch_{m}"] for m in models} == {
         "ensemble": 1.0,
         "preprocessing": 2.0,
         "gptj": 4.0,
         "postprocessing": 2.0,
     }
-    assert f.engine_batch_size == pytest.approx(6.0)
+    assert f["engine_batch"] == pytest.approx(6.0)
     # shares of the model stage's time, which is the engine's busy time (8 s), not Triton's
     # gptj compute_infer (40 ms of admission), which is reported beside it
-    assert f.compute_us["model"] == pytest.approx(8e6)
-    assert f.triton_model_compute_infer_us == 40_000
-    assert f.stage_share["preprocessing"] == pytest.approx(160_000 / 8e6)
-    assert f.stage_share["postprocessing"] == pytest.approx(80_000 / 8e6)
-    assert f.stage_share["model"] == pytest.approx(1.0)
+    assert f["compute_model_us"] == pytest.approx(8e6)
+    assert f["triton_model_compute_infer_us"] == 40_000
+    assert f["share_preprocessing"] == pytest.approx(160_000 / 8e6)
+    assert f["share_postprocessing"] == pytest.approx(80_000 / 8e6)
+    assert f["share_model"] == pytest.approx(1.0)
     # queue share: the three stages' Triton queues and the engine's wait over request time
     queued = 10_000 + 20_000 + 30_000 + 2_000_000
-    assert f.queue_share == pytest.approx(queued / (200 * 500_000))
-    assert f.engine_busy == pytest.approx(0.8)
-    assert json.dumps(dataclasses.asdict(f))
+    assert f["queue_share"] == pytest.approx(queued / (200 * 500_000))
+    assert f["engine_busy"] == pytest.approx(0.8)
+    assert json.dumps(f)
+    # the increases travel in run.json and come back as the same figures
+    assert Deltas.from_dict(window.as_dict(), window.window_s) == window
 
 
 def test_the_original_reports_figures_come_out_of_the_same_arithmetic():
@@ -214,20 +216,20 @@ def test_the_original_reports_figures_come_out_of_the_same_arithmetic():
         ("codegen_engine_compute_duration_us_total", "engine"): 6148437063.0,
     }
     f = window_figures(Deltas(values, 228.4))
-    assert f.rps == pytest.approx(1715, rel=0.01)
-    assert f.batch_size[model] == pytest.approx(19.17, abs=0.01)
-    assert round(100 * f.stage_share["preprocessing"], 2) == 2.74
-    assert round(100 * f.stage_share["postprocessing"], 2) == 0.84
+    assert f["triton_rps"] == pytest.approx(1715, rel=0.01)
+    assert f[f"batch_{model}"] == pytest.approx(19.17, abs=0.01)
+    assert round(100 * f["share_preprocessing"], 2) == 2.74
+    assert round(100 * f["share_postprocessing"], 2) == 0.84
 
 
 def test_empty_window_gives_none_not_a_division_by_zero():
     f = window_figures(Deltas({}, 5.0))
-    assert f.rps == 0
-    assert f.batch_size["gptj"] is None
-    assert f.engine_batch_size is None
-    assert f.stage_share["preprocessing"] is None
-    assert f.queue_share is None
-    assert window_figures(Deltas({}, 0.0)).rps is None
+    assert f["triton_rps"] == 0
+    assert f["batch_gptj"] is None
+    assert f["engine_batch"] is None
+    assert f["share_preprocessing"] is None
+    assert f["queue_share"] is None
+    assert window_figures(Deltas({}, 0.0))["triton_rps"] is None
 
 
 class FakeClient:
@@ -287,7 +289,9 @@ def test_prometheus_gives_the_increases_over_its_scrapes_inside_the_window():
     deltas, window = source.window_deltas(start.taken_at, end.taken_at)
     assert window.scrapes == 9 and window.seconds == pytest.approx(8.0)
     assert deltas.values.keys() <= direct.values.keys()
-    assert window_figures(deltas).rps == pytest.approx(20.0)  # 0.8 x the requests in 0.8 x the time
+    assert window_figures(deltas)["triton_rps"] == pytest.approx(
+        20.0
+    )  # 0.8 x the requests in 0.8 x the time
 
 
 def test_next_scrape_predicts_the_scrape_phase(monkeypatch):

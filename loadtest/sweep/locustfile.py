@@ -6,12 +6,15 @@ the sweep is measuring, and the sampling settings are fixed (:data:`SAMPLING`), 
 output length changes between the sweep's runs.
 
 - :class:`HttpEnsembleUser`: Locust's FastHttpUser posting the KServe v2 binary body that
-  tritonclient.http builds to ``/v2/models/ensemble/infer``.
+  tritonclient.http builds to ``/v2/models/ensemble/infer``; :class:`OpenAIUser`: the same
+  requests to the OpenAI-compatible API's ``/v1/completions``.
 - :class:`GrpcEnsembleUser`: the unary ``infer`` on the client's transport, reported through
   Locust's request event (grpc is made gevent-cooperative first, as Locust's gRPC guide does).
 - :class:`StreamingUser`: the decoupled ``ensemble_stream`` over a gRPC stream (the same
-  transport); it reports the time to first token and each inter-token gap as their own
-  request names.
+  transport), with each request's time to first token and each inter-token gap.
+
+Every request fires Locust's request event, which the sweep records as a row of its event
+table (:class:`reporting.events.EventLog`).
 
 Standalone (the sweep imports these classes and runs Locust in-process instead)::
 
@@ -22,9 +25,11 @@ Standalone (the sweep imports these classes and runs Locust in-process instead):
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import Field, dataclass, fields
 from functools import lru_cache
 from typing import Any
 
@@ -36,6 +41,7 @@ from client.request import CompletionRequest, requested_outputs
 from client.transport import Transport
 from contract.prompts import code_prompts
 from contract.tensors import ENSEMBLE_MODEL
+from loadtest.sweep import ITL_NAME, STREAM_NAME
 
 grpc_gevent.init_gevent()  # before any channel exists: grpc calls then yield to other users
 
@@ -43,61 +49,38 @@ grpc_gevent.init_gevent()  # before any channel exists: grpc calls then yield to
 # is the prompt's index, so the same prompt and length always produce the same completion.
 SAMPLING: dict[str, Any] = {"top_k": 40, "top_p": 0.95, "temperature": 0.8}
 REQUEST_TIMEOUT_S = 600.0  # a 512-token request at full load takes tens of seconds on 2 cores
-TTFT_NAME, ITL_NAME, STREAM_NAME = "stream TTFT", "stream inter-token", "stream total"
 
 
 @dataclass(frozen=True)
 class LoadSettings:
-    """What every user needs to know; from Locust's options or LOADTEST_* variables."""
+    """What every user needs to know: Locust's options, else ``LOADTEST_<NAME>`` variables."""
 
-    output_len: int = 32
-    prompts: int = 300
+    output_len: int = 32  # tokens to generate per request
+    prompts: int = 300  # distinct code prompts to cycle through
     prompt_seed: int = 0
-    grpc_url: str = "127.0.0.1:8001"
+    grpc_url: str = "127.0.0.1:8001"  # Triton's gRPC endpoint (gRPC and streaming users)
 
 
 def load_settings(environment: Any) -> LoadSettings:
     options = getattr(environment, "parsed_options", None)
-    defaults = LoadSettings()
 
-    def pick(name: str, env: str, cast: type) -> Any:
-        value = getattr(options, name, None)
-        if value is None:
-            value = os.environ.get(env, getattr(defaults, name))
-        return cast(value)
+    def pick(f: Field) -> Any:
+        value = getattr(options, f.name, None)
+        return type(f.default)(os.environ.get(_variable(f), f.default) if value is None else value)
 
-    return LoadSettings(
-        output_len=pick("output_len", "LOADTEST_OUTPUT_LEN", int),
-        prompts=pick("prompts", "LOADTEST_PROMPTS", int),
-        prompt_seed=pick("prompt_seed", "LOADTEST_PROMPT_SEED", int),
-        grpc_url=pick("grpc_url", "LOADTEST_GRPC_URL", str),
-    )
+    return LoadSettings(**{f.name: pick(f) for f in fields(LoadSettings)})
+
+
+def _variable(f: Field) -> str:
+    return f"LOADTEST_{f.name.upper()}"
 
 
 @events.init_command_line_parser.add_listener
 def _arguments(parser: Any) -> None:
     """The same settings as Locust options (for ``locust -f loadtest/sweep/locustfile.py``)."""
-    parser.add_argument(
-        "--output-len",
-        type=int,
-        env_var="LOADTEST_OUTPUT_LEN",
-        default=32,
-        help="tokens to generate per request",
-    )
-    parser.add_argument(
-        "--prompts",
-        type=int,
-        env_var="LOADTEST_PROMPTS",
-        default=300,
-        help="how many distinct code prompts to cycle through",
-    )
-    parser.add_argument("--prompt-seed", type=int, env_var="LOADTEST_PROMPT_SEED", default=0)
-    parser.add_argument(
-        "--grpc-url",
-        env_var="LOADTEST_GRPC_URL",
-        default="127.0.0.1:8001",
-        help="Triton's gRPC endpoint for the gRPC and streaming users",
-    )
+    for f in fields(LoadSettings):
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default),
+                            env_var=_variable(f), default=f.default)  # fmt: skip
 
 
 @lru_cache(maxsize=8)
@@ -111,43 +94,55 @@ def requests_for(settings: LoadSettings) -> tuple[CompletionRequest, ...]:
 
 
 @lru_cache(maxsize=8)
-def http_bodies(settings: LoadSettings) -> tuple[tuple[bytes, int | None], ...]:
-    """tritonclient.http's own binary request bodies (body, JSON header length), built once:
+def http_bodies(settings: LoadSettings) -> tuple[tuple[bytes, dict[str, str]], ...]:
+    """tritonclient.http's own binary request bodies with their headers, built once:
     serialising on every request would spend the CPU the server needs."""
-    outputs = requested_outputs(httpclient)
-    return tuple(
-        httpclient.InferenceServerClient.generate_request_body(
+    outputs, bodies = requested_outputs(httpclient), []
+    for request in requests_for(settings):
+        body, json_size = httpclient.InferenceServerClient.generate_request_body(
             request.infer_inputs(httpclient), outputs=outputs
         )
-        for request in requests_for(settings)
-    )
-
-
-def _start_offset(user: User, count: int) -> int:
-    """Users start at different prompts, so concurrent requests differ."""
-    return (id(user) // 16) % max(count, 1)
-
-
-class HttpEnsembleUser(FastHttpUser):
-    """Unary requests to ``ensemble`` over HTTP, back to back (a closed loop)."""
-
-    wait_time = constant(0)
-    network_timeout = REQUEST_TIMEOUT_S
-    connection_timeout = 30.0
-    path = f"/v2/models/{ENSEMBLE_MODEL}/infer"
-
-    def on_start(self) -> None:
-        bodies = http_bodies(load_settings(self.environment))
-        self._bodies = itertools.islice(
-            itertools.cycle(bodies), _start_offset(self, len(bodies)), None
-        )
-
-    @task
-    def complete(self) -> None:
-        body, json_size = next(self._bodies)
         headers = {"Content-Type": "application/octet-stream"}
         if json_size is not None:
             headers["Inference-Header-Content-Length"] = str(json_size)
+        bodies.append((body, headers))
+    return tuple(bodies)
+
+
+@lru_cache(maxsize=8)
+def openai_bodies(settings: LoadSettings) -> tuple[tuple[bytes, dict[str, str]], ...]:
+    """The same requests as OpenAI ``/v1/completions`` JSON bodies (top_k: the API's own
+    extension), built once as the HTTP user's are."""
+    headers = {"Content-Type": "application/json"}
+    keys = ("max_tokens", "temperature", "top_p", "top_k", "seed")
+    bodies = [
+        {"model": ENSEMBLE_MODEL, "prompt": r.prompts[0], **{k: getattr(r, k) for k in keys}}
+        for r in requests_for(settings)
+    ]
+    return tuple((json.dumps(body).encode(), headers) for body in bodies)
+
+
+def _cycle(user: User, items: tuple) -> Iterator:
+    """The requests over and over; users start at different ones, so concurrent requests differ."""
+    return itertools.islice(itertools.cycle(items), (id(user) // 16) % max(len(items), 1), None)
+
+
+class _PostUser(FastHttpUser):
+    """Prebuilt bodies posted back to back (a closed loop), reported under the ensemble's name."""
+
+    abstract = True
+    wait_time = constant(0)
+    network_timeout = REQUEST_TIMEOUT_S
+    connection_timeout = 30.0
+    path = ""
+    bodies = staticmethod(http_bodies)
+
+    def on_start(self) -> None:
+        self._bodies = _cycle(self, self.bodies(load_settings(self.environment)))
+
+    @task
+    def complete(self) -> None:
+        body, headers = next(self._bodies)
         with self.client.post(
             self.path, data=body, headers=headers, name=ENSEMBLE_MODEL, catch_response=True
         ) as response:
@@ -155,15 +150,40 @@ class HttpEnsembleUser(FastHttpUser):
                 response.failure(f"HTTP {response.status_code}: {(response.text or '')[:200]}")
                 return
             try:
-                header_length = response.headers.get("Inference-Header-Content-Length")
-                result = httpclient.InferenceServerClient.parse_response_body(
-                    response.content,
-                    header_length=int(header_length) if header_length else None,
-                )
-                if result.as_numpy("OUTPUT_0") is None:
-                    response.failure("response has no OUTPUT_0")
+                if problem := self.check(response):
+                    response.failure(problem)
             except Exception as exc:
                 response.failure(f"unreadable response: {exc}")
+
+    def check(self, response: Any) -> str | None:
+        """What is wrong with a 200 answer, or None."""
+        raise NotImplementedError
+
+
+class HttpEnsembleUser(_PostUser):
+    """Unary requests to ``ensemble`` over HTTP: the KServe v2 binary body."""
+
+    path = f"/v2/models/{ENSEMBLE_MODEL}/infer"
+
+    def check(self, response: Any) -> str | None:
+        header_length = response.headers.get("Inference-Header-Content-Length")
+        result = httpclient.InferenceServerClient.parse_response_body(
+            response.content, header_length=int(header_length) if header_length else None
+        )
+        return "response has no OUTPUT_0" if result.as_numpy("OUTPUT_0") is None else None
+
+
+class OpenAIUser(_PostUser):
+    """Non-streamed ``POST /v1/completions`` through the OpenAI-compatible API
+    (:class:`loadtest.api_process.ApiProcess` in front of the sweep's Triton). The API sends
+    them without stop sequences to the unary ``ensemble``, so every Triton figure stays the same
+    pipeline's and the difference from a gRPC sweep is the API's own overhead."""
+
+    path = "/v1/completions"
+    bodies = staticmethod(openai_bodies)
+
+    def check(self, response: Any) -> str | None:
+        return "no tokens generated" if response.json()["usage"]["completion_tokens"] < 1 else None
 
 
 class _TransportUser(User):
@@ -177,18 +197,17 @@ class _TransportUser(User):
     def on_start(self) -> None:
         settings = load_settings(self.environment)
         self.transport = Transport(settings.grpc_url, REQUEST_TIMEOUT_S)
-        requests = requests_for(settings)
-        self._requests = itertools.islice(
-            itertools.cycle(requests), _start_offset(self, len(requests)), None
-        )
+        self._requests = _cycle(self, requests_for(settings))
 
     def on_stop(self) -> None:
         self.transport.close()
 
-    def _fire(self, name: str, seconds: float, length: int = 0, error: Exception | None = None):
+    def _fire(self, name: str, seconds: float, error: Exception | None = None, **context: Any):
+        """Locust's request event: the run's ledger (reporting.events.EventLog) records it,
+        ``context`` as its extra columns (``first_token_ms``, ``tokens``)."""
         self.environment.events.request.fire(request_type=self.request_type, name=name,
-                                             response_time=seconds * 1000, response_length=length,
-                                             exception=error, context={})  # fmt: skip
+                                             response_time=seconds * 1000, response_length=0,
+                                             exception=error, context=context)  # fmt: skip
 
 
 class GrpcEnsembleUser(_TransportUser):
@@ -196,25 +215,23 @@ class GrpcEnsembleUser(_TransportUser):
 
     @task
     def complete(self) -> None:
-        started = time.perf_counter()
-        length, error = 0, None
+        started, error = time.perf_counter(), None
         try:
-            output = self.transport.infer(next(self._requests)).as_numpy("OUTPUT_0")
-            if output is None:
+            if self.transport.infer(next(self._requests)).as_numpy("OUTPUT_0") is None:
                 raise RuntimeError("response has no OUTPUT_0")
-            length = sum(len(text) for text in output.reshape(-1))
         except Exception as exc:
             error = exc
-        self._fire(ENSEMBLE_MODEL, time.perf_counter() - started, length, error)
+        self._fire(ENSEMBLE_MODEL, time.perf_counter() - started, error)
 
 
 class StreamingUser(_TransportUser):
     """Requests to the decoupled ``ensemble_stream`` over a gRPC stream, on one client per
     user (opened once, as a long-lived editor connection would be).
 
-    Reports three request names: ``stream TTFT`` (request sent -> first piece of text),
-    ``stream inter-token`` (each gap between consecutive pieces; one piece per generated token
-    unless a token completes no character) and ``stream total`` (the whole request).
+    Each request is one ``stream`` row with its ``first_token_ms`` (request sent -> first
+    piece of text) and ``tokens`` (pieces received); each gap between consecutive pieces is a
+    ``stream inter-token`` row of its own (one piece per generated token unless a token
+    completes no character).
     """
 
     request_type = "grpc-stream"
@@ -231,14 +248,17 @@ class StreamingUser(_TransportUser):
     def stream(self) -> None:
         request = next(self._requests)
         started = time.perf_counter()
-        last: float | None = None
-        pieces, error = 0, None
+        first: float | None = None
+        last, pieces, error = started, 0, None
         try:
             for piece in self.transport.stream(request, client=self.client).pieces():
                 if piece.text:
-                    since = started if last is None else last
-                    self._fire(TTFT_NAME if last is None else ITL_NAME, piece.arrived - since)
+                    if first is None:
+                        first = (piece.arrived - started) * 1000
+                    else:
+                        self._fire(ITL_NAME, piece.arrived - last)
                     last, pieces = piece.arrived, pieces + 1
         except Exception as exc:
             error = exc
-        self._fire(STREAM_NAME, time.perf_counter() - started, pieces, error)
+        seconds = time.perf_counter() - started
+        self._fire(STREAM_NAME, seconds, error, first_token_ms=first, tokens=pieces)

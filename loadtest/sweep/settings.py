@@ -40,23 +40,16 @@ QUICK = Preset((8, 32), 4, 6.0, 3.0, 1, 3.0, 2.0)
 
 
 @dataclass(frozen=True)
-class Settings:
+class Settings(Preset):
     """One sweep's settings, as given on the command line with the preset filled in."""
 
-    lengths: tuple[int, ...]
-    users: int
-    duration: float
-    warmup: float
     protocol: str
     endpoints: Endpoints
-    stream_users: int
-    stream_duration: float
     prompts: int
     prompt_seed: int
     out: Path  # the run folder
     prometheus: str  # auto, off or a URL (loadtest.targets.prometheus_for)
     model_repository: Path
-    progress_every: float
     drain_timeout: float = 180.0
 
     @property
@@ -74,16 +67,23 @@ def _lengths(text: str) -> tuple[int, ...]:
     return lengths
 
 
+PRESET_HELP = {
+    "lengths": "output lengths", "users": "concurrent users",
+    "duration": "measured seconds per length", "warmup": "warm-up seconds per length",
+    "stream_users": "streaming users, 0 = none", "stream_duration": "streaming phase seconds",
+    "progress_every": "seconds between progress lines",
+}  # fmt: skip
+
+
 def parser() -> argparse.ArgumentParser:
     """The flags; the preset's are None unless given, so that --quick can fill them."""
     p = argparse.ArgumentParser(prog="python -m loadtest.sweep", description=DESCRIPTION)
-    d = DEFAULTS
-    p.add_argument(
-        "--lengths", type=_lengths, help=f"output lengths ({','.join(map(str, d.lengths))})"
-    )
-    p.add_argument("--users", type=int, help=f"concurrent users ({d.users})")
-    p.add_argument("--duration", type=float, help=f"measured seconds per length ({d.duration:.0f})")
-    p.add_argument("--warmup", type=float, help=f"warm-up seconds per length ({d.warmup:.0f})")
+    for f in fields(Preset):
+        default = getattr(DEFAULTS, f.name)
+        kind = _lengths if f.name == "lengths" else type(default)
+        shown = ",".join(map(str, default)) if f.name == "lengths" else f"{default:g}"
+        flag = "--" + f.name.replace("_", "-")
+        p.add_argument(flag, type=kind, help=f"{PRESET_HELP[f.name]} ({shown})")
     p.add_argument(
         "--protocol",
         choices=tuple(TARGETS),
@@ -93,10 +93,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1:8000", help="Triton's HTTP host:port")
     p.add_argument("--grpc-url", help="Triton's gRPC host:port (default: HTTP port + 1)")
     p.add_argument("--metrics-url", help="Triton's metrics URL (default: HTTP port + 2)")
-    p.add_argument("--stream-users", type=int, help=f"streaming users, 0 = none ({d.stream_users})")
-    p.add_argument(
-        "--stream-duration", type=float, help=f"streaming phase seconds ({d.stream_duration:.0f})"
-    )
     p.add_argument("--prompts", type=int, default=300, help="distinct code prompts")
     p.add_argument("--prompt-seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="run folder (loadtest/results/<time>-<protocol>)")
@@ -104,12 +100,12 @@ def parser() -> argparse.ArgumentParser:
         "--prometheus",
         default="auto",
         help="where Triton's figures come from: auto, $PROMETHEUS_URL or http://127.0.0.1:9090 "
-        "if one runs there scraping this Triton (make prometheus), else its metrics port; off: "
-        "the metrics port; or a Prometheus URL",
+        "if one runs there scraping this Triton (make prometheus), else one started for the run "
+        "(when `prometheus` is on PATH), else its metrics port; off: the metrics port; or a "
+        "Prometheus URL",
     )
     p.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
     p.add_argument("--quick", action="store_true", help=f"a short run: {QUICK}")
-    p.add_argument("--progress-every", type=float, help="seconds between progress lines")
     return p
 
 
