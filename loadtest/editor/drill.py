@@ -1,7 +1,7 @@
 """The abandonment drill: after the typing, a few long completions, one at a time, each
-abandoned as soon as its first piece of text arrives; the engine's generated-token counter
-over the drill, less what the clients read, is what the engine generated for requests whose
-client had left.
+abandoned as soon as its first piece of text arrives; the server's generated-token counter
+over the drill, less what the clients read, is what it generated for requests whose client had
+left (each system its own counter: :mod:`loadtest.editor.systems`).
 
 Why a drill beside the typists: a fast model answers most typists' requests within their pause,
 so a run may abandon few or none while streaming, and "tokens generated after the client left"
@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loadtest.editor.figures import ABANDONED, ANSWERED, ERROR
-from loadtest.editor.protocols import Exchange
+from loadtest.editor.protocols import Exchange, Stops
+from loadtest.editor.systems import GENERATED, System
 from loadtest.editor.typist import line_starts
 
 DRILL_TOKENS = 200  # long enough that no answer can arrive before its first piece is read
@@ -118,3 +119,22 @@ def drill_figures(outcomes: Sequence[DrillOutcome], max_tokens: int, sse: bool) 
         bound=bound,
         error_messages=[o.error for o in outcomes if o.error],
     )
+
+
+def run_drill(system: System, prompts: Sequence[str]) -> DrillFigures:
+    """The drill on ``system``: one request at a time, each between two readings of its
+    counters, the second once the server counted it (:meth:`System.settled`)."""
+    sender = replace(system.sender, max_tokens=DRILL_TOKENS, stops=Stops())
+    outcomes = []
+    for seed, prompt in enumerate(prompts):
+        try:
+            before: dict[str, float] | None = system.counters()
+        except OSError:
+            before = None
+        outcome = abandon_at_first_piece(sender.open(prompt, "", seed=seed))
+        generated = None
+        if before is not None:
+            after = system.settled(before, 5.0 if outcome.outcome == ERROR else 60.0)
+            generated = None if after is None else after[GENERATED] - before[GENERATED]
+        outcomes.append(replace(outcome, generated=generated))
+    return drill_figures(outcomes, DRILL_TOKENS, sse=sender.protocol != "grpc")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from serving.paths import MODEL_REPOSITORY
 
 PROTOCOLS = ("openai", "grpc")
 ANCHOR_CHARS = 512  # see loadtest.editor.window: about a visit's typing, a fifth of a prefix
+PROMPT_TOKENS = 1024  # Continue's prompt cap: editors send a window, not the whole file
+T_MAX_PREDICT_MS = 1000  # llama.vim's budget for its follow-up requests
 
 
 @dataclass(frozen=True)
@@ -20,12 +23,12 @@ class Preset:
     typists: int
     duration: float  # --no-compare
     progress_every: float
-    half_duration: float  # each half of the comparison
+    half_duration: float  # each system's typing in a comparison (over its windows)
 
 
 DEFAULTS = Preset(4, 90.0, 10.0, 90.0)
 # with the server's start and the drain, about a minute (the comparison: two short halves)
-QUICK = Preset(2, 25.0, 5.0, 10.0)
+QUICK = Preset(2, 25.0, 5.0, 20.0)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -37,8 +40,40 @@ def parser() -> argparse.ArgumentParser:
         "--compare",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="prefix cache on vs off, each on a server this run starts (default); "
-        "--no-compare: one run against --host as it is configured",
+        help="two systems, each on a server this run starts: prefix cache on vs off "
+        "(default), or the project vs --peer; --no-compare: one run against --host as it is "
+        "configured",
+    )
+    p.add_argument(
+        "--peer",
+        choices=("llama",),
+        help="compare the project (prefix cache on) with llama.cpp's llama-server on the GGUF "
+        "the checkpoint was made from (`make llama-server` builds it)",
+    )
+    p.add_argument(
+        "--windows",
+        type=int,
+        default=2,
+        help="windows per system, in mirrored order A B B A (%(default)s); --duration is "
+        "each system's total",
+    )
+    p.add_argument(
+        "--one-line",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="every request stops at its first newline (single_line; llama.cpp: stop \\n)",
+    )
+    p.add_argument(
+        "--t-max-predict-ms",
+        type=int,
+        default=T_MAX_PREDICT_MS,
+        help="the time-budget stop both servers take; 0: none (%(default)s)",
+    )
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=PROMPT_TOKENS,
+        help="prefix + suffix tokens at most, within the context (%(default)s)",
     )
     p.add_argument(
         "--host",
@@ -115,6 +150,21 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Endpo
         p.error(f"--host must be on this machine (127.0.0.1 or localhost), got {args.host}")
     if args.typists < 1 or args.duration <= 0 or args.max_tokens < 1:
         p.error("--typists and --max-tokens must be >= 1 and --duration > 0")
-    if args.anchor_chars < 0 or args.drill < 0:
-        p.error("--anchor-chars and --drill must be >= 0")
+    if args.anchor_chars < 0 or args.drill < 0 or args.t_max_predict_ms < 0:
+        p.error("--anchor-chars, --drill and --t-max-predict-ms must be >= 0")
+    if args.windows < 1 or args.prompt_tokens < 16:
+        p.error("--windows must be >= 1 and --prompt-tokens >= 16")
+    if args.peer and (not args.compare or args.protocol != "openai"):
+        p.error("--peer compares over --protocol openai, and needs the comparison")
+    if args.peer and not args.no_suffix:
+        args.no_suffix = True  # llama.cpp's /v1/completions would ignore a suffix silently
     return args, endpoints
+
+
+def mirrored(labels: Sequence[str], windows: int) -> list[str]:
+    """The systems' order over ``windows`` windows each: A B B A A B ... (each system first
+    as often as last, so drift over the run falls on both)."""
+    order: list[str] = []
+    for turn in range(windows):
+        order += list(labels) if turn % 2 == 0 else list(reversed(labels))
+    return order
