@@ -11,6 +11,7 @@ import pytest
 
 from contract.corpus import held_out_files, stdlib_root
 from loadtest.editor.compare import evaluate
+from loadtest.editor.drill import resend_points
 from loadtest.editor.figures import (
     ABANDONED,
     ANSWERED,
@@ -301,3 +302,21 @@ def test_the_report_is_written_from_the_event_table_with_a_loud_prefix_only_bann
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["figures"]["cache-on"]["abandoned"] == 30 and summary["suffix"]["refused"]
     assert summary["figures"]["llama.cpp"]["tokens generated"] == 120.0
+
+
+def test_the_resend_probe_has_figures_of_its_own_apart_from_the_typists(tmp_path):
+    events = _events(RECORDS)
+    log = EventLog(profile="editor", system="cache-on")
+    for first, latency in ((20.0, 60.0), (40.0, 100.0), (None, 60_000.0)):
+        outcome = "ok" if first else "error"
+        log.record(window="resent", name="resent", kind="openai", first_token_ms=first,
+                   latency_ms=latency, tokens=3, outcome=outcome)  # fmt: skip
+    f = system_figures(pd.concat([events, log.frame()]), _windows())["cache-on"]
+    assert f["requests"] == 42 and f["errors"] == 2  # the typists' figures alone
+    assert f["resent +3 chars: first token p50 ms"] == pytest.approx(30.0)
+    assert f["resent +3 chars: latency p50 ms"] == pytest.approx(80.0)
+    # the probe's points: a line start three quarters down each file that has lines enough
+    (tmp_path / "a.py").write_text("".join(f"a{i}\n" for i in range(8)))
+    (tmp_path / "short.py").write_text("x\ny\n")
+    points = resend_points([tmp_path / "short.py", tmp_path / "a.py"], 5)
+    assert points == [((tmp_path / "a.py").read_text(), 3 * 6)]

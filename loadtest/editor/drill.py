@@ -23,10 +23,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from loadtest.editor.figures import ABANDONED, ANSWERED, ERROR
+from loadtest.editor.figures import ABANDONED, ANSWERED, ERROR, RESENT
 from loadtest.editor.protocols import Exchange, Stops
 from loadtest.editor.systems import GENERATED, System
 from loadtest.editor.typist import line_starts
+from reporting.events import EventLog
 
 DRILL_TOKENS = 200  # long enough that no answer can arrive before its first piece is read
 DRILL_REQUESTS = 8
@@ -95,6 +96,22 @@ def drill_prompts(files: Sequence[Path], clip: Callable[[str, int], str], count:
     return prompts
 
 
+def resend_points(files: Sequence[Path], count: int) -> list[tuple[str, int]]:
+    """(text, cursor) of ``count`` files, each at the line start three quarters down."""
+    points = []
+    for path in files:
+        if len(points) == count:
+            break
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        starts = line_starts(text)
+        if len(starts) > 4:
+            points.append((text, starts[len(starts) * 3 // 4]))
+    return points
+
+
 def drill_figures(outcomes: Sequence[DrillOutcome], max_tokens: int, sse: bool) -> DrillFigures:
     abandoned = [o for o in outcomes if o.outcome == ABANDONED]
     read = sum(o.tokens_read for o in outcomes)
@@ -138,3 +155,25 @@ def run_drill(system: System, prompts: Sequence[str]) -> DrillFigures:
             generated = None if after is None else after[GENERATED] - before[GENERATED]
         outcomes.append(replace(outcome, generated=generated))
     return drill_figures(outcomes, DRILL_TOKENS, sse=sender.protocol != "grpc")
+
+
+def run_resend(system: System, pairs: Sequence[tuple[str, str]], events: EventLog) -> None:
+    """The resend probe: for each (prompt, the same prompt 3 characters on), one at a time, the
+    first sent and read to its end (it fills the cache), then the second, whose first token and
+    one-line latency are recorded (event name :data:`RESENT`): the warm path an editor's next
+    keystroke takes, without the other typists' load."""
+    for seed, (cold, warm) in enumerate(pairs):
+        for prompt in (cold, warm):
+            exchange = system.sender.open(prompt, "", seed=seed)
+            if not exchange.wait(time.monotonic() + 60.0):
+                exchange.abandon()
+                exchange.error = exchange.error or "no answer within 60 s"
+        first, latency = exchange.first_token_s, exchange.latency_s
+        latency = time.monotonic() - exchange.sent if latency is None else latency  # failed
+        events.record(
+            system=system.label, window=RESENT, kind=system.sender.protocol, name=RESENT,
+            latency_ms=1000 * latency,
+            first_token_ms=None if first is None else 1000 * first,
+            tokens=exchange.completion_tokens, error=exchange.error,
+            outcome="error" if exchange.error else "ok",
+        )  # fmt: skip

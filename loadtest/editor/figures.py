@@ -33,6 +33,8 @@ from loadtest.editor.systems import (
 from loadtest.metrics import reuse_share
 from reporting.events import summarize
 
+RESENT = "resent"  # the resend probe's rows (loadtest.editor.drill), apart from the typists'.
+
 ANSWERED, ABANDONED, ERROR = "answered", "abandoned", "error"
 
 
@@ -124,9 +126,12 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def system_figures(events: pd.DataFrame, windows: pd.DataFrame) -> dict[str, dict]:
     """Per system (in the order the systems first typed): the figures the report prints."""
     figures: dict[str, dict] = {}
+    resent = events[events["name"] == RESENT] if len(events) else events
+    events = events[events["name"] != RESENT] if len(events) else events
     summary = summarize(events, by=["system"]).set_index("system") if len(events) else None
     for system in dict.fromkeys([*windows["system"], *events.get("system", [])]):
         rows = events[events["system"] == system] if len(events) else events
+        warm = resent[(resent["system"] == system) & (resent["outcome"] == "ok")]
         ours = windows[windows["system"] == system]
         s = summary.loc[system] if summary is not None and system in summary.index else {}
         ok, abandoned = rows[rows["outcome"] == "ok"], rows[rows["outcome"] == "abandoned"]
@@ -163,8 +168,16 @@ def system_figures(events: pd.DataFrame, windows: pd.DataFrame) -> dict[str, dic
             ),
             "editor stops": counted.get(STOPS),
             "tokens generated past a stop": counted.get(PAST_STOP),
-        }
+            **{f"resent +3 chars: {label}": _quantile(warm, column, q) for label, column, q in (
+                ("first token p50 ms", "first_token_ms", 0.5),
+                ("latency p50 ms", "latency_ms", 0.5), ("latency p95 ms", "latency_ms", 0.95))},
+        }  # fmt: skip
     return figures
+
+
+def _quantile(rows: pd.DataFrame, column: str, q: float) -> float | None:
+    values = pd.to_numeric(rows[column], errors="coerce").dropna() if len(rows) else []
+    return float(values.quantile(q)) if len(values) else None
 
 
 def _counted(windows: pd.DataFrame) -> dict[str, float]:

@@ -103,7 +103,8 @@ def render(run: EditorRun, events: pd.DataFrame) -> str:
         "its windows, the API in front of Triton included.", "",
         *_drills(run.drills), *_errors(events), "",
         "## Settings", "",
-        f"- {s['typists']} typists, windows of {s['window_s']:.0f} s, {s['windows']} per system "
+        f"- {s['typists']} typists, after {s.get('warm_up_s', 0):.0f} s of uncounted typing on "
+        f"each system, windows of {s['window_s']:.0f} s, {s['windows']} per system "
         f"in mirrored order ({', '.join(s['order'])}), over {run.protocol}, seed {s['seed']}, "
         f"{s['max_tokens']} tokens per completion, one-line stop {'on' if s['one_line'] else 'off'}"
         f", t_max_predict_ms {s['t_max_predict_ms']}, n_indent the cursor line's indentation, "
@@ -111,7 +112,10 @@ def render(run: EditorRun, events: pd.DataFrame) -> str:
         f"tokens (context {s['context']}), suffix "
         f"{'sent' if run.suffix['send'] else 'NOT SENT'}, prefix cut anchored in steps of "
         f"{s['anchor_chars']} characters, sampling {s['sampling']}; then the abandonment drill, "
-        f"{s['drill']} long completions abandoned at their first piece on each system.",
+        f"{s['drill']} long completions abandoned at their first piece on each system, and the "
+        f"resend probe: {s.get('resend', 0)} prompts read to their end one at a time, each "
+        "followed by the same prompt 3 characters on, whose figures are the `resent +3 chars` "
+        "rows.",
         *(f"- {system}: {served}" for system, served in run.servers.items()),
         f"- Machine: {m.cpu}, {m.cores} cores, {m.memory_gib} GiB; CPU flags: "
         f"{', '.join(m.cpu_flags) or 'none of ' + ', '.join(CPU_FLAGS)}; {m.os}.",

@@ -51,7 +51,7 @@ from loadtest.editor.compare import (
     check_caching,
     evaluate,
 )
-from loadtest.editor.drill import DRILL_TOKENS, drill_prompts, run_drill
+from loadtest.editor.drill import DRILL_TOKENS, drill_prompts, resend_points, run_drill, run_resend
 from loadtest.editor.figures import system_figures
 from loadtest.editor.protocols import SAMPLING, Sender, Stops
 from loadtest.editor.report import EditorRun, write_report
@@ -185,6 +185,10 @@ def _type(
     load = {label: (os.getloadavg()[0], 0.0) for label in systems}
     log.info(f"{args.typists} typists over {len(files)} files, windows of {window_s:.0f} s: "
              f"{', '.join(order)}; prompts up to {clipper.budget} tokens")  # fmt: skip
+    for number, label in enumerate(systems, start=1):  # warm-ups: numbered below zero
+        if args.warm_up:
+            log.info(f"warming {label} up for {args.warm_up:.0f} s (not counted)")
+            windows.run(systems[label], -number, args.warm_up, problems)
     for number, label in enumerate(order):
         rows.append(windows.run(systems[label], number, window_s, problems))
         load[label] = (load[label][0], os.getloadavg()[0])
@@ -193,13 +197,21 @@ def _type(
     prompts = drill_prompts(
         files, lambda text, at: drill_clipper.clip(text, at, False).prefix, args.drill
     )
+    pairs = []  # the resend probe: a prompt, then the same prompt 3 characters on
+    for text, at in resend_points(files, args.resend):
+        pairs.append(
+            (clipper.clip(text, at, False).prefix, clipper.clip(text, at + 3, False).prefix)
+        )
     for label, system in systems.items():
+        if args.resend:
+            run_resend(system, pairs, events)
         if args.drill:
             drills[label] = dataclasses.asdict(run_drill(system, prompts))
             log.info(f"abandonment drill, {label}: {drills[label]['unread_per_abandoned']} "
                      "tokens after the client left per abandoned request (at most)")  # fmt: skip
         afters[label] = after_check(system.sender)
     frame, table = events.frame(), pd.DataFrame(rows)
+    frame = frame[~(pd.to_numeric(frame["window"], errors="coerce") < 0)]  # warm-ups: not counted
     figures = system_figures(frame, table)
     run = EditorRun(
         name=out.name,
@@ -236,7 +248,7 @@ def _type(
         servers=servers,
         load=load,
     )
-    events.save(out / "events.csv")
+    frame.to_csv(out / "events.csv", index=False)
     write_report(out, run, frame, table)
     return run
 

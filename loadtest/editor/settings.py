@@ -58,6 +58,12 @@ def parser() -> argparse.ArgumentParser:
         "each system's total",
     )
     p.add_argument(
+        "--warm-up",
+        type=float,
+        default=0.0,
+        help="seconds of typing on each system before the windows, not counted (%(default)s)",
+    )
+    p.add_argument(
         "--one-line",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -113,6 +119,13 @@ def parser() -> argparse.ArgumentParser:
         default=DRILL_REQUESTS,
         help=f"after the typing, this many {DRILL_TOKENS}-token completions abandoned at their "
         "first piece, to measure tokens generated after a client left; 0: none (%(default)s)",
+    )
+    p.add_argument(
+        "--resend",
+        type=int,
+        default=8,
+        help="after the typing, this many prompts sent and read to their end, one at a time, "
+        "each followed by the same prompt 3 characters on (the warm path); 0: none (%(default)s)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help=f"a short run: {QUICK}")
