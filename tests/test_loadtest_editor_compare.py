@@ -286,6 +286,10 @@ def test_the_project_against_llama_cpp_passes_at_equal_one_line_latency():
         return next(t for t in targets if "llama.cpp" in t.name).verdict
 
     assert verdict(100.0, 100.0) == PASS and verdict(101.0, 100.0) == FAIL
+    # a peer that answered nothing within the pauses is not beaten: nothing was measured
+    figures = {PROJECT: _figures(100.0), LLAMA: _figures(None)}
+    targets = evaluate(figures, {}, {PROJECT: AFTER, LLAMA: AFTER}, True)
+    assert next(t for t in targets if "llama.cpp" in t.name).verdict == NOT_MEASURED
     # llama.cpp's own waste is a figure, never one of the project's targets
     figures = {PROJECT: _figures(50.0), LLAMA: _figures(50.0, wasted=1000.0)}
     targets = evaluate(figures, {}, {PROJECT: AFTER, LLAMA: AFTER}, True)

@@ -133,7 +133,9 @@ def system_figures(events: pd.DataFrame, windows: pd.DataFrame) -> dict[str, dic
         rows = events[events["system"] == system] if len(events) else events
         warm = resent[(resent["system"] == system) & (resent["outcome"] == "ok")]
         ours = windows[windows["system"] == system]
-        s = summary.loc[system] if summary is not None and system in summary.index else {}
+        s = {}
+        if summary is not None and system in summary.index:  # NaN: no such figure
+            s = {k: None if pd.isna(v) else v for k, v in summary.loc[system].items()}
         ok, abandoned = rows[rows["outcome"] == "ok"], rows[rows["outcome"] == "abandoned"]
         seconds, counted = float(ours["seconds"].sum()), _counted(ours)
         delivered = float(pd.to_numeric(rows["tokens"], errors="coerce").fillna(0).sum())

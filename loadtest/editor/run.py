@@ -111,10 +111,11 @@ def _open_systems(
             half = Endpoints(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}",
                              f"http://127.0.0.1:{metrics}/metrics")  # fmt: skip
             repository = cache_repository(args.model_repository, copies / label, caching)
+            label = PROJECT if args.peer else label
             (out / label).mkdir(parents=True, exist_ok=True)
             shutil.copy2(repository / ENGINE_MODEL / "config.pbtxt",
                          out / label / "engine_config.pbtxt")  # fmt: skip
-            plan.append((PROJECT if args.peer else label, repository, half, caching))
+            plan.append((label, repository, half, caching))
     systems, servers = {}, {}
     for label, repository, where, caching in plan:
         folder = out / label
@@ -236,6 +237,8 @@ def _type(
             "seed": args.seed,
             "sampling": SAMPLING,
             "pause_s": style.pause_s,
+            "warm_up_s": args.warm_up,
+            "resend": len(pairs),
         },
         suffix={**dataclasses.asdict(mode), "refused": mode.refused},
         figures=figures,
