@@ -1,19 +1,9 @@
-"""The abandonment drill: after the typing, a few long completions, one at a time, each
-abandoned as soon as its first piece of text arrives; the server's generated-token counter
-over the drill, less what the clients read, is what it generated for requests whose client had
-left (each system its own counter: :mod:`loadtest.editor.systems`).
-
-Why a drill beside the typists: a fast model answers most typists' requests within their pause,
-so a run may abandon few or none while streaming, and "tokens generated after the client left"
-needs abandoned streams to mean anything. Here every request asks for :data:`DRILL_TOKENS`
-tokens and is abandoned at its first piece, so (unless the model ends the text at once, which
-is counted as answered) each one is abandoned mid-generation by construction. Requests go one
-at a time, and the engine's counters are read before each and again once the engine has
-finished it (its finished-sequences counter moved on), so each request's count is its own.
-
-The figure is an upper bound of the tokens generated after the client left: it also counts any
-token generated before the client left but not yet read (in flight between the engine and the
-client), and over SSE a piece read counts as one token although it may carry more.
+"""The abandonment drill: long completions, one at a time, each abandoned as soon as its first
+piece arrives, so each is abandoned mid-generation by construction (a fast model answers most
+typists' requests within their pause); the system's generated-token counter around each, less
+what the client read, is what it generated after the client left: an upper bound (tokens in
+transit count too, and over SSE a piece read counts as one token). And the resend probe: the
+warm path of a keystroke, one request at a time.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """``make loadtest PROFILE=editor``: simulated typists (Locust users) against two systems in
-mirrored windows, or one.
+mirrored windows, or one; docs/editor-load.md describes a run.
 
     python -m loadtest.editor [--quick] [--peer llama] [--no-compare --host 127.0.0.1:8000]
-
-By default the systems are the project with its engine's prefix cache on and off, each a Triton
-this run starts on free ports from a copy of the model repository (:mod:`loadtest.editor.compare`);
-with ``--peer llama``, the project (cache on) and llama.cpp's ``llama-server`` on the GGUF the
-checkpoint was made from, with as many slots as the engine's batch and ``cache_prompt``; with
-``--no-compare``, the server at ``--host`` as configured. A server already at ``--host`` is left
-alone. Both systems run from start to end; their windows alternate A B B A, each preceded and
-followed by a drain and a reading of the system's counters and CPU
-(:class:`loadtest.editor.users.Windows`). Then the abandonment drill on each system, one plain
-request each, the targets and the report (:mod:`loadtest.editor.report`).
 
 Exit status: 0, every target met (a single run: clean); 1, a problem (a typist stuck, no drain,
 no answer after the run); 3, the run was clean but missed a target.
@@ -143,7 +133,7 @@ def _open_systems(
         ctx = batch * (args.prompt_tokens + args.max_tokens + MARGIN_TOKENS)
         port = free_ports(1)[0]
         llama = LlamaServer(gguf, port, out / LLAMA / "llama-server.log", parallel=batch,
-                            ctx_size=ctx)  # fmt: skip
+                            ctx_size=ctx, threads=args.peer_threads)  # fmt: skip
         log.info(f"--- {LLAMA}: {gguf.name}, {batch} slots, context {ctx} ---")
         stack.callback(llama.stop)
         llama.start().wait_ready()

@@ -1,4 +1,5 @@
-"""The editor profile's command line: ``python -m loadtest.editor --help``."""
+"""The editor profile's command line: simulated typists against two systems in mirrored windows
+(docs/editor-load.md)."""
 
 from __future__ import annotations
 
@@ -31,110 +32,69 @@ DEFAULTS = Preset(4, 90.0, 10.0, 90.0)
 QUICK = Preset(2, 25.0, 5.0, 20.0)
 
 
+NUMBERS: list[tuple[str, type, object, str]] = [  # flag, type, default, help
+    ("--windows", int, 2, "windows per system, in mirrored order A B B A; --duration is each "
+     "system's total"),
+    ("--warm-up", float, 0.0, "seconds of typing on each system before the windows, not counted"),
+    ("--t-max-predict-ms", int, T_MAX_PREDICT_MS, "the time-budget stop of both servers; 0: off"),
+    ("--prompt-tokens", int, PROMPT_TOKENS, "prefix + suffix tokens at most, within the context"),
+    ("--peer-threads", int, None, "llama-server's --threads (default: every core, as the engine)"),
+    ("--max-tokens", int, 32, "tokens per completion"),
+    ("--suffix-share", float, 0.25, "of the prompt budget"),
+    ("--anchor-chars", int, ANCHOR_CHARS, "the prefix's left cut moves in steps of this many "
+     "characters (at a line start), so that a prefix cache can reuse it; 0: the exact tail"),
+    ("--drill", int, DRILL_REQUESTS, f"after the typing, this many {DRILL_TOKENS}-token "
+     "completions abandoned at their first piece, on each system; 0: none"),
+    ("--resend", int, 8, "after the typing, this many prompts read to their end one at a time, "
+     "each followed by the same prompt 3 characters on (the warm path); 0: none"),
+    ("--seed", int, 0, "the typists' schedules and the sampling"),
+    ("--typists", int, None, f"simulated typists (the preset's: {DEFAULTS.typists})"),
+    ("--duration", float, None, f"seconds of typing (the preset's: {DEFAULTS.duration:.0f}; in a "
+     f"comparison, each system's: {DEFAULTS.half_duration:.0f})"),
+    ("--progress-every", float, None, "seconds between progress lines"),
+]  # fmt: skip
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtest.editor", description=__doc__.split("\n")[0]
-    )
+    p = argparse.ArgumentParser(prog="python -m loadtest.editor", description=__doc__)
     p.add_argument("--protocol", choices=PROTOCOLS, default="openai", help="openai (SSE) or grpc")
     p.add_argument(
         "--compare",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="two systems, each on a server this run starts: prefix cache on vs off "
-        "(default), or the project vs --peer; --no-compare: one run against --host as it is "
-        "configured",
+        "(default), or the project vs --peer; --no-compare: the server at --host",
     )
     p.add_argument(
         "--peer",
         choices=("llama",),
-        help="compare the project (prefix cache on) with llama.cpp's llama-server on the GGUF "
-        "the checkpoint was made from (`make llama-server` builds it)",
-    )
-    p.add_argument(
-        "--windows",
-        type=int,
-        default=2,
-        help="windows per system, in mirrored order A B B A (%(default)s); --duration is "
-        "each system's total",
-    )
-    p.add_argument(
-        "--warm-up",
-        type=float,
-        default=0.0,
-        help="seconds of typing on each system before the windows, not counted (%(default)s)",
+        help="the project (cache on) against llama.cpp's "
+        "llama-server on the GGUF the checkpoint was made from (make llama-server)",
     )
     p.add_argument(
         "--one-line",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="every request stops at its first newline (single_line; llama.cpp: stop \\n)",
+        help="every request stops at its first newline (llama.cpp: stop \\n)",
     )
     p.add_argument(
-        "--t-max-predict-ms",
-        type=int,
-        default=T_MAX_PREDICT_MS,
-        help="the time-budget stop both servers take; 0: none (%(default)s)",
-    )
-    p.add_argument(
-        "--prompt-tokens",
-        type=int,
-        default=PROMPT_TOKENS,
-        help="prefix + suffix tokens at most, within the context (%(default)s)",
-    )
-    p.add_argument(
-        "--host",
-        default="127.0.0.1:8000",
-        help="Triton's HTTP host:port (local), for --no-compare (the comparison starts its own)",
+        "--host", default="127.0.0.1:8000", help="Triton's HTTP host:port (local), for --no-compare"
     )
     p.add_argument("--grpc-url", help="Triton's gRPC host:port (default: HTTP port + 1)")
     p.add_argument("--metrics-url", help="Triton's metrics URL (default: HTTP port + 2)")
-    p.add_argument("--typists", type=int, help=f"simulated typists ({DEFAULTS.typists})")
-    p.add_argument(
-        "--duration",
-        type=float,
-        help=f"seconds of typing ({DEFAULTS.duration:.0f}; "
-        f"each half of the comparison: {DEFAULTS.half_duration:.0f})",
-    )
-    p.add_argument("--max-tokens", type=int, default=32, help="tokens per completion (32)")
-    p.add_argument(
-        "--no-suffix", action="store_true", help="send prefixes only (default: with suffixes)"
-    )
-    p.add_argument("--suffix-share", type=float, default=0.25, help="of the prompt budget (0.25)")
-    p.add_argument(
-        "--anchor-chars",
-        type=int,
-        default=ANCHOR_CHARS,
-        help="the prefix's left cut moves in steps of this many characters (at a line start), "
-        "so that a prefix cache can reuse it; 0: the exact longest tail (%(default)s)",
-    )
+    p.add_argument("--no-suffix", action="store_true", help="send prefixes only")
     p.add_argument(
         "--pause",
         type=_pair,
         default=TypingStyle().pause_s,
         help="a pause's shortest and longest seconds, MIN,MAX (%(default)s)",
     )
-    p.add_argument(
-        "--drill",
-        type=int,
-        default=DRILL_REQUESTS,
-        help=f"after the typing, this many {DRILL_TOKENS}-token completions abandoned at their "
-        "first piece, to measure tokens generated after a client left; 0: none (%(default)s)",
-    )
-    p.add_argument(
-        "--resend",
-        type=int,
-        default=8,
-        help="after the typing, this many prompts sent and read to their end, one at a time, "
-        "each followed by the same prompt 3 characters on (the warm path); 0: none (%(default)s)",
-    )
-    p.add_argument("--seed", type=int, default=0)
+    for flag, kind, default, text in NUMBERS:
+        p.add_argument(flag, type=kind, default=default, help=f"{text} (%(default)s)")
     p.add_argument("--quick", action="store_true", help=f"a short run: {QUICK}")
-    p.add_argument("--progress-every", type=float, help="seconds between progress lines")
-    p.add_argument(
-        "--out", type=Path, help="run folder (loadtest/results/<time>-editor-<protocol>)"
-    )
+    p.add_argument("--out", type=Path, help="run folder (loadtest/results/<time>-editor-...)")
     p.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
-    return p
+    return p  # fmt: skip
 
 
 def _pair(text: str) -> tuple[float, float]:
