@@ -30,6 +30,7 @@ from loadtest.editor.drill import (
     drill_figures,
     drill_prompts,
 )
+from loadtest.editor.drive import indent_at
 from loadtest.editor.figures import (
     ABANDONED,
     ANSWERED,
@@ -38,7 +39,7 @@ from loadtest.editor.figures import (
     request_event,
     system_figures,
 )
-from loadtest.editor.protocols import Exchange
+from loadtest.editor.protocols import Exchange, Stops
 from loadtest.editor.settings import mirrored, parse_args, parser
 from loadtest.editor.window import Clipper
 from loadtest.metrics import reuse_line, reuse_share
@@ -343,3 +344,17 @@ def test_the_comparison_is_the_default_and_no_compare_is_the_single_run():
     assert args.peer == "llama" and args.no_suffix  # llama.cpp's /v1/completions has none
     with pytest.raises(SystemExit):
         parse_args(["--peer", "llama", "--no-compare"])
+
+
+def test_the_stop_rules_go_to_each_server_under_its_own_names():
+    stops = Stops(one_line=True, t_max_predict_ms=1000)
+    assert stops.fields("openai", 4) == {
+        "single_line": True,
+        "n_indent": 4,
+        "t_max_predict_ms": 1000,
+    }
+    assert stops.fields("grpc", 0) == {"single_line": True, "t_max_predict_ms": 1000}
+    assert stops.fields("llama", 8) == {"stop": ["\n"], "n_indent": 8, "t_max_predict_ms": 1000}
+    assert Stops().fields("llama", 8) == {"n_indent": 8}  # off: nothing sent
+    assert indent_at("def f():\n    if x:\n        ret", 30) == 8
+    assert indent_at("x = 1", 3) == 0
