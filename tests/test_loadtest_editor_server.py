@@ -62,8 +62,12 @@ def test_a_short_run_balances_its_books(server, tmp_path, protocol):
     assert summary["afters"][SINGLE].startswith("answered")
     # every request is a row of the one event table, stamped with its system and window
     events = pd.read_csv(tmp_path / protocol / "events.csv")
-    assert len(events) == f["requests"] and set(events["system"]) == {SINGLE}
-    assert set(events["window"]) == {0, 1} and set(events["profile"]) == {"editor"}
+    typed, resent = events[events["name"] != "resent"], events[events["name"] == "resent"]
+    assert len(typed) == f["requests"] and set(events["system"]) == {SINGLE}
+    assert set(typed["window"]) == {"0", "1"} and set(events["profile"]) == {"editor"}
+    # the resend probe: 8 warm requests after the typing, each read to its end
+    assert len(resent) == 8 and set(resent["outcome"]) == {"ok"}, resent
+    assert f["resent +3 chars: first token p50 ms"] > 0
     # the drill: two long completions left at their first piece, after the typing
     drill = summary["drills"][SINGLE]
     assert drill["requests"] == 2 and drill["errors"] == 0, drill
