@@ -142,7 +142,8 @@ prometheus-install:  ## install Debian's prometheus (apt-get; root or sudo) unle
 
 # PROFILE=sweep (the default): the Locust sweep over output lengths. PROFILE=editor: simulated
 # typists (PROTOCOL openai, the default there, or grpc), prefix cache on vs off on two servers it
-# starts itself; COMPARE=0: one run against HOST. PROFILE=soak: what `make soak` runs.
+# starts itself; PEER=llama: the project against llama.cpp's llama-server (make llama-server);
+# COMPARE=0: one run against HOST. PROFILE=soak: what `make soak` runs.
 # PROFILE=stress: clients leaving at every point, against the Triton at HOST (DURATION, 120 s)
 EDITOR_PROTOCOL = $(if $(filter command line environment,$(origin PROTOCOL)),$(PROTOCOL),openai)
 STRESS_PORT = $(lastword $(subst :, ,$(HOST)))
@@ -150,7 +151,7 @@ loadtest: model $(if $(filter-out sweep,$(PROFILE)),,prometheus-install)  ## loa
 ifeq ($(PROFILE),editor)
 	$(BIN)/python -m loadtest.editor --protocol $(EDITOR_PROTOCOL) --host $(HOST) $(if $(QUICK),--quick) \
 		$(if $(USERS),--typists $(USERS)) $(if $(DURATION),--duration $(DURATION)) \
-		$(if $(filter 0,$(COMPARE)),--no-compare)
+		$(if $(filter 0,$(COMPARE)),--no-compare) $(if $(PEER),--peer $(PEER))
 else ifeq ($(PROFILE),soak)
 	$(BIN)/python -m loadtest.soak --host $(HOST) $(if $(DURATION),--duration $(DURATION)) \
 		$(if $(SATURATION),--saturation $(SATURATION)) $(SOAK_ARGS)

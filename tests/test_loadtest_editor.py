@@ -6,27 +6,29 @@ from __future__ import annotations
 import json
 import random
 
+import pandas as pd
 import pytest
 
-from contract import metrics as names
 from contract.corpus import held_out_files, stdlib_root
-from loadtest.editor import figures as figures_module
+from loadtest.editor.compare import evaluate
+from loadtest.editor.drill import resend_points
 from loadtest.editor.figures import (
     ABANDONED,
     ANSWERED,
     ERROR,
-    NOT_REPORTED,
     EditorRecord,
     editor_figures,
-    engine_figures,
+    request_event,
+    system_figures,
 )
 from loadtest.editor.protocols import Exchange
 from loadtest.editor.report import EditorRun, write_report
 from loadtest.editor.suffix import ProbeError, decide, probe
 from loadtest.editor.typist import TypingStyle, Typist, keystroke, line_starts, pauses
 from loadtest.editor.window import MARGIN_TOKENS, Clipper
-from loadtest.results import MachineInfo, ModelInfo
+from loadtest.results import MachineInfo
 from modelbuild.corpus import split
+from reporting.events import EventLog
 
 TEXT = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(60))
 
@@ -224,79 +226,97 @@ RECORDS = [
 ]
 
 
+def _events(records, system: str = "cache-on", protocol: str = "openai") -> pd.DataFrame:
+    """The event table the Locust users would have written: each record through the same
+    event arguments (request_event) into the one schema's listener."""
+    log = EventLog(profile="editor", system=system, window=0)
+    for i, record in enumerate(records):
+        log.on_request(**request_event(record, protocol, one_line=True, wall=log._t0_wall + i))
+    return log.frame()
+
+
+def _windows(system: str = "cache-on", **counters) -> pd.DataFrame:
+    return pd.DataFrame([{"system": system, "window": 0, "seconds": 10.0, "cpu_s": 4.0,
+                          **counters}])  # fmt: skip
+
+
 def test_the_figures_count_outcomes_and_percentiles_of_the_answered_only():
-    f = editor_figures(RECORDS)
-    assert (f.requests, f.answered, f.abandoned, f.errors) == (42, 10, 30, 2)
-    assert f.abandoned_share == pytest.approx(30 / 40)
-    assert f.abandoned_after_first_token == 20
-    assert f.first_token_ms.p50 == pytest.approx(104.5)
-    assert f.latency_ms.p50 == pytest.approx(404.5)
-    assert f.prompt_tokens_sent == 1000 and f.suffix_tokens_sent == 100
-    assert f.error_messages == {"HTTP N: no answer within N s": 2}
+    f = system_figures(_events(RECORDS), _windows())["cache-on"]
+    assert (f["requests"], f["answered"], f["abandoned"], f["errors"]) == (42, 10, 30, 2)
+    assert f["abandoned share"] == pytest.approx(30 / 40)
+    assert f["abandoned while streaming"] == 20
+    assert f["first token p50 ms"] == pytest.approx(104.5)
+    assert f["latency p50 ms"] == pytest.approx(404.5)
+    assert f["prompt tokens sent / request"] == 1000
+    assert f["CPU seconds"] == 4.0 and f["CPU ms / answered request"] == 400.0
+    soak = editor_figures(RECORDS)  # what the soak's editor phase reports: the same counts
+    assert (soak.requests, soak.answered, soak.abandoned, soak.errors) == (42, 10, 30, 2)
+    assert soak.first_token_ms.p50 == pytest.approx(104.5)
 
 
 def test_tokens_for_abandoned_requests_are_generated_minus_delivered():
-    increases = {
-        names.ENGINE_GENERATED_TOKENS: 500.0,
-        names.ENGINE_REQUESTS: 41.0,
-        names.ENGINE_CANCELLED: 30.0,
-        names.ENGINE_PROMPT_TOKENS: 41_000.0,
-    }
-    e = engine_figures(increases, RECORDS, exact_tokens=True)
-    assert e.delivered_tokens == 10 * 10 + 20 * 3  # answered: server count; abandoned: read
-    assert e.wasted_tokens == 500 - 160 and not e.wasted_is_upper_bound
-    assert e.wasted_per_abandoned == pytest.approx(340 / 30)
-    assert e.prompt_tokens_per_request == pytest.approx(1000)
-    assert e.reused_tokens is None and e.reuse_note.startswith(NOT_REPORTED)
+    windows = _windows(generated=500.0, sequences=41.0, cancelled=30.0, prompt=41_000.0,
+                       reused=20_500.0, editor_stops=10.0, past_stop=0.0)  # fmt: skip
+    f = system_figures(_events(RECORDS), windows)["cache-on"]
+    assert f["tokens delivered"] == 10 * 10 + 20 * 3  # answered: server count; abandoned: read
+    assert f["generated for abandoned, unread (at most)"] == 500 - 160
+    assert f["... per abandoned request (at most)"] == pytest.approx(340 / 30)
+    assert f["prompt-cache reuse share (at most)"] == pytest.approx(0.5)
+    assert f["tokens generated past a stop"] == 0 and f["editor stops"] == 10
+    # a system without a counter (llama.cpp has no sequences) reports none, not zero
+    bare = system_figures(_events(RECORDS), _windows(generated=500.0))["cache-on"]
+    assert bare["sequences"] is None and bare["prompt-cache reuse share (at most)"] is None
 
 
-def test_reuse_is_reported_only_when_the_contract_names_it_and_the_engine_exports_it(
-    monkeypatch,
-):
-    increases = {names.ENGINE_PROMPT_TOKENS: 1000.0, names.ENGINE_REQUESTS: 1.0}
-    monkeypatch.setattr(names, "ENGINE_PREFIX_CACHE_REUSED_TOKENS", "x_reused_tokens_total", False)
-    assert figures_module.reuse_metric() == "x_reused_tokens_total"
-    absent = engine_figures(increases, [], exact_tokens=False)
-    assert absent.reused_tokens is None and "is not exported" in absent.reuse_note
-    present = engine_figures({**increases, "x_reused_tokens_total": 700.0}, [], False)
-    assert present.reused_tokens == 700 and present.reuse_share == pytest.approx(0.7)
-
-
-def test_the_report_is_written_with_its_charts_and_a_loud_prefix_only_banner(tmp_path):
-    engine = engine_figures({names.ENGINE_GENERATED_TOKENS: 500.0}, RECORDS, exact_tokens=False)
+def test_the_report_is_written_from_the_event_table_with_a_loud_prefix_only_banner(tmp_path):
     mode = decide(True, _ended(error="HTTP 400: suffix is not supported [param: suffix]"))
+    events = pd.concat([_events(RECORDS), _events(RECORDS[:10], system="llama.cpp")])
+    windows = pd.concat([_windows(generated=500.0), _windows("llama.cpp", generated=120.0)])
+    figures = system_figures(events, windows)
     run = EditorRun(
-        name="test",
-        started="2026-01-01T00:00:00",
-        seconds=10.0,
-        command="python -m loadtest.editor --quick",
-        protocol="openai",
+        name="test", started="2026-01-01T00:00:00", seconds=10.0,
+        command="python -m loadtest.editor --quick", protocol="openai",
         settings={
-            "typists": 2,
-            "duration_s": 10.0,
-            "max_tokens": 32,
-            "suffix_share": 0.25,
-            "context": 1024,
-            "files": 30,
-            "seed": 0,
-            "sampling": {"top_k": 40},
-            **{k: getattr(TypingStyle(), k) for k in ("keystroke_s", "burst", "pause_s")},
+            "typists": 2, "window_s": 10.0, "windows": 1, "order": ["cache-on", "llama.cpp"],
+            "max_tokens": 32, "one_line": True, "t_max_predict_ms": 1000, "prompt_tokens": 1000,
+            "context": 1024, "anchor_chars": 512, "drill": 0, "seed": 0,
+            "sampling": {"top_k": 40}, "pause_s": TypingStyle().pause_s,
         },
         suffix={"requested": True, "send": False, "note": mode.note, "refused": True},
-        figures=editor_figures(RECORDS, engine),
-        after="answered a plain request in 20 ms",
-        problems=[],
-        machine=MachineInfo.here(),
-        model=ModelInfo(),
-    )
-    paths = write_report(tmp_path, run, RECORDS)
-    assert {p.name for p in paths} >= {"summary.json", "requests.csv", "report.md"}
+        figures=figures, drills={}, afters={"cache-on": "answered a plain request in 20 ms"},
+        targets=evaluate(figures, {}, {"cache-on": "answered"}, one_line=True),
+        problems=[], machine=MachineInfo.here(), servers={"cache-on": "Triton"},
+        load={"cache-on": (0.5, 1.0)},
+    )  # fmt: skip
+    paths = write_report(tmp_path, run, events, windows)
+    assert {p.name for p in paths} >= {"summary.json", "windows.csv", "report.md"}
     report = (tmp_path / "report.md").read_text()
     assert "**SUFFIX REFUSED" in report and "PREFIX-ONLY" in report
-    assert "| 42 | 10 | 30 | 75.0% | 2 |" in report
-    assert "at most 340" in report and NOT_REPORTED in report
+    # side by side, one column per system and their ratio
+    assert "cache-on / llama.cpp" in report
+    row = next(line for line in report.splitlines() if line[1:].strip().startswith("requests "))
+    assert [c.strip() for c in row.strip("|").split("|")] == ["requests", "42", "10", "4.20"]
+    assert "HTTP 504" in report  # the errors, from the table
     for chart in ("editor_timeline.png", "editor_latency.png"):
         assert (tmp_path / chart).stat().st_size > 10_000 and f"]({chart})" in report
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["figures"]["abandoned"] == 30 and summary["suffix"]["refused"]
-    assert len((tmp_path / "requests.csv").read_text().splitlines()) == len(RECORDS) + 1
+    assert summary["figures"]["cache-on"]["abandoned"] == 30 and summary["suffix"]["refused"]
+    assert summary["figures"]["llama.cpp"]["tokens generated"] == 120.0
+
+
+def test_the_resend_probe_has_figures_of_its_own_apart_from_the_typists(tmp_path):
+    events = _events(RECORDS)
+    log = EventLog(profile="editor", system="cache-on")
+    for first, latency in ((20.0, 60.0), (40.0, 100.0), (None, 60_000.0)):
+        outcome = "ok" if first else "error"
+        log.record(window="resent", name="resent", kind="openai", first_token_ms=first,
+                   latency_ms=latency, tokens=3, outcome=outcome)  # fmt: skip
+    f = system_figures(pd.concat([events, log.frame()]), _windows())["cache-on"]
+    assert f["requests"] == 42 and f["errors"] == 2  # the typists' figures alone
+    assert f["resent +3 chars: first token p50 ms"] == pytest.approx(30.0)
+    assert f["resent +3 chars: latency p50 ms"] == pytest.approx(80.0)
+    # the probe's points: a line start three quarters down each file that has lines enough
+    (tmp_path / "a.py").write_text("".join(f"a{i}\n" for i in range(8)))
+    (tmp_path / "short.py").write_text("x\ny\n")
+    points = resend_points([tmp_path / "short.py", tmp_path / "a.py"], 5)
+    assert points == [((tmp_path / "a.py").read_text(), 3 * 6)]

@@ -4,24 +4,25 @@ verdicts (each PASS, FAIL or NOT MEASURED, never a pass by default) and the repo
 
 from __future__ import annotations
 
-import json
+import dataclasses
 
+import pandas as pd
 import pytest
 
 from contract import metrics as names
 from contract.tensors import ENGINE_MODEL
 from loadtest.editor.compare import (
     FAIL,
+    LLAMA,
     NOT_MEASURED,
     OFF,
     ON,
     PASS,
-    Comparison,
+    PROJECT,
     cache_repository,
     check_caching,
     evaluate,
     set_caching,
-    write_comparison,
 )
 from loadtest.editor.drill import (
     DrillOutcome,
@@ -29,20 +30,20 @@ from loadtest.editor.drill import (
     drill_figures,
     drill_prompts,
 )
+from loadtest.editor.drive import indent_at
 from loadtest.editor.figures import (
     ABANDONED,
     ANSWERED,
     ERROR,
     EditorRecord,
-    editor_figures,
-    engine_figures,
+    request_event,
+    system_figures,
 )
-from loadtest.editor.protocols import Exchange
-from loadtest.editor.report import EditorRun
-from loadtest.editor.typist import TypingStyle
+from loadtest.editor.protocols import Exchange, Stops
+from loadtest.editor.settings import mirrored, parse_args, parser
 from loadtest.editor.window import Clipper
 from loadtest.metrics import reuse_line, reuse_share
-from loadtest.results import MachineInfo, ModelInfo
+from reporting.events import EventLog
 from serving.paths import MODEL_REPOSITORY, checkpoint_dir
 
 # --- the repository copy and the engine's word -------------------------------------------------
@@ -209,142 +210,151 @@ def test_drill_prompts_take_the_files_in_turn_up_to_their_middle_line(tmp_path):
 
 def _record(outcome: str, ttft: float | None = None, read: int = 0) -> EditorRecord:
     return EditorRecord(
-        typist=0,
-        t_s=1.0,
-        outcome=outcome,
-        pause_s=1.0,
-        prefix_tokens=900,
-        suffix_tokens=100,
-        first_token_ms=ttft,
-        latency_ms=None if ttft is None else ttft + 200,
-        pieces=read,
-        tokens_read=read,
-        completion_tokens=10 if outcome == ANSWERED else None,
+        typist=0, t_s=1.0, outcome=outcome, pause_s=1.0, prefix_tokens=900, suffix_tokens=100,
+        first_token_ms=ttft, latency_ms=None if ttft is None else ttft + 200, pieces=read,
+        tokens_read=read, completion_tokens=10 if outcome == ANSWERED else None,
         error="HTTP 500: boom" if outcome == ERROR else "",
-    )
+    )  # fmt: skip
 
 
-def _run(
+def _figures(
     ttft: float | None,
     abandoned: int = 4,
     wasted: float = 4.0,
     errors: int = 0,
-    after: str = "answered a plain request in 20 ms",
-    engine: bool = True,
-    drill: tuple[int, float] | None = None,  # abandoned, unread tokens
-) -> EditorRun:
-    """A half whose answered requests (ten of them) all took ``ttft`` to the first token and
-    whose engine generated ``wasted`` tokens no reader got (abandoned requests read 2 each)."""
+    counted: bool = True,
+    past_stop: float = 0.0,
+) -> dict:
+    """A system whose answered requests (ten of them) all took ``ttft`` to the first token and
+    whose server generated ``wasted`` tokens no reader got (abandoned requests read 2 each)."""
     records = [_record(ANSWERED, ttft) for _ in range(10 if ttft is not None else 0)]
     records += [_record(ABANDONED, 50.0, read=2) for _ in range(abandoned)]
     records += [_record(ERROR) for _ in range(errors)]
-    delivered = 10 * len([r for r in records if r.outcome == ANSWERED]) + 2 * abandoned
-    increases = {
-        names.ENGINE_GENERATED_TOKENS: delivered + wasted,
-        names.ENGINE_REQUESTS: float(len(records)),
-        names.ENGINE_PROMPT_TOKENS: 1000.0 * len(records),
-        names.ENGINE_PROMPT_TOKENS_REUSED: 600.0 * len(records),
-    }
-    figures = engine_figures(increases, records, exact_tokens=True) if engine else None
-    return EditorRun(
-        name="half",
-        started="2026-01-01T00:00:00",
-        seconds=30.0,
-        command="python -m loadtest.editor --quick",
-        protocol="grpc",
-        settings={
-            "typists": 2,
-            "duration_s": 10.0,
-            "max_tokens": 32,
-            "suffix_share": 0.25,
-            "context": 1024,
-            "files": 30,
-            "seed": 0,
-            "sampling": {"top_k": 40},
-            **{k: getattr(TypingStyle(), k) for k in ("keystroke_s", "burst", "pause_s")},
-        },
-        suffix={"requested": True, "send": True, "note": "", "refused": False},
-        figures=editor_figures(records, figures),
-        after=after,
-        problems=[],
-        machine=MachineInfo.here(),
-        model=ModelInfo(),
-        drill=None
-        if drill is None
-        else drill_figures(
-            [DrillOutcome(ABANDONED, 1, generated=1 + drill[1] / drill[0])] * drill[0], 200, False
-        ),
-    )
+    log = EventLog(profile="editor", system="s", window=0)
+    for record in records:
+        log.on_request(**request_event(record, "grpc", one_line=True, wall=log._t0_wall))
+    delivered = 10 * (10 if ttft is not None else 0) + 2 * abandoned
+    counters = {"generated": delivered + wasted, "editor_stops": 10.0, "past_stop": past_stop}
+    windows = pd.DataFrame([{"system": "s", "window": 0, "seconds": 10.0, "cpu_s": 1.0,
+                             **(counters if counted else {})}])  # fmt: skip
+    return system_figures(log.frame(), windows)["s"]
 
 
-def _verdicts(on: EditorRun, off: EditorRun) -> dict[str, str]:
-    return {t.name: t.verdict for t in evaluate(on, off)}
+def _drill(abandoned: int, unread: float) -> dict:
+    outcomes = [DrillOutcome(ABANDONED, 1, generated=1 + unread / abandoned)] * abandoned
+    return dataclasses.asdict(drill_figures(outcomes, 200, False))
+
+
+AFTER = "answered a plain request in 20 ms"
+
+
+def _verdicts(on: dict, off: dict, drills: dict | None = None, after: str = AFTER) -> dict:
+    targets = evaluate({ON: on, OFF: off}, drills or {}, {ON: AFTER, OFF: after}, True)
+    return {t.name: t.verdict for t in targets}
+
+
+FIRST = "first token, cache on / off"
 
 
 def test_first_token_passes_at_a_third_and_fails_above_it():
-    assert _verdicts(_run(100.0), _run(300.0))["first token"] == PASS
-    assert _verdicts(_run(101.0), _run(300.0))["first token"] == FAIL
-    assert _verdicts(_run(300.0), _run(100.0))["first token"] == FAIL
+    assert _verdicts(_figures(100.0), _figures(300.0))[FIRST] == PASS
+    assert _verdicts(_figures(101.0), _figures(300.0))[FIRST] == FAIL
+    assert _verdicts(_figures(300.0), _figures(100.0))[FIRST] == FAIL
 
 
 def test_first_token_without_answers_in_a_half_is_not_measured():
-    target = next(t for t in evaluate(_run(None), _run(300.0)) if t.name == "first token")
-    assert target.verdict == NOT_MEASURED and ON in target.measured
+    figures = {ON: _figures(None), OFF: _figures(300.0)}
+    targets = {t.name: t for t in evaluate(figures, {}, {ON: AFTER}, True)}
+    assert targets[FIRST].verdict == NOT_MEASURED
+    assert targets["one-line p50"].verdict == NOT_MEASURED  # nothing answered: not a pass
+
+
+def test_the_latency_targets_hold_the_project_to_the_editor_budget():
+    # answered requests of 100 ms to the first token, 300 ms to the end of the line
+    verdicts = _verdicts(_figures(100.0), _figures(300.0))
+    assert verdicts["first token p50"] == PASS and verdicts["one-line p50"] == FAIL
+    assert verdicts["one-line p95"] == PASS
+    fast = _verdicts(_figures(40.0), _figures(300.0))
+    assert fast["one-line p50"] == PASS and fast["first token p50"] == PASS
+    off = evaluate({ON: _figures(40.0)}, {}, {ON: AFTER}, one_line=False)
+    assert next(t for t in off if t.name == "one-line").verdict == NOT_MEASURED
+
+
+def test_the_project_against_llama_cpp_passes_at_equal_one_line_latency():
+    def verdict(ours: float, theirs: float) -> str:
+        figures = {PROJECT: _figures(ours), LLAMA: _figures(theirs, abandoned=0)}
+        targets = evaluate(figures, {}, {PROJECT: AFTER, LLAMA: AFTER}, True)
+        return next(t for t in targets if "llama.cpp" in t.name).verdict
+
+    assert verdict(100.0, 100.0) == PASS and verdict(101.0, 100.0) == FAIL
+    # a peer that answered nothing within the pauses is not beaten: nothing was measured
+    figures = {PROJECT: _figures(100.0), LLAMA: _figures(None)}
+    targets = evaluate(figures, {}, {PROJECT: AFTER, LLAMA: AFTER}, True)
+    assert next(t for t in targets if "llama.cpp" in t.name).verdict == NOT_MEASURED
+    # llama.cpp's own waste is a figure, never one of the project's targets
+    figures = {PROJECT: _figures(50.0), LLAMA: _figures(50.0, wasted=1000.0)}
+    targets = evaluate(figures, {}, {PROJECT: AFTER, LLAMA: AFTER}, True)
+    waste = next(t for t in targets if t.name == "abandoned requests")
+    assert waste.verdict == PASS and LLAMA not in waste.measured
 
 
 def test_tokens_after_abandonment_are_per_abandoned_request_in_each_half():
     # 8 unread tokens over 4 abandoned requests: 2 each, at the limit
-    assert _verdicts(_run(100.0, wasted=8.0), _run(300.0))["abandoned requests"] == PASS
-    assert _verdicts(_run(100.0), _run(300.0, wasted=9.0))["abandoned requests"] == FAIL
+    assert _verdicts(_figures(100.0, wasted=8.0), _figures(300.0))["abandoned requests"] == PASS
+    assert _verdicts(_figures(100.0), _figures(300.0, wasted=9.0))["abandoned requests"] == FAIL
     # a half that abandoned nothing says nothing; if neither did, nothing was measured
-    assert _verdicts(_run(100.0, abandoned=0), _run(300.0))["abandoned requests"] == PASS
-    both_idle = _verdicts(_run(100.0, abandoned=0), _run(300.0, abandoned=0))
+    idle = _figures(100.0, abandoned=0)
+    assert _verdicts(idle, _figures(300.0))["abandoned requests"] == PASS
+    both_idle = _verdicts(idle, _figures(300.0, abandoned=0))
     assert both_idle["abandoned requests"] == NOT_MEASURED
-    # abandoned requests whose engine counters were not read cannot pass
-    unread = _verdicts(_run(100.0), _run(300.0, engine=False))
+    # abandoned requests whose counters were not read cannot pass
+    unread = _verdicts(_figures(100.0), _figures(300.0, counted=False))
     assert unread["abandoned requests"] == NOT_MEASURED
     # the drill counts like the typists: it can pass alone, and fail a passing half
-    drilled = _verdicts(_run(100.0, abandoned=0, drill=(8, 16.0)), _run(300.0, abandoned=0))
+    drilled = _verdicts(idle, _figures(300.0, abandoned=0), {ON: _drill(8, 16.0)})
     assert drilled["abandoned requests"] == PASS
-    spilled = _verdicts(_run(100.0, drill=(8, 17.0)), _run(300.0))
+    spilled = _verdicts(_figures(100.0), _figures(300.0), {ON: _drill(8, 17.0)})
     assert spilled["abandoned requests"] == FAIL
 
 
+def test_a_token_past_an_editor_stop_fails():
+    assert _verdicts(_figures(100.0), _figures(300.0))["past a stop"] == PASS
+    assert _verdicts(_figures(100.0), _figures(300.0, past_stop=1.0))["past a stop"] == FAIL
+    uncounted = _verdicts(_figures(100.0), _figures(300.0, counted=False))
+    assert uncounted["past a stop"] == NOT_MEASURED
+
+
 def test_errors_and_the_after_check_fail_in_either_half():
-    assert _verdicts(_run(100.0), _run(300.0))["errors"] == PASS
-    assert _verdicts(_run(100.0), _run(300.0, errors=1))["errors"] == FAIL
-    silent = _run(300.0, after="NO ANSWER to a plain request within 30 s")
-    assert _verdicts(_run(100.0), silent)["after the run"] == FAIL
+    assert _verdicts(_figures(100.0), _figures(300.0))["errors"] == PASS
+    assert _verdicts(_figures(100.0), _figures(300.0, errors=1))["errors"] == FAIL
+    silent = _verdicts(_figures(100.0), _figures(300.0), after="NO ANSWER within 30 s")
+    assert silent["after the run"] == FAIL
 
 
-def test_the_comparison_report_puts_the_halves_side_by_side(tmp_path):
-    on, off = _run(100.0, wasted=4.0), _run(400.0, wasted=12.0)
-    load = {ON: (1.5, 2.5), OFF: (2.5, 3.0)}
-    c = Comparison("run", on, off, load, ["avx512f"], "2026-01-01T00:10")
-    assert not c.all_pass  # off wasted 3 per abandoned request
-    assert Comparison("run", on, _run(400.0), {}, [], "").all_pass
-    paths = write_comparison(tmp_path, c)
-    report = (tmp_path / "comparison.md").read_text()
-    assert "3 of 4 PASS" in report
-    assert "| first token p50 ms (answered) | 100 | 400 | 0.25 |" in report
-    assert "| first token | " in report and "100 ms / 400 ms = 0.25 | **PASS** |" in report
-    assert "**FAIL**" in report and "cache-off typists: 3.00 over 4 abandoned" in report
-    assert "| prefix-cache reuse share (at most) | 60.0% | 60.0% | 1.00 |" in report
-    assert "cache-on 1.50 -> 2.50" in report and "avx512f" in report
-    assert "| drill: the most for one request (at most) | - | - | - |" in report
-    assert report.startswith("# Editor traffic, prefix cache on vs off: run\n")
-    data = json.loads((tmp_path / "comparison.json").read_text())
-    assert [t["verdict"] for t in data["targets"]] == [PASS, FAIL, PASS, PASS]
-    assert data["all_pass"] is False and {p.name for p in paths} == {
-        "comparison.md",
-        "comparison.json",
-    }
-    row = next(r for r in data["table"] if r["figure"].startswith("first token p50"))
-    assert (row[ON], row[OFF], row["on / off"]) == (100.0, 400.0, 0.25)
+def test_mirrored_windows_put_each_system_first_as_often_as_last():
+    assert mirrored(["a", "b"], 2) == ["a", "b", "b", "a"]
+    assert mirrored(["a", "b"], 3) == ["a", "b", "b", "a", "a", "b"]
+    assert mirrored(["x"], 2) == ["x", "x"]
 
 
 def test_the_comparison_is_the_default_and_no_compare_is_the_single_run():
-    from loadtest.editor.settings import parser
-
     assert parser().parse_args([]).compare is True
     assert parser().parse_args(["--no-compare"]).compare is False
+    args, _ = parse_args(["--peer", "llama"])
+    assert args.peer == "llama" and args.no_suffix  # llama.cpp's /v1/completions has none
+    with pytest.raises(SystemExit):
+        parse_args(["--peer", "llama", "--no-compare"])
+
+
+def test_the_stop_rules_go_to_each_server_under_its_own_names():
+    stops = Stops(one_line=True, t_max_predict_ms=1000)
+    assert stops.fields("openai", 4) == {
+        "single_line": True,
+        "n_indent": 4,
+        "t_max_predict_ms": 1000,
+    }
+    assert stops.fields("grpc", 0) == {"single_line": True, "t_max_predict_ms": 1000}
+    assert stops.fields("llama", 8) == {"stop": ["\n"], "n_indent": 8, "t_max_predict_ms": 1000}
+    assert Stops().fields("llama", 8) == {"n_indent": 8}  # off: nothing sent
+    assert indent_at("def f():\n    if x:\n        ret", 30) == 8
+    assert indent_at("x = 1", 3) == 0

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 
 from serving.paths import REPO_ROOT
@@ -23,7 +24,7 @@ def _run(server, tmp_path, protocol: str, *extra: str) -> dict:
         sys.executable, "-m", "loadtest.editor",
         "--protocol", protocol,
         "--typists", "2",
-        "--duration", "6",
+        "--duration", "8",
         "--progress-every", "2",
         "--host", server.http_url,
         "--grpc-url", server.grpc_url,
@@ -43,47 +44,59 @@ def _run(server, tmp_path, protocol: str, *extra: str) -> dict:
     return summary
 
 
+SINGLE = "as configured"
+
+
 @pytest.mark.parametrize("protocol", ["grpc", "openai"])
 def test_a_short_run_balances_its_books(server, tmp_path, protocol):
-    summary = _run(server, tmp_path, protocol)
-    f, engine = summary["figures"], summary["figures"]["engine"]
+    summary = _run(server, tmp_path, protocol, "--no-one-line")
+    f = summary["figures"][SINGLE]
     # every typist pauses within its first burst (12 keystrokes of at most 0.25 s)
     assert f["requests"] >= 2
-    assert f["errors"] == 0, f["error_messages"]
+    assert f["errors"] == 0, summary["report"]
     assert f["answered"] + f["abandoned"] == f["requests"]
     # the engine finished or dropped every request that reached it, and generated at least
     # what the typists read (the counters were read after the server drained)
-    assert f["answered"] <= engine["sequences"] <= f["requests"]
-    assert engine["generated_tokens"] >= engine["delivered_tokens"] > 0 or not f["answered"]
-    assert summary["after"].startswith("answered")
+    assert f["answered"] <= f["sequences"] <= f["requests"]
+    assert f["tokens generated"] >= f["tokens delivered"] > 0 or not f["answered"]
+    assert summary["afters"][SINGLE].startswith("answered")
+    # every request is a row of the one event table, stamped with its system and window
+    events = pd.read_csv(tmp_path / protocol / "events.csv")
+    typed, resent = events[events["name"] != "resent"], events[events["name"] == "resent"]
+    assert len(typed) == f["requests"] and set(events["system"]) == {SINGLE}
+    assert set(typed["window"]) == {"0", "1"} and set(events["profile"]) == {"editor"}
+    # the resend probe: 8 warm requests after the typing, each read to its end
+    assert len(resent) == 8 and set(resent["outcome"]) == {"ok"}, resent
+    assert f["resent +3 chars: first token p50 ms"] > 0
     # the drill: two long completions left at their first piece, after the typing
-    drill = summary["drill"]
+    drill = summary["drills"][SINGLE]
     assert drill["requests"] == 2 and drill["errors"] == 0, drill
     assert drill["abandoned"] + drill["answered"] == 2
     assert drill["generated"] >= drill["tokens_read"] > 0
     assert "Abandonment drill" in summary["report"]
-    assert f"editor {protocol}" in summary["stdout"] and "first token p50" in summary["stdout"]
+    assert f"editor {SINGLE} window" in summary["stdout"] and "first token p50" in summary["stdout"]
     # a server without fill-in-the-middle refuses the suffix: then the run says so loudly
     suffix = summary["suffix"]
     if suffix["refused"]:
         assert "PREFIX-ONLY" in summary["stdout"] and "**SUFFIX REFUSED" in summary["report"]
     else:
-        assert suffix["send"] and f["suffix_tokens_sent"] > 0
+        assert suffix["send"] and events["suffix_tokens"].sum() > 0
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "openai"])
 def test_requests_abandoned_at_once_leave_the_server_answering(server, tmp_path, protocol):
     # 400 tokens cannot stream back within 10 ms: every request is abandoned
-    summary = _run(server, tmp_path, protocol, "--pause", "0.005,0.01", "--max-tokens", "400")
-    f = summary["figures"]
+    summary = _run(server, tmp_path, protocol, "--pause", "0.005,0.01", "--max-tokens", "400",
+                   "--no-one-line")  # fmt: skip
+    f = summary["figures"][SINGLE]
     assert f["requests"] >= 2 and f["abandoned"] == f["requests"], f
     assert f["errors"] == 0 and f["answered"] == 0
-    assert f["first_token_ms"] == {"p50": None, "p95": None}
-    assert summary["after"].startswith("answered"), summary["after"]
+    assert f["first token p50 ms"] is None and f["latency p95 ms"] is None
+    assert summary["afters"][SINGLE].startswith("answered"), summary["afters"]
     assert summary["problems"] == []
 
 
-def test_the_comparison_types_twice_on_servers_it_starts_with_the_cache_on_then_off(
+def test_the_comparison_types_on_two_servers_it_starts_with_the_cache_on_and_off(
     openvino_model_repository, tmp_path
 ):
     out = tmp_path / "compare"
@@ -92,6 +105,7 @@ def test_the_comparison_types_twice_on_servers_it_starts_with_the_cache_on_then_
         "--protocol", "grpc",
         "--typists", "2",
         "--duration", "4",
+        "--windows", "1",
         "--progress-every", "2",
         "--model-repository", str(openvino_model_repository),
         "--out", str(out),
@@ -102,29 +116,26 @@ def test_the_comparison_types_twice_on_servers_it_starts_with_the_cache_on_then_
     # 0: every target met; 3: a target missed (on a tiny model the cache may not pay): both
     # are a run that completed; 1 or anything else is a broken run
     assert done.returncode in (0, 3), done.stdout[-2000:] + done.stderr[-2000:]
-    data = json.loads((out / "comparison.json").read_text())
+    data = json.loads((out / "summary.json").read_text())
     verdicts = {t["name"]: t["verdict"] for t in data["targets"]}
-    assert set(verdicts) == {"first token", "abandoned requests", "errors", "after the run"}
+    assert "first token, cache on / off" in verdicts and "past a stop" in verdicts
     assert verdicts["errors"] == "PASS" and verdicts["after the run"] == "PASS", data["targets"]
-    assert data["all_pass"] == (done.returncode == 0)
-    halves = {
-        h: json.loads((out / h / "summary.json").read_text()) for h in ("cache-on", "cache-off")
-    }
+    assert all(v == "PASS" for v in verdicts.values()) == (done.returncode == 0)
+    assert data["settings"]["order"] == ["cache-on", "cache-off"]
     for half, caching in (("cache-on", True), ("cache-off", False)):
-        assert halves[half]["settings"]["prefix_caching"] is caching
-        assert (
-            f"prefix cache {'on' if caching else 'off'}"
-            in (out / half / "tritonserver.log").read_text()
-        )
-        assert halves[half]["figures"]["requests"] >= 2  # each typist pauses within a burst
-        assert halves[half]["drill"]["requests"] == 2 and halves[half]["drill"]["errors"] == 0
+        log = (out / half / "tritonserver.log").read_text()
+        assert f"prefix cache {'on' if caching else 'off'}" in log
+        assert data["figures"][half]["requests"] >= 2  # each typist pauses within a burst
+        assert data["drills"][half]["requests"] == 2 and data["drills"][half]["errors"] == 0
         config = (out / half / "engine_config.pbtxt").read_text()
         assert f'"prefix_caching" value: {{ string_value: "{str(caching).lower()}" }}' in config
+        # the one-line stop ended answers in the engine, and nothing was generated past it
+        assert data["figures"][half]["tokens generated past a stop"] == 0
     # the repository copies were temporary: nothing of them is left in the run folder
     assert not list(out.rglob("model.py"))
     # with the cache off the engine keeps no index of blocks: nothing can be reused
-    assert halves["cache-off"]["figures"]["engine"]["reused_tokens"] == 0
-    assert halves["cache-on"]["figures"]["engine"]["reused_tokens"] is not None
-    report = (out / "comparison.md").read_text()
-    assert "| figure | cache-on | cache-off | on / off |" in report and "load average" in report
+    assert data["figures"]["cache-off"]["prompt-cache reuse share (at most)"] == 0
+    assert data["figures"]["cache-on"]["prompt-cache reuse share (at most)"] is not None
+    report = (out / "report.md").read_text()
+    assert "cache-on / cache-off" in report and "load average" in report
     assert f"of {len(verdicts)} PASS" in report

@@ -1,19 +1,16 @@
-"""``make loadtest PROFILE=editor``: the traffic editors send (see docs/loadtest.md and
-docs/editor-load.md).
+"""``make loadtest PROFILE=editor``: the traffic editors send (see docs/editor-load.md).
 
 One module per concern, in the order a run uses them:
 
 - :mod:`loadtest.editor.typist`: where a simulated typist pauses in a real file, seeded.
-- :mod:`loadtest.editor.window`: the prefix and suffix sent, clipped to the model's context.
-- :mod:`loadtest.editor.protocols`: a request over the OpenAI API (SSE) or a gRPC stream, which
-  a typist waits on until its next keystroke and then abandons.
+- :mod:`loadtest.editor.window`: the prefix and suffix sent, clipped to the prompt budget.
+- :mod:`loadtest.editor.protocols`: a request over the OpenAI API (SSE), a gRPC stream or
+  llama.cpp's server, with the editor's stop rules, abandoned at the next keystroke.
 - :mod:`loadtest.editor.suffix`: the probe that decides whether suffixes can be sent.
-- :mod:`loadtest.editor.drive`: typist threads for a bounded time (shared with ``make soak``).
-- :mod:`loadtest.editor.drill`: long completions abandoned at their first piece (tokens
-  generated after a client left).
-- :mod:`loadtest.editor.figures`: records and figures; :mod:`loadtest.editor.report`: the run
-  folder; :mod:`loadtest.editor.compare`: prefix cache on vs off, the targets;
-  :mod:`loadtest.editor.run`: the command line (the comparison, or one run).
-
-Nothing here imports Locust: the typists are plain threads.
+- :mod:`loadtest.editor.systems`: the servers measured, their counters and CPU.
+- :mod:`loadtest.editor.drive`: one pause's request (and typist threads for ``make soak``).
+- :mod:`loadtest.editor.users`: the typists as Locust users, window after window.
+- :mod:`loadtest.editor.drill`: long completions abandoned at their first piece.
+- :mod:`loadtest.editor.figures`: the figures, from the event table; :mod:`.compare`: the
+  comparisons and the targets; :mod:`.report`: the run folder; :mod:`.run`: the command line.
 """

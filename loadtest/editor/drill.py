@@ -1,31 +1,23 @@
-"""The abandonment drill: after the typing, a few long completions, one at a time, each
-abandoned as soon as its first piece of text arrives; the engine's generated-token counter
-over the drill, less what the clients read, is what the engine generated for requests whose
-client had left.
-
-Why a drill beside the typists: a fast model answers most typists' requests within their pause,
-so a run may abandon few or none while streaming, and "tokens generated after the client left"
-needs abandoned streams to mean anything. Here every request asks for :data:`DRILL_TOKENS`
-tokens and is abandoned at its first piece, so (unless the model ends the text at once, which
-is counted as answered) each one is abandoned mid-generation by construction. Requests go one
-at a time, and the engine's counters are read before each and again once the engine has
-finished it (its finished-sequences counter moved on), so each request's count is its own.
-
-The figure is an upper bound of the tokens generated after the client left: it also counts any
-token generated before the client left but not yet read (in flight between the engine and the
-client), and over SSE a piece read counts as one token although it may carry more.
+"""The abandonment drill: long completions, one at a time, each abandoned as soon as its first
+piece arrives, so each is abandoned mid-generation by construction (a fast model answers most
+typists' requests within their pause); the system's generated-token counter around each, less
+what the client read, is what it generated after the client left: an upper bound (tokens in
+transit count too, and over SSE a piece read counts as one token). And the resend probe: the
+warm path of a keystroke, one request at a time.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from loadtest.editor.figures import ABANDONED, ANSWERED, ERROR
-from loadtest.editor.protocols import Exchange
+from loadtest.editor.figures import ABANDONED, ANSWERED, ERROR, RESENT
+from loadtest.editor.protocols import Exchange, Stops
+from loadtest.editor.systems import GENERATED, System
 from loadtest.editor.typist import line_starts
+from reporting.events import EventLog
 
 DRILL_TOKENS = 200  # long enough that no answer can arrive before its first piece is read
 DRILL_REQUESTS = 8
@@ -94,6 +86,22 @@ def drill_prompts(files: Sequence[Path], clip: Callable[[str, int], str], count:
     return prompts
 
 
+def resend_points(files: Sequence[Path], count: int) -> list[tuple[str, int]]:
+    """(text, cursor) of ``count`` files, each at the line start three quarters down."""
+    points = []
+    for path in files:
+        if len(points) == count:
+            break
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        starts = line_starts(text)
+        if len(starts) > 4:
+            points.append((text, starts[len(starts) * 3 // 4]))
+    return points
+
+
 def drill_figures(outcomes: Sequence[DrillOutcome], max_tokens: int, sse: bool) -> DrillFigures:
     abandoned = [o for o in outcomes if o.outcome == ABANDONED]
     read = sum(o.tokens_read for o in outcomes)
@@ -118,3 +126,44 @@ def drill_figures(outcomes: Sequence[DrillOutcome], max_tokens: int, sse: bool) 
         bound=bound,
         error_messages=[o.error for o in outcomes if o.error],
     )
+
+
+def run_drill(system: System, prompts: Sequence[str]) -> DrillFigures:
+    """The drill on ``system``: one request at a time, each between two readings of its
+    counters, the second once the server counted it (:meth:`System.settled`)."""
+    sender = replace(system.sender, max_tokens=DRILL_TOKENS, stops=Stops())
+    outcomes = []
+    for seed, prompt in enumerate(prompts):
+        try:
+            before: dict[str, float] | None = system.counters()
+        except OSError:
+            before = None
+        outcome = abandon_at_first_piece(sender.open(prompt, "", seed=seed))
+        generated = None
+        if before is not None:
+            after = system.settled(before, 5.0 if outcome.outcome == ERROR else 60.0)
+            generated = None if after is None else after[GENERATED] - before[GENERATED]
+        outcomes.append(replace(outcome, generated=generated))
+    return drill_figures(outcomes, DRILL_TOKENS, sse=sender.protocol != "grpc")
+
+
+def run_resend(system: System, pairs: Sequence[tuple[str, str]], events: EventLog) -> None:
+    """The resend probe: for each (prompt, the same prompt 3 characters on), one at a time, the
+    first sent and read to its end (it fills the cache), then the second, whose first token and
+    one-line latency are recorded (event name :data:`RESENT`): the warm path an editor's next
+    keystroke takes, without the other typists' load."""
+    for seed, (cold, warm) in enumerate(pairs):
+        for prompt in (cold, warm):
+            exchange = system.sender.open(prompt, "", seed=seed)
+            if not exchange.wait(time.monotonic() + 60.0):
+                exchange.abandon()
+                exchange.error = exchange.error or "no answer within 60 s"
+        first, latency = exchange.first_token_s, exchange.latency_s
+        latency = time.monotonic() - exchange.sent if latency is None else latency  # failed
+        events.record(
+            system=system.label, window=RESENT, kind=system.sender.protocol, name=RESENT,
+            latency_ms=1000 * latency,
+            first_token_ms=None if first is None else 1000 * first,
+            tokens=exchange.completion_tokens, error=exchange.error,
+            outcome="error" if exchange.error else "ok",
+        )  # fmt: skip

@@ -1,11 +1,10 @@
-"""Typists at work: one thread per typist, each sending a request at every pause and abandoning
-it at the next keystroke, for a bounded time.
+"""One typist's request at a pause (:func:`type_pause`, what the profile's Locust users send,
+:mod:`loadtest.editor.users`), and :class:`Typing`, typist threads for a bounded time, which the
+soak's editor phase still drives.
 
 Every request is bounded by its pause (the typist waits on it no longer, see
 :mod:`loadtest.editor.protocols`), and no typist starts a pause after the run's end, so a run
-takes at most its duration plus one typing burst and one pause. :class:`Typing` is what the
-profile's run (:mod:`loadtest.editor.run`) and the soak's editor phase share; each gives it a
-``record`` callback for the requests as they end.
+takes at most its duration plus one typing burst and one pause.
 """
 
 from __future__ import annotations
@@ -82,24 +81,12 @@ class Typing:
         self.stop.wait(seconds)
 
     def _request(self, index: int, visit: Visit) -> None:
-        pause = visit.pause
-        window = self.clipper.clip(visit.text, pause.cursor, self.suffix.send, pause.suffix_at)
         ticket = self.begin()
-        sent = time.monotonic()
         with self.lock:
             self.in_flight += 1
-        exchange: Exchange | None = None
-        try:
-            exchange = self.sender.open(window.prefix, window.suffix, seed=len(self.records))
-            over = exchange.wait(sent + pause.pause_s)
-            if not over:
-                exchange.abandon()  # the next keystroke
-        except Exception as exc:
-            exchange = exchange or Exchange()
-            if not exchange.over:
-                exchange.abandon()
-            exchange.error = exchange.error or f"{type(exc).__name__}: {exc}"
-        record = _record(index, sent - self.origin, pause.pause_s, window, exchange)
+            seed = len(self.records)
+        origin, send = self.origin, self.suffix.send
+        record = type_pause(self.sender, self.clipper, send, index, origin, visit, seed)
         with self.lock:
             self.in_flight -= 1
             self.records.append(record)
@@ -108,6 +95,40 @@ class Typing:
     def snapshot(self) -> tuple[list[EditorRecord], int]:
         with self.lock:
             return list(self.records), self.in_flight
+
+
+def indent_at(text: str, cursor: int) -> int:
+    """The cursor line's indentation in columns (llama.vim's ``n_indent``)."""
+    line = text[text.rfind("\n", 0, cursor) + 1 : cursor]
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def type_pause(
+    sender: Sender,
+    clipper: Clipper,
+    with_suffix: bool,
+    index: int,
+    origin: float,
+    visit: Visit,
+    seed: int,
+) -> EditorRecord:
+    """One pause's request: sent, read until answered or the next keystroke, then abandoned;
+    bounded by the pause, whatever the server does."""
+    pause = visit.pause
+    window = clipper.clip(visit.text, pause.cursor, with_suffix, pause.suffix_at)
+    sent = time.monotonic()
+    exchange: Exchange | None = None
+    try:
+        indent = indent_at(visit.text, pause.cursor)
+        exchange = sender.open(window.prefix, window.suffix, seed=seed, n_indent=indent)
+        if not exchange.wait(sent + pause.pause_s):
+            exchange.abandon()  # the next keystroke
+    except Exception as exc:
+        exchange = exchange or Exchange()
+        if not exchange.over:
+            exchange.abandon()
+        exchange.error = exchange.error or f"{type(exc).__name__}: {exc}"
+    return _record(index, sent - origin, pause.pause_s, window, exchange)
 
 
 def _record(index: int, t_s: float, pause_s: float, window, exchange: Exchange) -> EditorRecord:

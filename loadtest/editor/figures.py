@@ -1,35 +1,41 @@
-"""The editor profile's records and figures: every request a typist sent and how it ended, and
-what a run reports, computed from them and from the engine's counters over the run.
+"""The editor profile's figures, from the event table (:mod:`reporting.events`: one row per
+request, the editor's columns in it) and the windows' counter readings (one row per window:
+each system's own counters and CPU around it). Pure: the tests feed it tables.
 
-Pure (no server): the tests feed it records and counter increases.
-
-- Answered: the whole completion arrived within the pause. First token and latency
-  percentiles are of these.
+- Answered (``ok``): the whole completion arrived within the pause. First token and latency
+  percentiles are of these; with the one-line stop, latency is the one-line completion's.
 - Abandoned: the next keystroke came first, and the typist closed the request.
-- Error: the server refused or failed it (the error text is kept, counted by message).
+- Error: the server refused or failed it.
 
-Tokens generated for abandoned requests are the engine's generated tokens over the run minus
-the tokens that reached a reader: an answered request's whole completion (the server's count),
-an abandoned one's pieces read before it left. Over SSE a piece is counted as one token (a piece
-carries one token or more), so there the figure is an upper bound ("at most"); over gRPC each
-piece says how many tokens it carries, so it is exact.
+Tokens generated for abandoned requests, per system: its own generated-tokens counter over the
+windows minus the tokens that reached a reader (an answered request's whole completion, an
+abandoned one's pieces read before it left), per abandoned request. Over SSE a piece counts as
+one token (it may carry more): an upper bound.
 """
 
 from __future__ import annotations
 
-import re
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
-from contract import metrics as names
+from loadtest.editor.systems import (
+    CANCELLED,
+    GENERATED,
+    PAST_STOP,
+    PROMPT,
+    REUSED,
+    SEQUENCES,
+    STOPS,
+)
 from loadtest.metrics import reuse_share
+from reporting.events import summarize
+
+RESENT = "resent"  # the resend probe's rows (loadtest.editor.drill), apart from the typists'.
 
 ANSWERED, ABANDONED, ERROR = "answered", "abandoned", "error"
-OUTCOMES = (ANSWERED, ABANDONED, ERROR)
-NOT_REPORTED = "not reported by this engine"
 
 
 @dataclass(frozen=True)
@@ -57,130 +63,132 @@ class Percentiles:
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Percentiles:
-        if not values:
+        if not len(values):
             return cls()
         p50, p95 = np.percentile(np.asarray(values, dtype=float), [50, 95])
         return cls(float(p50), float(p95))
 
 
 @dataclass(frozen=True)
-class EngineFigures:
-    """From the engine's counters over the run (contract/metrics.py names)."""
-
-    generated_tokens: float
-    delivered_tokens: int
-    wasted_tokens: float  # generated minus delivered: tokens no reader got
-    wasted_is_upper_bound: bool
-    wasted_per_abandoned: float | None
-    sequences: float  # sequences the engine finished or dropped
-    cancelled: float
-    prompt_tokens: float  # received: every prompt the engine admitted, whole
-    prompt_tokens_per_request: float | None
-    reused_tokens: float | None  # None: NOT_REPORTED
-    reuse_share: float | None  # reused / received: reuse_share()
-    reuse_note: str
-
-
-@dataclass(frozen=True)
 class EditorFigures:
+    """What the soak's editor phase reports of its records."""
+
     requests: int
     answered: int
     abandoned: int
     errors: int
-    abandoned_share: float | None  # abandoned / (answered + abandoned)
-    abandoned_after_first_token: int  # abandoned while already streaming text
     first_token_ms: Percentiles
     latency_ms: Percentiles
-    prompt_tokens_sent: float | None  # mean prefix + suffix tokens per request (client count)
-    suffix_tokens_sent: float | None
-    engine: EngineFigures | None
-    error_messages: dict[str, int] = field(default_factory=dict)
+    prompt_tokens_sent: float | None
 
 
-def reuse_metric() -> str | None:
-    """The engine's prefix-cache reuse counter, where contract/metrics.py names one (a counter
-    of prompt tokens served from the cache instead of prefilled)."""
-    for constant, value in sorted(vars(names).items()):
-        if (
-            constant.startswith("ENGINE_")
-            and isinstance(value, str)
-            and value.endswith("_total")
-            and re.search(r"REUSE|PREFIX_CACHE|CACHED|CACHE_HIT", constant)
-        ):
-            return value
-    return None
-
-
-def engine_figures(
-    increases: dict[str, float], records: Sequence[EditorRecord], exact_tokens: bool
-) -> EngineFigures:
-    """``increases``: each counter's increase over the run for the engine model, by its
-    exposed name (plus ``_total`` where Triton's parser adds it: see loadtest.metrics)."""
-
-    def get(metric: str) -> float:
-        return increases.get(metric, increases.get(metric + "_total", 0.0))
-
-    generated = get(names.ENGINE_GENERATED_TOKENS)
-    delivered = sum(
-        (r.completion_tokens if r.completion_tokens is not None else r.tokens_read)
-        if r.outcome == ANSWERED
-        else r.tokens_read
-        for r in records
-    )
-    abandoned = sum(r.outcome == ABANDONED for r in records)
-    sequences = get(names.ENGINE_REQUESTS)
-    received = get(names.ENGINE_PROMPT_TOKENS)
-    metric = reuse_metric()
-    reused = None
-    if metric is not None and (metric in increases or metric + "_total" in increases):
-        reused = get(metric)
-    wasted = generated - delivered
-    return EngineFigures(
-        generated_tokens=generated,
-        delivered_tokens=delivered,
-        wasted_tokens=wasted,
-        wasted_is_upper_bound=not exact_tokens,
-        wasted_per_abandoned=wasted / abandoned if abandoned else None,
-        sequences=sequences,
-        cancelled=get(names.ENGINE_CANCELLED),
-        prompt_tokens=received,
-        prompt_tokens_per_request=received / sequences if sequences else None,
-        reused_tokens=reused,
-        reuse_share=reuse_share(received, reused),
-        reuse_note=(
-            f"{metric} over the run"
-            if reused is not None
-            else NOT_REPORTED + (f" ({metric} is not exported)" if metric else "")
-        ),
-    )
-
-
-def error_key(message: str) -> str:
-    """One message with different numbers counts once."""
-    return re.sub(r"\d+", "N", message)[:200]
-
-
-def editor_figures(
-    records: Sequence[EditorRecord], engine: EngineFigures | None = None
-) -> EditorFigures:
+def editor_figures(records: Sequence[EditorRecord]) -> EditorFigures:
     answered = [r for r in records if r.outcome == ANSWERED]
-    abandoned = [r for r in records if r.outcome == ABANDONED]
-    errors = [r for r in records if r.outcome == ERROR]
-    ended = len(answered) + len(abandoned)
     prompt = [r.prefix_tokens + r.suffix_tokens for r in records]
     return EditorFigures(
         requests=len(records),
         answered=len(answered),
-        abandoned=len(abandoned),
-        errors=len(errors),
-        abandoned_share=len(abandoned) / ended if ended else None,
-        abandoned_after_first_token=sum(r.first_token_ms is not None for r in abandoned),
-        first_token_ms=Percentiles.of(
-            [r.first_token_ms for r in answered if r.first_token_ms is not None]
-        ),
+        abandoned=sum(r.outcome == ABANDONED for r in records),
+        errors=sum(r.outcome == ERROR for r in records),
+        first_token_ms=Percentiles.of([r.first_token_ms for r in answered if r.first_token_ms]),
         latency_ms=Percentiles.of([r.latency_ms for r in answered if r.latency_ms is not None]),
         prompt_tokens_sent=float(np.mean(prompt)) if prompt else None,
-        suffix_tokens_sent=float(np.mean([r.suffix_tokens for r in records])) if records else None,
-        engine=engine,
-        error_messages=dict(Counter(error_key(r.error) for r in errors).most_common(20)),
     )
+
+
+def request_event(record: EditorRecord, protocol: str, one_line: bool, wall: float) -> dict:
+    """One request as the arguments of Locust's ``request`` event, the editor's figures in its
+    context (the columns of :mod:`reporting.events`' table, and the editor's own)."""
+    outcome = {ANSWERED: "ok", ABANDONED: "abandoned"}.get(record.outcome, "error")
+    delivered = record.tokens_read  # an abandoned request: the pieces read before leaving
+    if outcome == "ok" and record.completion_tokens is not None:
+        delivered = record.completion_tokens  # the server's count of the whole answer
+    return dict(
+        request_type=protocol,
+        name="one-line" if one_line else "completion",
+        response_time=record.latency_ms or record.pause_s * 1000,
+        response_length=record.tokens_read,
+        exception=RuntimeError(record.error) if outcome == "error" else None,
+        start_time=wall,
+        context={
+            "outcome": outcome, "first_token_ms": record.first_token_ms, "tokens": delivered,
+            "typist": record.typist, "pause_s": record.pause_s, "one_line": one_line,
+            "prefix_tokens": record.prefix_tokens, "suffix_tokens": record.suffix_tokens,
+            "pieces": record.pieces, "tokens_read": record.tokens_read,
+        },
+    )  # fmt: skip
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or not b or pd.isna(a) or pd.isna(b) else a / b
+
+
+def system_figures(events: pd.DataFrame, windows: pd.DataFrame) -> dict[str, dict]:
+    """Per system (in the order the systems first typed): the figures the report prints."""
+    figures: dict[str, dict] = {}
+    resent = events[events["name"] == RESENT] if len(events) else events
+    events = events[events["name"] != RESENT] if len(events) else events
+    summary = summarize(events, by=["system"]).set_index("system") if len(events) else None
+    for system in dict.fromkeys([*windows["system"], *events.get("system", [])]):
+        rows = events[events["system"] == system] if len(events) else events
+        warm = resent[(resent["system"] == system) & (resent["outcome"] == "ok")]
+        ours = windows[windows["system"] == system]
+        s = {}
+        if summary is not None and system in summary.index:  # NaN: no such figure
+            s = {k: None if pd.isna(v) else v for k, v in summary.loc[system].items()}
+        ok, abandoned = rows[rows["outcome"] == "ok"], rows[rows["outcome"] == "abandoned"]
+        seconds, counted = float(ours["seconds"].sum()), _counted(ours)
+        delivered = float(pd.to_numeric(rows["tokens"], errors="coerce").fillna(0).sum())
+        generated = counted.get(GENERATED)
+        cpu = None if ours["cpu_s"].isna().any() else float(ours["cpu_s"].sum())
+        wasted = None if generated is None else generated - delivered
+        figures[system] = {
+            "requests": len(rows),
+            "answered": len(ok),
+            "abandoned": len(abandoned),
+            "errors": int((rows["outcome"] == "error").sum()),
+            "abandoned share": _ratio(len(abandoned), len(ok) + len(abandoned)),
+            "abandoned while streaming": int(abandoned["first_token_ms"].notna().sum()),
+            "first token p50 ms": s.get("first_token_p50_ms"),
+            "first token p95 ms": s.get("first_token_p95_ms"),
+            "latency p50 ms": s.get("latency_p50_ms"),
+            "latency p95 ms": s.get("latency_p95_ms"),
+            "prompt tokens sent / request": _mean(rows, ["prefix_tokens", "suffix_tokens"]),
+            "seconds of typing": seconds,
+            "tokens delivered / s": delivered / seconds if seconds else None,
+            "CPU seconds": cpu,
+            "CPU ms / answered request": _ratio(None if cpu is None else 1000 * cpu, len(ok)),
+            "tokens generated": generated,
+            "tokens delivered": delivered,
+            "generated for abandoned, unread (at most)": wasted,
+            "... per abandoned request (at most)": _ratio(wasted, len(abandoned)),
+            "sequences": counted.get(SEQUENCES),
+            "of them cancelled": counted.get(CANCELLED),
+            "prompt tokens received / request": _ratio(counted.get(PROMPT), len(rows)),
+            "prompt-cache reuse share (at most)": reuse_share(
+                counted.get(PROMPT, 0.0), counted.get(REUSED)
+            ),
+            "editor stops": counted.get(STOPS),
+            "tokens generated past a stop": counted.get(PAST_STOP),
+            **{f"resent +3 chars: {label}": _quantile(warm, column, q) for label, column, q in (
+                ("first token p50 ms", "first_token_ms", 0.5),
+                ("latency p50 ms", "latency_ms", 0.5), ("latency p95 ms", "latency_ms", 0.95))},
+        }  # fmt: skip
+    return figures
+
+
+def _quantile(rows: pd.DataFrame, column: str, q: float) -> float | None:
+    values = pd.to_numeric(rows[column], errors="coerce").dropna() if len(rows) else []
+    return float(values.quantile(q)) if len(values) else None
+
+
+def _counted(windows: pd.DataFrame) -> dict[str, float]:
+    """Each counter summed over the windows, where the system has it."""
+    names = (GENERATED, PROMPT, REUSED, SEQUENCES, CANCELLED, STOPS, PAST_STOP)
+    return {n: float(windows[n].sum()) for n in names if n in windows and windows[n].notna().all()}
+
+
+def _mean(rows: pd.DataFrame, columns: list[str]) -> float | None:
+    if not len(rows) or any(c not in rows for c in columns):
+        return None
+    return float(sum(pd.to_numeric(rows[c], errors="coerce").fillna(0) for c in columns).mean())

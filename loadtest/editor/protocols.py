@@ -1,11 +1,16 @@
-"""The two ways a typist's request travels, each an :class:`Exchange` it can wait on until a
-deadline and abandon at a keystroke, from the thread that sent it, over the client's transport
-(:mod:`client.transport`):
+"""The ways a typist's request travels, each an :class:`Exchange` it can wait on until a
+deadline and abandon at a keystroke, over the client's transport (:mod:`client.transport`):
 
 - ``openai``: ``POST /v1/completions`` with ``stream: true`` (server-sent events); abandoning
   closes the connection, as an editor's HTTP client does.
 - ``grpc``: a gRPC stream to ``ensemble_stream``; abandoning closes the stream with a gRPC
   cancel, as a raw gRPC client cancels.
+- ``llama``: llama.cpp's ``llama-server``, its ``/v1/completions`` the same way, with
+  ``cache_prompt`` on (what llama.vim sends).
+
+Every request carries the editor's stop rules (:class:`Stops`) where the server has them:
+the project's ``single_line`` is llama.cpp's ``stop: ["\\n"]``; ``n_indent`` and
+``t_max_predict_ms`` are the same field on both.
 
 Neither blocks past the deadline it is given, so a typist never waits on a request longer than
 its pause. The suffix goes as OpenAI's ``suffix`` field, or the ``suffix`` input of
@@ -26,6 +31,24 @@ from contract.tensors import ENSEMBLE_MODEL
 
 SUFFIX = "suffix"  # the OpenAI field and the ensemble_stream input
 SAMPLING: dict[str, Any] = {"top_k": 40, "top_p": 0.95, "temperature": 0.8}  # as the sweep's
+PROTOCOLS = ("openai", "grpc", "llama")
+
+
+@dataclass(frozen=True)
+class Stops:
+    """The editor stop rules a request carries (0 / False: off)."""
+
+    one_line: bool = False  # end at the answer's first newline
+    t_max_predict_ms: int = 0  # stop once this much time has passed and a newline was written
+
+    def fields(self, protocol: str, n_indent: int) -> dict[str, Any]:
+        """The request fields for ``protocol`` (``n_indent``: the cursor line's indentation)."""
+        rules: dict[str, Any] = {"n_indent": n_indent, "t_max_predict_ms": self.t_max_predict_ms}
+        if self.one_line:
+            rules |= {"stop": ["\n"]} if protocol == "llama" else {"single_line": True}
+        return {k: v for k, v in rules.items() if v}
+
+
 ERROR_CHARS = 300
 
 
@@ -100,35 +123,37 @@ class Exchange:
 
 @dataclass(frozen=True)
 class Sender:
-    """Opens exchanges over one protocol: ``openai`` (the API's base URL) or ``grpc``; every
-    typist's through one transport."""
+    """Opens exchanges over one protocol (:data:`PROTOCOLS`); every typist's through one
+    transport."""
 
     protocol: str
-    address: str  # host:port of the API, or Triton's gRPC host:port
+    address: str  # host:port of the API or llama-server, or Triton's gRPC host:port
     max_tokens: int
+    stops: Stops = Stops()
     transport: Transport = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.protocol not in ("openai", "grpc"):
-            raise ValueError(f"unknown protocol {self.protocol!r}: openai or grpc")
-        wire = "http" if self.protocol == "openai" else "grpc"
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {self.protocol!r}: {', '.join(PROTOCOLS)}")
+        wire = "grpc" if self.protocol == "grpc" else "http"
         object.__setattr__(self, "transport", Transport(resolve_target(self.address, wire)))
 
-    def open(self, prefix: str, suffix: str, seed: int) -> Exchange:
+    def open(self, prefix: str, suffix: str, seed: int, n_indent: int = 0) -> Exchange:
         sent = time.monotonic()
-        transport = self.transport
+        transport, rules = self.transport, self.stops.fields(self.protocol, n_indent)
         try:
-            if self.protocol == "openai":
+            if self.protocol == "grpc":
+                request = CompletionRequest(prefix, self.max_tokens, seed=seed,
+                                            suffix=suffix or None, **SAMPLING, **rules)  # fmt: skip
+                stream = transport.stream(request)
+            else:
                 body: dict[str, Any] = {
                     "model": ENSEMBLE_MODEL, "prompt": prefix, "max_tokens": self.max_tokens,
-                    "stream_options": {"include_usage": True}, "seed": seed, **SAMPLING,
+                    "stream_options": {"include_usage": True}, "seed": seed, **SAMPLING, **rules,
                 }  # fmt: skip
+                if self.protocol == "llama":
+                    body["cache_prompt"] = True
                 stream = transport.openai_stream(body | ({SUFFIX: suffix} if suffix else {}))
-            else:
-                request = CompletionRequest(
-                    prefix, self.max_tokens, seed=seed, suffix=suffix or None, **SAMPLING
-                )
-                stream = transport.stream(request)
         except CodegenError as exc:
             failed = Exchange(sent=sent)
             failed._fail(f"cannot send to {self.address}: {exc}")
