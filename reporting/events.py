@@ -94,7 +94,8 @@ class EventLog:
         with self._lock:
             full = {**self._constant, **row}
             if full.get("started_s") is None:
-                full["started_s"] = time.perf_counter() - self._t0 - row.get("latency_ms", 0) / 1e3
+                elapsed_ms = row.get("latency_ms") or 0.0  # None: never answered
+                full["started_s"] = time.perf_counter() - self._t0 - elapsed_ms / 1e3
             self._rows.append(full)
 
     def __len__(self) -> int:

@@ -79,3 +79,9 @@ def test_summary_counts_outcomes_and_takes_percentiles_of_ok_rows_only():
     # span: first send at 0 s, last answer at 0.5 + 9.999 s; 43 tokens over it
     assert summary.tokens_per_s == pytest.approx(43 / 10.499)
     assert "| system" in events.markdown(events.summarize(log.frame(), by=["system"]))
+
+
+def test_a_row_without_a_latency_is_kept():
+    log = events.EventLog(profile="editor")
+    log.record(name="resend", latency_ms=None, outcome="error", error="no answer")
+    assert log.frame()["latency_ms"].isna().all() and len(log) == 1
