@@ -5,10 +5,10 @@ on the default model's int8 export, the engine config as shipped) with the OpenA
 (``python -m openai_api``) in front. llama.cpp serves the SmolLM2 GGUF that checkpoint was
 made from, with as many slots (``--parallel``) as the engine's batch and the same KV budget
 (``--ctx-size`` = ``kv_cache_tokens``). Both get the same OpenAI ``/v1/completions`` SSE
-requests through :mod:`client.transport`: the same code prompts, greedy (temperature 0), one
-line (stop at a newline, at most 32 tokens); llama.cpp's with ``cache_prompt``, which its
-server does by default. Every prompt is sent once to each before measuring, so both caches
-are warm.
+requests through :mod:`client.transport`: the same code prompts, each cut in the middle of its
+last line as at an editor's cursor, greedy (temperature 0), one line (stop at a newline, at
+most 32 tokens); llama.cpp's with ``cache_prompt``, which its server does by default. Every
+prompt is sent once to each before measuring, so both caches are warm.
 
 At 1, 4 and 16 closed-loop clients the systems alternate in mirrored windows (A B B A) as the
 bench's arrivals do. Each request is a row of :class:`reporting.events.EventLog`; the CPU
@@ -36,7 +36,7 @@ CLIENTS = (1, 4, 16)
 ONE_LINE = {"max_tokens": 32, "temperature": 0, "stop": ["\n"]}
 ABANDON_TOKENS = 64  # an abandoned request asks for this many, and leaves after one piece
 ABANDONS = 8
-PROMPTS = 32
+PROMPTS = 16
 PROJECT, LLAMA = "project", "llama.cpp"
 LLAMA_GENERATED = "llamacpp:tokens_predicted_total"
 ONE_LINE_AT_MOST = 1.0  # the project's one-line p50 over llama.cpp's
@@ -54,6 +54,7 @@ class Peer:
     generated: Callable[[], float]  # tokens generated so far, from the server's own counter
     body: dict[str, Any] = field(default_factory=dict)  # what this server's requests add
     cpu_s: dict[int, float] = field(default_factory=dict)  # per client count
+    wall_s: dict[int, float] = field(default_factory=dict)  # its windows' length, per count
 
     def cpu_seconds(self) -> float:
         """User + system CPU seconds of the process trees so far (psutil)."""
@@ -68,6 +69,14 @@ class Peer:
                         times = proc.cpu_times()
                         total += times.user + times.system
         return total
+
+
+def mid_line(text: str) -> str:
+    """A code prompt cut in the middle of its last line (its indent and half its text), as
+    an editor's cursor is: the one-line answer is the rest of that line, not a blank line."""
+    *head, last = text.rstrip("\n").split("\n")
+    indent = len(last) - len(last.lstrip())
+    return "\n".join([*head, last[: indent + max(1, (len(last) - indent) // 2)]])
 
 
 def ask(
@@ -100,6 +109,8 @@ def ask(
     except Exception as exc:  # a failed request is a row, never a crash of the window
         outcome, error = "error", str(exc) or type(exc).__name__
     tokens = (usage or {}).get("completion_tokens", pieces) if not leave_first else pieces
+    if first is None and outcome == "ok":  # an empty answer: it arrived with the end
+        first = time.perf_counter() - sent
     log.record(system=peer.name, kind="openai", name="abandon" if leave_first else "one-line",
                latency_ms=(time.perf_counter() - sent) * 1e3,
                first_token_ms=None if first is None else first * 1e3, tokens=tokens,
@@ -124,13 +135,14 @@ def closed_window(peer: Peer, prompts: list[str], clients: int, seconds: float, 
                 prompt = prompts[index % len(prompts)]
                 ask(transport, peer, prompt, log, clients=clients, window=window)
 
-    cpu0 = peer.cpu_seconds()
+    cpu0, began = peer.cpu_seconds(), time.perf_counter()
     threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join()
+        thread.join()  # the last requests end after the deadline: their time counts too
     peer.cpu_s[clients] = peer.cpu_s.get(clients, 0.0) + peer.cpu_seconds() - cpu0
+    peer.wall_s[clients] = peer.wall_s.get(clients, 0.0) + time.perf_counter() - began
 
 
 def settled(read: Callable[[], float], timeout: float = 30.0) -> float:
@@ -222,7 +234,7 @@ def run_peer(checkpoint: Path, half_window_s: float, out: Path, progress: Progre
     from contract.prompts import code_prompts
     from reporting.events import EventLog, summarize
 
-    prompts = code_prompts(PROMPTS, seed=seed)
+    prompts = [mid_line(text) for text in code_prompts(PROMPTS, seed=seed)]
     log = EventLog(profile="bench")
     result: dict[str, Any] = {"clients": list(CLIENTS), "half_window_s": half_window_s}
     with both_servers(checkpoint, out, progress) as peers:
@@ -237,6 +249,7 @@ def run_peer(checkpoint: Path, half_window_s: float, out: Path, progress: Progre
             progress(f"llama: {clients} clients measured")
         result["wasted"] = {p.name: wasted_tokens(p, prompts, log) for p in peers}
         result["cpu_s"] = {p.name: p.cpu_s for p in peers}
+        result["wall_s"] = {p.name: p.wall_s for p in peers}
     log.save(out / "llama-events.csv")
     frame = log.frame()
     measured = frame[~frame["window"].isin(["warm-up", "abandon"])]
@@ -250,7 +263,7 @@ def run_peer(checkpoint: Path, half_window_s: float, out: Path, progress: Progre
         cpu = result["cpu_s"][row["system"]].get(row["clients"], 0.0)
         row["cpu_s"] = cpu
         row["cpu_ms_per_token"] = cpu * 1e3 / float(tokens[key]) if tokens[key] else None
-        row["cores_used"] = cpu / (2 * half_window_s)
+        row["cores_used"] = ratio(cpu, result["wall_s"][row["system"]].get(row["clients"]))
     result["rows"] = rows
     return result
 

@@ -21,6 +21,7 @@ from bench.peer import (
     Peer,
     ask,
     closed_window,
+    mid_line,
     peer_ratio,
     peer_table,
     wasted_tokens,
@@ -43,6 +44,12 @@ class StandIn(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.bodies.append(body)  # type: ignore[attr-defined]
         self.server.generated += GENERATED_PER_REQUEST  # type: ignore[attr-defined]
+        if body["prompt"] == "empty":  # a blank next line: no text, only the end
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'data: {"choices": [], "usage": {"completion_tokens": 1}}\n\n')
+            self.wfile.write(b"data: [DONE]\n\n")
+            return
         if body["prompt"] == "fail":
             self.send_response(500)
             self.send_header("Content-Type", "application/json")
@@ -96,13 +103,21 @@ def test_a_request_is_one_greedy_one_line_row(stand_in):
     with Transport(resolve_target(peer.url, "http"), timeout=10) as transport:
         ask(transport, peer, "def f():\n", log, clients=1, window="w")
         ask(transport, peer, "fail", log, clients=1, window="w")
+        ask(transport, peer, "empty", log, clients=1, window="w")
     body = stand_in.bodies[0]
     assert body["temperature"] == 0 and body["stop"] == ["\n"] and body["max_tokens"] == 32
     assert body["cache_prompt"] is True and body["prompt"] == "def f():\n"
-    ok, failed = log.frame().to_dict("records")
+    ok, failed, empty = log.frame().to_dict("records")
     assert (ok["system"], ok["outcome"], ok["tokens"], ok["clients"]) == (LLAMA, "ok", PIECES, 1)
     assert 0 < ok["first_token_ms"] <= ok["latency_ms"]
     assert failed["outcome"] == "error" and "boom" in failed["error"]
+    assert empty["outcome"] == "ok" and empty["tokens"] == 1
+    assert 0 < empty["first_token_ms"] <= empty["latency_ms"]  # the end is its first answer
+
+
+def test_prompts_end_mid_line_like_an_editor_cursor():
+    assert mid_line("def f(x):\n    return x + 1\n") == "def f(x):\n    return"
+    assert mid_line("a\n\tb\n") == "a\n\tb"  # never less than one character after the indent
 
 
 def test_closed_window_keeps_every_client_busy_and_counts_cpu(stand_in):
