@@ -69,6 +69,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--checkpoint", type=Path, default=DEFAULT_CHECKPOINT, help="the default model's folder"
     )
+    parser.add_argument(
+        "--llama-parallel", type=int, help="llama section: llama-server slots (the engine batch)"
+    )
     parser.add_argument("--out", type=Path, help="results folder (bench/results/<timestamp>)")
     return parser.parse_args(argv)
 
@@ -168,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
             results["beams"] = run_beams(plan, default, log)
             save()
         if "llama" in plan.sections:
-            results["llama"] = run_peer(args.checkpoint, plan.peer_half_window_s, out, log)
+            results["llama"] = run_peer(
+                args.checkpoint, plan.peer_half_window_s, out, log, args.llama_parallel
+            )
             save()
     except KeyboardInterrupt:
         log("interrupted: writing what was measured")

@@ -53,6 +53,7 @@ class Peer:
     pids: list[int]
     generated: Callable[[], float]  # tokens generated so far, from the server's own counter
     body: dict[str, Any] = field(default_factory=dict)  # what this server's requests add
+    parallel: int = 0  # llama-server's slots (0: not llama.cpp)
     cpu_s: dict[int, float] = field(default_factory=dict)  # per client count
     wall_s: dict[int, float] = field(default_factory=dict)  # its windows' length, per count
 
@@ -175,8 +176,11 @@ def wasted_tokens(peer: Peer, prompts: list[str], log: Any) -> float:
 
 
 @contextmanager
-def both_servers(checkpoint: Path, out: Path, progress: Progress) -> Iterator[list[Peer]]:
-    """The project (Triton + OpenAI API) and llama-server, both started; stopped on exit."""
+def both_servers(
+    checkpoint: Path, out: Path, progress: Progress, parallel: int | None = None
+) -> Iterator[list[Peer]]:
+    """The project (Triton + OpenAI API) and llama-server (``parallel`` slots, or as many as
+    the engine's batch), both started; stopped on exit."""
     from bench.models import CACHE
     from bench.server import running_server, served_engine_settings
     from contract import metrics as names
@@ -221,12 +225,12 @@ def both_servers(checkpoint: Path, out: Path, progress: Progress) -> Iterator[li
                                                       model=ENGINE_MODEL)),
             Peer(LLAMA, llama.url, [llama.process.pid],
                  lambda: read_snapshot(f"{llama.url}/metrics").value(LLAMA_GENERATED),
-                 body={"cache_prompt": True}),
+                 body={"cache_prompt": True}, parallel=llama.parallel),
         ]  # fmt: skip
 
 
 def run_peer(checkpoint: Path, half_window_s: float, out: Path, progress: Progress,
-             seed: int = 0) -> dict[str, Any]:  # fmt: skip
+             parallel: int | None = None, seed: int = 0) -> dict[str, Any]:  # fmt: skip
     """The section's results: per system and client count the summary of its rows, its CPU,
     and its wasted tokens per abandoned request; the rows in ``out/llama-events.csv``."""
     from client.results import resolve_target
@@ -237,7 +241,8 @@ def run_peer(checkpoint: Path, half_window_s: float, out: Path, progress: Progre
     prompts = [mid_line(text) for text in code_prompts(PROMPTS, seed=seed)]
     log = EventLog(profile="bench")
     result: dict[str, Any] = {"clients": list(CLIENTS), "half_window_s": half_window_s}
-    with both_servers(checkpoint, out, progress) as peers:
+    with both_servers(checkpoint, out, progress, parallel) as peers:
+        result["llama_parallel"] = peers[1].parallel
         for peer in peers:  # every prompt once: warm caches, compiled paths
             with Transport(resolve_target(peer.url, "http"), timeout=120.0) as transport:
                 for prompt in prompts:
@@ -299,12 +304,13 @@ def peer_table(results: dict[str, Any]) -> Table:
                  fmt(wasted.get(PROJECT), 1), fmt(wasted.get(LLAMA), 1),
                  fmt(ratio(wasted.get(PROJECT), wasted.get(LLAMA)), 2, "x")])  # fmt: skip
     half = (results.get("llama") or {}).get("half_window_s")
+    slots = (results.get("llama") or {}).get("llama_parallel", "engine batch")
     return (
         "The project served vs llama.cpp's llama-server, same SmolLM2 weights",
         context(
             results,
             f"project: Triton + OpenAI API, openvino int8 export; llama.cpp: "
-            f"the Q4_1 GGUF, --parallel = engine batch; OpenAI SSE, greedy, one line "
+            f"the Q4_1 GGUF, --parallel {slots}; OpenAI SSE, greedy, one line "
             f"(stop \\n, <= 32 tokens), windows A B B A of {half} s",
             f"abandoned: {ABANDON_TOKENS}-token requests left at the first piece, counted "
             "by each server",
