@@ -210,7 +210,7 @@ def both_servers(
                 gguf,
                 free_port(),
                 out / "llama-server.log",
-                parallel=int(settings["max_batch_size"]),
+                parallel=parallel or int(settings["max_batch_size"]),
                 ctx_size=int(settings["kv_cache_tokens"]) or 8192,
             )
         )
