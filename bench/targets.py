@@ -183,7 +183,12 @@ def mixed_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 def peer_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Against llama.cpp's server on the same weights (bench/peer.py)."""
-    how = "OpenAI SSE, greedy, one line (stop \\n, <= 32 tokens), same prompts, windows A B B A"
+    slots = (results.get("llama") or {}).get("llama_parallel", "?")
+    how = (
+        f"OpenAI SSE, greedy, one line (stop \\n, <= 32 tokens), same prompts, windows A B B A; "
+        f"llama-server --parallel {slots} (with more slots than clients it slows down: "
+        "docs/performance.md)"
+    )
     return [
         _row(f"one-line p50 <= {ONE_LINE_AT_MOST:g}x llama.cpp's (4 clients)",
              peer_ratio(results, "latency_p50_ms", 4), ONE_LINE_AT_MOST, True, how),
