@@ -57,6 +57,13 @@ class Peer:
     cpu_s: dict[int, float] = field(default_factory=dict)  # per client count
     wall_s: dict[int, float] = field(default_factory=dict)  # its windows' length, per count
 
+    def transport(self) -> Any:
+        """A client transport to this server's OpenAI API (one per client thread)."""
+        from client.results import resolve_target
+        from client.transport import Transport
+
+        return Transport(resolve_target(self.url, "http"), timeout=120.0)
+
     def cpu_seconds(self) -> float:
         """User + system CPU seconds of the process trees so far (psutil)."""
         import psutil
@@ -122,19 +129,18 @@ def closed_window(peer: Peer, prompts: list[str], clients: int, seconds: float, 
                   window: str) -> None:  # fmt: skip
     """``clients`` threads, each sending its next prompt as soon as its last is answered,
     until ``seconds`` have passed; the window's CPU seconds are added to ``peer.cpu_s``."""
-    from client.results import resolve_target
-    from client.transport import Transport
-
     counter, lock = itertools.count(), threading.Lock()
     deadline = time.perf_counter() + seconds
 
     def client() -> None:
-        with Transport(resolve_target(peer.url, "http"), timeout=120.0) as transport:
-            while time.perf_counter() < deadline:
+        with peer.transport() as transport:
+            while True:  # every client sends at least once, however late its thread starts
                 with lock:
                     index = next(counter)
                 prompt = prompts[index % len(prompts)]
                 ask(transport, peer, prompt, log, clients=clients, window=window)
+                if time.perf_counter() >= deadline:
+                    return
 
     cpu0, began = peer.cpu_seconds(), time.perf_counter()
     threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
@@ -162,11 +168,8 @@ def settled(read: Callable[[], float], timeout: float = 30.0) -> float:
 def wasted_tokens(peer: Peer, prompts: list[str], log: Any) -> float:
     """Tokens generated per abandoned request after its client left: the server's counter
     over :data:`ABANDONS` requests, one at a time, less the piece each client read."""
-    from client.results import resolve_target
-    from client.transport import Transport
-
     before = settled(peer.generated)
-    with Transport(resolve_target(peer.url, "http"), timeout=120.0) as transport:
+    with peer.transport() as transport:
         for prompt in prompts[:ABANDONS]:
             ask(transport, peer, prompt, log, leave_first=True, clients=1, window="abandon")
     after = settled(peer.generated)
@@ -233,8 +236,6 @@ def run_peer(checkpoint: Path, half_window_s: float, out: Path, progress: Progre
              parallel: int | None = None, seed: int = 0) -> dict[str, Any]:  # fmt: skip
     """The section's results: per system and client count the summary of its rows, its CPU,
     and its wasted tokens per abandoned request; the rows in ``out/llama-events.csv``."""
-    from client.results import resolve_target
-    from client.transport import Transport
     from contract.prompts import code_prompts
     from reporting.events import EventLog, summarize
 
@@ -244,7 +245,7 @@ def run_peer(checkpoint: Path, half_window_s: float, out: Path, progress: Progre
     with both_servers(checkpoint, out, progress, parallel) as peers:
         result["llama_parallel"] = peers[1].parallel
         for peer in peers:  # every prompt once: warm caches, compiled paths
-            with Transport(resolve_target(peer.url, "http"), timeout=120.0) as transport:
+            with peer.transport() as transport:
                 for prompt in prompts:
                     ask(transport, peer, prompt, log, clients=1, window="warm-up")
             progress(f"llama: {peer.name} warmed on {len(prompts)} prompts")

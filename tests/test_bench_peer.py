@@ -124,7 +124,8 @@ def test_closed_window_keeps_every_client_busy_and_counts_cpu(stand_in):
     log, peer = EventLog(profile="bench"), peer_on(stand_in)
     closed_window(peer, ["a\n", "b\n"], clients=3, seconds=0.3, log=log, window="3/0")
     frame = log.frame()
-    assert len(frame) >= 3 and set(frame["clients"]) == {3} and set(frame["window"]) == {"3/0"}
+    assert len(frame) >= 3  # each client at least once, by construction
+    assert set(frame["clients"]) == {3} and set(frame["window"]) == {"3/0"}
     assert set(frame["outcome"]) == {"ok"}
     assert set(b["prompt"] for b in stand_in.bodies) == {"a\n", "b\n"}
     assert peer.cpu_s[3] >= 0.0
