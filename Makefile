@@ -43,7 +43,9 @@ API_HOST ?= 127.0.0.1
 API_PORT ?= 8080
 TRITON_URL ?= localhost:$(GRPC_PORT)
 
-# make bench: QUICK=1 (shrunk: batches 1/16, outputs 8/32, default model), ONLY=kernels,arrivals,mixed,single,beams,prefix,
+# make bench: QUICK=1 (shrunk: batches 1/16, outputs 8/32, default model),
+# ONLY=kernels,arrivals,mixed,single,beams,prefix,llama (llama: llama.cpp's llama-server beside
+# the served project on the same weights; in a full run only once `make llama-server` built it),
 # BENCH_DEVICE=cpu|cuda, BENCH_ARGS= any other `python -m bench` flags (e.g. --models default
 # --dtypes float32 --systems engine,openvino --backends torch,openvino)
 ONLY ?=

@@ -13,6 +13,9 @@ Sections (``python -m bench --only ...``):
 - ``beams``: beam search widths side by side with transformers.
 - ``prefix``: a long prompt resent with a few more tokens, bare per system, then through the
   server (the openvino backend's prefix cache).
+- ``llama``: the project served (Triton + OpenAI API) beside llama.cpp's ``llama-server`` on
+  the GGUF the default model was made from, the same one-line requests at 1, 4 and 16
+  clients (bench/peer.py); by default only where ``make llama-server`` has built it.
 
 The report ends with the bench's targets, each a ratio from the run with PASS / FAIL
 (bench/targets.py). Results land in ``bench/results/<timestamp>/`` (markdown, JSON, a PNG

@@ -14,6 +14,7 @@ import argparse
 import sys
 import time
 import traceback
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,13 @@ from bench.beams import run_beams
 from bench.format import machine, machine_label
 from bench.kernels import run_kernels
 from bench.models import DEFAULT_CHECKPOINT, resolve_models
+from bench.peer import run_peer
 from bench.prefix import checkpoints, run_prefix
 from bench.served_prefix import run_served_prefix
 from bench.settings import SECTIONS, make_plan
 from bench.traffic import TRAFFIC_SECTIONS, run_traffic
 from engine import in_passing_thread
+from reporting.llama_server import checkpoint_gguf
 from reporting.machine import load_average
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -66,6 +69,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--checkpoint", type=Path, default=DEFAULT_CHECKPOINT, help="the default model's folder"
     )
+    parser.add_argument(
+        "--llama-parallel", type=int, help="llama section: llama-server slots (the engine batch)"
+    )
     parser.add_argument("--out", type=Path, help="results folder (bench/results/<timestamp>)")
     return parser.parse_args(argv)
 
@@ -91,6 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     if plan.device.startswith("cuda") and not torch.cuda.is_available():
         print("bench: --device cuda, but torch sees no GPU", file=sys.stderr)
         return 2
+    if "llama" in plan.sections:  # the peer needs the GGUF the checkpoint was made from
+        try:
+            checkpoint_gguf(args.checkpoint)
+        except FileNotFoundError as exc:
+            if args.only:
+                print(f"bench: {exc}", file=sys.stderr)
+                return 2
+            plan = replace(plan, sections=tuple(s for s in plan.sections if s != "llama"))
     log = Log()
     started = datetime.now()
     out = args.out or RESULTS / started.strftime("%Y%m%d-%H%M%S")
@@ -155,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         if "beams" in plan.sections:
             default = next(m for m in models if m.key == "default")
             results["beams"] = run_beams(plan, default, log)
+            save()
+        if "llama" in plan.sections:
+            results["llama"] = run_peer(
+                args.checkpoint, plan.peer_half_window_s, out, log, args.llama_parallel
+            )
             save()
     except KeyboardInterrupt:
         log("interrupted: writing what was measured")

@@ -14,6 +14,7 @@ from typing import Any
 
 from bench.chart import write_chart
 from bench.format import Table, fmt, markdown_table, rate, ratio, text_table, verdict
+from bench.peer import peer_table
 from bench.prefix import prefix_table
 from bench.served_prefix import served_prefix_table
 from bench.tables import (
@@ -58,6 +59,7 @@ def all_tables(results: dict[str, Any]) -> list[Table]:
         *beam_tables(results),
         *([prefix_table(results["prefix"])] if results.get("prefix") else []),
         *([served_prefix_table(results["prefix_served"])] if results.get("prefix_served") else []),
+        *([peer_table(results)] if results.get("llama") else []),
         *([targets_table(results)] if any_measured(results) else []),
     ]
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-SECTIONS = ("kernels", "arrivals", "mixed", "single", "beams", "prefix")
+from reporting.llama_server import llama_server_binary
+
+SECTIONS = ("kernels", "arrivals", "mixed", "single", "beams", "prefix", "llama")
 DTYPES = ("float32", "bfloat16", "int8")
 SYSTEMS = ("engine", "openvino", "transformers", "ct2")
 # the engine model's two backends, in the traffic sections' order (openvino, the CPU default,
@@ -64,6 +66,7 @@ class Plan:
     beam_prompts: int = 4  # requests at once, each a beam search of the width
     beam_prompt_tokens: int = 32
     beam_tokens: int = 64
+    peer_half_window_s: float = 10.0  # llama section: each system's half window per client count
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -94,9 +97,13 @@ def make_plan(
     clients: int | None = None,
     lengths: str | None = None,
     served: bool = True,
+    llama_available: bool | None = None,
 ) -> Plan:
     """The full plan, or the quick one (~14 minutes on 2 cores with SmolLM2-135M as the
-    default model, a few with the trained 5M GPT-J), narrowed by the command line's choices."""
+    default model, a few with the trained 5M GPT-J), narrowed by the command line's choices.
+
+    The ``llama`` section runs by default only where ``llama-server`` is built (None: look);
+    asked for by name without it, the error names the command that builds it."""
     plan = Plan(
         quick=False, sections=SECTIONS, device=device, models=MODELS, dtypes=DTYPES,
         systems=SYSTEMS,
@@ -118,7 +125,7 @@ def make_plan(
         plan = replace(
             plan, quick=True, models=("default",), kernels=quick_kernels, lengths=(8, 32),
             window_s=3.0, max_window_s=5.0, warmup_cap_s=10.0, mixed_long=128,
-            single_repeats=6, beam_tokens=16, prefix_repeats=1,
+            single_repeats=6, beam_tokens=16, prefix_repeats=1, peer_half_window_s=4.0,
         )  # fmt: skip
     changes: dict[str, Any] = {}
     for name, text, allowed in (
@@ -131,6 +138,16 @@ def make_plan(
         chosen = parse_list(text, allowed, name)
         if chosen is not None:
             changes[name] = chosen
+    if "llama" in changes.get("sections", plan.sections):
+        try:
+            if llama_available is False:
+                raise FileNotFoundError("no llama-server: run `make llama-server` first")
+            if llama_available is None:
+                llama_server_binary()
+        except FileNotFoundError as exc:
+            if only:  # asked for by name: refused, not skipped
+                raise ValueError(str(exc)) from exc
+            changes["sections"] = tuple(s for s in plan.sections if s != "llama")
     if device.startswith("cuda") and "openvino" in changes.get("backends", plan.backends):
         if backends:  # asked for by name: refused, not skipped
             raise ValueError(

@@ -10,6 +10,7 @@ from typing import Any
 
 from bench.format import Table, context, fmt, ratio
 from bench.ov import OPENVINO_DTYPES
+from bench.peer import ONE_LINE_AT_MOST, TOKENS_AT_LEAST, peer_ratio
 
 OPENVINO_OVER_TORCH_STATIC = 1.5  # static batches 16 and 64, default model, greedy
 OPENVINO_OVER_TORCH_SERVED = 1.5  # 16 clients at output 128, both served
@@ -180,12 +181,29 @@ def mixed_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def peer_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Against llama.cpp's server on the same weights (bench/peer.py)."""
+    slots = (results.get("llama") or {}).get("llama_parallel", "?")
+    how = (
+        f"OpenAI SSE, greedy, one line (stop \\n, <= 32 tokens), same prompts, windows A B B A; "
+        f"llama-server --parallel {slots} (with more slots than clients it slows down: "
+        "docs/performance.md)"
+    )
+    return [
+        _row(f"one-line p50 <= {ONE_LINE_AT_MOST:g}x llama.cpp's (4 clients)",
+             peer_ratio(results, "latency_p50_ms", 4), ONE_LINE_AT_MOST, True, how),
+        _row(f"tokens/s >= {TOKENS_AT_LEAST:g}x llama.cpp's (16 clients)",
+             peer_ratio(results, "tokens_per_s", 16), TOKENS_AT_LEAST, False, how),
+    ]  # fmt: skip
+
+
 def target_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         *static_rows(results),
         *served_rows(results),
         *prefix_rows(results),
         *mixed_rows(results),
+        *(peer_rows(results) if results.get("llama") else []),
     ]
 
 

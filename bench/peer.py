@@ -1,0 +1,321 @@
+"""Section ``llama``: the project served beside llama.cpp's ``llama-server``, same weights.
+
+The project runs as a user runs it: Triton on a copy of the repository (the openvino backend
+on the default model's int8 export, the engine config as shipped) with the OpenAI API
+(``python -m openai_api``) in front. llama.cpp serves the SmolLM2 GGUF that checkpoint was
+made from, with as many slots (``--parallel``) as the engine's batch and the same KV budget
+(``--ctx-size`` = ``kv_cache_tokens``). Both get the same OpenAI ``/v1/completions`` SSE
+requests through :mod:`client.transport`: the same code prompts, each cut in the middle of its
+last line as at an editor's cursor, greedy (temperature 0), one line (stop at a newline, at
+most 32 tokens); llama.cpp's with ``cache_prompt``, which its server does by default. Every
+prompt is sent once to each before measuring, so both caches are warm.
+
+At 1, 4 and 16 closed-loop clients the systems alternate in mirrored windows (A B B A) as the
+bench's arrivals do. Each request is a row of :class:`reporting.events.EventLog`; the CPU
+each side used is read with psutil over its process tree (Triton, its stubs and the API;
+llama-server). Abandoned requests, each left after its first piece, say how many tokens a
+server generates for a client that has gone, from its own counters (the engine's
+``codegen_engine_generated_tokens_total``, llama.cpp's ``llamacpp:tokens_predicted_total``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.format import Table, context, fmt, ratio
+
+CLIENTS = (1, 4, 16)
+ONE_LINE = {"max_tokens": 32, "temperature": 0, "stop": ["\n"]}
+ABANDON_TOKENS = 64  # an abandoned request asks for this many, and leaves after one piece
+ABANDONS = 8
+PROMPTS = 16
+PROJECT, LLAMA = "project", "llama.cpp"
+LLAMA_GENERATED = "llamacpp:tokens_predicted_total"
+ONE_LINE_AT_MOST = 1.0  # the project's one-line p50 over llama.cpp's
+TOKENS_AT_LEAST = 1.0  # the project's tokens/s at 16 clients over llama.cpp's
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Peer:
+    """One system as the clients see it: an OpenAI base URL, its processes, its counter."""
+
+    name: str
+    url: str  # http://127.0.0.1:port
+    pids: list[int]
+    generated: Callable[[], float]  # tokens generated so far, from the server's own counter
+    body: dict[str, Any] = field(default_factory=dict)  # what this server's requests add
+    parallel: int = 0  # llama-server's slots (0: not llama.cpp)
+    cpu_s: dict[int, float] = field(default_factory=dict)  # per client count
+    wall_s: dict[int, float] = field(default_factory=dict)  # its windows' length, per count
+
+    def transport(self) -> Any:
+        """A client transport to this server's OpenAI API (one per client thread)."""
+        from client.results import resolve_target
+        from client.transport import Transport
+
+        return Transport(resolve_target(self.url, "http"), timeout=120.0)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds of the process trees so far (psutil)."""
+        import psutil
+
+        total = 0.0
+        for pid in self.pids:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                root = psutil.Process(pid)
+                for proc in [root, *root.children(recursive=True)]:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        times = proc.cpu_times()
+                        total += times.user + times.system
+        return total
+
+
+def mid_line(text: str) -> str:
+    """A code prompt cut in the middle of its last line (its indent and half its text), as
+    an editor's cursor is: the one-line answer is the rest of that line, not a blank line."""
+    *head, last = text.rstrip("\n").split("\n")
+    indent = len(last) - len(last.lstrip())
+    return "\n".join([*head, last[: indent + max(1, (len(last) - indent) // 2)]])
+
+
+def ask(
+    transport: Any, peer: Peer, prompt: str, log: Any, leave_first: bool = False, **row: Any
+) -> None:
+    """One streamed request, recorded as a row of ``log``; ``leave_first``: close the stream
+    at its first piece of text (an editor that moved on)."""
+    body = {"model": "ensemble", "prompt": prompt, **ONE_LINE, **peer.body,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    if leave_first:
+        body.update(max_tokens=ABANDON_TOKENS, stop=[])
+    sent = time.perf_counter()
+    first, pieces, usage, outcome, error = None, 0, None, "ok", ""
+    try:
+        stream = transport.openai_stream(body)
+        try:
+            while True:
+                piece = stream.read(transport.timeout)
+                if piece is None:
+                    raise TimeoutError(f"no answer within {transport.timeout:g} s")
+                if piece.text and first is None:
+                    first = piece.arrived - sent
+                pieces += bool(piece.text)
+                usage = piece.usage or usage
+                if piece.final or (leave_first and first is not None):
+                    break
+        finally:
+            stream.abandon() if leave_first else stream.close()
+        outcome = "abandoned" if leave_first else "ok"
+    except Exception as exc:  # a failed request is a row, never a crash of the window
+        outcome, error = "error", str(exc) or type(exc).__name__
+    tokens = (usage or {}).get("completion_tokens", pieces) if not leave_first else pieces
+    if first is None and outcome == "ok":  # an empty answer: it arrived with the end
+        first = time.perf_counter() - sent
+    log.record(system=peer.name, kind="openai", name="abandon" if leave_first else "one-line",
+               latency_ms=(time.perf_counter() - sent) * 1e3,
+               first_token_ms=None if first is None else first * 1e3, tokens=tokens,
+               outcome=outcome, error=error, **row)  # fmt: skip
+
+
+def closed_window(peer: Peer, prompts: list[str], clients: int, seconds: float, log: Any,
+                  window: str) -> None:  # fmt: skip
+    """``clients`` threads, each sending its next prompt as soon as its last is answered,
+    until ``seconds`` have passed; the window's CPU seconds are added to ``peer.cpu_s``."""
+    counter, lock = itertools.count(), threading.Lock()
+    deadline = time.perf_counter() + seconds
+
+    def client() -> None:
+        with peer.transport() as transport:
+            while True:  # every client sends at least once, however late its thread starts
+                with lock:
+                    index = next(counter)
+                prompt = prompts[index % len(prompts)]
+                ask(transport, peer, prompt, log, clients=clients, window=window)
+                if time.perf_counter() >= deadline:
+                    return
+
+    cpu0, began = peer.cpu_seconds(), time.perf_counter()
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()  # the last requests end after the deadline: their time counts too
+    peer.cpu_s[clients] = peer.cpu_s.get(clients, 0.0) + peer.cpu_seconds() - cpu0
+    peer.wall_s[clients] = peer.wall_s.get(clients, 0.0) + time.perf_counter() - began
+
+
+def settled(read: Callable[[], float], timeout: float = 30.0) -> float:
+    """A counter's value once two readings half a second apart agree (a server finishing
+    what its clients left, and flushing its counters)."""
+    last, deadline = read(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = read()
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def wasted_tokens(peer: Peer, prompts: list[str], log: Any) -> float:
+    """Tokens generated per abandoned request after its client left: the server's counter
+    over :data:`ABANDONS` requests, one at a time, less the piece each client read."""
+    before = settled(peer.generated)
+    with peer.transport() as transport:
+        for prompt in prompts[:ABANDONS]:
+            ask(transport, peer, prompt, log, leave_first=True, clients=1, window="abandon")
+    after = settled(peer.generated)
+    frame = log.frame()
+    read = frame[(frame["system"] == peer.name) & (frame["name"] == "abandon")]["tokens"]
+    return (after - before - float(read.sum())) / ABANDONS
+
+
+@contextmanager
+def both_servers(
+    checkpoint: Path, out: Path, progress: Progress, parallel: int | None = None
+) -> Iterator[list[Peer]]:
+    """The project (Triton + OpenAI API) and llama-server (``parallel`` slots, or as many as
+    the engine's batch), both started; stopped on exit."""
+    from bench.models import CACHE
+    from bench.server import running_server, served_engine_settings
+    from contract import metrics as names
+    from contract.tensors import ENGINE_MODEL
+    from loadtest.api_process import ApiProcess
+    from reporting.llama_server import LlamaServer, checkpoint_gguf, llama_server_binary
+    from reporting.triton import read_snapshot
+    from serving.process import free_port
+
+    llama_server_binary()  # before minutes of starting Triton: the error names the fix
+    gguf = checkpoint_gguf(checkpoint)
+    settings = served_engine_settings()
+    with ExitStack() as stack:
+        progress("llama: starting Triton (openvino, the engine config as shipped) ...")
+        triton = stack.enter_context(
+            running_server(
+                checkpoint,
+                CACHE / "serving",
+                out / "tritonserver-llama.log",
+                "cpu",
+                backend="openvino",
+            )
+        )
+        api = stack.enter_context(ApiProcess(triton.grpc_url, out / "openai-api.log"))
+        llama = stack.enter_context(
+            LlamaServer(
+                gguf,
+                free_port(),
+                out / "llama-server.log",
+                parallel=parallel or int(settings["max_batch_size"]),
+                ctx_size=int(settings["kv_cache_tokens"]) or 8192,
+            )
+        )
+        metrics = triton.endpoints.metrics_url
+        assert triton.launcher is not None and triton.launcher.process is not None
+        assert api.process is not None and llama.process is not None
+        progress(f"llama: both up; llama-server {gguf.name}, --parallel {llama.parallel}, "
+                 f"--ctx-size {llama.ctx_size}")  # fmt: skip
+        yield [
+            Peer(PROJECT, api.url, [triton.launcher.process.pid, api.process.pid],
+                 lambda: read_snapshot(metrics).value(names.ENGINE_GENERATED_TOKENS,
+                                                      model=ENGINE_MODEL)),
+            Peer(LLAMA, llama.url, [llama.process.pid],
+                 lambda: read_snapshot(f"{llama.url}/metrics").value(LLAMA_GENERATED),
+                 body={"cache_prompt": True}, parallel=llama.parallel),
+        ]  # fmt: skip
+
+
+def run_peer(checkpoint: Path, half_window_s: float, out: Path, progress: Progress,
+             parallel: int | None = None, seed: int = 0) -> dict[str, Any]:  # fmt: skip
+    """The section's results: per system and client count the summary of its rows, its CPU,
+    and its wasted tokens per abandoned request; the rows in ``out/llama-events.csv``."""
+    from contract.prompts import code_prompts
+    from reporting.events import EventLog, summarize
+
+    prompts = [mid_line(text) for text in code_prompts(PROMPTS, seed=seed)]
+    log = EventLog(profile="bench")
+    result: dict[str, Any] = {"clients": list(CLIENTS), "half_window_s": half_window_s}
+    with both_servers(checkpoint, out, progress, parallel) as peers:
+        result["llama_parallel"] = peers[1].parallel
+        for peer in peers:  # every prompt once: warm caches, compiled paths
+            with peer.transport() as transport:
+                for prompt in prompts:
+                    ask(transport, peer, prompt, log, clients=1, window="warm-up")
+            progress(f"llama: {peer.name} warmed on {len(prompts)} prompts")
+        for clients in CLIENTS:
+            for n, peer in enumerate(peers + peers[::-1]):  # mirrored: A B B A
+                closed_window(peer, prompts, clients, half_window_s, log, f"{clients}/{n}")
+            progress(f"llama: {clients} clients measured")
+        result["wasted"] = {p.name: wasted_tokens(p, prompts, log) for p in peers}
+        result["cpu_s"] = {p.name: p.cpu_s for p in peers}
+        result["wall_s"] = {p.name: p.wall_s for p in peers}
+    log.save(out / "llama-events.csv")
+    frame = log.frame()
+    measured = frame[~frame["window"].isin(["warm-up", "abandon"])]
+    per_window = summarize(measured, by=["system", "clients", "window"])
+    rates = per_window.groupby(["system", "clients"])["tokens_per_s"].mean()
+    rows = summarize(measured, by=["system", "clients"]).to_dict("records")
+    tokens = measured.groupby(["system", "clients"])["tokens"].sum()
+    for row in rows:
+        key = (row["system"], row["clients"])
+        row["tokens_per_s"] = float(rates[key])
+        cpu = result["cpu_s"][row["system"]].get(row["clients"], 0.0)
+        row["cpu_s"] = cpu
+        row["cpu_ms_per_token"] = cpu * 1e3 / float(tokens[key]) if tokens[key] else None
+        row["cores_used"] = ratio(cpu, result["wall_s"][row["system"]].get(row["clients"]))
+    result["rows"] = rows
+    return result
+
+
+def _row(results: dict[str, Any], system: str, clients: int) -> dict[str, Any]:
+    rows = (results.get("llama") or {}).get("rows") or []
+    return next((r for r in rows if r["system"] == system and r["clients"] == clients), {})
+
+
+def peer_ratio(results: dict[str, Any], figure: str, clients: int) -> float | None:
+    """The project's figure over llama.cpp's at ``clients``."""
+    mine, theirs = _row(results, PROJECT, clients), _row(results, LLAMA, clients)
+    return ratio(mine.get(figure), theirs.get(figure))
+
+
+def peer_table(results: dict[str, Any]) -> Table:
+    """Per client count, each system's figures and the project/llama.cpp ratio."""
+    figures = (("first token p50 ms", "first_token_p50_ms", 0),
+               ("first token p95 ms", "first_token_p95_ms", 0),
+               ("one line p50 ms", "latency_p50_ms", 0), ("one line p95 ms", "latency_p95_ms", 0),
+               ("tokens/s", "tokens_per_s", 1), ("CPU ms/token", "cpu_ms_per_token", 1),
+               ("cores used", "cores_used", 2), ("requests", "requests", 0),
+               ("failures", "failures", 0))  # fmt: skip
+    body = []
+    for clients in CLIENTS:
+        for label, figure, digits in figures:
+            mine, theirs = _row(results, PROJECT, clients), _row(results, LLAMA, clients)
+            body.append([str(clients), label, fmt(mine.get(figure), digits),
+                         fmt(theirs.get(figure), digits),
+                         fmt(ratio(mine.get(figure), theirs.get(figure)), 2, "x")])  # fmt: skip
+    wasted = (results.get("llama") or {}).get("wasted") or {}
+    body.append(["1", "tokens generated after the client left, per abandoned request",
+                 fmt(wasted.get(PROJECT), 1), fmt(wasted.get(LLAMA), 1),
+                 fmt(ratio(wasted.get(PROJECT), wasted.get(LLAMA)), 2, "x")])  # fmt: skip
+    half = (results.get("llama") or {}).get("half_window_s")
+    slots = (results.get("llama") or {}).get("llama_parallel", "engine batch")
+    return (
+        "The project served vs llama.cpp's llama-server, same SmolLM2 weights",
+        context(
+            results,
+            f"project: Triton + OpenAI API, openvino int8 export; llama.cpp: "
+            f"the Q4_1 GGUF, --parallel {slots}; OpenAI SSE, greedy, one line "
+            f"(stop \\n, <= 32 tokens), windows A B B A of {half} s",
+            f"abandoned: {ABANDON_TOKENS}-token requests left at the first piece, counted "
+            "by each server",
+        ),
+        ["clients", "figure", " project", " llama.cpp", " project/llama.cpp"],
+        body,
+    )
