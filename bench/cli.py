@@ -70,7 +70,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--checkpoint", type=Path, default=DEFAULT_CHECKPOINT, help="the default model's folder"
     )
     parser.add_argument(
-        "--llama-parallel", type=int, help="llama section: llama-server slots (the engine batch)"
+        "--llama-parallel",
+        type=int,
+        help="llama section: llama-server slots (16: one per client at the most clients)",
     )
     parser.add_argument("--out", type=Path, help="results folder (bench/results/<timestamp>)")
     return parser.parse_args(argv)

@@ -130,7 +130,9 @@ def _open_systems(
         batch = int((model.stage_parameters or {}).get("engine_max_batch_size") or 4)
     if args.peer == "llama":
         gguf = checkpoint_gguf(checkpoint_dir(args.model_repository))
-        batch = args.peer_slots or batch
+        # one slot per typist: at the engine's batch (64 slots) llama-server answered none of
+        # the typists' requests before their next keystroke (docs/editor-load.md)
+        batch = args.peer_slots or args.typists
         ctx = batch * (args.prompt_tokens + args.max_tokens + MARGIN_TOKENS)
         port = free_ports(1)[0]
         llama = LlamaServer(gguf, port, out / LLAMA / "llama-server.log", parallel=batch,

@@ -39,7 +39,7 @@ NUMBERS: list[tuple[str, type, object, str]] = [  # flag, type, default, help
     ("--t-max-predict-ms", int, T_MAX_PREDICT_MS, "the time-budget stop of both servers; 0: off"),
     ("--prompt-tokens", int, PROMPT_TOKENS, "prefix + suffix tokens at most, within the context"),
     ("--peer-threads", int, None, "llama-server's --threads (default: every core, as the engine)"),
-    ("--peer-slots", int, None, "llama-server's --parallel (default: the engine's batch)"),
+    ("--peer-slots", int, None, "llama-server's --parallel (default: one per typist)"),
     ("--max-tokens", int, 32, "tokens per completion"),
     ("--suffix-share", float, 0.25, "of the prompt budget"),
     ("--anchor-chars", int, ANCHOR_CHARS, "the prefix's left cut moves in steps of this many "
