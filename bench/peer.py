@@ -20,7 +20,6 @@ server generates for a client that has gone, from its own counters (the engine's
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import threading
 import time
@@ -38,7 +37,6 @@ ABANDON_TOKENS = 64  # an abandoned request asks for this many, and leaves after
 ABANDONS = 8
 PROMPTS = 16
 PROJECT, LLAMA = "project", "llama.cpp"
-LLAMA_GENERATED = "llamacpp:tokens_predicted_total"
 ONE_LINE_AT_MOST = 1.0  # the project's one-line p50 over llama.cpp's
 TOKENS_AT_LEAST = 1.0  # the project's tokens/s at 16 clients over llama.cpp's
 Progress = Callable[[str], None]
@@ -66,17 +64,9 @@ class Peer:
 
     def cpu_seconds(self) -> float:
         """User + system CPU seconds of the process trees so far (psutil)."""
-        import psutil
+        from reporting.machine import tree_cpu_seconds
 
-        total = 0.0
-        for pid in self.pids:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                root = psutil.Process(pid)
-                for proc in [root, *root.children(recursive=True)]:
-                    with contextlib.suppress(psutil.NoSuchProcess):
-                        times = proc.cpu_times()
-                        total += times.user + times.system
-        return total
+        return tree_cpu_seconds(self.pids)
 
 
 def mid_line(text: str) -> str:
@@ -189,7 +179,7 @@ def both_servers(
     from contract import metrics as names
     from contract.tensors import ENGINE_MODEL
     from loadtest.api_process import ApiProcess
-    from reporting.llama_server import LlamaServer, checkpoint_gguf, llama_server_binary
+    from reporting.llama_server import PREDICTED, LlamaServer, checkpoint_gguf, llama_server_binary
     from reporting.triton import read_snapshot
     from serving.process import free_port
 
@@ -230,7 +220,7 @@ def both_servers(
                  lambda: read_snapshot(metrics).value(names.ENGINE_GENERATED_TOKENS,
                                                       model=ENGINE_MODEL)),
             Peer(LLAMA, llama.url, [llama.process.pid],
-                 lambda: read_snapshot(f"{llama.url}/metrics").value(LLAMA_GENERATED),
+                 lambda: read_snapshot(f"{llama.url}/metrics").value(PREDICTED),
                  body={"cache_prompt": True}, parallel=llama.parallel),
         ]  # fmt: skip
 

@@ -20,6 +20,13 @@ from serving.paths import REPO_ROOT
 LLAMA_SERVER = REPO_ROOT / "build" / "llama.cpp" / "bin" / "llama-server"
 DOWNLOADS = REPO_ROOT / "build" / "downloads"  # where `make model` unpacks a wheel's GGUF
 
+# llama-server's Prometheus names (``--metrics``). It counts a cancelled request's tokens as it
+# drops it; prompt tokens are prefilled ones, the cached ones apart.
+PREDICTED = "llamacpp:tokens_predicted_total"
+PREFILLED = "llamacpp:prompt_tokens_total"
+CACHED = "llamacpp:prompt_tokens_cached_total"
+PROCESSING = "llamacpp:requests_processing"
+
 
 def llama_server_binary(path: Path = LLAMA_SERVER) -> Path:
     """The built ``llama-server``; a clear error naming the command that builds it."""

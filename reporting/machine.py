@@ -4,6 +4,7 @@ report describes its machine through :func:`describe`."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shutil
@@ -94,3 +95,19 @@ def machine_lines(m: dict[str, Any]) -> list[str]:
         f"- OS: {m['os']}; Python {m['python']}, torch {m.get('torch')}, Locust "
         f"{m.get('locust')}, tritonclient {m.get('tritonclient')}",
     ]
+
+
+def tree_cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds so far of each process in ``pids`` and all its descendants:
+    what a server under test has used, whatever processes it is made of."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            for process in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    times = process.cpu_times()
+                    total += times.user + times.system
+    return total

@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import psutil
-
 from contract import metrics as names
 from contract.tensors import ENGINE_MODEL
 from loadtest.editor.protocols import Sender
+from reporting import llama_server as llama
+from reporting.machine import tree_cpu_seconds
 from reporting.triton import read_snapshot, wait_for_drain
 
 # the counters every system gives, by the same names
@@ -37,22 +37,7 @@ ENGINE_COUNTERS = {
     STOPS: names.ENGINE_EDITOR_STOPS,
     PAST_STOP: names.ENGINE_TOKENS_PAST_STOP,
 }
-LLAMA_PREDICTED, LLAMA_PREFILLED = "llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total"
-LLAMA_CACHED, LLAMA_BUSY = "llamacpp:prompt_tokens_cached_total", "llamacpp:requests_processing"
 IDLE_POLL_S = 0.05
-
-
-def tree_cpu_s(pids: list[int]) -> float:
-    """User + system CPU seconds of each process in ``pids`` and all its descendants now."""
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            root = psutil.Process(pid)
-            for process in [root, *root.children(recursive=True)]:
-                with contextlib.suppress(psutil.Error):
-                    times = process.cpu_times()
-                    total += times.user + times.system
-    return total
 
 
 @dataclass
@@ -69,7 +54,7 @@ class System:
 
     def cpu_s(self) -> float:
         """CPU seconds so far; NaN for a server this run did not start (no process to read)."""
-        return tree_cpu_s(self.pids) if self.pids else float("nan")
+        return tree_cpu_seconds(self.pids) if self.pids else float("nan")
 
     def drain(self, timeout: float) -> bool:
         """Wait until the server holds no request; whether it got there."""
@@ -112,11 +97,11 @@ def triton_system(label: str, sender: Sender, metrics_url: str, pids: list[int])
 def llama_system(label: str, sender: Sender, metrics_url: str, pids: list[int]) -> System:
     def counters() -> dict[str, float]:
         snapshot = read_snapshot(metrics_url)
-        prefilled, cached = snapshot.value(LLAMA_PREFILLED), snapshot.value(LLAMA_CACHED)
-        return {GENERATED: snapshot.value(LLAMA_PREDICTED), PROMPT: prefilled + cached,
+        prefilled, cached = snapshot.value(llama.PREFILLED), snapshot.value(llama.CACHED)
+        return {GENERATED: snapshot.value(llama.PREDICTED), PROMPT: prefilled + cached,
                 REUSED: cached}  # fmt: skip
 
     def busy() -> int | None:
-        return int(read_snapshot(metrics_url).gauge(LLAMA_BUSY) or 0)
+        return int(read_snapshot(metrics_url).gauge(llama.PROCESSING) or 0)
 
     return System(label, sender, counters, busy, pids, engine=False)
