@@ -22,6 +22,7 @@ from openai_api.generation import ChoiceResult, PendingChoice
 from openai_api.repo_context import ContextChunk, FittedContext
 
 log = logging.getLogger("openai_api")
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left (nobody reads it)
 
 
 class ClientLeftError(Exception):

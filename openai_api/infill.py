@@ -25,15 +25,21 @@ from fastapi.responses import JSONResponse, Response
 
 from client import CompletionRequest
 from contract.options import DEFAULT_MAX_TOKENS, InvalidRequestError
-from openai_api.completions import ClientLeftError, run_choices, warmed, with_context
+from openai_api.completions import (
+    CLIENT_CLOSED_REQUEST,
+    ClientLeftError,
+    run_choices,
+    warmed,
+    with_context,
+)
 from openai_api.dependencies import ApiState, authorized
 from openai_api.errors import OpenAIError, bad_option, from_client_error
 from openai_api.generation import ChoiceResult
 from openai_api.repo_context import ContextChunk, FittedContext, parse_chunks
 from openai_api.request import EDITOR_FIELDS, MODEL_NAME, editor_options
-from openai_api.routes import CLIENT_CLOSED_REQUEST, read_json
+from openai_api.routes import read_json
 from openai_api.shapes import sse
-from openai_api.streaming import EventStream, StreamedChoice
+from openai_api.streaming import EventStream, StreamedChoice, primed
 
 router = APIRouter()
 
@@ -174,7 +180,7 @@ async def infill(request: Request, api: Annotated[ApiState, Depends(authorized)]
         api.slots.release()
         raise
     if job.stream:
-        return await _stream(api, completion, job.stops, context)
+        return await _stream(api, request, completion, job.stops, context)
     try:
         (result,) = await run_choices(api, request, [completion], job.stops)
     except ClientLeftError:
@@ -188,6 +194,7 @@ async def infill(request: Request, api: Annotated[ApiState, Depends(authorized)]
 
 async def _stream(
     api: ApiState,
+    request: Request,
     completion: CompletionRequest,
     stops: tuple[str, ...],
     context: FittedContext,
@@ -205,7 +212,10 @@ async def _stream(
 
     try:
         choice = StreamedChoice(0, await api.call(api.backend.open_stream, completion, stops))
-        await api.call(choice.stream.prime)  # a refused request still gets its status code
+        await primed(api, request, [choice])
+    except ClientLeftError:
+        cleanup()
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     except BaseException:
         cleanup()
         raise

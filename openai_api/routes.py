@@ -20,7 +20,13 @@ from starlette.concurrency import run_in_threadpool
 
 from client import ENSEMBLE_MODEL, STREAM_MODEL
 from openai_api.capabilities import takes_suffix
-from openai_api.completions import ClientLeftError, run_choices, warmed, with_context
+from openai_api.completions import (
+    CLIENT_CLOSED_REQUEST,
+    ClientLeftError,
+    run_choices,
+    warmed,
+    with_context,
+)
 from openai_api.dependencies import ApiState, Authorized, State, error_response
 from openai_api.errors import OpenAIError
 from openai_api.request import MODEL_ALIASES, MODEL_NAME, parse_completion
@@ -28,7 +34,6 @@ from openai_api.shapes import job_usage, logprobs
 from openai_api.streaming import stream_completion
 
 router = APIRouter()
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left (nobody reads it)
 
 
 async def read_json(request: Request) -> Any:
@@ -97,7 +102,7 @@ async def completions(api: ApiState, request: Request, path_model: str | None) -
     if job.chunks:  # one prompt (parse_completion checks), its n choices
         job = replace(job, requests=tuple(replace(r, prompts=first.prompts) for r in job.requests))
     if job.stream:
-        return await stream_completion(api, job, context)  # releases the slot at the end
+        return await stream_completion(api, request, job, context)  # releases the slot at the end
     try:
         results = await run_choices(api, request, job.requests, job.stops)
     except ClientLeftError:

@@ -13,12 +13,14 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from openai_api.completions import CLIENT_CLOSED_REQUEST, ClientLeftError, client_left
 from openai_api.dependencies import ApiState
 from openai_api.errors import from_client_error
 from openai_api.generation import ChoiceResult, ChoiceStream
@@ -86,7 +88,31 @@ class EventStream(StreamingResponse):
             self._cleanup()
 
 
-async def stream_completion(api: ApiState, job: CompletionJob, context: FittedContext) -> Response:
+async def primed(api: ApiState, request: Request, choices: Sequence[StreamedChoice]) -> None:
+    """Wait for the first text of every choice (a refused request raises here, before any byte
+    is sent, so it still gets its status code), or raise :class:`ClientLeftError` once the
+    client leaves first, its choices cancelled on the server at once. On a long prompt the
+    prefill alone takes seconds, and an editor has left long before it ends: nothing else
+    watches the client until the first piece is written."""
+    work = asyncio.ensure_future(asyncio.gather(*(api.call(c.stream.prime) for c in choices)))
+    left = asyncio.ensure_future(client_left(request))
+    try:
+        await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left.cancel()
+    if work.done():
+        work.result()
+        return
+    for choice in choices:
+        choice.stream.cancel()  # wakes the waiting prime
+    with contextlib.suppress(Exception):
+        await work
+    raise ClientLeftError
+
+
+async def stream_completion(
+    api: ApiState, request: Request, job: CompletionJob, context: FittedContext
+) -> Response:
     """The job's choices as OpenAI's completion chunks; the caller acquired a slot, which is
     released when the stream ends. ``context``: what its repository context kept (usage)."""
     choices: list[StreamedChoice] = []
@@ -101,12 +127,13 @@ async def stream_completion(api: ApiState, job: CompletionJob, context: FittedCo
             api.slots.release()
 
     try:
-        for i, request in enumerate(job.requests):
-            stream = await api.call(api.backend.open_stream, request, job.stops)
+        for i, completion in enumerate(job.requests):
+            stream = await api.call(api.backend.open_stream, completion, job.stops)
             choices.append(StreamedChoice(i, stream))
-        # the first text of every choice before any byte is sent: a refused request (a
-        # prompt over the context, say) still gets its status code
-        await asyncio.gather(*(api.call(choice.stream.prime) for choice in choices))
+        await primed(api, request, choices)
+    except ClientLeftError:
+        cleanup()
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     except BaseException:
         cleanup()
         raise

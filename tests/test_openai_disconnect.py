@@ -1,4 +1,4 @@
-"""A non-streamed OpenAI request whose client leaves stops generating, on both paths: the
+"""An OpenAI request whose client leaves stops generating, on both paths: the
 unary ensemble (the API sends a stop request with the choice's request id) and the streamed
 one (with stop sequences, or with no tokenizer at hand: the gRPC stream is cancelled). The API
 watches for the disconnect while it waits, so it needs no piece from the engine to notice.
@@ -77,4 +77,23 @@ def test_a_non_streamed_client_that_leaves_stops_its_generation(
         wait_for(lambda: in_flight(server, model) >= 1, f"the request never reached {model}")
         sock.close()  # the client leaves; the engine still holds
         cancel_reached(server, model, sent_before)
+    assert_dropped(server, before_engine)
+
+
+@pytest.mark.parametrize("which", ["unary_api", "streamed_api"])
+def test_a_streamed_client_that_leaves_before_its_first_piece_stops_its_generation(
+    server, request, which
+):
+    """An editor leaves while its long prompt is still being prefilled: no piece has been
+    written, so only the API's watch on the connection can tell, and it must cancel the
+    stream then rather than after the first piece (seconds later on a long prompt)."""
+    api = request.getfixturevalue(which)
+    body = {"model": "ensemble", "prompt": PROMPT, "max_tokens": ASKED, "stream": True}
+    before_engine = engine_counters(server)
+    sent_before = cancels_sent(server, STREAM_MODEL)
+    with engine_held(server):
+        sock = post_and_keep_open(api, body)
+        wait_for(lambda: in_flight(server, STREAM_MODEL) >= 1, "the request never got in")
+        sock.close()  # the client leaves before any piece; the engine still holds
+        cancel_reached(server, STREAM_MODEL, sent_before)
     assert_dropped(server, before_engine)
