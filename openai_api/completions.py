@@ -38,6 +38,17 @@ async def client_left(request: Request) -> None:
             return
 
 
+async def done_before_client_left(request: Request, work: asyncio.Future) -> bool:
+    """Wait until ``work`` is done or the client has left, whichever comes first; True when
+    the work was done."""
+    left = asyncio.ensure_future(client_left(request))
+    try:
+        await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left.cancel()
+    return work.done()
+
+
 async def run_choices(
     api: ApiState,
     request: Request,
@@ -48,12 +59,7 @@ async def run_choices(
     all) if the client leaves first."""
     choices: list[PendingChoice] = [await api.call(api.backend.choice, r, stops) for r in requests]
     work = asyncio.ensure_future(asyncio.gather(*(api.call(c.run) for c in choices)))
-    left = asyncio.ensure_future(client_left(request))
-    try:
-        await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        left.cancel()
-    if work.done():
+    if await done_before_client_left(request, work):
         return work.result()
     log.info("the client left: cancelling its %d choice(s)", len(choices))
     cancels = [api.call(choice.cancel) for choice in choices]

@@ -20,7 +20,11 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from openai_api.completions import CLIENT_CLOSED_REQUEST, ClientLeftError, client_left
+from openai_api.completions import (
+    CLIENT_CLOSED_REQUEST,
+    ClientLeftError,
+    done_before_client_left,
+)
 from openai_api.dependencies import ApiState
 from openai_api.errors import from_client_error
 from openai_api.generation import ChoiceResult, ChoiceStream
@@ -95,12 +99,7 @@ async def primed(api: ApiState, request: Request, choices: Sequence[StreamedChoi
     prefill alone takes seconds, and an editor has left long before it ends: nothing else
     watches the client until the first piece is written."""
     work = asyncio.ensure_future(asyncio.gather(*(api.call(c.stream.prime) for c in choices)))
-    left = asyncio.ensure_future(client_left(request))
-    try:
-        await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        left.cancel()
-    if work.done():
+    if await done_before_client_left(request, work):
         work.result()
         return
     for choice in choices:
