@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import sys
 import threading
-from dataclasses import replace
 
 import pytest
 import torch
 from engine_runs import run_concurrently
-from transformers import GPTJConfig as HFConfig
-from transformers import GPTJForCausalLM
+from openvino_gptj import VOCAB, Collect, backend, exported_gptj, hf_greedy, prompts
 
 from contract.options import BeamParams, InvalidRequestError, SamplingParams
 from engine import TorchEngine
@@ -24,38 +22,13 @@ from engine.interface import (
     NotHonouredError,
     NullListener,
 )
-from engine.openvino_backend import GIL_SWITCH_S, OpenVINOBackend, PrefixIndex
-from engine.openvino_model import (
-    ModelShape,
-    PrecisionError,
-    compile_properties,
-    cpu_capabilities,
-    export_problem,
-    require_export,
-)
+from engine.openvino_backend import GIL_SWITCH_S, PrefixIndex
 from modelbuild.openvino_export import ensure_export
-
-VOCAB = 300
 
 
 @pytest.fixture(scope="module")
-def hf_model(tmp_path_factory):
-    """The random GPT-J of test_gptj_engine.py (same seed and shape), exported to OpenVINO."""
-    torch.manual_seed(0)
-    config = HFConfig(
-        vocab_size=VOCAB, n_positions=256, n_embd=64, n_layer=2, n_head=4, rotary_dim=8,
-        bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
-    model = GPTJForCausalLM(config).eval()
-    path = tmp_path_factory.mktemp("openvino-gptj")
-    model.save_pretrained(path)
-    ensure_export(path)
-    return model, path
-
-
-def backend(path, **kwargs) -> OpenVINOBackend:
-    kwargs.setdefault("max_batch_size", 8)
-    return OpenVINOBackend(require_export(path), ModelShape.read(path), **kwargs).start()
+def hf_model():
+    return exported_gptj()
 
 
 @pytest.fixture(scope="module")
@@ -63,38 +36,6 @@ def engine(hf_model):
     eng = backend(hf_model[1])
     yield eng
     eng.stop()
-
-
-def prompts(count: int, seed: int = 1) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(2, 40, (count,), generator=gen).tolist()
-    return [torch.randint(1, VOCAB, (n,), generator=gen).tolist() for n in lengths]
-
-
-def hf_greedy(model, prompt: list[int], new: int, **kwargs) -> list[int]:
-    out = model.generate(
-        torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None,
-        pad_token_id=0, **kwargs,
-    )  # fmt: skip
-    return out[0, len(prompt) :].tolist()
-
-
-class Collect(NullListener):
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.tokens: list[int] = []
-        self.result: GenerationResult | None = None
-
-    def on_token(self, token_id: int, log_prob: float) -> None:
-        self.tokens.append(token_id)
-
-    def on_finish(self, result: GenerationResult) -> None:
-        self.result = result
-        self.done.set()
-
-    def wait(self) -> GenerationResult:
-        assert self.done.wait(60), "no answer within 60 s"
-        return self.result
 
 
 def test_both_backends_implement_the_interface(hf_model, engine):
@@ -411,130 +352,3 @@ def test_stop_answers_what_is_still_queued(hf_model):
         eng.submit(GenerationRequest([1, 2, 3], 200), listener)
     eng.stop()
     assert all(listener.wait().finish_reason in ("cancelled", "length") for listener in listeners)
-
-
-NATIVE, EMULATED = ["BF16", "FP32", "INT8"], ["FP32", "INT8"]  # AVX-512 BF16 / AVX2 CPUs
-
-
-def test_bfloat16_runs_the_math_and_the_kv_cache_in_bfloat16_where_the_cpu_has_it():
-    assert compile_properties("float32", capabilities=EMULATED)["KV_CACHE_PRECISION"] == "f32"
-    properties = compile_properties("bfloat16", capabilities=NATIVE)
-    assert properties["INFERENCE_PRECISION_HINT"] == properties["KV_CACHE_PRECISION"] == "bf16"
-
-
-def test_bfloat16_on_a_cpu_without_it_is_refused_at_load_naming_the_setting_and_flag():
-    with pytest.raises(PrecisionError, match=r"dtype bfloat16 needs .*avx512_bf16.*float32"):
-        compile_properties("bfloat16", capabilities=EMULATED)
-
-
-def test_this_cpu_serves_bfloat16_or_refuses_it_as_its_capabilities_say(hf_model):
-    """Whichever kind of CPU runs the suite, the real backend takes the branch OpenVINO's
-    capabilities choose (the other is covered above, by injection): no crash in a request."""
-    if "BF16" not in cpu_capabilities():
-        with pytest.raises(PrecisionError, match="avx512_bf16"):
-            backend(hf_model[1], dtype="bfloat16")
-        return
-    eng = backend(hf_model[1], dtype="bfloat16")
-    try:
-        assert len(eng.generate(GenerationRequest(prompts(1)[0], 8)).output_ids) == 8
-    finally:
-        eng.stop()
-
-
-# the options of the load test this project was built from, one beam and all
-SEED_SAMPLING = SamplingParams(
-    top_k=3, top_p=0.92, temperature=0.5, repetition_penalty=1.1, seed=42
-)
-
-
-def teacher_forced_log_probs(hf, prompt, tokens, temperature, penalty) -> list[float]:
-    """Each token's log prob under transformers' logits, penalised (tokens seen so far, the
-    prompt's included) and divided by the temperature, over the whole vocabulary."""
-    with torch.no_grad():
-        logits = hf(torch.tensor([prompt + tokens])).logits[0].double()
-    seen, out = set(prompt), []
-    for i, token in enumerate(tokens):
-        z = logits[len(prompt) - 1 + i]
-        mask = torch.zeros_like(z, dtype=torch.bool)
-        mask[list(seen)] = True
-        z = torch.where(mask, torch.where(z < 0, z * penalty, z / penalty), z) / temperature
-        out.append(float(z[token] - torch.logsumexp(z, 0)))
-        seen.add(token)
-    return out
-
-
-def test_log_probs_under_temperature_and_penalty_are_the_drawn_distributions(hf_model, engine):
-    hf, _ = hf_model
-    prompt = prompts(1, seed=4)[0]
-    request = GenerationRequest(prompt, 24, sampling=SEED_SAMPLING, return_log_probs=True)
-    result = engine.generate(request)
-    assert result.finish_reason == "length" and len(result.log_probs) == 24
-    expected = teacher_forced_log_probs(hf, prompt, result.output_ids, 0.5, 1.1)
-    assert result.log_probs == pytest.approx(expected, abs=1e-3)
-    raw = engine.generate(replace(request, return_log_probs=False))
-    assert raw.output_ids == result.output_ids  # scoring changes no token
-
-
-def test_greedy_log_probs_under_a_penalty_equal_the_torch_engines(hf_model, engine):
-    reference = TorchEngine(GPTJ.from_checkpoint(hf_model[1]), max_batch_size=2).start()
-    try:
-        for sampling in (
-            SamplingParams(temperature=0.7, repetition_penalty=1.3),
-            SamplingParams(repetition_penalty=0.8),
-            SamplingParams(temperature=0.0, top_k=1, repetition_penalty=1.2),
-        ):
-            request = GenerationRequest(prompts(1, seed=6)[0], 16, sampling=sampling)
-            expected, got = reference.generate(request), engine.generate(request)
-            assert got.output_ids == expected.output_ids
-            assert got.log_probs == pytest.approx(expected.log_probs, abs=1e-3)
-    finally:
-        reference.stop()
-
-
-def test_a_diversity_rate_without_beams_is_ignored_as_fastertransformer_does(engine):
-    request = GenerationRequest(prompts(1, seed=8)[0], 12, sampling=SEED_SAMPLING)
-    plain = engine.generate(request)
-    rated = engine.generate(replace(request, beam=BeamParams(1, diversity_rate=0.5)))
-    assert rated.finish_reason == plain.finish_reason == "length"
-    assert rated.output_ids == plain.output_ids
-
-
-def test_a_stale_or_missing_export_names_what_to_run(hf_model, tmp_path):
-    _, path = hf_model
-    assert export_problem(path) is None
-    assert "no checkpoint" in export_problem(tmp_path / "nothing")
-    copy = tmp_path / "ckpt"
-    copy.mkdir()
-    for file in path.iterdir():
-        if file.is_file():
-            (copy / file.name).write_bytes(file.read_bytes())
-    with pytest.raises(Exception, match="make model"):
-        require_export(copy)
-    (copy / "openvino").mkdir()
-    for file in (path / "openvino").iterdir():
-        (copy / "openvino" / file.name).write_bytes(file.read_bytes())
-    assert export_problem(copy) is None
-    (copy / "config.json").write_text((copy / "config.json").read_text().replace("300", "301"))
-    assert "stale" in export_problem(copy)
-
-
-def test_a_dead_owner_thread_shows_as_not_alive_and_not_stopping(hf_model):
-    """What the engine stub watches to exit (backend/engine_stage.py): the thread ended while
-    nobody stopped it."""
-    eng = backend(hf_model[1], max_batch_size=2)
-    real = eng.pipe
-
-    class Dies:
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        def step(self):
-            raise SystemExit("the owner thread ends")  # not an Exception: escapes the loop
-
-    try:
-        eng.pipe = Dies()
-        eng.submit(GenerationRequest([1, 2, 3], 10), Collect())
-        eng._thread.join(30)
-        assert not eng.alive and not eng.stopping
-    finally:
-        eng.stop()
