@@ -5,8 +5,8 @@ held engine) turns it to 503 with the reason, and it comes back once completions
 from __future__ import annotations
 
 import httpx
+from api_server import ApiServer
 from engine_hold import engine_held, wait_for
-from test_openai_api import ApiServer
 
 from openai_api import Settings
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from test_openai_api import ApiServer, openai_client
+from api_server import ApiServer, openai_client
 from transformers import PreTrainedTokenizerFast
 
 from client import CodegenClient, CompletionRequest

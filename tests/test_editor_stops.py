@@ -193,7 +193,7 @@ def test_single_line_through_the_server_counts_its_stop_and_nothing_past_it(requ
 
 
 def test_the_openai_api_and_infill_take_the_rules(server, tiny_checkpoint):
-    from test_openai_api import ApiServer
+    from api_server import ApiServer
 
     from openai_api import Settings
 

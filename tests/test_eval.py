@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_openai_api import ApiServer
+from api_server import ApiServer
 
 from evaluation.__main__ import main
 from evaluation.problems import (

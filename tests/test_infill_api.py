@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import httpx
 import pytest
-from test_openai_api import ApiServer
+from api_server import ApiServer
 
 from client import CodegenClient
 from openai_api import Settings

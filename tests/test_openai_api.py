@@ -1,79 +1,26 @@
 """The OpenAI-compatible API against the real server of the test session (the tiny model):
 the official ``openai`` client, raw curl-shaped HTTP, every error status, a client that leaves a
-stream, and the playground in a real headless Chromium."""
+stream (the playground in a real browser: test_playground.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
-import socket
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import uvicorn
+from api_server import ApiServer, free_port, openai_client
 from engine_hold import advance_until, engine_held, wait_for
 from server_metrics import cancels_sent, engine_counters
 
 from client import CodegenClient
 from contract.tensors import STREAM_MODEL
-from openai_api import Settings, create_app
+from openai_api import Settings
 
 PROMPT = "def fib(n):\n"
-CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
-CHROMEDRIVER = Path(os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver"))
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--window-size=1100,720",
-)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ApiServer:
-    """The API under uvicorn in a thread of the test process, on a free port."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.port = free_port()
-        config = uvicorn.Config(
-            create_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> ApiServer:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the API server did not start"
-            assert self.thread.is_alive(), "the API server thread died"
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -108,10 +55,6 @@ def down_api() -> Iterator[ApiServer]:
     """Pointed at a port where no Triton answers."""
     with ApiServer(Settings(triton_url=f"localhost:{free_port()}", checkpoint=None)) as running:
         yield running
-
-
-def openai_client(api: ApiServer, key: str = "unused") -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{api.url}/v1", api_key=key, max_retries=0, timeout=120)
 
 
 def greedy(api: ApiServer, prompt: str = PROMPT, max_tokens: int = 24, **extra):
@@ -431,97 +374,6 @@ def test_a_client_that_leaves_a_stream_stops_its_generation(server, api):
     )
     assert after["codegen_engine_cancelled_total"] - before["codegen_engine_cancelled_total"] == 1
     assert generated < asked, f"{generated:.0f} of {asked} tokens generated for nobody"
-
-
-# -- the playground in a real browser -----------------------------------------------------------
-
-
-@pytest.fixture
-def browser():
-    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
-    if missing:
-        pytest.fail(
-            f"{', '.join(missing)} missing: `make setup-dev` installs Chromium and chromedriver "
-            "(scripts/install-chromium.sh)"
-        )
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-RECORD_STREAMED_LENGTHS = """
-window.streamedLengths = [];
-const gen = document.querySelector('#output .gen');
-new MutationObserver(() => {
-  if (gen.textContent && document.getElementById('status').textContent.startsWith('generating'))
-    window.streamedLengths.push(gen.textContent.length);
-}).observe(gen, {childList: true, characterData: true, subtree: true});
-"""
-
-
-def test_the_playground_streams_a_completion_in_a_browser(api, browser, tmp_path):
-    from selenium.webdriver.common.by import By
-
-    asked = 400
-    browser.get(api.url + "/")
-    assert browser.title == "codegen playground"
-
-    def field(name: str, value: str) -> None:
-        element = browser.find_element(By.ID, name)
-        element.clear()
-        element.send_keys(value)
-
-    field("prompt", PROMPT)
-    field("max_tokens", str(asked))
-    field("seed", "1")  # the page's defaults otherwise: temperature 0.8, top_p 0.95, top_k 40
-    # The page records the generated text's length at every change while it says generating:
-    # polling through the driver can miss a fast stream on a loaded machine; this cannot.
-    browser.execute_script(RECORD_STREAMED_LENGTHS)
-    browser.find_element(By.ID, "complete").click()
-
-    deadline = time.monotonic() + 120
-    while browser.find_element(By.ID, "status").text != "done":
-        assert time.monotonic() < deadline, "the playground never finished"
-        assert not browser.find_element(By.ID, "error").text, "the playground shows an error"
-        time.sleep(0.05)
-    seen = browser.execute_script("return window.streamedLengths")
-    assert len(set(seen)) >= 2, f"no text appeared before the end: {seen}"
-
-    shown = browser.execute_script("return document.querySelector('#output .gen').textContent")
-    expected = openai_client(api).completions.create(
-        model="ensemble",
-        prompt=PROMPT,
-        max_tokens=asked,
-        temperature=0.8,
-        top_p=0.95,
-        seed=1,
-        extra_body={"top_k": 40},
-    )
-    assert shown == expected.choices[0].text
-    usage = expected.usage
-    assert browser.find_element(By.ID, "tokens").text == (
-        f"{usage.prompt_tokens} + {usage.completion_tokens}"
-    )
-    assert browser.find_element(By.ID, "finish").text == expected.choices[0].finish_reason
-    assert re.fullmatch(r"\d+ ms", browser.find_element(By.ID, "ttft").text)
-    assert re.fullmatch(r"\d+ ms", browser.find_element(By.ID, "latency").text)
-    assert float(browser.find_element(By.ID, "rate").text) > 0
-
-    screenshot = tmp_path / "playground.png"
-    assert browser.save_screenshot(str(screenshot))
-    assert screenshot.stat().st_size > 10_000
-    if os.environ.get("PLAYGROUND_SCREENSHOT"):  # how docs/playground.png was made
-        shutil.copy(screenshot, os.environ["PLAYGROUND_SCREENSHOT"])
-    print(f"screenshot: {screenshot}")
 
 
 def test_a_suffix_the_served_model_cannot_fill_is_a_400_naming_suffix():

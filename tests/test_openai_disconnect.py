@@ -15,10 +15,10 @@ import socket
 from collections.abc import Iterator
 
 import pytest
+from api_server import ApiServer
 from engine_hold import engine_held, wait_for
 from server_metrics import cancels_sent, engine_counters
 from test_client_cancel import ASKED, assert_dropped, cancel_reached, in_flight
-from test_openai_api import ApiServer
 
 from contract.tensors import MODEL_STAGE, STREAM_MODEL
 from openai_api import Settings

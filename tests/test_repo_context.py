@@ -10,8 +10,8 @@ from collections.abc import Iterator, Sequence
 import httpx
 import pytest
 import tritonclient.grpc as grpcclient
+from api_server import ApiServer
 from server_metrics import sample, settled_scrape
-from test_openai_api import ApiServer
 
 from client import CodegenClient, CompletionRequest
 from contract import metrics as names
