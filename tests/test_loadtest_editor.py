@@ -3,6 +3,7 @@ decision, the figures and the report."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -11,7 +12,7 @@ import pytest
 
 from contract.corpus import held_out_files, stdlib_root
 from loadtest.editor.compare import evaluate
-from loadtest.editor.drill import resend_points
+from loadtest.editor.drill import DrillOutcome, drill_figures, resend_points
 from loadtest.editor.figures import (
     ABANDONED,
     ANSWERED,
@@ -22,7 +23,7 @@ from loadtest.editor.figures import (
     system_figures,
 )
 from loadtest.editor.protocols import Exchange
-from loadtest.editor.report import EditorRun, write_report
+from loadtest.editor.report import write_report
 from loadtest.editor.suffix import ProbeError, decide, probe
 from loadtest.editor.typist import TypingStyle, Typist, keystroke, line_starts, pauses
 from loadtest.editor.window import MARGIN_TOKENS, Clipper
@@ -273,7 +274,8 @@ def test_the_report_is_written_from_the_event_table_with_a_loud_prefix_only_bann
     events = pd.concat([_events(RECORDS), _events(RECORDS[:10], system="llama.cpp")])
     windows = pd.concat([_windows(generated=500.0), _windows("llama.cpp", generated=120.0)])
     figures = system_figures(events, windows)
-    run = EditorRun(
+    drill = drill_figures([DrillOutcome(ABANDONED, 1, generated=g) for g in (2.0, 4.0)], 200, True)
+    run = dict(
         name="test", started="2026-01-01T00:00:00", seconds=10.0,
         command="python -m loadtest.editor --quick", protocol="openai",
         settings={
@@ -283,7 +285,8 @@ def test_the_report_is_written_from_the_event_table_with_a_loud_prefix_only_bann
             "sampling": {"top_k": 40}, "pause_s": TypingStyle().pause_s,
         },
         suffix={"requested": True, "send": False, "note": mode.note, "refused": True},
-        figures=figures, drills={}, afters={"cache-on": "answered a plain request in 20 ms"},
+        figures=figures, drills={"cache-on": dataclasses.asdict(drill)},
+        afters={"cache-on": "answered a plain request in 20 ms"},
         targets=evaluate(figures, {}, {"cache-on": "answered"}, one_line=True),
         problems=[], machine=MachineInfo.here(), servers={"cache-on": "Triton"},
         load={"cache-on": (0.5, 1.0)},
@@ -297,6 +300,8 @@ def test_the_report_is_written_from_the_event_table_with_a_loud_prefix_only_bann
     row = next(line for line in report.splitlines() if line[1:].strip().startswith("requests "))
     assert [c.strip() for c in row.strip("|").split("|")] == ["requests", "42", "10", "4.20"]
     assert "HTTP 504" in report  # the errors, from the table
+    assert "Abandonment drill, cache-on: 2 requests of 200 tokens" in report
+    assert "at most 2.00 tokens per abandoned request after the client left (median 2.0" in report
     for chart in ("editor_timeline.png", "editor_latency.png"):
         assert (tmp_path / chart).stat().st_size > 10_000 and f"]({chart})" in report
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -11,19 +11,7 @@ import pytest
 
 from contract import metrics as names
 from contract.tensors import ENGINE_MODEL
-from loadtest.editor.compare import (
-    FAIL,
-    LLAMA,
-    NOT_MEASURED,
-    OFF,
-    ON,
-    PASS,
-    PROJECT,
-    cache_repository,
-    check_caching,
-    evaluate,
-    set_caching,
-)
+from loadtest.editor.compare import FAIL, NOT_MEASURED, PASS, evaluate
 from loadtest.editor.drill import (
     DrillOutcome,
     abandon_at_first_piece,
@@ -40,7 +28,16 @@ from loadtest.editor.figures import (
     system_figures,
 )
 from loadtest.editor.protocols import Exchange, Stops
-from loadtest.editor.settings import mirrored, parse_args, parser
+from loadtest.editor.settings import mirrored, parse_args
+from loadtest.editor.systems import (
+    LLAMA,
+    OFF,
+    ON,
+    PROJECT,
+    cache_repository,
+    check_caching,
+    set_caching,
+)
 from loadtest.editor.window import Clipper
 from loadtest.metrics import reuse_line, reuse_share
 from reporting.events import EventLog
@@ -338,8 +335,14 @@ def test_mirrored_windows_put_each_system_first_as_often_as_last():
 
 
 def test_the_comparison_is_the_default_and_no_compare_is_the_single_run():
-    assert parser().parse_args([]).compare is True
-    assert parser().parse_args(["--no-compare"]).compare is False
+    assert parse_args([])[0].compare is True
+    assert parse_args(["--no-compare"])[0].compare is False
+    quick, _ = parse_args(["--quick"])
+    assert (quick.typists, quick.duration, quick.progress_every) == (2, 20.0, 5.0)
+    single, _ = parse_args(["--quick", "--no-compare", "--typists", "3"])
+    assert (single.typists, single.duration) == (3, 25.0)  # a flag beats the preset
+    with pytest.raises(SystemExit):
+        parse_args(["--pause", "2,1"])  # MIN above MAX
     args, _ = parse_args(["--peer", "llama"])
     assert args.peer == "llama" and args.no_suffix  # llama.cpp's /v1/completions has none
     with pytest.raises(SystemExit):

@@ -1,7 +1,5 @@
 """``python -m loadtest.editor``: see :mod:`loadtest.editor.run`."""
 
-import sys
-
 from loadtest.editor.run import main
 
-sys.exit(main())
+raise SystemExit(main())

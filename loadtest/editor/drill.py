@@ -1,22 +1,22 @@
 """The abandonment drill: long completions, one at a time, each abandoned as soon as its first
-piece arrives, so each is abandoned mid-generation by construction (a fast model answers most
-typists' requests within their pause); the system's generated-token counter around each, less
-what the client read, is what it generated after the client left: an upper bound (tokens in
-transit count too, and over SSE a piece read counts as one token). And the resend probe: the
+piece arrives (mid-generation by construction); the system's generated-token counter around
+each, less what the client read, is what it generated after the client left: an upper bound
+(tokens in transit count too; over SSE a piece counts as one token). And the resend probe: the
 warm path of a keystroke, one request at a time.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loadtest.editor.figures import ABANDONED, ANSWERED, ERROR, RESENT
 from loadtest.editor.protocols import Exchange, Stops
 from loadtest.editor.systems import GENERATED, System
-from loadtest.editor.typist import line_starts
+from loadtest.editor.typist import line_starts, read_text
 from reporting.events import EventLog
 
 DRILL_TOKENS = 200  # long enough that no answer can arrive before its first piece is read
@@ -50,7 +50,8 @@ class DrillFigures:
 def abandon_at_first_piece(exchange: Exchange, limit_s: float = 60.0) -> DrillOutcome:
     """Read until the first piece of text (or the end, or a failure), then leave."""
     deadline = time.monotonic() + limit_s
-    exchange.leave_at_first_piece()
+    if exchange.stream is not None:  # over HTTP the stream's own reader leaves, no hand-off
+        exchange.stream.leave_after = 1
     while exchange.first_token_s is None and not exchange.over:
         if time.monotonic() >= deadline:
             exchange.abandon()
@@ -65,41 +66,26 @@ def abandon_at_first_piece(exchange: Exchange, limit_s: float = 60.0) -> DrillOu
     return DrillOutcome(ABANDONED, exchange.tokens_read)
 
 
+def _points(files: Sequence[Path], share: float, min_lines: int) -> Iterator[tuple[str, int]]:
+    """(text, cursor) in each readable file of more than ``min_lines`` line starts, at the
+    line start ``share`` of the way down."""
+    for text in filter(None, map(read_text, files)):
+        if len(starts := line_starts(text)) > min_lines:
+            yield text, starts[int(len(starts) * share)]
+
+
 def drill_prompts(files: Sequence[Path], clip: Callable[[str, int], str], count: int) -> list[str]:
-    """``count`` prompts: each file's text before the line at its middle, clipped by ``clip``
-    (text, cursor) to leave room for the drill's completion; files taken in turn."""
-    prompts: list[str] = []
-    texts = []
-    for path in files:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        starts = line_starts(text)
-        if starts:
-            texts.append((text, starts[len(starts) // 2]))
-    if not texts and count:
+    """``count`` prompts: each file's text before its middle line, clipped by ``clip(text,
+    cursor)`` to leave room for the drill's completion; files taken in turn."""
+    points = list(_points(files, 0.5, 0))
+    if not points and count:
         raise RuntimeError("no held-out file gives a drill prompt")
-    while len(prompts) < count:
-        text, cursor = texts[len(prompts) % len(texts)]
-        prompts.append(clip(text, cursor))
-    return prompts
+    return [clip(*points[i % len(points)]) for i in range(count)]
 
 
 def resend_points(files: Sequence[Path], count: int) -> list[tuple[str, int]]:
-    """(text, cursor) of ``count`` files, each at the line start three quarters down."""
-    points = []
-    for path in files:
-        if len(points) == count:
-            break
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        starts = line_starts(text)
-        if len(starts) > 4:
-            points.append((text, starts[len(starts) * 3 // 4]))
-    return points
+    """(text, cursor) of the first ``count`` files, each at the line start three quarters down."""
+    return list(itertools.islice(_points(files, 0.75, 4), count))
 
 
 def drill_figures(outcomes: Sequence[DrillOutcome], max_tokens: int, sse: bool) -> DrillFigures:
@@ -107,25 +93,18 @@ def drill_figures(outcomes: Sequence[DrillOutcome], max_tokens: int, sse: bool) 
     read = sum(o.tokens_read for o in outcomes)
     counted = all(o.generated is not None for o in outcomes)
     generated = sum(o.generated or 0.0 for o in outcomes) if counted else None
-    per = None
-    if generated is not None and abandoned:
-        per = (generated - read) / len(abandoned)
     bound = "tokens generated before the client left but not yet read count too" + (
         "; over SSE a piece read counts as one token" if sse else ""
     )
     return DrillFigures(
-        requests=len(outcomes),
-        abandoned=len(abandoned),
+        requests=len(outcomes), abandoned=len(abandoned), max_tokens=max_tokens,
         answered=sum(o.outcome == ANSWERED for o in outcomes),
-        errors=sum(o.outcome == ERROR for o in outcomes),
-        max_tokens=max_tokens,
-        tokens_read=read,
-        generated=generated,
-        unread_per_abandoned=per,
+        errors=sum(o.outcome == ERROR for o in outcomes), tokens_read=read, generated=generated,
+        unread_per_abandoned=(generated - read) / len(abandoned)
+        if generated is not None and abandoned else None,
         unread_each=[o.generated - o.tokens_read for o in abandoned if o.generated is not None],
-        bound=bound,
-        error_messages=[o.error for o in outcomes if o.error],
-    )
+        bound=bound, error_messages=[o.error for o in outcomes if o.error],
+    )  # fmt: skip
 
 
 def run_drill(system: System, prompts: Sequence[str]) -> DrillFigures:

@@ -1,11 +1,6 @@
-"""One typist's request at a pause (:func:`type_pause`, what the profile's Locust users send,
-:mod:`loadtest.editor.users`), and :class:`Typing`, typist threads for a bounded time, which the
-soak's editor phase still drives.
-
-Every request is bounded by its pause (the typist waits on it no longer, see
-:mod:`loadtest.editor.protocols`), and no typist starts a pause after the run's end, so a run
-takes at most its duration plus one typing burst and one pause.
-"""
+"""One typist's request at a pause (:func:`type_pause`, what the profile's Locust users send),
+and :class:`Typing`, typist threads for a bounded time, which only the soak's editor phase
+drives. A request never outlives its pause, and no typist starts a pause after the end."""
 
 from __future__ import annotations
 
@@ -21,14 +16,11 @@ from loadtest.editor.suffix import SuffixMode
 from loadtest.editor.typist import TypingStyle, Typist, Visit
 from loadtest.editor.window import Clipper
 
-Record = Callable[[EditorRecord], None]
-Begin = Callable[[], object]  # called as a request is sent; its value goes back to End
-End = Callable[[object, EditorRecord], None]
-
 
 @dataclass
 class Typing:
-    """``typists`` typists over ``files`` until ``until`` (monotonic), sending with ``sender``."""
+    """``typists`` threads over ``files`` until ``until`` (monotonic), sending with ``sender``;
+    ``begin()`` is called as a request is sent and its value goes to ``end(value, record)``."""
 
     files: Sequence[Path]
     typists: int
@@ -37,8 +29,8 @@ class Typing:
     suffix: SuffixMode
     seed: int
     style: TypingStyle
-    begin: Begin = lambda: None
-    end: End = lambda ticket, record: None
+    begin: Callable[[], object] = lambda: None
+    end: Callable[[object, EditorRecord], None] = lambda ticket, record: None
 
     def __post_init__(self) -> None:
         self.origin = time.monotonic()
@@ -66,31 +58,24 @@ class Typing:
         return sum(t.is_alive() for t in self.threads)
 
     def _type(self, index: int, until: float) -> None:
-        typist = Typist(index, self.files, self.seed, self.style)
         try:
-            for visit in typist.visits():
-                self._sleep(visit.pause.typing_s)  # the keystrokes; the first one abandoned
+            for visit in Typist(index, self.files, self.seed, self.style).visits():
+                self.stop.wait(visit.pause.typing_s)  # the keystrokes; the first one abandons
                 if self.stop.is_set() or time.monotonic() >= until:
                     return
-                self._request(index, visit)
+                ticket = self.begin()
+                with self.lock:
+                    self.in_flight += 1
+                    seed = len(self.records)
+                record = type_pause(self.sender, self.clipper, self.suffix.send, index,
+                                    self.origin, visit, seed)  # fmt: skip
+                with self.lock:
+                    self.in_flight -= 1
+                    self.records.append(record)
+                self.end(ticket, record)
         except Exception as exc:  # reported with the run, never lost
             with self.lock:
                 self.failures.append(f"typist {index}: {type(exc).__name__}: {exc}")
-
-    def _sleep(self, seconds: float) -> None:
-        self.stop.wait(seconds)
-
-    def _request(self, index: int, visit: Visit) -> None:
-        ticket = self.begin()
-        with self.lock:
-            self.in_flight += 1
-            seed = len(self.records)
-        origin, send = self.origin, self.suffix.send
-        record = type_pause(self.sender, self.clipper, send, index, origin, visit, seed)
-        with self.lock:
-            self.in_flight -= 1
-            self.records.append(record)
-        self.end(ticket, record)
 
     def snapshot(self) -> tuple[list[EditorRecord], int]:
         with self.lock:
@@ -112,8 +97,7 @@ def type_pause(
     visit: Visit,
     seed: int,
 ) -> EditorRecord:
-    """One pause's request: sent, read until answered or the next keystroke, then abandoned;
-    bounded by the pause, whatever the server does."""
+    """One pause's request: sent, read until answered or the next keystroke, then abandoned."""
     pause = visit.pause
     window = clipper.clip(visit.text, pause.cursor, with_suffix, pause.suffix_at)
     sent = time.monotonic()
@@ -128,33 +112,22 @@ def type_pause(
         if not exchange.over:
             exchange.abandon()
         exchange.error = exchange.error or f"{type(exc).__name__}: {exc}"
-    return _record(index, sent - origin, pause.pause_s, window, exchange)
-
-
-def _record(index: int, t_s: float, pause_s: float, window, exchange: Exchange) -> EditorRecord:
     outcome = ERROR if exchange.error else ANSWERED if exchange.finished else ABANDONED
-
-    def ms(seconds: float | None) -> float | None:
-        return None if seconds is None else round(seconds * 1000, 1)
-
+    first = exchange.first_token_s
+    latency = exchange.latency_s if outcome == ANSWERED else None
     return EditorRecord(
-        typist=index,
-        t_s=round(t_s, 3),
-        outcome=outcome,
-        pause_s=round(pause_s, 3),
-        prefix_tokens=window.prefix_tokens,
-        suffix_tokens=window.suffix_tokens,
-        first_token_ms=ms(exchange.first_token_s),
-        latency_ms=ms(exchange.latency_s) if outcome == ANSWERED else None,
-        pieces=exchange.pieces,
-        tokens_read=exchange.tokens_read,
+        typist=index, t_s=round(sent - origin, 3), outcome=outcome, pause_s=round(pause.pause_s, 3),
+        prefix_tokens=window.prefix_tokens, suffix_tokens=window.suffix_tokens,
+        first_token_ms=None if first is None else round(first * 1000, 1),
+        latency_ms=None if latency is None else round(latency * 1000, 1),
+        pieces=exchange.pieces, tokens_read=exchange.tokens_read,
         completion_tokens=exchange.completion_tokens if outcome == ANSWERED else None,
         error=exchange.error,
-    )
+    )  # fmt: skip
 
 
 def progress_line(typing: Typing, label: str, elapsed: float, duration: float) -> str:
-    """One progress line: time, requests by outcome, first-token p50 of the recent answers."""
+    """One progress line of the soak's typists: requests by outcome, recent first-token p50."""
     records, in_flight = typing.snapshot()
     counts = {o: sum(r.outcome == o for r in records) for o in (ANSWERED, ABANDONED, ERROR)}
     recent = [r.first_token_ms for r in records[-100:] if r.outcome == ANSWERED]

@@ -1,16 +1,11 @@
-"""The editor profile's figures, from the event table (:mod:`reporting.events`: one row per
-request, the editor's columns in it) and the windows' counter readings (one row per window:
-each system's own counters and CPU around it). Pure: the tests feed it tables.
+"""The editor profile's figures, from the event table (:mod:`reporting.events`, the editor's
+columns in it) and one row per window of each system's own counters and CPU. Pure.
 
-- Answered (``ok``): the whole completion arrived within the pause. First token and latency
-  percentiles are of these; with the one-line stop, latency is the one-line completion's.
-- Abandoned: the next keystroke came first, and the typist closed the request.
-- Error: the server refused or failed it.
-
-Tokens generated for abandoned requests, per system: its own generated-tokens counter over the
-windows minus the tokens that reached a reader (an answered request's whole completion, an
-abandoned one's pieces read before it left), per abandoned request. Over SSE a piece counts as
-one token (it may carry more): an upper bound.
+Answered (``ok``): the whole completion arrived within the pause; first token and latency
+percentiles are of these. Abandoned: the next keystroke came first. Tokens generated for
+abandoned requests: the server's generated-tokens counter minus the tokens readers got (an
+answered request's whole completion, an abandoned one's pieces read), per abandoned request;
+over SSE a piece counts as one token: an upper bound.
 """
 
 from __future__ import annotations
@@ -23,6 +18,7 @@ import pandas as pd
 
 from loadtest.editor.systems import (
     CANCELLED,
+    COUNTERS,
     GENERATED,
     PAST_STOP,
     PROMPT,
@@ -33,8 +29,7 @@ from loadtest.editor.systems import (
 from loadtest.metrics import reuse_share
 from reporting.events import summarize
 
-RESENT = "resent"  # the resend probe's rows (loadtest.editor.drill), apart from the typists'.
-
+RESENT = "resent"  # the resend probe's rows (loadtest.editor.drill), apart from the typists'
 ANSWERED, ABANDONED, ERROR = "answered", "abandoned", "error"
 
 
@@ -97,19 +92,17 @@ def editor_figures(records: Sequence[EditorRecord]) -> EditorFigures:
 
 
 def request_event(record: EditorRecord, protocol: str, one_line: bool, wall: float) -> dict:
-    """One request as the arguments of Locust's ``request`` event, the editor's figures in its
-    context (the columns of :mod:`reporting.events`' table, and the editor's own)."""
+    """One request as the arguments of Locust's ``request`` event, the editor's own columns
+    in its context."""
     outcome = {ANSWERED: "ok", ABANDONED: "abandoned"}.get(record.outcome, "error")
     delivered = record.tokens_read  # an abandoned request: the pieces read before leaving
     if outcome == "ok" and record.completion_tokens is not None:
         delivered = record.completion_tokens  # the server's count of the whole answer
     return dict(
-        request_type=protocol,
-        name="one-line" if one_line else "completion",
+        request_type=protocol, name="one-line" if one_line else "completion",
         response_time=record.latency_ms or record.pause_s * 1000,
-        response_length=record.tokens_read,
+        response_length=record.tokens_read, start_time=wall,
         exception=RuntimeError(record.error) if outcome == "error" else None,
-        start_time=wall,
         context={
             "outcome": outcome, "first_token_ms": record.first_token_ms, "tokens": delivered,
             "typist": record.typist, "pause_s": record.pause_s, "one_line": one_line,
@@ -123,37 +116,38 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or not b or pd.isna(a) or pd.isna(b) else a / b
 
 
+def _by_system(events: pd.DataFrame) -> dict[str, dict]:
+    """:func:`reporting.events.summarize` per system, missing figures as None."""
+    if not len(events):
+        return {}
+    table = summarize(events, by=["system"]).set_index("system").astype(object)
+    return table.where(table.notna(), None).to_dict("index")
+
+
 def system_figures(events: pd.DataFrame, windows: pd.DataFrame) -> dict[str, dict]:
     """Per system (in the order the systems first typed): the figures the report prints."""
     figures: dict[str, dict] = {}
     resent = events[events["name"] == RESENT] if len(events) else events
     events = events[events["name"] != RESENT] if len(events) else events
-    summary = summarize(events, by=["system"]).set_index("system") if len(events) else None
+    typed, warm = _by_system(events), _by_system(resent)
     for system in dict.fromkeys([*windows["system"], *events.get("system", [])]):
         rows = events[events["system"] == system] if len(events) else events
-        warm = resent[(resent["system"] == system) & (resent["outcome"] == "ok")]
-        ours = windows[windows["system"] == system]
-        s = {}
-        if summary is not None and system in summary.index:  # NaN: no such figure
-            s = {k: None if pd.isna(v) else v for k, v in summary.loc[system].items()}
+        ours, s, w = windows[windows["system"] == system], typed.get(system, {}), warm.get(system)
         ok, abandoned = rows[rows["outcome"] == "ok"], rows[rows["outcome"] == "abandoned"]
-        seconds, counted = float(ours["seconds"].sum()), _counted(ours)
+        counted = {n: float(ours[n].sum()) for n in COUNTERS if n in ours and ours[n].notna().all()}
+        seconds, generated = float(ours["seconds"].sum()), counted.get(GENERATED)
         delivered = float(pd.to_numeric(rows["tokens"], errors="coerce").fillna(0).sum())
-        generated = counted.get(GENERATED)
         cpu = None if ours["cpu_s"].isna().any() else float(ours["cpu_s"].sum())
         wasted = None if generated is None else generated - delivered
+        prompt = rows.get("prefix_tokens", pd.Series()) + rows.get("suffix_tokens", 0)
         figures[system] = {
-            "requests": len(rows),
-            "answered": len(ok),
-            "abandoned": len(abandoned),
+            "requests": len(rows), "answered": len(ok), "abandoned": len(abandoned),
             "errors": int((rows["outcome"] == "error").sum()),
             "abandoned share": _ratio(len(abandoned), len(ok) + len(abandoned)),
             "abandoned while streaming": int(abandoned["first_token_ms"].notna().sum()),
-            "first token p50 ms": s.get("first_token_p50_ms"),
-            "first token p95 ms": s.get("first_token_p95_ms"),
-            "latency p50 ms": s.get("latency_p50_ms"),
-            "latency p95 ms": s.get("latency_p95_ms"),
-            "prompt tokens sent / request": _mean(rows, ["prefix_tokens", "suffix_tokens"]),
+            **{f"{f} {p} ms": s.get(f"{f.replace(' ', '_')}_{p}_ms") for f in
+               ("first token", "latency") for p in ("p50", "p95")},
+            "prompt tokens sent / request": float(prompt.mean()) if len(prompt) else None,
             "seconds of typing": seconds,
             "tokens delivered / s": delivered / seconds if seconds else None,
             "CPU seconds": cpu,
@@ -166,29 +160,10 @@ def system_figures(events: pd.DataFrame, windows: pd.DataFrame) -> dict[str, dic
             "of them cancelled": counted.get(CANCELLED),
             "prompt tokens received / request": _ratio(counted.get(PROMPT), len(rows)),
             "prompt-cache reuse share (at most)": reuse_share(
-                counted.get(PROMPT, 0.0), counted.get(REUSED)
-            ),
+                counted.get(PROMPT, 0.0), counted.get(REUSED)),
             "editor stops": counted.get(STOPS),
             "tokens generated past a stop": counted.get(PAST_STOP),
-            **{f"resent +3 chars: {label}": _quantile(warm, column, q) for label, column, q in (
-                ("first token p50 ms", "first_token_ms", 0.5),
-                ("latency p50 ms", "latency_ms", 0.5), ("latency p95 ms", "latency_ms", 0.95))},
+            **{f"resent +3 chars: {f} ms": (w or {}).get(f"{f.replace(' ', '_')}_ms") for f in
+               ("first token p50", "latency p50", "latency p95")},
         }  # fmt: skip
     return figures
-
-
-def _quantile(rows: pd.DataFrame, column: str, q: float) -> float | None:
-    values = pd.to_numeric(rows[column], errors="coerce").dropna() if len(rows) else []
-    return float(values.quantile(q)) if len(values) else None
-
-
-def _counted(windows: pd.DataFrame) -> dict[str, float]:
-    """Each counter summed over the windows, where the system has it."""
-    names = (GENERATED, PROMPT, REUSED, SEQUENCES, CANCELLED, STOPS, PAST_STOP)
-    return {n: float(windows[n].sum()) for n in names if n in windows and windows[n].notna().all()}
-
-
-def _mean(rows: pd.DataFrame, columns: list[str]) -> float | None:
-    if not len(rows) or any(c not in rows for c in columns):
-        return None
-    return float(sum(pd.to_numeric(rows[c], errors="coerce").fillna(0) for c in columns).mean())

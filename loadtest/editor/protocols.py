@@ -1,21 +1,9 @@
-"""The ways a typist's request travels, each an :class:`Exchange` it can wait on until a
-deadline and abandon at a keystroke, over the client's transport (:mod:`client.transport`):
-
-- ``openai``: ``POST /v1/completions`` with ``stream: true`` (server-sent events); abandoning
-  closes the connection, as an editor's HTTP client does.
-- ``grpc``: a gRPC stream to ``ensemble_stream``; abandoning closes the stream with a gRPC
-  cancel, as a raw gRPC client cancels.
-- ``llama``: llama.cpp's ``llama-server``, its ``/v1/completions`` the same way, with
-  ``cache_prompt`` on (what llama.vim sends).
-
-Every request carries the editor's stop rules (:class:`Stops`) where the server has them:
-the project's ``single_line`` is llama.cpp's ``stop: ["\\n"]``; ``n_indent`` and
-``t_max_predict_ms`` are the same field on both.
-
-Neither blocks past the deadline it is given, so a typist never waits on a request longer than
-its pause. The suffix goes as OpenAI's ``suffix`` field, or the ``suffix`` input of
-``ensemble_stream``; a server that does not take one refuses it with an error naming
-``suffix``, which :mod:`loadtest.editor.suffix` looks for.
+"""How a typist's request travels, each an :class:`Exchange` read until a deadline and
+abandoned at a keystroke, over the client's transport (:mod:`client.transport`): ``openai``
+(``/v1/completions`` SSE; abandoning closes the connection), ``grpc`` (a stream to
+``ensemble_stream``; abandoning cancels it) or ``llama`` (llama-server's ``/v1/completions``
+with ``cache_prompt``, as llama.vim sends). Each carries the editor's stop rules where the
+server has them; the suffix goes as OpenAI's ``suffix`` field or ``ensemble_stream``'s input.
 """
 
 from __future__ import annotations
@@ -63,11 +51,9 @@ class Exchange:
     pieces: int = 0  # pieces of text read
     tokens_read: int = 0  # tokens those pieces carried, where the wire says (else = pieces)
     completion_tokens: int | None = None  # the server's count, for an answered request
-    prompt_tokens: int | None = None  # the server's count, where it gives one
     finished: bool = False
     error: str = ""
     counts_tokens: bool = False  # gRPC: the token counts come from the pieces themselves
-    sequence_length: int | None = None  # the last the pieces said (gRPC)
 
     @property
     def over(self) -> bool:
@@ -86,26 +72,16 @@ class Exchange:
                 return False
             if piece.text:
                 self._piece(piece.tokens)
-            self.sequence_length = piece.sequence_length or self.sequence_length
             if piece.usage:
                 self.completion_tokens = piece.usage.get("completion_tokens")
-                self.prompt_tokens = piece.usage.get("prompt_tokens")
             if piece.final:
                 self.finished = True
                 self.latency_s = time.monotonic() - self.sent
                 if self.counts_tokens:
                     self.completion_tokens = self.tokens_read
-                    if self.sequence_length is not None:
-                        self.prompt_tokens = self.sequence_length - self.tokens_read
         if self.stream is not None:
             self.stream.close()
         return True
-
-    def leave_at_first_piece(self) -> None:
-        """Leave as soon as the first piece of text is read: over HTTP, on the stream's own
-        reader thread (:attr:`ResponseStream.leave_after`), with no hand-off first."""
-        if self.stream is not None:
-            self.stream.leave_after = 1
 
     def abandon(self) -> None:
         """The next keystroke: stop reading and drop the request."""

@@ -1,7 +1,5 @@
 """``make loadtest PROFILE=editor``: simulated typists (Locust users) against two systems in
-mirrored windows, or one; docs/editor-load.md describes a run.
-
-    python -m loadtest.editor [--quick] [--peer llama] [--no-compare --host 127.0.0.1:8000]
+mirrored windows, or one (:mod:`loadtest.editor.settings`; docs/editor-load.md describes a run).
 
 Exit status: 0, every target met (a single run: clean); 1, a problem (a typist stuck, no drain,
 no answer after the run); 3, the run was clean but missed a target.
@@ -13,7 +11,6 @@ import argparse
 import dataclasses
 import logging
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -29,34 +26,28 @@ from loadtest.editor.users import Windows
 
 # isort: on
 from contract.corpus import held_out_files
-from contract.tensors import ENGINE_MODEL, STREAM_MODEL
 from loadtest import console
-from loadtest.editor.compare import (
-    LLAMA,
-    OFF,
-    ON,
-    PROJECT,
-    SINGLE,
-    cache_repository,
-    check_caching,
-    evaluate,
+from loadtest.editor.compare import PASS, evaluate
+from loadtest.editor.drill import (
+    DRILL_TOKENS,
+    drill_prompts,
+    resend_points,
+    run_drill,
+    run_resend,
 )
-from loadtest.editor.drill import DRILL_TOKENS, drill_prompts, resend_points, run_drill, run_resend
 from loadtest.editor.figures import system_figures
-from loadtest.editor.protocols import SAMPLING, Sender, Stops
-from loadtest.editor.report import EditorRun, write_report
+from loadtest.editor.protocols import SAMPLING, Sender
+from loadtest.editor.report import write_report
 from loadtest.editor.settings import mirrored, parse_args
 from loadtest.editor.suffix import ProbeError, probe
-from loadtest.editor.systems import System, llama_system, triton_system
+from loadtest.editor.systems import System, open_systems
 from loadtest.editor.typist import TypingStyle
 from loadtest.editor.window import MARGIN_TOKENS, CheckpointTokenizer, Clipper
 from loadtest.results import MachineInfo
-from loadtest.targets import TARGETS, OpenAITarget
 from reporting.events import EventLog
-from reporting.llama_server import LlamaServer, checkpoint_gguf
-from reporting.triton import Endpoints, model_context
+from reporting.triton import model_context
 from serving.paths import REPO_ROOT, checkpoint_dir
-from serving.process import free_ports, http_ready
+from serving.process import http_ready
 
 log = logging.getLogger("loadtest.editor")
 RESULTS = REPO_ROOT / "loadtest" / "results"
@@ -75,88 +66,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare and http_ready(f"{endpoints.http_url}/v2/health/ready"):
         log.info(f"the server at {endpoints.host} is left alone: the comparison starts its own")
     with tempfile.TemporaryDirectory(prefix="editor-compare-") as copies, ExitStack() as stack:
-        systems, servers = _open_systems(args, endpoints, out, Path(copies), stack)
+        systems, servers = open_systems(args, endpoints, out, Path(copies), stack)
         run = _type(args, systems, servers, out, command)
-    for target in run.targets:
+    for target in run["targets"]:
         log.info(f"target: {target.verdict} {target.name}: {target.measured}")
-    for problem in run.problems:
+    for problem in run["problems"]:
         log.error(f"problem: {problem}")
     log.info(f"report: {out / 'report.md'}")
-    if run.problems:
+    if run["problems"]:
         return 1
-    return 0 if run.all_pass or not args.compare else TARGETS_MISSED
-
-
-def _open_systems(
-    args: argparse.Namespace, endpoints: Endpoints, out: Path, copies: Path, stack: ExitStack
-) -> tuple[dict[str, System], dict[str, str]]:
-    """The systems this run measures, started (or found, for --no-compare) and ready."""
-    if not args.compare:
-        plan = [(SINGLE, args.model_repository, endpoints, None)]
-    else:
-        halves = [(ON, True)] if args.peer else [(ON, True), (OFF, False)]
-        plan = []
-        for label, caching in halves:
-            http, grpc, metrics = free_ports(3)
-            half = Endpoints(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}",
-                             f"http://127.0.0.1:{metrics}/metrics")  # fmt: skip
-            repository = cache_repository(args.model_repository, copies / label, caching)
-            label = PROJECT if args.peer else label
-            (out / label).mkdir(parents=True, exist_ok=True)
-            shutil.copy2(repository / ENGINE_MODEL / "config.pbtxt",
-                         out / label / "engine_config.pbtxt")  # fmt: skip
-            plan.append((label, repository, half, caching))
-    systems, servers = {}, {}
-    for label, repository, where, caching in plan:
-        folder = out / label
-        log.info(f"--- {label}: starting the project's Triton ---")
-        target = OpenAITarget if args.protocol == "openai" else TARGETS["grpc"].server
-        server = stack.enter_context(target(where, repository, folder))
-        triton = server.triton if isinstance(server, OpenAITarget) else server
-        if caching is not None:
-            if not triton.started:
-                raise SystemExit(f"a server already answered at {where.host}: not one of ours")
-            check_caching(folder / "tritonserver.log", caching)
-        if not server.model_ready(STREAM_MODEL):
-            raise SystemExit(f"`{STREAM_MODEL}` is not ready at {where.host}")
-        processes = [triton.served.launcher if triton.started else None,
-                     getattr(server, "api", None)]  # fmt: skip
-        pids = [p.process.pid for p in processes if p is not None and p.process is not None]
-        address = where.grpc if args.protocol == "grpc" else server.users_url[len("http://") :]
-        sender = Sender(args.protocol, address, args.max_tokens, _stops(args))
-        systems[label] = triton_system(label, sender, where.metrics_url, pids)
-        model = server.describe()
-        servers[label] = f"the project's Triton at {where.host}, engine {model.stage_parameters}"
-        batch = int((model.stage_parameters or {}).get("engine_max_batch_size") or 4)
-    if args.peer == "llama":
-        gguf = checkpoint_gguf(checkpoint_dir(args.model_repository))
-        # one slot per typist: at the engine's batch (64 slots) llama-server answered none of
-        # the typists' requests before their next keystroke (docs/editor-load.md)
-        batch = args.peer_slots or args.typists
-        ctx = batch * (args.prompt_tokens + args.max_tokens + MARGIN_TOKENS)
-        port = free_ports(1)[0]
-        llama = LlamaServer(gguf, port, out / LLAMA / "llama-server.log", parallel=batch,
-                            ctx_size=ctx, threads=args.peer_threads)  # fmt: skip
-        log.info(f"--- {LLAMA}: {gguf.name}, {batch} slots, context {ctx} ---")
-        stack.callback(llama.stop)
-        llama.start().wait_ready()
-        sender = Sender("llama", f"127.0.0.1:{port}", args.max_tokens, _stops(args))
-        systems[LLAMA] = llama_system(LLAMA, sender, f"{llama.url}/metrics", [llama.process.pid])
-        servers[LLAMA] = f"llama-server {' '.join(llama.command()[1:])}"
-    return systems, servers
-
-
-def _stops(args: argparse.Namespace) -> Stops:
-    return Stops(args.one_line, args.t_max_predict_ms)
+    passed = all(t.verdict == PASS for t in run["targets"])
+    return 0 if passed or not args.compare else TARGETS_MISSED
 
 
 def _type(
-    args: argparse.Namespace,
-    systems: dict[str, System],
-    servers: dict[str, str],
-    out: Path,
+    args: argparse.Namespace, systems: dict[str, System], servers: dict[str, str], out: Path,
     command: str,
-) -> EditorRun:
+) -> dict:  # fmt: skip
     """Probe, the windows, the drills and the after-checks; the report written."""
     started, files = time.time(), held_out_files()
     if not files:
@@ -186,16 +112,13 @@ def _type(
     for number, label in enumerate(order):
         rows.append(windows.run(systems[label], number, window_s, problems))
         load[label] = (load[label][0], os.getloadavg()[0])
-    drills, afters = {}, {}
     drill_clipper = Clipper(tokenizer, budget, DRILL_TOKENS)
-    prompts = drill_prompts(
-        files, lambda text, at: drill_clipper.clip(text, at, False).prefix, args.drill
-    )
-    pairs = []  # the resend probe: a prompt, then the same prompt 3 characters on
-    for text, at in resend_points(files, args.resend):
-        pairs.append(
-            (clipper.clip(text, at, False).prefix, clipper.clip(text, at + 3, False).prefix)
-        )
+    prompts = drill_prompts(files, lambda t, i: drill_clipper.clip(t, i, False).prefix, args.drill)
+    pairs = [
+        (clipper.clip(text, at, False).prefix, clipper.clip(text, at + 3, False).prefix)
+        for text, at in resend_points(files, args.resend)
+    ]  # a prompt, then 3 chars on
+    drills, afters = {}, {}
     for label, system in systems.items():
         if args.resend:
             run_resend(system, pairs, events)
@@ -207,43 +130,21 @@ def _type(
     frame, table = events.frame(), pd.DataFrame(rows)
     frame = frame[~(pd.to_numeric(frame["window"], errors="coerce") < 0)]  # warm-ups: not counted
     figures = system_figures(frame, table)
-    run = EditorRun(
-        name=out.name,
-        started=datetime.fromtimestamp(started).isoformat(timespec="seconds"),
-        seconds=round(time.time() - started, 1),
-        command=command,
-        protocol=args.protocol,
-        settings={
-            "typists": args.typists,
-            "window_s": window_s,
-            "windows": args.windows,
-            "order": order,
-            "max_tokens": args.max_tokens,
-            "one_line": args.one_line,
-            "t_max_predict_ms": args.t_max_predict_ms,
-            "prompt_tokens": clipper.budget,
-            "context": context,
-            "suffix_share": args.suffix_share,
-            "anchor_chars": args.anchor_chars,
-            "drill": args.drill,
-            "files": len(files),
-            "seed": args.seed,
-            "sampling": SAMPLING,
-            "pause_s": style.pause_s,
-            "warm_up_s": args.warm_up,
-            "resend": len(pairs),
-        },
-        suffix={**dataclasses.asdict(mode), "refused": mode.refused},
-        figures=figures,
-        drills=drills,
-        afters=afters,
-        targets=evaluate(figures, drills, afters, args.one_line),
-        problems=problems
-        + [f"{s}: after: {a}" for s, a in afters.items() if not a.startswith("answered")],
-        machine=MachineInfo.here(),
-        servers=servers,
-        load=load,
-    )
+    settings = {**vars(args), "window_s": window_s, "order": order, "context": context,
+                "prompt_tokens": clipper.budget, "files": len(files), "sampling": SAMPLING,
+                "pause_s": style.pause_s, "warm_up_s": args.warm_up,
+                "resend": len(pairs)}  # fmt: skip
+    run = {
+        "name": out.name, "started": datetime.fromtimestamp(started).isoformat(timespec="seconds"),
+        "seconds": round(time.time() - started, 1), "command": command,
+        "protocol": args.protocol, "settings": settings,
+        "suffix": {**dataclasses.asdict(mode), "refused": mode.refused}, "figures": figures,
+        "drills": drills, "afters": afters,
+        "targets": evaluate(figures, drills, afters, args.one_line),
+        "problems": problems + [f"{s}: after: {a}" for s, a in afters.items()
+                                if not a.startswith("answered")],
+        "machine": MachineInfo.here(), "servers": servers, "load": load,
+    }  # fmt: skip
     frame.to_csv(out / "events.csv", index=False)
     write_report(out, run, frame, table)
     return run

@@ -1,121 +1,89 @@
-"""The editor profile's command line: simulated typists against two systems in mirrored windows
-(docs/editor-load.md)."""
+"""The editor profile's command line (docs/editor-load.md): simulated typists against two
+systems in mirrored windows, or one.
+
+    python -m loadtest.editor [--quick] [--peer llama] [--no-compare --host 127.0.0.1:8000]
+"""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from loadtest.editor.drill import DRILL_REQUESTS, DRILL_TOKENS
 from loadtest.editor.typist import TypingStyle
 from reporting.triton import Endpoints
 from serving.paths import MODEL_REPOSITORY
 
-PROTOCOLS = ("openai", "grpc")
-ANCHOR_CHARS = 512  # see loadtest.editor.window: about a visit's typing, a fifth of a prefix
-PROMPT_TOKENS = 1024  # Continue's prompt cap: editors send a window, not the whole file
-T_MAX_PREDICT_MS = 1000  # llama.vim's budget for its follow-up requests
+# typists, seconds of typing (--no-compare; in a comparison each system's), progress every
+DEFAULTS, QUICK = (4, 90.0, 90.0, 10.0), (2, 25.0, 20.0, 5.0)
 
 
-@dataclass(frozen=True)
-class Preset:
-    typists: int
-    duration: float  # --no-compare
-    progress_every: float
-    half_duration: float  # each system's typing in a comparison (over its windows)
-
-
-DEFAULTS = Preset(4, 90.0, 10.0, 90.0)
-# with the server's start and the drain, about a minute (the comparison: two short halves)
-QUICK = Preset(2, 25.0, 5.0, 20.0)
-
-
-NUMBERS: list[tuple[str, type, object, str]] = [  # flag, type, default, help
-    ("--windows", int, 2, "windows per system, in mirrored order A B B A; --duration is each "
-     "system's total"),
-    ("--warm-up", float, 0.0, "seconds of typing on each system before the windows, not counted"),
-    ("--t-max-predict-ms", int, T_MAX_PREDICT_MS, "the time-budget stop of both servers; 0: off"),
-    ("--prompt-tokens", int, PROMPT_TOKENS, "prefix + suffix tokens at most, within the context"),
-    ("--peer-threads", int, None, "llama-server's --threads (default: every core, as the engine)"),
-    ("--peer-slots", int, None, "llama-server's --parallel (default: one per typist)"),
-    ("--max-tokens", int, 32, "tokens per completion"),
-    ("--suffix-share", float, 0.25, "of the prompt budget"),
-    ("--anchor-chars", int, ANCHOR_CHARS, "the prefix's left cut moves in steps of this many "
-     "characters (at a line start), so that a prefix cache can reuse it; 0: the exact tail"),
-    ("--drill", int, DRILL_REQUESTS, f"after the typing, this many {DRILL_TOKENS}-token "
-     "completions abandoned at their first piece, on each system; 0: none"),
-    ("--resend", int, 8, "after the typing, this many prompts read to their end one at a time, "
-     "each followed by the same prompt 3 characters on (the warm path); 0: none"),
-    ("--seed", int, 0, "the typists' schedules and the sampling"),
-    ("--typists", int, None, f"simulated typists (the preset's: {DEFAULTS.typists})"),
-    ("--duration", float, None, f"seconds of typing (the preset's: {DEFAULTS.duration:.0f}; in a "
-     f"comparison, each system's: {DEFAULTS.half_duration:.0f})"),
-    ("--progress-every", float, None, "seconds between progress lines"),
-]  # fmt: skip
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m loadtest.editor", description=__doc__)
-    p.add_argument("--protocol", choices=PROTOCOLS, default="openai", help="openai (SSE) or grpc")
-    p.add_argument(
-        "--compare",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="two systems, each on a server this run starts: prefix cache on vs off "
-        "(default), or the project vs --peer; --no-compare: the server at --host",
-    )
-    p.add_argument(
-        "--peer",
-        choices=("llama",),
-        help="the project (cache on) against llama.cpp's "
-        "llama-server on the GGUF the checkpoint was made from (make llama-server)",
-    )
-    p.add_argument(
-        "--one-line",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="every request stops at its first newline (llama.cpp: stop \\n)",
-    )
-    p.add_argument(
-        "--host", default="127.0.0.1:8000", help="Triton's HTTP host:port (local), for --no-compare"
-    )
-    p.add_argument("--grpc-url", help="Triton's gRPC host:port (default: HTTP port + 1)")
-    p.add_argument("--metrics-url", help="Triton's metrics URL (default: HTTP port + 2)")
-    p.add_argument("--no-suffix", action="store_true", help="send prefixes only")
-    p.add_argument(
-        "--pause",
-        type=_pair,
-        default=TypingStyle().pause_s,
-        help="a pause's shortest and longest seconds, MIN,MAX (%(default)s)",
-    )
-    for flag, kind, default, text in NUMBERS:
-        p.add_argument(flag, type=kind, default=default, help=f"{text} (%(default)s)")
-    p.add_argument("--quick", action="store_true", help=f"a short run: {QUICK}")
-    p.add_argument("--out", type=Path, help="run folder (loadtest/results/<time>-editor-...)")
-    p.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
-    return p  # fmt: skip
-
-
-def _pair(text: str) -> tuple[float, float]:
-    try:
-        low, high = (float(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected MIN,MAX seconds, got {text!r}") from None
+def min_max(text: str) -> tuple[float, float]:
+    """``MIN,MAX`` seconds, 0 < MIN <= MAX (argparse reports a ValueError by this name)."""
+    low, high = (float(x) for x in text.split(","))
     if not 0 < low <= high:
-        raise argparse.ArgumentTypeError(f"expected 0 < MIN <= MAX, got {text!r}")
+        raise ValueError(text)
     return low, high
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Endpoints]:
     """The arguments, the preset's values filled in, and where Triton answers."""
-    p = parser()
+    p = argparse.ArgumentParser("python -m loadtest.editor", description=__doc__)
+    flag = argparse.BooleanOptionalAction
+
+    def add(*names: str, help: str = "", **options: Any) -> None:
+        shown = not isinstance(options.get("default"), bool | None)  # a flag says its own
+        p.add_argument(*names, help=help + (" (%(default)s)" if shown else ""), **options)
+
+    # fmt: off
+    add("--protocol", choices=("openai", "grpc"), default="openai", help="openai (SSE) or grpc")
+    add("--compare", action=flag, default=True, help="two systems, each on a server this run "
+        "starts: prefix cache on vs off, or the project vs --peer; --no-compare: the server at "
+        "--host")
+    add("--peer", choices=("llama",), help="the project (cache on) against llama.cpp's "
+        "llama-server on the GGUF the checkpoint was made from (make llama-server)")
+    add("--one-line", action=flag, default=True,
+        help="every request stops at its first newline (llama.cpp: stop \\n)")
+    add("--host", default="127.0.0.1:8000", help="Triton's HTTP host:port, for --no-compare")
+    add("--grpc-url", help="Triton's gRPC host:port (default: HTTP port + 1)")
+    add("--metrics-url", help="Triton's metrics URL (default: HTTP port + 2)")
+    add("--no-suffix", action="store_true", help="send prefixes only")
+    add("--pause", type=min_max, default=TypingStyle().pause_s, metavar="MIN,MAX",
+        help="a pause's shortest and longest seconds")
+    add("--windows", type=int, default=2, help="windows per system, in mirrored order "
+        "A B B A; --duration is each system's total")
+    add("--warm-up", type=float, default=0.0, help="seconds of typing on each system first, "
+        "not counted")
+    add("--t-max-predict-ms", type=int, default=1000, help="the time-budget stop of both "
+        "servers (llama.vim's budget); 0: off")
+    add("--prompt-tokens", type=int, default=1024, help="prefix + suffix tokens at most "
+        "(Continue's cap), within the context")
+    add("--peer-threads", type=int, help="llama-server's --threads (default: every core)")
+    add("--peer-slots", type=int, help="llama-server's --parallel (default: one per typist)")
+    add("--max-tokens", type=int, default=32, help="tokens per completion")
+    add("--suffix-share", type=float, default=0.25, help="of the prompt budget")
+    add("--anchor-chars", type=int, default=512, help="the prefix's left cut moves in steps of "
+        "this many characters (at a line start), so a prefix cache can reuse it; 0: exact")
+    add("--drill", type=int, default=DRILL_REQUESTS, help=f"after the typing, this many "
+        f"{DRILL_TOKENS}-token completions abandoned at their first piece per system; 0: none")
+    add("--resend", type=int, default=8, help="after the typing, this many prompts read to "
+        "their end one at a time, each followed by the same prompt 3 characters on; 0: none")
+    add("--seed", type=int, default=0, help="the typists' schedules and the sampling")
+    add("--typists", type=int, help=f"simulated typists (default {DEFAULTS[0]}; quick "
+        f"{QUICK[0]})")
+    add("--duration", type=float, help=f"seconds of typing (default {DEFAULTS[1]:.0f}, in a "
+        f"comparison each system's {DEFAULTS[2]:.0f}; quick {QUICK[1]:.0f} / {QUICK[2]:.0f})")
+    add("--progress-every", type=float, help="seconds between progress lines")
+    add("--quick", action="store_true", help="a short run: the quick defaults above")
+    add("--out", type=Path, help="run folder (loadtest/results/<time>-editor-...)")
+    add("--model-repository", type=Path, default=MODEL_REPOSITORY)
+    # fmt: on
     args = p.parse_args(argv)
-    preset = QUICK if args.quick else DEFAULTS
-    args.typists = args.typists or preset.typists
-    args.duration = args.duration or (preset.half_duration if args.compare else preset.duration)
-    args.progress_every = args.progress_every or preset.progress_every
+    typists, single_s, half_s, every = QUICK if args.quick else DEFAULTS
+    args.typists = args.typists or typists
+    args.duration = args.duration or (half_s if args.compare else single_s)
+    args.progress_every = args.progress_every or every
     try:
         endpoints = Endpoints.from_host(args.host, args.grpc_url, args.metrics_url)
     except ValueError as exc:
@@ -130,15 +98,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Endpo
         p.error("--windows must be >= 1 and --prompt-tokens >= 16")
     if args.peer and (not args.compare or args.protocol != "openai"):
         p.error("--peer compares over --protocol openai, and needs the comparison")
-    if args.peer and not args.no_suffix:
-        args.no_suffix = True  # llama.cpp's /v1/completions would ignore a suffix silently
+    args.no_suffix |= bool(args.peer)  # llama.cpp's /v1/completions ignores a suffix silently
     return args, endpoints
 
 
-def mirrored(labels: Sequence[str], windows: int) -> list[str]:
+def mirrored(labels: list[str], windows: int) -> list[str]:
     """The systems' order over ``windows`` windows each: A B B A A B ... (each system first
     as often as last, so drift over the run falls on both)."""
-    order: list[str] = []
-    for turn in range(windows):
-        order += list(labels) if turn % 2 == 0 else list(reversed(labels))
-    return order
+    return [s for turn in range(windows) for s in (labels if turn % 2 == 0 else labels[::-1])]

@@ -1,11 +1,7 @@
-"""Whether the server takes a suffix (fill in the middle), decided once at the start of a run.
-
-The profile sends suffixes by default. A server without fill-in-the-middle refuses a request
-that carries one, with an error naming ``suffix`` (the API's 400 with ``param: suffix``;
-Triton's "unexpected inference input 'suffix'" for ``ensemble_stream``). One probe request tells
-which: answered, suffixes go on; refused naming ``suffix``, the run goes on prefix-only and
-says so loudly in its progress and its report; any other failure stops the run, because a server
-that cannot answer a probe would make every figure of the run meaningless.
+"""Whether the server takes a suffix (fill in the middle), decided by one probe at the start:
+answered, suffixes go on; refused with an error naming ``suffix`` (a model without FIM tokens),
+the run goes on prefix-only and says so loudly; any other failure stops the run, since every
+figure of a server that cannot answer a probe would be meaningless.
 """
 
 from __future__ import annotations
@@ -38,10 +34,6 @@ class ProbeError(RuntimeError):
     """The probe failed for another reason than the suffix: the run cannot go on."""
 
 
-def names_suffix(error: str) -> bool:
-    return SUFFIX in error.lower()
-
-
 def decide(requested: bool, probe: Exchange | None) -> SuffixMode:
     """The mode from the probe's outcome (``probe`` None: not probed, as with --no-suffix)."""
     if not requested:
@@ -50,13 +42,9 @@ def decide(requested: bool, probe: Exchange | None) -> SuffixMode:
         raise ProbeError(f"the suffix probe got no answer within {PROBE_TIMEOUT_S:.0f} s")
     if probe.finished and not probe.error:
         return SuffixMode(True, True, "suffix sent with every request (the server takes it)")
-    if names_suffix(probe.error):
-        return SuffixMode(
-            True,
-            False,
-            "SUFFIX REFUSED by the server, so this run is PREFIX-ONLY (no fill-in-the-middle); "
-            f"the server said: {probe.error}",
-        )
+    if SUFFIX in probe.error.lower():
+        return SuffixMode(True, False, "SUFFIX REFUSED by the server, so this run is PREFIX-ONLY "
+                          f"(no fill-in-the-middle); the server said: {probe.error}")  # fmt: skip
     raise ProbeError(f"the suffix probe failed for another reason: {probe.error}")
 
 

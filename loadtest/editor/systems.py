@@ -1,49 +1,59 @@
-"""The servers a run measures, each a :class:`System`: how its typists' requests travel, its
-own counters (tokens generated, prompt tokens received and reused), the CPU its process tree
-used, and when it is idle.
+"""The servers a run measures, each a :class:`System`: how its requests travel, its own
+counters, the CPU of its process tree, and when it is idle; and :func:`open_systems`, which
+starts them on free ports (or finds the one server of ``--no-compare``).
 
-- The project: Triton (and, over ``openai``, the API in front of it), its counters from the
-  engine model's metrics (:mod:`contract.metrics`).
-- llama.cpp's ``llama-server`` (:mod:`reporting.llama_server`): ``llamacpp:tokens_predicted_total``
-  (it counts a cancelled request's tokens as it drops it), ``llamacpp:prompt_tokens_total``
-  (prefilled) and ``llamacpp:prompt_tokens_cached_total`` (taken from its prompt cache).
+- The project: Triton (and over ``openai`` the API in front), its counters the engine's
+  (:mod:`contract.metrics`). For the cache comparison each half runs from a copy of the model
+  repository whose engine config sets ``prefix_caching`` (:func:`cache_repository`), checked
+  against the engine's own log line (:func:`check_caching`): the torch backend has no prefix
+  cache, and is refused rather than compared.
+- llama.cpp's ``llama-server``: ``tokens_predicted_total`` (it counts a cancelled request's
+  tokens as it drops it), ``prompt_tokens_total`` (prefilled) and ``prompt_tokens_cached_total``.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import logging
+import re
+import shutil
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from contract import metrics as names
-from contract.tensors import ENGINE_MODEL
-from loadtest.editor.protocols import Sender
+from contract.tensors import ENGINE_MODEL, STREAM_MODEL
+from loadtest.editor.protocols import Sender, Stops
+from loadtest.editor.window import MARGIN_TOKENS
+from loadtest.targets import TARGETS, OpenAITarget
 from reporting import llama_server as llama
 from reporting.machine import tree_cpu_seconds
-from reporting.triton import read_snapshot, wait_for_drain
+from reporting.triton import Endpoints, read_snapshot, wait_for_drain
+from serving.paths import checkpoint_dir
+from serving.process import free_ports
 
-# the counters every system gives, by the same names
-GENERATED, PROMPT, REUSED, SEQUENCES, CANCELLED = (
-    "generated", "prompt", "reused", "sequences", "cancelled",
+log = logging.getLogger("loadtest.editor")
+ON, OFF, PROJECT, LLAMA, SINGLE = "cache-on", "cache-off", "project", "llama.cpp", "as configured"
+# the counters every system gives, by the same names (STOPS, PAST_STOP: the engine's alone)
+GENERATED, PROMPT, REUSED, SEQUENCES, CANCELLED, STOPS, PAST_STOP = COUNTERS = (
+    "generated", "prompt", "reused", "sequences", "cancelled", "editor_stops", "past_stop",
 )  # fmt: skip
-STOPS, PAST_STOP = "editor_stops", "past_stop"  # the engine's editor stop counters
-ENGINE_COUNTERS = {
-    GENERATED: names.ENGINE_GENERATED_TOKENS,
-    PROMPT: names.ENGINE_PROMPT_TOKENS,
-    REUSED: names.ENGINE_PROMPT_TOKENS_REUSED,
-    SEQUENCES: names.ENGINE_REQUESTS,
-    CANCELLED: names.ENGINE_CANCELLED,
-    STOPS: names.ENGINE_EDITOR_STOPS,
-    PAST_STOP: names.ENGINE_TOKENS_PAST_STOP,
-}
+ENGINE_COUNTERS = dict(zip(COUNTERS, (
+    names.ENGINE_GENERATED_TOKENS, names.ENGINE_PROMPT_TOKENS, names.ENGINE_PROMPT_TOKENS_REUSED,
+    names.ENGINE_REQUESTS, names.ENGINE_CANCELLED, names.ENGINE_EDITOR_STOPS,
+    names.ENGINE_TOKENS_PAST_STOP,
+), strict=True))  # fmt: skip
 IDLE_POLL_S = 0.05
+CACHING = re.compile(r'(key:\s*"prefix_caching"\s*value:\s*\{\s*string_value:\s*")([^"]*)(")')
+ENGINE_SAYS = re.compile(r"prefix cache (on|off)")
 
 
 @dataclass
 class System:
-    """One server under test. ``counters`` gives the named counters so far; ``busy`` how many
-    requests it still holds (None: unknown)."""
+    """One server under test: ``counters()`` so far, ``busy()`` requests held (None: unknown)."""
 
     label: str
     sender: Sender
@@ -53,33 +63,32 @@ class System:
     engine: bool = True  # the project's engine (its finished-sequences counter exists)
 
     def cpu_s(self) -> float:
-        """CPU seconds so far; NaN for a server this run did not start (no process to read)."""
+        """CPU seconds so far; NaN for a server this run did not start."""
         return tree_cpu_seconds(self.pids) if self.pids else float("nan")
 
-    def drain(self, timeout: float) -> bool:
-        """Wait until the server holds no request; whether it got there."""
+    def _poll(self, timeout: float, read: Callable[[], dict | None]) -> dict | None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError):
-                if not self.busy():
-                    return True
+                if (found := read()) is not None:
+                    return found
             time.sleep(IDLE_POLL_S)
-        return False
+        return None
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until the server holds no request; whether it got there."""
+        return self._poll(timeout, lambda: None if self.busy() else {}) is not None
 
     def settled(self, before: dict[str, float], limit_s: float) -> dict[str, float] | None:
         """The counters once the request sent after ``before`` was counted: the engine counts
-        a sequence's tokens when it finishes it (its sequences counter moves on), llama.cpp
-        when it releases the slot (nothing processing); None if not within ``limit_s``."""
-        deadline = time.monotonic() + limit_s
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                now = self.counters()
-                if self.engine and now[SEQUENCES] > before[SEQUENCES]:
-                    return now
-                if not self.engine and not self.busy():
-                    return now
-            time.sleep(IDLE_POLL_S)
-        return None
+        a sequence when it finishes it, llama.cpp when it frees the slot; None: not in time."""
+
+        def read() -> dict | None:
+            now = self.counters()
+            done = now[SEQUENCES] > before[SEQUENCES] if self.engine else not self.busy()
+            return now if done else None
+
+        return self._poll(limit_s, read)
 
 
 def triton_system(label: str, sender: Sender, metrics_url: str, pids: list[int]) -> System:
@@ -105,3 +114,99 @@ def llama_system(label: str, sender: Sender, metrics_url: str, pids: list[int]) 
         return int(read_snapshot(metrics_url).gauge(llama.PROCESSING) or 0)
 
     return System(label, sender, counters, busy, pids, engine=False)
+
+
+def set_caching(config: str, caching: bool) -> str:
+    """The engine's config.pbtxt text with ``prefix_caching`` set; refused unless the parameter
+    is there exactly once."""
+    found = CACHING.findall(config)
+    if len(found) != 1:
+        raise ValueError(
+            f"the engine config has {len(found)} prefix_caching parameters (expected one): "
+            "the comparison cannot turn the prefix cache on and off"
+        )
+    return CACHING.sub(lambda m: m[1] + ("true" if caching else "false") + m[3], config)
+
+
+def cache_repository(source: Path, dest: Path, caching: bool) -> Path:
+    """A copy of the model repository at ``dest`` (replaced) with the engine's ``prefix_caching``
+    set; the checkpoint is a link to the original."""
+    checkpoint = checkpoint_dir(Path(source).resolve())
+    if not (checkpoint / "config.json").exists():
+        raise SystemExit(f"no model at {checkpoint}: run `make model` first")
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(source, dest, ignore=shutil.ignore_patterns("checkpoint", "__pycache__"))
+    checkpoint_dir(dest).symlink_to(checkpoint, target_is_directory=True)
+    config = dest / ENGINE_MODEL / "config.pbtxt"
+    config.write_text(set_caching(config.read_text(), caching))
+    return dest
+
+
+def check_caching(log_file: Path, expected: bool) -> None:
+    """The engine logs "prefix cache on|off" as it loads: it must run the setting asked for."""
+    said = ENGINE_SAYS.findall(log_file.read_text(errors="replace")) if log_file.exists() else []
+    want = "on" if expected else "off"
+    if not said:
+        raise SystemExit(
+            f"the engine did not log whether its prefix cache is on ({log_file}): only the "
+            "openvino backend has one (backend auto on CPU); cannot compare cache on and off"
+        )
+    if said[-1] != want:
+        raise SystemExit(f"the engine says its prefix cache is {said[-1]}, expected {want}")
+
+
+def open_systems(
+    args: argparse.Namespace, endpoints: Endpoints, out: Path, copies: Path, stack: ExitStack
+) -> tuple[dict[str, System], dict[str, str]]:
+    """The systems this run measures, started (or found, for --no-compare) and ready, and
+    what each serves."""
+    stops = Stops(args.one_line, args.t_max_predict_ms)
+    plan = [(SINGLE, args.model_repository, endpoints, None)]
+    if args.compare:
+        plan = []
+        for label, caching in [(ON, True)] if args.peer else [(ON, True), (OFF, False)]:
+            http, grpc, metrics = free_ports(3)
+            half = Endpoints(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}",
+                             f"http://127.0.0.1:{metrics}/metrics")  # fmt: skip
+            repository = cache_repository(args.model_repository, copies / label, caching)
+            label = PROJECT if args.peer else label
+            (out / label).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(repository / ENGINE_MODEL / "config.pbtxt",
+                         out / label / "engine_config.pbtxt")  # fmt: skip
+            plan.append((label, repository, half, caching))
+    systems, servers = {}, {}
+    for label, repository, where, caching in plan:
+        log.info(f"--- {label}: starting the project's Triton ---")
+        target = OpenAITarget if args.protocol == "openai" else TARGETS["grpc"].server
+        server = stack.enter_context(target(where, repository, out / label))
+        triton = server.triton if isinstance(server, OpenAITarget) else server
+        if caching is not None:
+            if not triton.started:
+                raise SystemExit(f"a server already answered at {where.host}: not one of ours")
+            check_caching(out / label / "tritonserver.log", caching)
+        if not server.model_ready(STREAM_MODEL):
+            raise SystemExit(f"`{STREAM_MODEL}` is not ready at {where.host}")
+        processes = [triton.served.launcher if triton.started else None,
+                     getattr(server, "api", None)]  # fmt: skip
+        pids = [p.process.pid for p in processes if p is not None and p.process is not None]
+        address = where.grpc if args.protocol == "grpc" else server.users_url[len("http://") :]
+        sender = Sender(args.protocol, address, args.max_tokens, stops)
+        systems[label] = triton_system(label, sender, where.metrics_url, pids)
+        model = server.describe()
+        servers[label] = f"the project's Triton at {where.host}, engine {model.stage_parameters}"
+    if args.peer == "llama":
+        gguf = llama.checkpoint_gguf(checkpoint_dir(args.model_repository))
+        # one slot per typist: at the engine's batch (64 slots) llama-server answered none of
+        # the typists' requests before their next keystroke (docs/editor-load.md)
+        slots = args.peer_slots or args.typists
+        ctx = slots * (args.prompt_tokens + args.max_tokens + MARGIN_TOKENS)
+        port = free_ports(1)[0]
+        server = llama.LlamaServer(gguf, port, out / LLAMA / "llama-server.log", parallel=slots,
+                                   ctx_size=ctx, threads=args.peer_threads)  # fmt: skip
+        log.info(f"--- {LLAMA}: {gguf.name}, {slots} slots, context {ctx} ---")
+        stack.callback(server.stop)
+        server.start().wait_ready()
+        sender = Sender("llama", f"127.0.0.1:{port}", args.max_tokens, stops)
+        systems[LLAMA] = llama_system(LLAMA, sender, f"{server.url}/metrics", [server.process.pid])
+        servers[LLAMA] = f"llama-server {' '.join(server.command()[1:])}"
+    return systems, servers

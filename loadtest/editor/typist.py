@@ -1,17 +1,10 @@
 """Simulated typists: where in a real file a typist pauses, after how much typing, for how long.
 
-A typist opens a held-out source file at a random line and writes the stretch of code that
-follows it, as if that stretch were new: bursts of keystrokes (one character each; a newline
-takes the next line's indentation with it, as an editor's auto-indent does) at human intervals,
-each burst followed by a pause. An editor sends a completion when the typing pauses and
-abandons it at the next keystroke, so each :class:`Pause` is one request: sent at the pause's
-start with the text before the cursor (the prefix) and the file's text after the stretch (the
-suffix: what an editor has below the code being written, the same all visit long), and
-abandoned ``pause_s`` later unless answered by then.
-
-Everything here comes from a seeded ``random.Random``: the same seed gives the same schedule,
-which the tests check without a server. What is sent of the text (clipped to the model's
-context) is :mod:`loadtest.editor.window`'s concern.
+A typist opens a held-out source file at a line in its second half and writes the stretch that
+follows as if it were new: bursts of keystrokes (a newline takes the next line's indentation,
+as auto-indent does), each followed by a pause, one request each (sent with the text before the
+cursor and the file's text after the stretch, abandoned at the next keystroke). Seeded: the same
+seed gives the same schedule, which the tests check without a server.
 """
 
 from __future__ import annotations
@@ -21,23 +14,23 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+MIN_FILE_BYTES = 4096  # a file shorter than this cannot give a long prefix
+
 
 @dataclass(frozen=True)
 class TypingStyle:
-    """How fast and in what rhythm a typist types (seconds, keystrokes)."""
+    """How fast and in what rhythm a typist types (seconds, keystrokes; each uniform)."""
 
-    keystroke_s: tuple[float, float] = (0.06, 0.25)  # between keystrokes, uniform
-    burst: tuple[int, int] = (2, 12)  # keystrokes between pauses, uniform
-    pause_s: tuple[float, float] = (0.4, 2.5)  # a pause (a request's whole chance), uniform
+    keystroke_s: tuple[float, float] = (0.06, 0.25)  # between keystrokes
+    burst: tuple[int, int] = (2, 12)  # keystrokes between pauses
+    pause_s: tuple[float, float] = (0.4, 2.5)  # a pause: a request's whole chance
     pauses_per_file: int = 40  # then the typist opens another file
 
     def __post_init__(self) -> None:
         for name in ("keystroke_s", "burst", "pause_s"):
             low, high = getattr(self, name)
             if not 0 < low <= high:
-                raise ValueError(
-                    f"{name} must be (low, high) with 0 < low <= high, got {low, high}"
-                )
+                raise ValueError(f"{name} must be (low, high), 0 < low <= high: {low, high}")
         if self.pauses_per_file < 1:
             raise ValueError(f"pauses_per_file must be >= 1, got {self.pauses_per_file}")
 
@@ -58,9 +51,17 @@ class Pause:
     pause_s: float  # the next keystroke comes this long after the request is sent
 
 
+@dataclass(frozen=True)
+class Visit:
+    """One pause of one typist, with the file it is in."""
+
+    path: Path
+    text: str
+    pause: Pause
+
+
 def keystroke(text: str, cursor: int) -> int:
-    """The cursor after one keystroke: one character, or a newline and the indentation of the
-    line it opens (auto-indent)."""
+    """The cursor after one keystroke: one character, or a newline and its indentation."""
     if text[cursor] != "\n":
         return cursor + 1
     cursor += 1
@@ -75,26 +76,22 @@ def line_starts(text: str) -> list[int]:
     return [i + 1 for i, c in enumerate(text) if c == "\n" and i + 1 < len(text)]
 
 
-def pauses(text: str, rng: random.Random, style: TypingStyle) -> Iterator[Pause]:
-    """The pauses of one visit to ``text``: from a random line start in the file's second half
-    (so that the text before the cursor is long, as in a file being worked on), bursts and
-    pauses until the file ends or ``style.pauses_per_file`` pauses; every pause's suffix starts
-    where the last one's cursor is (the stretch typed is new code, not yet in the file)."""
-    visit = list(_typed(text, rng, style))
-    end = visit[-1][0] if visit else 0
-    for cursor, typing_s, keystrokes, pause_s in visit:
-        yield Pause(cursor, end, typing_s, keystrokes, pause_s)
+def read_text(path: Path) -> str | None:
+    """A source file's text; None when it cannot be read as UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
-def _typed(
-    text: str, rng: random.Random, style: TypingStyle
-) -> Iterator[tuple[int, float, int, float]]:
-    """(cursor, typing seconds, keystrokes, pause seconds) of each pause of one visit."""
-    starts = line_starts(text)
-    if not starts:
-        return
-    cursor = rng.choice(starts[len(starts) // 2 :])
-    for _ in range(style.pauses_per_file):
+def pauses(text: str, rng: random.Random, style: TypingStyle) -> list[Pause]:
+    """The pauses of one visit to ``text``: from a random line start in its second half (a long
+    prefix, as in a file being worked on), bursts and pauses until the file ends or
+    ``style.pauses_per_file``; every suffix starts at the last pause's cursor (the stretch
+    typed is new code)."""
+    starts, typed = line_starts(text), []
+    cursor = rng.choice(starts[len(starts) // 2 :]) if starts else len(text)
+    for _ in range(style.pauses_per_file if starts else 0):
         typing_s, keystrokes = 0.0, 0
         for _ in range(rng.randint(*style.burst)):
             if cursor >= len(text):
@@ -103,33 +100,14 @@ def _typed(
             typing_s += rng.uniform(*style.keystroke_s)
             keystrokes += 1
         if keystrokes == 0:
-            return  # the end of the file: nothing typed, no new request
-        yield cursor, typing_s, keystrokes, rng.uniform(*style.pause_s)
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-@dataclass(frozen=True)
-class Visit:
-    """One pause of one typist, with the file it is in."""
-
-    path: Path
-    text: str
-    pause: Pause
-
-
-MIN_FILE_BYTES = 4096  # a file shorter than this cannot give a long prefix
+            break  # the end of the file: nothing typed, no new request
+        typed.append((cursor, typing_s, keystrokes, rng.uniform(*style.pause_s)))
+    return [Pause(c, typed[-1][0], t, k, p) for c, t, k, p in typed]
 
 
 class Typist:
-    """One typist's endless walk through ``files``: a seeded order (each typist its own),
-    a random line in each, the pauses of :func:`pauses` there. Files of at least
-    ``min_bytes`` are typed when there are any (long prefixes are what editors send)."""
+    """One typist's endless walk through ``files``: a seeded order (each typist its own), a
+    random line in each, :func:`pauses` there; files of ``min_bytes`` or more when any."""
 
     def __init__(
         self,
@@ -141,10 +119,10 @@ class Typist:
     ) -> None:
         if not files:
             raise ValueError("a typist needs at least one source file")
-        self.index = index
         self.style = style or TypingStyle()
         self.rng = random.Random(seed * 1_000_003 + index)
-        self.files = [p for p in files if _size(p) >= min_bytes] or list(files)
+        long = [p for p in files if p.is_file() and p.stat().st_size >= min_bytes]
+        self.files = long or list(files)
         self.rng.shuffle(self.files)
 
     def visits(self) -> Iterator[Visit]:
@@ -152,10 +130,7 @@ class Typist:
         while True:
             typed = False
             for path in self.files:
-                try:
-                    text = path.read_text(encoding="utf-8")
-                except (OSError, UnicodeDecodeError):
-                    continue
+                text = read_text(path) or ""
                 for pause in pauses(text, self.rng, self.style):
                     typed = True
                     yield Visit(path, text, pause)

@@ -1,19 +1,14 @@
 """The typists as Locust users, run in windows, one system per window.
 
-A :class:`EditorTypist` walks its files as :class:`loadtest.editor.typist.Typist` schedules it:
-its keystrokes between two pauses are Locust's ``wait_time``, each pause is one task, a request
-read until it is answered or the pause ends, then abandoned (its stream closed, see
-:func:`loadtest.editor.drive.type_pause`). Every request is one Locust ``request`` event, with
-the editor's columns in its ``context``, recorded by :class:`reporting.events.EventLog`: the
-report is built from that table alone.
-
-:func:`run_windows` gives each window its system and its seconds; every system keeps its own
-typists' walks from window to window (the same seed, so each system is sent the same prompts
-in the same order), and the counters and CPU of the system are read around each window, after
-it drained.
+A typist's keystrokes between two pauses are its ``wait_time``; each pause is one task, a
+request read until answered or until the pause ends, then abandoned
+(:func:`loadtest.editor.drive.type_pause`), and one Locust ``request`` event with the editor's
+columns in its context, which :class:`reporting.events.EventLog` records. Each system keeps its
+own typists' walks from window to window (the same seed: the same prompts in the same order on
+every system), and its counters and CPU are read around each window, after it drained.
 
 Importing this module imports Locust, which monkey-patches the process with gevent: the command
-line imports it, the tests run it in a subprocess.
+line imports it first, the tests run it in a subprocess.
 """
 
 from __future__ import annotations
@@ -48,56 +43,41 @@ class Walk:
     """One typist's pauses on one system, kept from window to window."""
 
     visits: Iterator[Visit]
-    pending: Visit | None = None
     sent: int = 0
-
-    def next(self) -> Visit:
-        visit, self.pending = self.pending or next(self.visits), None
-        return visit
-
-
-@dataclass
-class Plan:
-    """What a window's typists share."""
-
-    system: System
-    clipper: Clipper
-    with_suffix: bool
-    walks: dict[int, Walk]
-    until: float  # monotonic: no request is sent after it
-    one_line: bool
-    origin: float = field(default_factory=time.monotonic)
-    numbers: Iterator[int] = field(default_factory=itertools.count)
 
 
 class EditorTypist(User):
-    """One simulated typist (see the module's docstring)."""
+    """One simulated typist; a window's subclass sets the class attributes."""
 
     abstract = True
-    plan: Plan
+    system: System
+    windows: Windows
+    walks: dict[int, Walk]
+    until: float  # monotonic: no request is sent after it
+    origin: float
+    numbers: Iterator[int]
 
     def on_start(self) -> None:
-        self.index = next(self.plan.numbers)
-        self.walk = self.plan.walks[self.index]
-        self.visit = self.walk.next()
+        self.index = next(self.numbers)
+        self.walk = self.walks[self.index]
+        self.visit = next(self.walk.visits)
         gevent.sleep(self.visit.pause.typing_s)  # the first burst of keystrokes
 
     def wait_time(self) -> float:
-        self.visit = self.walk.next()
+        self.visit = next(self.walk.visits)
         return self.visit.pause.typing_s  # the keystrokes before the next pause
 
     @task
     def pause(self) -> None:
-        plan = self.plan
-        if time.monotonic() >= plan.until:
-            self.walk.pending = self.visit  # the next window on this system starts here
+        if time.monotonic() >= self.until:  # the next window on this system starts here
+            self.walk.visits = itertools.chain([self.visit], self.walk.visits)
             raise StopUser()
-        wall = time.time()
-        seed = self.index * 1_000_003 + self.walk.sent
+        wall, seed = time.time(), self.index * 1_000_003 + self.walk.sent
         self.walk.sent += 1
-        record = type_pause(plan.system.sender, plan.clipper, plan.with_suffix, self.index,
-                            plan.origin, self.visit, seed)  # fmt: skip
-        event = request_event(record, plan.system.sender.protocol, plan.one_line, wall)
+        w = self.windows
+        record = type_pause(self.system.sender, w.clipper, w.with_suffix, self.index,
+                            self.origin, self.visit, seed)  # fmt: skip
+        event = request_event(record, self.system.sender.protocol, w.one_line, wall)
         self.environment.events.request.fire(**event)
 
 
@@ -116,23 +96,18 @@ class Windows:
     progress_every: float
     walks: dict[str, dict[int, Walk]] = field(default_factory=dict)
 
-    def _walks(self, system: str) -> dict[int, Walk]:
-        if system not in self.walks:
-            self.walks[system] = {
-                i: Walk(Typist(i, self.files, self.seed, self.style).visits())
-                for i in range(self.typists)
-            }
-        return self.walks[system]
-
     def run(self, system: System, number: int, seconds: float, problems: list[str]) -> dict:
         """One window of ``seconds`` on ``system``: its counters, CPU and drain around it."""
         if not system.drain(DRAIN_S):
             problems.append(f"{system.label} held requests before window {number}")
         self.events.stamp(system=system.label, window=number)
         before, cpu, began = system.counters(), system.cpu_s(), time.monotonic()
-        plan = Plan(system, self.clipper, self.with_suffix, self._walks(system.label),
-                    began + seconds, self.one_line, origin=began)  # fmt: skip
-        environment = Environment(user_classes=[type("Typist", (EditorTypist,), {"plan": plan})])
+        walks = self.walks.setdefault(system.label, {
+            i: Walk(Typist(i, self.files, self.seed, self.style).visits())
+            for i in range(self.typists)})  # fmt: skip
+        typist = type("Typist", (EditorTypist,), dict(system=system, windows=self, walks=walks,
+                      until=began + seconds, origin=began, numbers=itertools.count()))  # fmt: skip
+        environment = Environment(user_classes=[typist])
         self.events.attach(environment)
         runner = environment.create_local_runner()
         runner.start(self.typists, spawn_rate=100)
@@ -157,11 +132,10 @@ class Windows:
         rows = frame[frame["window"] == number]
         counts = rows["outcome"].value_counts()
         first = rows.loc[rows["outcome"] == "ok", "first_token_ms"].tail(100)
-        p50 = first.median() if len(first) else None
+        p50 = f"{first.median():.0f} ms" if len(first) else "-"
         return (
             f"editor {label} window {number} {elapsed:4.0f}/{seconds:.0f}s | {self.typists} "
             f"typists | answered {counts.get('ok', 0)} abandoned {counts.get('abandoned', 0)} "
-            f"errors {counts.get('error', 0)} | first token p50 "
-            + ("-" if p50 is None else f"{p50:.0f} ms")
+            f"errors {counts.get('error', 0)} | first token p50 {p50}"
             + ("" if self.with_suffix else " | PREFIX-ONLY")
         )

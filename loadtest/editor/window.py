@@ -1,19 +1,12 @@
 """What an editor sends of a file: the text before the cursor, clipped from the left to fit the
-model's context, and the text after it, clipped from the right to a share of that budget.
-
-Clipping counts tokens with the served checkpoint's own tokenizer (its ``tokenizer.json``), so
-the prefix is as long as the context allows and never over it: a prompt over the context would
-be refused, and a load test of refusals measures nothing. The cut falls on a token boundary;
-re-encoding a cut string can merge differently at the cut, which :data:`MARGIN_TOKENS` absorbs
-(as it does the few tokens a fill-in-the-middle prompt adds around the suffix).
+model's context (counted with the served checkpoint's own tokenizer: a prompt over the context
+would be refused, and a load test of refusals measures nothing), and the text after it, clipped
+from the right to a share of that budget.
 
 A prefix clipped to exactly the longest tail that fits starts one character later at every
-keystroke, so no two requests share a first token and a prefix cache can reuse nothing. With
-``anchor_chars`` the cut moves in steps instead, as an editor that wants its server's prefix
-cache to work keeps it: at the first line start at or after the next multiple of
-``anchor_chars`` past the exact cut, so requests typed at one place share the prefix's start
-until the cursor has moved a step on (the prefix is then shorter than the budget by less than a
-step and a line). ``anchor_chars=0`` is the exact tail.
+keystroke, so a prefix cache could reuse nothing. With ``anchor_chars`` the cut moves in steps,
+as a cache-aware editor keeps it: at the first line start at or after the next multiple of
+``anchor_chars`` past the exact cut. ``anchor_chars=0`` is the exact tail.
 """
 
 from __future__ import annotations
@@ -22,13 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-MARGIN_TOKENS = 8
+MARGIN_TOKENS = 8  # a cut string re-encoded may merge differently; FIM adds a few tokens
 CHARS_PER_TOKEN_MAX = 16  # read this many characters per budgeted token before counting
 
 
 class Encoder(Protocol):
-    """Token offsets of a text: ``(start, end)`` character spans, one per token."""
-
     def offsets(self, text: str) -> list[tuple[int, int]]: ...
 
 
