@@ -18,9 +18,11 @@ from loadtest.soak.checks import FAIL
 from loadtest.soak.server import Sample
 from reporting.charts import plt, save_figure, shade_phases
 from reporting.events import markdown
+from reporting.tables import templates
 
 KIND_COLUMNS = ["kind", "sent", "ok", "rejected", "abandoned", "unanswered", "unexpected",
                 "p50 s", "p99 s"]  # fmt: skip
+TEMPLATES = Path(__file__).with_name("report.md")
 COLORS = {"ramp": "#fff2cc", "soak": "#e2f0d9", "editor": "#e4dff2", "drain": "#deebf7",
           "drill": "#f8cbad"}  # fmt: skip
 
@@ -40,41 +42,27 @@ def failed(result: dict[str, Any]) -> list[str]:
 
 
 def render_report(result: dict[str, Any], frame: pd.DataFrame) -> str:
-    """report.md: the checks first, then the tables that back them."""
+    """report.md: the checks first, then the tables that back them (prose: report.md here)."""
     s, sat, rows = result["settings"], result["saturation"], checks.measured(frame)
-    case_table, errors = checks.cases(rows), checks.error_messages(rows)
+    case_table, errors, rss = checks.cases(rows), checks.error_messages(rows), result["rss"]
     check_table = pd.DataFrame([asdict(c) for c in result["checks"]])
-    lines = [
-        f"# Soak test {result['started_at']}", "",
-        f"Server: {result['server'].get('description', '?')}. Machine: {s['machine']}. "
-        f"Wall time {result['wall_s']:.0f} s.", "",
-        f"Load: {s['clients']} closed-loop clients (2 x saturation {sat['clients']}) for "
-        f"{s['duration']:.0f} s, {s['max_tokens']} tokens per valid request, deadline "
-        f"{s['deadline']:.0f} s.", "",
-        "## Checks", "", table(check_table.set_axis(["check", "result", "detail"], axis=1)), "",
-        "## Requests by kind (soak and editor phases)", "",
-        table(checks.kinds(rows)[KIND_COLUMNS], digits=2), "",
-        "p50/p99: latency of the accepted requests (for streams, to the last piece).", "",
-        "## Saturation", "", _saturation(sat), "",
-    ]  # fmt: skip
-    if not case_table.empty:
-        lines += ["## Invalid and hostile cases", "", table(case_table), ""]
-    rss = result["rss"]
-    lines += [
-        "## Error texts", "", table(errors) if not errors.empty else "None.", "",
-        "## Memory", "", rss.note if rss else result["rss_note"], "",
-        "## Editor phase", "", *_editor(result["editor"]), "",
-        "## Stalls", "",
-        "The longest time, per phase, with requests in flight and none answered in full or "
-        f"streaming its first text (bound: max({s['max_stall']} s, {checks.STALL_FACTOR} x "
-        "one request alone just before the phase), loadtest/soak/checks.py):", "",
-        *(f"- {checks.stall_line(stall)}" for stall in result["stalls"]), "",
-        "## Drain and engine", "",
-        *(f"- {k}: {v}" for k, v in {**result["drain"], **result["engine"]}.items()), "",
-        "## Stub-kill drill", "", *_drill(result["drill"]), "",
-        "![RSS and latency over time](soak.png)", "",
-    ]  # fmt: skip
-    return "\n".join(lines)
+    drain = {**result["drain"], **result["engine"]}
+    return templates(TEMPLATES)["report"].substitute(
+        started_at=result["started_at"], server=result["server"].get("description", "?"),
+        machine=s["machine"], wall=f"{result['wall_s']:.0f}", clients=s["clients"],
+        saturation=sat["clients"], duration=f"{s['duration']:.0f}", max_tokens=s["max_tokens"],
+        deadline=f"{s['deadline']:.0f}", max_stall=s["max_stall"],
+        stall_factor=checks.STALL_FACTOR,
+        checks=table(check_table.set_axis(["check", "result", "detail"], axis=1)),
+        kinds=table(checks.kinds(rows)[KIND_COLUMNS], digits=2), ramp=_saturation(sat),
+        cases="" if case_table.empty else f"## Invalid and hostile cases\n\n{table(case_table)}"
+        "\n\n",
+        errors=table(errors) if not errors.empty else "None.",
+        memory=rss.note if rss else result["rss_note"], editor=_editor(result["editor"]),
+        stalls="\n".join(f"- {checks.stall_line(stall)}" for stall in result["stalls"]),
+        drain="\n".join(f"- {k}: {v}" for k, v in drain.items()),
+        drill="\n".join(_drill(result["drill"])),
+    ) + "\n"  # fmt: skip
 
 
 def _saturation(sat: dict[str, Any]) -> str:
@@ -85,29 +73,18 @@ def _saturation(sat: dict[str, Any]) -> str:
     return table(steps, digits=2) + "\n\n" + sat["note"]
 
 
-def _editor(editor: dict[str, Any]) -> list[str]:
+def _editor(editor: dict[str, Any]) -> str:
     """The editor phase: what the typists did (loadtest.soak.users.editor_phase)."""
     if not editor.get("done"):
-        return [str(editor.get("error") or editor.get("note") or "not run")]
+        return str(editor.get("error") or editor.get("note") or "not run")
     f, suffix = editor["figures"], editor["suffix"]
-
-    def ms(key: str) -> str:
-        return f"{f[key] or 0:.0f}"
-
     refused = not suffix["send"] and suffix["requested"]
-    return [*([f"**{suffix['note']}**", ""] if refused else []),
-        f"{editor['typists']} typists for {editor['duration_s']:.0f} s through the OpenAI API "
-        f"(SSE), {editor['max_tokens']} tokens per completion, prompts up to "
-        f"{editor['prompt_budget_tokens']} tokens; each request abandoned at the next keystroke.",
-        "",
-        f"- requests {f['requests']}: answered {f['answered']}, abandoned {f['abandoned']}, "
-        f"errors {f['errors']}",
-        f"- first token p50 / p95 (answered): {ms('first_token_p50_ms')} / "
-        f"{ms('first_token_p95_ms')} ms; latency p50 / p95: {ms('latency_p50_ms')} / "
-        f"{ms('latency_p95_ms')} ms",
-        f"- prompt tokens sent per request: {f['prompt_tokens_sent'] or 0:.0f}",
-        f"- suffix: {suffix['note']}",
-    ]  # fmt: skip
+    return templates(TEMPLATES)["editor"].substitute(
+        {k: f"{v or 0:.0f}" for k, v in f.items()}, typists=editor["typists"],
+        duration=f"{editor['duration_s']:.0f}", max_tokens=editor["max_tokens"],
+        budget=editor["prompt_budget_tokens"], suffix=suffix["note"],
+        refused=f"**{suffix['note']}**\n\n" if refused else "",
+    )  # fmt: skip
 
 
 def _drill(drill: dict[str, Any]) -> list[str]:
