@@ -1,21 +1,11 @@
-"""``make soak``: a bounded load and fault test of the served ensemble on this machine, on Locust.
+"""``make soak``: a bounded load and fault test of the served ensemble on this machine, on Locust
+(``python -m loadtest.soak --host 127.0.0.1:8000 --duration 120``; docs/soak.md).
 
-    python -m loadtest.soak --host 127.0.0.1:8000 --duration 120
-
-1. Finds a ready Triton at ``--host`` or starts one through the launcher; traffic only ever
-   goes to 127.0.0.1.
-2. The phases are the stages of a Locust load shape (:mod:`loadtest.soak.plan`): a ramp of
-   closed-loop unary clients (1, 2, 4, ...) until throughput stops rising (or
-   ``--saturation N``); the soak, twice that many :class:`~loadtest.soak.users.SoakUser` s for
-   ``--duration`` seconds, each sending the mix (:mod:`loadtest.soak.cases`); the editor
-   phase (the editor profile's Locust typists through the OpenAI API); the drain, until the
-   engine is idle. Every request is a Locust request event, one row of the event table
-   (:class:`reporting.events.EventLog`, ``events.csv``) the report is built from.
-3. The stub-kill drill (:mod:`loadtest.soak.drill`), on a server the soak started only.
-
-Writes ``loadtest/results/soak-<time>/`` (events.csv, summary.json, report.md, soak.png,
-samples.csv, Locust's reports, the server log when it started one) and exits 1 when a check
-fails, 2 when it could not run.
+Finds or starts Triton (traffic only ever goes to 127.0.0.1), runs the phases as the stages of
+a Locust load shape (:mod:`loadtest.soak.plan`: ramp, soak, editor phase, drain), then the
+stub-kill drill on a server it started; every request is a row of the event table
+(``events.csv``) the checks and the run folder are built from. Exits 1 when a check fails, 2
+when it could not run.
 """
 
 from __future__ import annotations
