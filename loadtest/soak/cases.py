@@ -11,6 +11,7 @@ the error text alone, so it is tested on real Triton strings without a server
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,56 +26,30 @@ Tensors = dict[str, np.ndarray]
 # --- outcomes ------------------------------------------------------------------------------
 
 OK, REJECTED, ABANDONED, UNANSWERED = "ok", "rejected", "abandoned", "unanswered"
-
-# Error categories, most specific first (classify_error tries them in this order).
-CANCELLED = "cancelled"
-QUEUE_FULL = "queue_full"
-TIMEOUT = "timeout"
-UNAVAILABLE = "unavailable"
-VALIDATION = "validation"
-UNCLEAR = "unclear"
+# Error categories; classify_error tries them in _PATTERNS' order, most specific first.
+CANCELLED, QUEUE_FULL, TIMEOUT = "cancelled", "queue_full", "timeout"
+UNAVAILABLE, VALIDATION, UNCLEAR = "unavailable", "validation", "unclear"
 CATEGORIES = (VALIDATION, QUEUE_FULL, TIMEOUT, CANCELLED, UNAVAILABLE, UNCLEAR)
 
 # Option and input names a validation message may name (longest first: "runtime_top_p" before
 # "top_p"); the model-stage names appear in the engine's own messages.
-OPTION_NAMES = tuple(
-    sorted(
-        {*INPUT_SPECS, "request_output_len", "input_lengths", "max_tokens", "prompt"},
-        key=len,
-        reverse=True,
-    )
-)
+OPTION_NAMES = tuple(sorted({*INPUT_SPECS, "request_output_len", "input_lengths", "max_tokens",
+                             "prompt"}, key=len, reverse=True))  # fmt: skip
 
-_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+_PATTERNS = {category: re.compile(pattern, re.IGNORECASE) for category, pattern in (
     # A python-backend stub that died, a model or server that is gone: the drill's answers.
-    (
-        UNAVAILABLE,
-        re.compile(
-            r"stub process|not healthy|unavailable|connection refused|failed to connect|"
-            r"socket closed|connection reset|broken pipe|is not ready|unknown model|"
-            r"no available version|server is (shutting down|stopping)|remotedisconnected|"
-            r"connection ?closed|"
-            r"connection aborted|eof occurred|stub.*(died|exited|unhealthy)",
-            re.IGNORECASE,
-        ),
-    ),
-    (CANCELLED, re.compile(r"cancel", re.IGNORECASE)),
-    (QUEUE_FULL, re.compile(r"exceeds maximum queue size|queue (is )?full", re.IGNORECASE)),
-    (
-        TIMEOUT,
-        re.compile(r"timeout expired|deadline exceeded|timed out|time ?out", re.IGNORECASE),
-    ),
-    (
-        VALIDATION,
-        re.compile(
-            r"must be|over the limit|not valid utf-8|exceeds the model's context|"
-            r"is not supported|empty prompt|prompt is empty|is required|invalid token|"
-            r"outside the vocabulary|not one csv row|unexpected (shape|datatype)|"
-            r"expected .* (shape|datatype)",
-            re.IGNORECASE,
-        ),
-    ),
-)
+    (UNAVAILABLE, r"stub process|not healthy|unavailable|connection refused|failed to connect|"
+     r"socket closed|connection reset|broken pipe|is not ready|unknown model|"
+     r"no available version|server is (shutting down|stopping)|remotedisconnected|"
+     r"connection ?closed|connection aborted|eof occurred|stub.*(died|exited|unhealthy)"),
+    (CANCELLED, r"cancel"),
+    (QUEUE_FULL, r"exceeds maximum queue size|queue (is )?full"),
+    (TIMEOUT, r"timeout expired|deadline exceeded|timed out|time ?out"),
+    (VALIDATION, r"must be|over the limit|not valid utf-8|exceeds the model's context|"
+     r"is not supported|empty prompt|prompt is empty|is required|invalid token|"
+     r"outside the vocabulary|not one csv row|unexpected (shape|datatype)|"
+     r"expected .* (shape|datatype)"),
+)}  # fmt: skip
 
 
 def classify_error(message: str) -> str:
@@ -83,54 +58,37 @@ def classify_error(message: str) -> str:
     Validation wins only when nothing says the server or the request's lifetime was the cause,
     so that "Stub process 'gptj_0_0' is not healthy" is never mistaken for a bad option.
     """
-    for category, pattern in _PATTERNS:
+    for category, pattern in _PATTERNS.items():
         if pattern.search(message):
             return category
-    if named_option(message):
-        return VALIDATION
-    return UNCLEAR
+    return VALIDATION if named_option(message) else UNCLEAR
 
 
 def named_option(message: str) -> str | None:
     """The first option or input name the message mentions (None when it names none)."""
-    for name in OPTION_NAMES:
-        if re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message):
-            return name
-    return None
+    return next((name for name in OPTION_NAMES
+                 if re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message)),
+                None)  # fmt: skip
 
 
 def names_any(message: str, keywords: tuple[str, ...]) -> bool:
     """Whether a rejection names one of what the case expects (case-insensitive)."""
-    lowered = message.lower()
-    return any(k.lower() in lowered for k in keywords)
+    return any(k.lower() in message.lower() for k in keywords)
 
 
 # --- the mix -------------------------------------------------------------------------------
 
-UNARY_GRPC = "unary_grpc"
-UNARY_HTTP = "unary_http"
-STREAM = "stream"
-VANISH_STREAM = "vanish_stream"
-VANISH_UNARY = "vanish_unary"
-INVALID = "invalid"
-HOSTILE = "hostile"
+UNARY_GRPC, UNARY_HTTP, STREAM = "unary_grpc", "unary_http", "stream"
+VANISH_STREAM, VANISH_UNARY = "vanish_stream", "vanish_unary"
+INVALID, HOSTILE = "invalid", "hostile"
 KINDS = (UNARY_GRPC, UNARY_HTTP, STREAM, VANISH_STREAM, VANISH_UNARY, INVALID, HOSTILE)
 VALID_KINDS = (UNARY_GRPC, UNARY_HTTP, STREAM)
 VANISH_KINDS = (VANISH_STREAM, VANISH_UNARY)
-# Not in the mix: the editor phase's typists (loadtest.soak.editor_phase), which stream through the
+# Not in the mix: the editor phase's typists (loadtest.soak.users), which stream through the
 # OpenAI API and abandon each request at their next keystroke.
 EDITOR = "editor"
 ALL_KINDS = (*KINDS, EDITOR)
-
-DEFAULT_MIX: dict[str, int] = {
-    UNARY_GRPC: 25,
-    UNARY_HTTP: 20,
-    STREAM: 15,
-    VANISH_STREAM: 10,
-    VANISH_UNARY: 10,
-    INVALID: 12,
-    HOSTILE: 8,
-}
+DEFAULT_MIX = dict(zip(KINDS, (25, 20, 15, 10, 10, 12, 8), strict=True))
 
 
 def parse_mix(text: str) -> dict[str, int]:
@@ -141,14 +99,9 @@ def parse_mix(text: str) -> dict[str, int]:
         kind, _, weight = part.partition("=")
         if kind not in mix:
             raise ValueError(f"unknown kind {kind!r} in --mix; kinds: {', '.join(KINDS)}")
-        try:
-            mix[kind] = int(weight)
-        except ValueError:
-            raise ValueError(
-                f"--mix weight for {kind} must be an integer, got {weight!r}"
-            ) from None
-        if mix[kind] < 0:
-            raise ValueError(f"--mix weight for {kind} must be >= 0, got {mix[kind]}")
+        if not weight.strip().isdigit():
+            raise ValueError(f"--mix weight for {kind} must be an integer >= 0, got {weight!r}")
+        mix[kind] = int(weight)
     if not any(mix.values()):
         raise ValueError("--mix gives every kind weight 0: nothing to send")
     return mix
@@ -157,7 +110,8 @@ def parse_mix(text: str) -> dict[str, int]:
 class Schedule:
     """The order kinds are sent in: smooth weighted round robin, so any stretch of requests
     has the mix's proportions and every kind with a weight comes up within one cycle, even in
-    a run of a few seconds. Not thread-safe: the soak calls it under its ledger's lock."""
+    a run of a few seconds. Not thread-safe: Locust's greenlets call it, which never preempt
+    one another inside it."""
 
     def __init__(self, mix: dict[str, int]) -> None:
         self.weights = {k: w for k, w in mix.items() if w > 0}
@@ -281,16 +235,12 @@ class Rotation:
     transport in turn."""
 
     def __init__(self) -> None:
-        self.count: dict[str, int] = {}
+        self.count: Counter[str] = Counter()
 
     def next(self, kind: str) -> tuple[str, str]:
-        cases, transports = (
-            (INVALID_CASES, INVALID_TRANSPORTS)
-            if kind == INVALID
-            else (HOSTILE_CASES, HOSTILE_TRANSPORTS)
-        )
-        n = self.count.get(kind, 0)
-        self.count[kind] = n + 1
+        cases = INVALID_CASES if kind == INVALID else HOSTILE_CASES
+        transports = INVALID_TRANSPORTS if kind == INVALID else HOSTILE_TRANSPORTS
+        n, self.count[kind] = self.count[kind], self.count[kind] + 1
         return cases[n % len(cases)].name, transports[(n // len(cases)) % len(transports)]
 
 

@@ -1,16 +1,10 @@
 """The soak's figures and checks, drawn from the request-event table (one row per request, as
-:class:`reporting.events.EventLog` keeps it; the soak's columns: ``status``, ``category``,
-``case``, ``transport``, ``expected``). Pure: ``tests/test_soak.py`` checks them on tables
-built by hand.
+:class:`reporting.events.EventLog` keeps it, labelled by :func:`soak_rows`). Pure:
+``tests/test_soak.py`` checks them on tables built by hand.
 
-The stall check: an earlier soak froze for over 100 s with 64 requests in flight before
-Triton's queue timeouts released them; the accounting saw it only as timeouts afterwards. The
-stall is the longest time with requests in flight and none progressing (answered in full, or a
-stream's first text); time counts only while something is in flight. Its bound is
-``--max-stall`` (5 s), raised on a machine too slow to meet it to :data:`STALL_FACTOR` times
-what one request alone takes there just before the phase: a healthy server's longest gap stays
-within a few lone-request times, and a check a slow machine fails by construction would say
-nothing about the server.
+The stall check: the longest time with requests in flight and none progressing (answered in
+full, or a stream's first text), within ``--max-stall`` or :data:`STALL_FACTOR` times one
+request alone on this machine, whichever is longer (why: docs/soak.md).
 """
 
 from __future__ import annotations
@@ -20,6 +14,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -28,14 +23,19 @@ from loadtest.soak.cases import (
     ALL_KINDS,
     CASES,
     CATEGORIES,
+    EDITOR,
     INVALID,
     OK,
     REJECTED,
     UNANSWERED,
     UNCLEAR,
     VALID_KINDS,
+    classify_error,
+    judge,
     must_get,
 )
+from reporting.events import summarize
+from reporting.triton import EngineState
 
 PASS, FAIL, WARN, SKIP = "PASS", "FAIL", "WARN", "SKIP"
 STALL_FACTOR = 8
@@ -50,73 +50,69 @@ class Check:
 
 # --- the accounting ------------------------------------------------------------------------
 
-
-SOAK_COLUMNS = ("status", "category", "case", "transport", "expected")
+MEASURED = ("soak", "editor")  # the phases the accounting covers
+TYPISTS = "openai"  # the kind the editor profile's typists fire (loadtest.editor.figures)
 
 
 def soak_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """The event table with the soak's own columns, present even when no row has them."""
-    return frame.assign(**{c: "" for c in SOAK_COLUMNS if c not in frame}).fillna(
-        {c: "" for c in ("category", "case", "error")}
-    )
+    """The event table with the soak's columns on every row: the typists' rows as kind
+    ``editor`` (answered, abandoned, or rejected with their error's category), and whether
+    each request ended as it must (``expected``, :func:`judge`)."""
+    own = ("status", "category", "case", "transport", "error")
+    f = frame.assign(**{c: "" for c in own if c not in frame}).fillna(dict.fromkeys(own, ""))
+    typed = f["kind"] == TYPISTS
+    f.loc[typed, "kind"], f.loc[typed, "transport"] = EDITOR, "openai-sse"
+    f.loc[typed, "status"] = f.loc[typed, "outcome"].map({"ok": OK, "abandoned": ABANDONED})
+    f.loc[typed & (f["outcome"] == "error"), "status"] = REJECTED
+    failed = typed & (f["status"] == REJECTED)
+    f.loc[failed, "category"] = f.loc[failed, "error"].map(classify_error)
+    columns = ("kind", "case", "status", "category", "error")
+    f["expected"] = [judge(*row) for row in zip(*(f[c] for c in columns), strict=True)]
+    return f
 
 
-def _expected(frame: pd.DataFrame) -> pd.Series:
-    return frame["expected"].astype(str).str.lower().isin(("true", "1"))
+def measured(frame: pd.DataFrame) -> pd.DataFrame:
+    """The labelled rows (:func:`soak_rows`) of the phases the accounting covers."""
+    return soak_rows(frame[frame["window"].isin(MEASURED)])
 
 
 def kinds(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per kind of client, then ``all``: sent, ok, rejected by category, abandoned,
     unanswered, unexpected (ended otherwise than it must), p50/p99 latency of the ok ones."""
     order = {kind: i for i, kind in enumerate(ALL_KINDS)}
-    rows = []
     groups = sorted(frame.groupby("kind"), key=lambda g: order.get(g[0], len(order)))
+    rows = []
     for kind, group in [*groups, ("all", frame)]:
+        status = group["status"].value_counts()
+        rejected = group.loc[group["status"] == REJECTED, "category"].value_counts()
         ok = pd.to_numeric(group.loc[group["status"] == OK, "latency_ms"]) / 1000
-        rejected = Counter(group.loc[group["status"] == REJECTED, "category"])
-        rows.append(
-            {
-                "kind": kind,
-                "sent": len(group),
-                "ok": int((group["status"] == OK).sum()),
-                "rejected": ", ".join(f"{c} {rejected[c]}" for c in CATEGORIES if rejected[c])
-                or "0",
-                "rejected_n": sum(rejected.values()),
-                "abandoned": int((group["status"] == ABANDONED).sum()),
-                "unanswered": int((group["status"] == UNANSWERED).sum()),
-                "unclear": rejected[UNCLEAR],
-                "unexpected": int((~_expected(group)).sum()),
-                "p50 s": ok.quantile(0.5) if len(ok) and kind != "all" else None,
-                "p99 s": ok.quantile(0.99) if len(ok) and kind != "all" else None,
-            }
-        )
+        p50, p99 = ok.quantile([0.5, 0.99]) if len(ok) and kind != "all" else (None, None)
+        rows.append({
+            "kind": kind, "sent": len(group), "ok": int(status.get(OK, 0)),
+            "rejected": ", ".join(f"{c} {rejected[c]}" for c in CATEGORIES if c in rejected)
+            or "0",
+            "rejected_n": int(status.get(REJECTED, 0)),
+            "abandoned": int(status.get(ABANDONED, 0)),
+            "unanswered": int(status.get(UNANSWERED, 0)),
+            "unclear": int(rejected.get(UNCLEAR, 0)),
+            "unexpected": int((~group["expected"].astype(bool)).sum()), "p50 s": p50, "p99 s": p99,
+        })  # fmt: skip
     return pd.DataFrame(rows)
 
 
 def cases(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per invalid or hostile case sent: what it must get, what it got, one message
     (a wrong end's first)."""
-    rows = []
-    sent = frame[frame["case"].fillna("") != ""]
+    rows, sent = [], frame[frame["case"] != ""]
     for name in (n for n in CASES if n in set(sent["case"])):
         group = sent[sent["case"] == name]
-        outcomes = Counter(
-            s if s != REJECTED else f"{s}/{c}"
-            for s, c in zip(group["status"], group["category"], strict=True)
-        )
-        ordered = pd.concat([group[~_expected(group)], group])
-        messages = [m for m in ordered["error"] if m]
-        rows.append(
-            {
-                "case": name,
-                "kind": group["kind"].iloc[0],
-                "sent": len(group),
-                "must be": must_get(CASES[name]),
-                "as expected": int(_expected(group).sum()),
-                "outcomes": ", ".join(f"{k} {v}" for k, v in outcomes.items()),
-                "message": messages[0][:160] if messages else "",
-            }
-        )
+        ends = zip(group["status"], group["category"], strict=True)
+        outcomes = Counter(s if s != REJECTED else f"{s}/{c}" for s, c in ends)
+        messages = [m for m in pd.concat([group[~group["expected"]], group])["error"] if m]
+        rows.append({"case": name, "kind": group["kind"].iloc[0], "sent": len(group),
+                     "must be": must_get(CASES[name]), "as expected": int(group["expected"].sum()),
+                     "outcomes": ", ".join(f"{k} {v}" for k, v in outcomes.items()),
+                     "message": messages[0][:160] if messages else ""})  # fmt: skip
     return pd.DataFrame(rows, columns=["case", "kind", "sent", "must be", "as expected",
                                        "outcomes", "message"])  # fmt: skip
 
@@ -140,35 +136,21 @@ def error_messages(frame: pd.DataFrame, limit: int = 30) -> pd.DataFrame:
 def accounting_checks(table: pd.DataFrame, sent: int, ended: int) -> list[Check]:
     """The checks every soak makes on its own books (``table``: :func:`kinds` of the measured
     phases; ``sent``: how many requests the clients began, ``ended``: rows they left)."""
-    total = table.iloc[-1]
+    total, valid = table.iloc[-1], table[table["kind"].isin(VALID_KINDS)]
     ends = total["ok"] + total["rejected_n"] + total["abandoned"] + total["unanswered"]
-    valid = table[table["kind"].isin(VALID_KINDS)]
-    unclear = total["unclear"]
     return [
-        Check(
-            "every request accounted for",
-            PASS if sent == ended and total["sent"] == ends else FAIL,
-            f"sent {sent}, ended {ended}; measured {total['sent']} = ok {total['ok']} + rejected "
-            f"{total['rejected_n']} + abandoned {total['abandoned']} + unanswered "
-            f"{total['unanswered']}",
-        ),
-        Check(
-            "nothing unanswered",
-            PASS if total["unanswered"] == 0 else FAIL,
-            f"{total['unanswered']} request(s) had no answer within the deadline",
-        ),
-        Check(
-            "valid requests answered",
-            PASS if valid["unexpected"].sum() == 0 else FAIL,
-            f"{valid['ok'].sum()} of {valid['sent'].sum()} answered; "
-            f"{valid['unexpected'].sum()} refused for something other than overload",
-        ),
-        Check(
-            "every error classified",
-            PASS if not unclear else WARN,
-            f"{unclear} error text(s) matched no category (see the error list)",
-        ),
-    ]
+        Check("every request accounted for", PASS if sent == ended and total["sent"] == ends
+              else FAIL, f"sent {sent}, ended {ended}; measured {total['sent']} = ok "
+              f"{total['ok']} + rejected {total['rejected_n']} + abandoned {total['abandoned']} "
+              f"+ unanswered {total['unanswered']}"),
+        Check("nothing unanswered", PASS if total["unanswered"] == 0 else FAIL,
+              f"{total['unanswered']} request(s) had no answer within the deadline"),
+        Check("valid requests answered", PASS if valid["unexpected"].sum() == 0 else FAIL,
+              f"{valid['ok'].sum()} of {valid['sent'].sum()} answered; "
+              f"{valid['unexpected'].sum()} refused for something other than overload"),
+        Check("every error classified", PASS if not total["unclear"] else WARN,
+              f"{total['unclear']} error text(s) matched no category (see the error list)"),
+    ]  # fmt: skip
 
 
 def case_check(table: pd.DataFrame, kind: str) -> Check:
@@ -176,17 +158,65 @@ def case_check(table: pd.DataFrame, kind: str) -> Check:
     if group.empty:
         return Check(f"{kind} requests", SKIP, "none sent (the mix gives them no weight)")
     wrong = list(group.loc[group["as expected"] != group["sent"], "case"])
-    what = (
-        "rejected naming the option"
-        if kind == INVALID
-        else "rejected naming the option, or answered when legal"
-    )
-    return Check(
-        f"{kind} requests {what}",
-        PASS if not wrong else FAIL,
-        f"{group['sent'].sum()} sent over {len(group)} cases"
-        + (f"; wrong: {', '.join(wrong)}" if wrong else ""),
-    )
+    what = "" if kind == INVALID else ", or answered when legal"
+    return Check(f"{kind} requests rejected naming the option{what}", FAIL if wrong else PASS,
+                 f"{group['sent'].sum()} sent over {len(group)} cases"
+                 + (f"; wrong: {', '.join(wrong)}" if wrong else ""))  # fmt: skip
+
+
+def server_checks(ready: str, idle: EngineState | None, after: EngineState | None,
+                  drain_s: float) -> list[Check]:  # fmt: skip
+    """Ready after the soak, the engine idle after the drain, its KV cache back to idle."""
+    running, pending = (after.running, after.pending) if after else ("?", "?")
+    found = [
+        Check("server ready after the soak", PASS if ready == "200" else FAIL,
+              f"/v2/health/ready answered {ready}"),
+        Check("engine idle after the drain", PASS if after and after.running == 0
+              and not after.pending else FAIL,
+              f"running sequences {running}, pending requests {pending} after {drain_s:.1f}s"),
+    ]  # fmt: skip
+    if after is None or after.kv_cache_bytes is None:
+        kv = Check("KV cache back to idle", SKIP, "not exported (codegen_engine_kv_cache_bytes)")
+    else:
+        base = idle.kv_cache_bytes if idle and idle.kv_cache_bytes is not None else 0.0
+        kv = Check("KV cache back to idle", PASS if after.kv_cache_bytes <= base * 1.01 + 2**20
+                   else WARN, f"{after.kv_cache_bytes / 2**20:.1f} MiB after the drain vs "
+                   f"{base / 2**20:.1f} MiB idle")  # fmt: skip
+    return [*found, kv]
+
+
+EDITOR_FIGURES = ("first_token_p50_ms", "first_token_p95_ms", "latency_p50_ms", "latency_p95_ms")
+
+
+def editor_figures(rows: pd.DataFrame) -> dict[str, Any]:
+    """The editor phase's counts, prompt size and percentiles (:func:`summarize`)."""
+    found = summarize(rows, by=["kind"]).iloc[0] if len(rows) else pd.Series(dtype=float)
+    prompt = rows.reindex(columns=["prefix_tokens", "suffix_tokens"]).apply(pd.to_numeric)
+    status = rows["status"].value_counts()
+    answered, abandoned = int(status.get(OK, 0)), int(status.get(ABANDONED, 0))
+    return {
+        "requests": len(rows), "answered": answered, "abandoned": abandoned,
+        "errors": len(rows) - answered - abandoned,
+        "prompt_tokens_sent": float(prompt.sum(axis=1).mean()) if len(rows) else None,
+        **{k: None if pd.isna(found.get(k)) else float(found[k]) for k in EDITOR_FIGURES},
+    }  # fmt: skip
+
+
+def editor_check(phase: dict[str, Any]) -> Check:
+    """The editor phase ran, and its requests were answered or abandoned: none failed."""
+    name = "editor requests answered or abandoned"
+    if not phase.get("done"):
+        if "error" in phase:
+            return Check(name, FAIL, f"the editor phase could not start: {phase['error']}")
+        return Check(name, SKIP, str(phase.get("note", "not run")))
+    f, problems = phase["figures"], list(phase["typist_failures"])
+    if phase["stuck_typists"]:
+        problems.append(f"{phase['stuck_typists']} typist(s) stuck")
+    suffix = "" if phase["suffix"]["send"] else " (PREFIX-ONLY: the server refused the suffix)"
+    return Check(name, PASS if f["errors"] == 0 and not problems else FAIL,
+                 f"{f['requests']} sent: {f['answered']} answered, {f['abandoned']} abandoned, "
+                 f"{f['errors']} failed; first token p50 {f['first_token_p50_ms'] or 0:.0f} ms"
+                 + suffix + ("; " + "; ".join(problems) if problems else ""))  # fmt: skip
 
 
 # --- stalls --------------------------------------------------------------------------------
@@ -211,33 +241,23 @@ def stall_bound(max_stall_s: float, reference_s: float | None) -> float:
     return max_stall_s if reference_s is None else max(max_stall_s, STALL_FACTOR * reference_s)
 
 
-def longest_stall(
-    phase: str,
-    rows: pd.DataFrame,
-    begin: float,
-    end: float,
-    max_stall_s: float = 5.0,
-    reference_s: float | None = None,
-) -> Stall:
+def longest_stall(phase: str, rows: pd.DataFrame, begin: float, end: float,
+                  max_stall_s: float = 5.0, reference_s: float | None = None) -> Stall:  # fmt: skip
     """The longest interval in [begin, end] between two progress events (or a phase edge),
     counting only the time during which at least one request was in flight: a pause with
     nothing sent (typists typing) is no stall, a server that answers nothing while requests
     wait is. An unanswered request is in flight to the phase's end."""
+    bound = round(stall_bound(max_stall_s, reference_s), 2)
+    reference = None if reference_s is None else round(reference_s, 3)
     if rows.empty:
-        return Stall(phase, 0.0, None, 0, reference_s, stall_bound(max_stall_s, reference_s))
-    started = pd.to_numeric(rows["started_s"]).tolist()
-    latency = (pd.to_numeric(rows["latency_ms"]) / 1000).tolist()
-    first = (pd.to_numeric(rows["first_token_ms"]) / 1000).tolist()
-    status = rows["status"].tolist()
-    spans, events = [], []
-    for t, lat, ft, st in zip(started, latency, first, status, strict=True):
-        spans.append((t, end if st == UNANSWERED else t + lat))
-        if st == OK:
-            events.append(t + lat)
-        elif ft == ft and ft is not None:  # not NaN: a stream's first text
-            events.append(t + ft)
+        return Stall(phase, 0.0, None, 0, reference, bound)
+    started = pd.to_numeric(rows["started_s"])
+    ended = started + pd.to_numeric(rows["latency_ms"]) / 1000
+    ended[rows["status"] == UNANSWERED] = end
+    first = started + pd.to_numeric(rows["first_token_ms"]) / 1000  # a stream's first text
+    progress = ended.where(rows["status"] == OK, first).dropna()
     merged: list[list[float]] = []
-    for lo, hi in sorted(spans):
+    for lo, hi in sorted(zip(started, ended, strict=True)):
         if merged and lo <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], hi)
         else:
@@ -246,43 +266,30 @@ def longest_stall(
     def busy(a: float, b: float) -> float:
         return sum(max(0.0, min(b, hi) - max(a, lo)) for lo, hi in merged if lo < b and hi > a)
 
-    inside = sorted(t for t in events if begin <= t <= end)
+    inside = sorted(t for t in progress if begin <= t <= end)
     best, at, until = 0.0, None, None
     for a, b in itertools.pairwise([begin, *inside, end]):
         if (length := busy(a, b)) > best:
-            best, at, until = length, a, b
-    return Stall(
-        phase,
-        round(best, 2),
-        None if at is None else round(at, 2),
-        len(inside),
-        None if reference_s is None else round(reference_s, 3),
-        round(stall_bound(max_stall_s, reference_s), 2),
-        None if until is None else round(until, 2),
-    )
+            best, at, until = length, round(a, 2), round(b, 2)
+    return Stall(phase, round(best, 2), at, len(inside), reference, bound, until)
 
 
 def stall_line(s: Stall) -> str:
-    text = f"{s.phase}: {s.seconds:.1f} s" + (
-        f" from t={s.at_s:.0f} s" if s.at_s is not None else ""
-    )
-    text += f" ({s.progress_events} progress events; bound {s.bound_s:g} s"
-    if s.reference_s is not None:
-        text += f", a request alone took {s.reference_s:.2f} s"
-    return text + ")" + (f"; engine meanwhile: {s.engine}" if s.engine else "")
+    at = f" from t={s.at_s:.0f} s" if s.at_s is not None else ""
+    alone = f", a request alone took {s.reference_s:.2f} s" if s.reference_s is not None else ""
+    engine = f"; engine meanwhile: {s.engine}" if s.engine else ""
+    return (f"{s.phase}: {s.seconds:.1f} s{at} ({s.progress_events} progress events; bound "
+            f"{s.bound_s:g} s{alone}){engine}")  # fmt: skip
 
 
 def stall_check(stalls: Sequence[Stall], max_stall_s: float) -> Check:
     """No phase may go its bound with requests in flight and none progressing."""
-    over = [s for s in stalls if s.seconds > s.bound_s]
-    return Check(
-        f"no stall over max({max_stall_s:g} s, {STALL_FACTOR} lone requests)",
-        (FAIL if over else PASS) if stalls else SKIP,
-        "longest time with requests in flight and none answered or streaming: "
-        + "; ".join(stall_line(s) for s in stalls)
-        if stalls
-        else "no phase measured",
-    )
+    name = f"no stall over max({max_stall_s:g} s, {STALL_FACTOR} lone requests)"
+    if not stalls:
+        return Check(name, SKIP, "no phase measured")
+    return Check(name, FAIL if any(s.seconds > s.bound_s for s in stalls) else PASS,
+                 "longest time with requests in flight and none answered or streaming: "
+                 + "; ".join(stall_line(s) for s in stalls))  # fmt: skip
 
 
 # --- memory --------------------------------------------------------------------------------
@@ -307,9 +314,16 @@ def rss_flatness(samples: Sequence[int], tolerance: float, minimum: int = 6) -> 
     third = len(samples) // 3
     first, last = max(samples[:third]), max(samples[-third:])
     growth = last / first - 1
-    flat = growth <= tolerance
-    note = (
-        f"{'flat' if flat else 'growing'}: last third max {last / 2**20:,.0f} MiB vs first "
-        f"third max {first / 2**20:,.0f} MiB ({growth:+.1%}, tolerance {tolerance:.0%})"
-    )
-    return Flatness(len(samples), growth, flat, note)
+    note = (f"{'flat' if growth <= tolerance else 'growing'}: last third max "
+            f"{last / 2**20:,.0f} MiB vs first third max {first / 2**20:,.0f} MiB "
+            f"({growth:+.1%}, tolerance {tolerance:.0%})")  # fmt: skip
+    return Flatness(len(samples), growth, growth <= tolerance, note)
+
+
+def rss_check(flatness: Flatness | None, strict: bool) -> Check:
+    """Warns on growth (fails with ``strict``); skipped without the server's process."""
+    if flatness is None:
+        return Check("RSS flat after warm-up", SKIP, "server process not found")
+    growing = FAIL if strict else WARN
+    status = SKIP if flatness.flat is None else PASS if flatness.flat else growing
+    return Check("RSS flat after warm-up", status, flatness.note)

@@ -1,94 +1,74 @@
 """The stub-kill drill: SIGKILL the engine model's stub of a server the soak started, with
-requests in flight, and watch readiness, fresh requests and the launcher for a minute."""
+requests in flight, and watch readiness, fresh requests and the launcher for a minute. Its
+requests are greenlets of the soak's Locust process, each a Locust request event."""
 
 import logging
 import signal
-import threading
 import time
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+import gevent
+
 from contract.tensors import ENGINE_MODEL, ENSEMBLE_MODEL, STREAM_MODEL
-from loadtest.soak.cases import OK, UNARY_GRPC, UNARY_HTTP
+from loadtest.soak.cases import OK, STREAM, UNARY_GRPC, UNARY_HTTP
 from loadtest.soak.checks import PASS, SKIP, WARN, Check
 from loadtest.soak.send import Client, ClientParams, Requests
 from loadtest.soak.server import find_stub, http_status, tritonserver
-from loadtest.soak.settings import SoakSettings
+from loadtest.soak.settings import Settings
 from reporting.triton import ServedTriton
 
 log = logging.getLogger("soak")
 DRILL_WINDOW_S = 60.0
 DRILL_DEADLINE_S = 30.0  # a drill request with no answer by then is unanswered
-
-
-# --- the drill -----------------------------------------------------------------------------
+PROBES = ((UNARY_GRPC, "grpc"), (UNARY_HTTP, "http"), (STREAM, "stream-grpc"))
 
 
 def stub_kill_drill(
-    settings: SoakSettings, handle: ServedTriton, params: ClientParams, requests: Requests
+    s: Settings, handle: ServedTriton, params: ClientParams, requests: Requests
 ) -> dict[str, Any]:
     """SIGKILL the stub of the engine model (the server's one engine) of a server this soak
-    started, with requests in flight, and watch for 60 s: readiness, fresh requests, the
-    launcher and tritonserver. Its requests are events of ``requests`` (a drill's own)."""
-    if not settings.drill:
+    started, with three requests in flight, and watch for 60 s: readiness, a fresh request
+    every 3 s, the launcher and tritonserver. Its requests are events of ``requests``."""
+    if not s.drill:
         return {"done": False, "note": "skipped (--no-drill)"}
     if not handle.started or handle.launcher is None or handle.launcher.process is None:
-        return {
-            "done": False,
-            "note": "skipped: the server was found running, not started by the soak (the drill "
-            "never kills a server it did not start)",
-        }
+        return {"done": False, "note": "skipped: the server was found running, not started by "
+                "the soak (the drill never kills a server it did not start)"}  # fmt: skip
     server = tritonserver(handle)
     stub = find_stub(server) if server else None
     if stub is None:
         return {"done": False, "note": f"skipped: no {ENGINE_MODEL} python-backend stub found"}
-    launcher = handle.launcher.process
-    http = settings.endpoints.http_url
-    urls = {
-        "live": f"{http}/v2/health/live",
-        "ready": f"{http}/v2/health/ready",
-        f"{ENGINE_MODEL} ready": f"{http}/v2/models/{ENGINE_MODEL}/ready",
-        f"{ENSEMBLE_MODEL} ready": f"{http}/v2/models/{ENSEMBLE_MODEL}/ready",
-        f"{STREAM_MODEL} ready": f"{http}/v2/models/{STREAM_MODEL}/ready",
-    }
-    threads: list[threading.Thread] = []
+    launcher, http = handle.launcher.process, s.endpoints.http_url
+    urls = {"live": f"{http}/v2/health/live", "ready": f"{http}/v2/health/ready",
+            **{f"{m} ready": f"{http}/v2/models/{m}/ready"
+               for m in (ENGINE_MODEL, ENSEMBLE_MODEL, STREAM_MODEL)}}  # fmt: skip
     params = replace(params, deadline_s=min(params.deadline_s, DRILL_DEADLINE_S))
-    # the requests in flight at the kill ask for many tokens, so that they are still running
-    long = replace(params, max_tokens=params.long_tokens)
+    long = replace(params, max_tokens=params.long_tokens)  # still running at the kill
+    sent: list[gevent.Greenlet] = []
 
-    def send(kind: str, transport: str, index: int) -> None:
-        client = Client(100 + index, long if index < 3 else params, requests, settings.seed)
-        try:
-            client.run(kind, "", transport)
-        finally:
-            client.close()
-
-    def launch(kind: str, transport: str) -> None:
-        thread = threading.Thread(target=send, args=(kind, transport, len(threads)), daemon=True)
-        threads.append(thread)
-        thread.start()
+    def send(kind: str, transport: str) -> None:
+        client = Client(100 + len(sent), long if len(sent) < 3 else params, requests, s.seed)
+        sent.append(gevent.spawn(lambda: (client.run(kind, "", transport), client.close())))
 
     stub_info = {"pid": stub.pid, "cmdline": " ".join(stub.cmdline())[:300]}
     log.info(f"drill: requests in flight, then SIGKILL to the {ENGINE_MODEL} stub pid {stub.pid}")
-    for kind, transport in ((UNARY_GRPC, "grpc"), (UNARY_HTTP, "http"), ("stream", "stream-grpc")):
-        launch(kind, transport)
-    time.sleep(1.0)
-    killed, killed_at = time.monotonic(), datetime.now().isoformat(timespec="seconds")
-    killed_wall = time.time()
+    for probe in PROBES:
+        send(*probe)
+    gevent.sleep(1.0)
+    killed, killed_at, killed_wall = time.monotonic(), datetime.now(), time.time()
     stub.send_signal(signal.SIGKILL)
     timeline: list[dict[str, Any]] = []
     last: dict[str, Any] = {}
 
     def note(what: str, value: Any) -> None:
         if last.get(what) != value:
-            last[what] = value
-            t = time.monotonic() - killed
+            last[what], t = value, time.monotonic() - killed
             timeline.append({"t_s": round(t, 2), "what": what, "value": value})
             log.info(f"drill +{t:5.1f}s  {what}: {value}")
 
-    probes = ((UNARY_GRPC, "grpc"), (UNARY_HTTP, "http"), ("stream", "stream-grpc"))
-    next_probe, probe_index, launcher_gone = killed + 2.0, 0, None
+    next_probe, launcher_gone = killed + 2.0, None
     while time.monotonic() - killed < DRILL_WINDOW_S:
         for what, url in urls.items():
             note(what, http_status(url, timeout=1.0))
@@ -102,59 +82,50 @@ def stub_kill_drill(
         if launcher_gone is not None and time.monotonic() - launcher_gone > 3.0:
             break
         if time.monotonic() >= next_probe and launcher_gone is None:
-            launch(*probes[probe_index % len(probes)])
-            probe_index += 1
+            send(*PROBES[(len(sent) - 3) % len(PROBES)])
             next_probe += 3.0
-        time.sleep(0.5)
-    for thread in threads:  # the last probe's deadline ends at most DRILL_DEADLINE_S from now
-        thread.join(timeout=DRILL_DEADLINE_S + 5.0)
+        gevent.sleep(0.5)
+    gevent.joinall(sent, timeout=DRILL_DEADLINE_S + 5.0)  # the last probe's deadline at most
     requests.close(f"no answer within {DRILL_DEADLINE_S:.0f} s")
-    records = requests.ended
     # the first three started before the kill; probes start 2 s and more after it
-    in_flight = [r for r in records if r["started"] < killed_wall]
-    probes_done = [r for r in records if r["started"] >= killed_wall]
+    in_flight = [r for r in requests.ended if r["started"] < killed_wall]
+    probes = [r for r in requests.ended if r["started"] >= killed_wall]
 
     def changed(what: str, healthy: str) -> float | None:
         """When ``what`` first stopped being ``healthy`` after the kill (None: never)."""
         return next((e["t_s"] for e in timeline if e["what"] == what and e["value"] != healthy),
                     None)  # fmt: skip
 
-    ready_false, stage_false = changed("ready", "200"), changed(f"{ENGINE_MODEL} ready", "200")
-    launcher_code, exited_at = launcher.poll(), changed("launcher", "running")
-    stubs = [e["value"] for e in timeline if e["what"] == f"{ENGINE_MODEL} stub"]
-    restarted = any(v not in ("none", f"pid {stub.pid}") for v in stubs)
-    failed = [r for r in (*in_flight, *probes_done) if r["status"] != OK]
-    clear = [r for r in failed if r["category"] not in ("", "unclear")]
-    summary = {
+    code, exited_at = launcher.poll(), changed("launcher", "running")
+    stubs = {e["value"] for e in timeline if e["what"] == f"{ENGINE_MODEL} stub"}
+    failed = [r for r in requests.ended if r["status"] != OK]
+    return {
         "done": True,
         "note": f"SIGKILL to the {ENGINE_MODEL} stub of the server this soak started; watched "
         f"{min(DRILL_WINDOW_S, time.monotonic() - killed):.0f} s",
         "stub": stub_info,
-        "killed_at": killed_at,
-        "server_ready_turned_false_after_s": ready_false,
-        "stage_ready_turned_false_after_s": stage_false,
-        "launcher_exit": (
-            f"code {launcher_code} after {exited_at:.1f} s"
-            if launcher_code is not None and exited_at is not None
-            else f"still running after {DRILL_WINDOW_S:.0f} s"
-        ),
-        "launcher_exit_code": launcher_code,
+        "killed_at": killed_at.isoformat(timespec="seconds"),
+        "server_ready_turned_false_after_s": changed("ready", "200"),
+        "stage_ready_turned_false_after_s": changed(f"{ENGINE_MODEL} ready", "200"),
+        "launcher_exit": f"code {code} after {exited_at:.1f} s"
+        if code is not None and exited_at is not None
+        else f"still running after {DRILL_WINDOW_S:.0f} s",
+        "launcher_exit_code": code,
         "tritonserver_exit": last.get("tritonserver"),
-        "stub_restarted": restarted,
-        "requests": len(records),
+        "stub_restarted": bool(stubs - {"none", f"pid {stub.pid}"}),
+        "requests": len(requests.ended),
         "requests_failed": len(failed),
-        "requests_failed_clearly": len(clear),
+        "requests_failed_clearly": sum(r["category"] not in ("", "unclear") for r in failed),
         "timeline": timeline,
         "in_flight": in_flight,
-        "probes": probes_done,
+        "probes": probes,
     }
-    return summary
 
 
 def drill_check(drill: dict[str, Any]) -> Check:
+    """Passes when the launcher exits non-zero or the stub comes back; else a warning."""
     if not drill.get("done"):
         return Check("stub-kill drill", SKIP, str(drill.get("note")))
-    code = drill.get("launcher_exit_code")
 
     def turned(key: str) -> str:
         after = drill[key]
@@ -167,5 +138,5 @@ def drill_check(drill: dict[str, Any]) -> Check:
         f"{drill['requests']} requests failed, {drill['requests_failed_clearly']} with a clear "
         f"error; stub restarted: {drill['stub_restarted']}"
     )
-    restarted_or_exited = code not in (None, 0) or drill["stub_restarted"]
-    return Check("stub-kill drill", PASS if restarted_or_exited else WARN, detail)
+    passed = drill.get("launcher_exit_code") not in (None, 0) or drill["stub_restarted"]
+    return Check("stub-kill drill", PASS if passed else WARN, detail)

@@ -1,10 +1,7 @@
 """The soak's phases as the stages of a Locust load shape (:class:`SoakPlan`, which
 :class:`loadtest.soak.users.SoakShape` ticks): the ramp to saturation, the soak at twice it,
 then the editor phase and the drain, which the run drives with no soak users and ends itself.
-
-Pure (no Locust, no server): the clock and the counts come in as arguments, so
-``tests/test_soak.py`` ticks it by hand.
-"""
+Pure: the clock and the counts come in as arguments, so the tests tick it by hand."""
 
 from __future__ import annotations
 
@@ -60,7 +57,8 @@ class SoakPlan:
     def _enter(self, name: str, now: float) -> None:
         if self.stages and self.stages[-1][2] is None:
             self.stages[-1] = (*self.stages[-1][:2], now)
-        self.stages.append((name, now, None))
+        if name:
+            self.stages.append((name, now, None))
 
     def finish(self, name: str, now: float) -> None:
         """The run ended a stage it drives (the editor phase, the drain)."""
@@ -76,18 +74,14 @@ class SoakPlan:
             if self._ramp(now, began):
                 return self.levels[self.level], RAMP
             self._enter(SOAK, now)
-            began = now
         if self.stage == SOAK:
             if now < self.stages[-1][1] + self.duration_s:
                 return self.soak_clients, SOAK
             self._enter(EDITOR, now)
-        for name, following in ((EDITOR, DRAIN), (DRAIN, None)):
+        for name, following in ((EDITOR, DRAIN), (DRAIN, "")):
             if self.stage == name:
                 if name not in self.ended:
                     return 0, name
-                if following is None:
-                    self.stages[-1] = (name, self.stages[-1][1], now)
-                    return None
                 self._enter(following, now)
         return None
 

@@ -22,6 +22,7 @@ from client.request import CompletionRequest, generate_body, requested_outputs, 
 from client.results import CodegenError, TimedOutError, error_message, resolve_target
 from client.transport import Transport
 from contract.tensors import ENSEMBLE_MODEL
+from loadtest.editor.protocols import SAMPLING  # as a completion service samples
 from loadtest.soak.cases import (
     ABANDONED,
     CASES,
@@ -35,13 +36,10 @@ from loadtest.soak.cases import (
     VANISH_UNARY,
     Tensors,
     classify_error,
-    judge,
     raw_tensors,
 )
 from reporting.triton import Endpoints
 
-# Valid requests sample as a completion service would; the seed is the prompt's index.
-SAMPLING: dict[str, Any] = {"top_k": 40, "top_p": 0.95, "temperature": 0.8}
 # Which event outcome (reporting.events.OUTCOMES) each end is: overload refusals are shed.
 SHED = ("queue_full", "timeout")
 
@@ -73,16 +71,15 @@ def rejected(message: str) -> Outcome:
 
 
 class Requests:
-    """Fires one Locust ``request`` event per request as it ends, and remembers those still in
-    flight, so that what never ends is reported unanswered (:meth:`close`)."""
+    """Fires one Locust ``request`` event per request as it ends (the soak's own columns in its
+    context: how it ended, the phase it was sent in), and keeps those still in flight, so that
+    what never ends is reported unanswered (:meth:`close`)."""
 
-    def __init__(self, events: Any) -> None:
-        self.events = events
+    def __init__(self, events: Any, window: str | Callable[[], str] = "") -> None:
+        self.events, self.window = events, window  # the phase, or what names it
         self.lock = threading.Lock()
         self.in_flight: dict[int, tuple[str, str, str, float, str]] = {}
         self.ended: list[dict[str, Any]] = []  # every end, for the drill's own summary
-        # the phase a request is counted in: the one it was sent in (a name, or what names it)
-        self.window: str | Callable[[], str] = ""
         self.sent = 0
 
     def begin(self, kind: str, case: str, transport: str) -> int:
@@ -95,34 +92,23 @@ class Requests:
     def end(self, ticket: int, outcome: Outcome) -> None:
         with self.lock:
             entry = self.in_flight.pop(ticket, None)
-        if entry is None:
-            return
-        kind, case, transport, started, window = entry
-        status, category, message = outcome.status, outcome.category, outcome.message
-        first = outcome.first_token_s
-        with self.lock:
-            self.ended.append({"transport": transport, "started": started, "status": status,
-                               "category": category, "message": message[:400]})  # fmt: skip
+            if entry is None:
+                return
+            kind, case, transport, started, window = entry
+            self.ended.append({"transport": transport, "started": started,
+                               "status": outcome.status, "category": outcome.category,
+                               "message": outcome.message[:400]})  # fmt: skip
+        first, failed = outcome.first_token_s, outcome.status in (REJECTED, UNANSWERED)
         self.events.request.fire(
-            request_type=kind,
-            name=case or kind,
-            response_time=(time.time() - started) * 1000,
-            response_length=0,
-            exception=CodegenError(message) if status in (REJECTED, UNANSWERED) else None,
+            request_type=kind, name=case or kind, response_time=(time.time() - started) * 1000,
+            response_length=0, exception=CodegenError(outcome.message) if failed else None,
             start_time=started,
-            context={
-                "outcome": {OK: "ok", ABANDONED: "abandoned"}.get(status)
-                or ("shed" if category in SHED else "error"),
-                "first_token_ms": None if first is None else first * 1000,
-                "tokens": 0,
-                "window": window,
-                "status": status,
-                "category": category,
-                "case": case,
-                "transport": transport,
-                "expected": judge(kind, case, status, category, message),
-            },
-        )
+            context={"outcome": {OK: "ok", ABANDONED: "abandoned"}.get(outcome.status)
+                     or ("shed" if outcome.category in SHED else "error"),
+                     "first_token_ms": None if first is None else first * 1000, "tokens": 0,
+                     "window": window, "status": outcome.status, "category": outcome.category,
+                     "case": case, "transport": transport},
+        )  # fmt: skip
 
     def close(self, reason: str) -> int:
         """End everything still in flight as unanswered; how many there were."""
@@ -152,7 +138,7 @@ class Client:
     def valid_request(self, max_tokens: int | None = None) -> CompletionRequest:
         prompts = self.params.prompts
         i = self.rng.randrange(len(prompts))
-        return CompletionRequest(
+        return CompletionRequest(  # the seed is the prompt's index
             prompts[i], max_tokens=max_tokens or self.params.max_tokens, seed=i, **SAMPLING
         )
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import psutil
 
 from contract import metrics as names
@@ -24,25 +23,17 @@ ENGINE_GAUGES = (names.ENGINE_STEPS, names.ENGINE_RUNNING, names.PENDING_REQUEST
 
 
 def tritonserver(served: ServedTriton) -> psutil.Process | None:
-    """tritonserver's process on this machine (None when not found)."""
-    launcher = served.launcher
-    if launcher is not None and launcher.process is not None:
-        with contextlib.suppress(psutil.Error):
-            for child in psutil.Process(launcher.process.pid).children(recursive=True):
-                if child.name() == "tritonserver":
-                    return child
-        return None
-    if not served.endpoints.is_local:
-        return None
-    flag = f"--http-port={served.endpoints.ports.http}"
-    for proc in psutil.process_iter(["name", "cmdline"]):
-        with contextlib.suppress(psutil.Error):
-            if proc.info["name"] == "tritonserver" and flag in (proc.info["cmdline"] or []):
-                return proc
+    """tritonserver's process on this machine: the launcher's child when the soak started it,
+    else the one serving this HTTP port (None when not found)."""
+    launcher, flag = served.launcher, f"--http-port={served.endpoints.ports.http}"
+    with contextlib.suppress(psutil.Error):
+        if launcher is not None and launcher.process is not None:
+            candidates = psutil.Process(launcher.process.pid).children(recursive=True)
+        else:
+            candidates = [p for p in psutil.process_iter(["cmdline"])
+                          if flag in (p.info["cmdline"] or [])]  # fmt: skip
+        return next((p for p in candidates if p.name() == "tritonserver"), None)
     return None
-
-
-# --- sampling ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -56,23 +47,11 @@ class Sample:
     pending: float | None  # Triton's pending requests, every model
 
 
-def tree_rss(root: psutil.Process) -> tuple[int, int]:
-    """RSS of a process and all its descendants (tritonserver and its python-backend stubs),
-    summed, and how many processes that was."""
-    total, count = 0, 0
-    with contextlib.suppress(psutil.Error):
-        for proc in [root, *root.children(recursive=True)]:
-            with contextlib.suppress(psutil.Error):
-                total += proc.memory_info().rss
-                count += 1
-    return total, count
-
-
 class Sampler:
-    """The server tree's RSS and the engine's step counter and queues every ``every``
-    seconds, labelled with the phase the soak is in: RSS for the flatness check, the engine
-    to tell a stall apart (stepping with sequences running: busy; not stepping with requests
-    pending: wedged)."""
+    """The server tree's RSS (tritonserver and its python-backend stubs) and the engine's step
+    counter and queues every ``every`` seconds, labelled with the phase the soak is in: RSS for
+    the flatness check, the engine to tell a stall apart (stepping with sequences running:
+    busy; not stepping with requests pending: wedged)."""
 
     def __init__(self, served: ServedTriton, clock: Any, every: float) -> None:
         self.served, self.clock, self.every = served, clock, every
@@ -80,22 +59,19 @@ class Sampler:
         self.phase = "start"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
-        self._root: psutil.Process | None = None
+        self.root: psutil.Process | None = None
 
     def start(self) -> Sampler:
-        self._root = tritonserver(self.served)
+        self.root = tritonserver(self.served)
         self._thread.start()
         return self
 
-    @property
-    def available(self) -> bool:
-        return self._root is not None
-
     def _run(self) -> None:
         while not self._stop.is_set():
-            rss, count = (None, 0)
-            if self._root is not None and self._root.is_running():
-                rss, count = tree_rss(self._root)
+            rss, count = None, 0
+            with contextlib.suppress(psutil.Error):
+                tree = [self.root, *self.root.children(recursive=True)] if self.root else []
+                rss, count = sum(p.memory_info().rss for p in tree) or None, len(tree)
             engine: list[float | None] = [None, None, None]
             with contextlib.suppress(OSError, ValueError):
                 snapshot = read_snapshot(self.served.endpoints.metrics_url, timeout=2.0)
@@ -116,30 +92,29 @@ class Sampler:
         inside = [s for s in self.samples if begin <= s.t_s <= end and s.steps is not None]
         if len(inside) < 2:
             return ""
-        steps = inside[-1].steps - inside[0].steps
         return (
-            f"{steps:.0f} steps in {inside[-1].t_s - inside[0].t_s:.0f} s, up to "
+            f"{inside[-1].steps - inside[0].steps:.0f} steps in "
+            f"{inside[-1].t_s - inside[0].t_s:.0f} s, up to "
             f"{max(s.running or 0 for s in inside):.0f} sequences running and "
             f"{max(s.pending or 0 for s in inside):.0f} requests pending in Triton"
         )
-
-
-# --- the stub-kill drill -------------------------------------------------------------------
 
 
 def find_stub(server: psutil.Process, model: str = ENGINE_MODEL) -> psutil.Process | None:
     """The python-backend stub serving ``model``: a child of tritonserver whose command line
     runs ``triton_python_backend_stub <repository>/<model>/<version>/model.py ... <model>_0_0``.
     """
-    marker = f"/{model}/"
     for child in server.children(recursive=True):
         with contextlib.suppress(psutil.Error):
             cmdline = child.cmdline()
-            if not cmdline or STUB_BINARY not in cmdline[0]:
-                continue
-            model_py = next((a for a in cmdline if a.endswith("model.py")), "")
-            instance = any(a.startswith(f"{model}_") for a in cmdline[1:])
-            if marker in model_py or instance:
+            if (
+                cmdline
+                and STUB_BINARY in cmdline[0]
+                and any(
+                    a.startswith(f"{model}_") or (a.endswith("model.py") and f"/{model}/" in a)
+                    for a in cmdline[1:]
+                )
+            ):
                 return child
     return None
 
@@ -147,11 +122,8 @@ def find_stub(server: psutil.Process, model: str = ENGINE_MODEL) -> psutil.Proce
 def http_status(url: str, timeout: float = 2.0) -> str:
     """A readiness endpoint's answer as text: "200", "400 <body>", or "no answer (...)"."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return str(response.status)
-    except urllib.error.HTTPError as exc:
-        body = exc.read().decode(errors="replace").strip()
-        return f"{exc.code} {body}".strip()
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return f"no answer ({reason})"
+        response = httpx.get(url, timeout=timeout)
+    except httpx.HTTPError as exc:
+        return f"no answer ({exc})"
+    body = "" if response.status_code == 200 else response.text.strip()
+    return f"{response.status_code} {body}".strip()

@@ -1,7 +1,8 @@
-"""The soak's command line and the typed :class:`SoakSettings` every phase reads."""
+"""The soak's command line, plain argparse: :func:`parse_args` gives the namespace every phase
+reads, with the endpoints, the warm-up's default, the mix and the run folder filled in."""
 
 import argparse
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -10,114 +11,91 @@ from reporting.triton import Endpoints
 from serving.paths import MODEL_REPOSITORY, REPO_ROOT
 
 RESULTS = REPO_ROOT / "loadtest" / "results"
-DESCRIPTION = "make soak: a bounded load and fault test of the served ensemble on this machine."
+Settings = argparse.Namespace
 
 
-@dataclass(frozen=True)
-class SoakSettings:
-    endpoints: Endpoints
-    duration_s: float
-    saturation: int | None  # None: measure it with the ramp
-    ramp_step_s: float
-    ramp_gain: float  # a level must beat the best so far by this much to count as rising
-    ramp_patience: int  # levels in a row that do not rise before the ramp stops
-    max_clients: int
-    clients: int | None  # soak clients; None: 2 x saturation
-    mix: dict[str, int]
-    max_tokens: int
-    long_tokens: int
-    prompt_chars: int
-    deadline_s: float
-    warmup_s: float
-    rss_every_s: float
-    rss_tolerance: float
-    strict_rss: bool
-    drain_timeout_s: float
-    drill: bool
-    progress_every_s: float
-    seed: int
-    out: Path
-    model_repository: Path
-    editor_duration_s: float = 60.0  # 0: no editor phase
-    editor_typists: int = 4
-    editor_max_tokens: int = 64
-    max_stall_s: float = 5.0  # see loadtest.soak.checks
+def _number(kind: type, zero: bool = False) -> Callable[[str], float]:
+    """An argparse type: a ``kind`` above 0 (or 0 and above, with ``zero``)."""
+
+    def parse(text: str) -> float:
+        value = kind(text)
+        if value < 0 or (value == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"must be {'>= 0' if zero else '> 0'}, got {text}")
+        return value
+
+    return parse
 
 
-# (flag, type, default, help); a positive number unless said otherwise
-OPTIONS: tuple[tuple[str, type, object, str], ...] = (
-    ("--duration", float, 120.0, "soak seconds at 2x saturation"),
-    ("--saturation", int, None, "clients at saturation (skips the ramp)"),
-    ("--clients", int, None, "soak clients (default: 2 x saturation)"),
-    ("--ramp-step", float, 8.0, "seconds per ramp level"),
-    ("--ramp-gain", float, 0.10, "throughput must rise by this fraction for the ramp to go on"),
-    ("--ramp-patience", int, 2, "levels in a row without that rise before the ramp stops (2: "
-     "one noisy level on a shared machine does not end it)"),
-    ("--max-clients", int, 32, "the ramp's last level"),
-    ("--max-tokens", int, 32, "tokens per valid request"),
-    ("--long-tokens", int, 256, "tokens asked by clients that then vanish"),
-    ("--prompt-chars", int, 600, "longest code prompt"),
-    ("--deadline", float, 180.0, "seconds after which a request with no answer counts as "
-     "unanswered (Triton's queue policy rejects at 120)"),
-    ("--warmup", float, None, "soak seconds before RSS counts (duration/6)"),
-    ("--rss-every", float, 2.0, "seconds between RSS and engine samples"),
-    ("--rss-tolerance", float, 0.10, "RSS growth still called flat"),
-    ("--drain-timeout", float, 120.0, "seconds to wait for idle"),
-    ("--editor-duration", float, 60.0, "seconds of the editor phase: typists streaming through "
-     "the OpenAI API, each request abandoned at the next keystroke (0 skips it)"),
-    ("--editor-typists", int, 4, "typists of the editor phase"),
-    ("--editor-max-tokens", int, 64, "tokens per editor completion"),
-    ("--max-stall", float, 5.0, "longest seconds with requests in flight and none answered or "
-     "streaming before the stall check fails (see loadtest/soak/checks.py)"),
-    ("--progress-every", float, 10.0, "seconds between progress lines"),
-)  # fmt: skip
-MAY_BE_ZERO = ("editor_duration", "ramp_gain", "rss_tolerance", "drain_timeout", "warmup")
+SECONDS, COUNT, ZERO_OK = _number(float), _number(int), _number(float, zero=True)
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Every default in the help, but for flags and options whose help says it in words."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or isinstance(action.default, bool):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m loadtest.soak", description=DESCRIPTION)
-    p.add_argument("--host", default="127.0.0.1:8000", help="Triton's HTTP host:port (local)")
-    p.add_argument("--grpc-url", help="Triton's gRPC host:port (default: HTTP port + 1)")
-    p.add_argument("--metrics-url", help="Triton's metrics URL (default: HTTP port + 2)")
-    for flag, kind, default, text in OPTIONS:
-        p.add_argument(flag, type=kind, default=default,
-                       help=text + ("" if default is None else f" ({default})"))  # fmt: skip
-    mix = ",".join(f"{k}={w}" for k, w in DEFAULT_MIX.items())
-    p.add_argument("--mix", default=mix, help="kind=weight,... over " + ", ".join(KINDS))
-    p.add_argument("--strict-rss", action="store_true", help="fail (not warn) on RSS growth")
-    p.add_argument("--no-drill", action="store_true", help="skip the stub-kill drill")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, help="run folder (loadtest/results/soak-<time>)")
-    p.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
+    p = argparse.ArgumentParser(
+        prog="python -m loadtest.soak", formatter_class=_Help,
+        description="make soak: a bounded load and fault test of the served ensemble on this "
+        "machine.",
+    )  # fmt: skip
+    add = p.add_argument
+    # fmt: off
+    add("--host", default="127.0.0.1:8000", help="Triton's HTTP host:port (local)")
+    add("--grpc-url", help="Triton's gRPC host:port (default: HTTP port + 1)")
+    add("--metrics-url", help="Triton's metrics URL (default: HTTP port + 2)")
+    add("--duration", type=SECONDS, default=120.0, help="soak seconds at 2x saturation")
+    add("--saturation", type=COUNT, help="clients at saturation (skips the ramp)")
+    add("--clients", type=COUNT, help="soak clients (default: 2 x saturation)")
+    add("--ramp-step", type=SECONDS, default=8.0, help="seconds per ramp level")
+    add("--ramp-gain", type=ZERO_OK, default=0.10,
+        help="throughput must rise by this fraction for the ramp to go on")
+    add("--ramp-patience", type=COUNT, default=2, help="levels in a row without that rise "
+        "before the ramp stops (2: one noisy level on a shared machine does not end it)")
+    add("--max-clients", type=COUNT, default=32, help="the ramp's last level")
+    add("--max-tokens", type=COUNT, default=32, help="tokens per valid request")
+    add("--long-tokens", type=COUNT, default=256, help="tokens asked by clients that then vanish")
+    add("--prompt-chars", type=COUNT, default=600, help="longest code prompt")
+    add("--deadline", type=SECONDS, default=180.0, help="seconds after which a request with no "
+        "answer counts as unanswered (Triton's queue policy rejects at 120)")
+    add("--warmup", type=ZERO_OK, help="soak seconds before RSS counts (default: duration/6)")
+    add("--rss-every", type=SECONDS, default=2.0, help="seconds between RSS and engine samples")
+    add("--rss-tolerance", type=ZERO_OK, default=0.10, help="RSS growth still called flat")
+    add("--drain-timeout", type=ZERO_OK, default=120.0, help="seconds to wait for idle")
+    add("--editor-duration", type=ZERO_OK, default=60.0, help="seconds of the editor phase: "
+        "typists streaming through the OpenAI API, each request abandoned at the next "
+        "keystroke (0 skips it)")
+    add("--editor-typists", type=COUNT, default=4, help="typists of the editor phase")
+    add("--editor-max-tokens", type=COUNT, default=64, help="tokens per editor completion")
+    add("--max-stall", type=SECONDS, default=5.0, help="longest seconds with requests in flight "
+        "and none answered or streaming before the stall check fails (loadtest/soak/checks.py)")
+    add("--progress-every", type=SECONDS, default=10.0, help="seconds between progress lines")
+    add("--mix", default=",".join(f"{k}={w}" for k, w in DEFAULT_MIX.items()),
+        help="kind=weight,... over " + ", ".join(KINDS))
+    add("--strict-rss", action="store_true", help="fail (not warn) on RSS growth")
+    add("--no-drill", dest="drill", action="store_false", help="skip the stub-kill drill")
+    add("--seed", type=int, default=0)
+    add("--out", type=Path, help="run folder (default: loadtest/results/soak-<time>)")
+    add("--model-repository", type=Path, default=MODEL_REPOSITORY)
+    # fmt: on
     return p
 
 
-def parse_args(argv: list[str] | None = None) -> SoakSettings:
+def parse_args(argv: list[str] | None = None) -> Settings:
     p = parser()
-    a = p.parse_args(argv)
+    s = p.parse_args(argv)
     try:
-        endpoints = Endpoints.from_host(a.host, a.grpc_url, a.metrics_url)
-        mix = parse_mix(a.mix)
+        s.endpoints = Endpoints.from_host(s.host, s.grpc_url, s.metrics_url)
+        s.mix = parse_mix(s.mix)
     except ValueError as exc:
         p.error(str(exc))
-    if not endpoints.is_local:
-        p.error(f"--host must be on this machine (127.0.0.1 or localhost), got {a.host}")
-    for flag, *_ in OPTIONS:
-        name = flag[2:].replace("-", "_")
-        value = getattr(a, name)
-        if value is not None and (value < 0 if name in MAY_BE_ZERO else value <= 0):
-            p.error(f"{flag} must be {'>= 0' if name in MAY_BE_ZERO else '> 0'}")
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return SoakSettings(
-        endpoints=endpoints, duration_s=a.duration, saturation=a.saturation,
-        ramp_step_s=a.ramp_step, ramp_gain=a.ramp_gain, ramp_patience=a.ramp_patience,
-        max_clients=a.max_clients, clients=a.clients, mix=mix, max_tokens=a.max_tokens,
-        long_tokens=a.long_tokens, prompt_chars=a.prompt_chars, deadline_s=a.deadline,
-        warmup_s=a.duration / 6 if a.warmup is None else a.warmup, rss_every_s=a.rss_every,
-        rss_tolerance=a.rss_tolerance, strict_rss=a.strict_rss,
-        drain_timeout_s=a.drain_timeout, drill=not a.no_drill,
-        progress_every_s=a.progress_every, seed=a.seed,
-        out=a.out or RESULTS / f"soak-{stamp}", model_repository=a.model_repository,
-        editor_duration_s=a.editor_duration, editor_typists=a.editor_typists,
-        editor_max_tokens=a.editor_max_tokens, max_stall_s=a.max_stall,
-    )  # fmt: skip
+    if not s.endpoints.is_local:
+        p.error(f"--host must be on this machine (127.0.0.1 or localhost), got {s.host}")
+    s.warmup = s.duration / 6 if s.warmup is None else s.warmup
+    s.out = s.out or RESULTS / f"soak-{datetime.now():%Y%m%d-%H%M%S}"
+    return s

@@ -1,28 +1,48 @@
-"""The soak's Locust side: :class:`SoakUser` (one closed-loop client sending the mix) and
-:class:`SoakShape` (the phases, :class:`loadtest.soak.plan.SoakPlan`, as a load shape).
+"""The soak's Locust side: :class:`SoakUser` (one closed-loop client sending the mix),
+:class:`SoakShape` (the phases, :class:`loadtest.soak.plan.SoakPlan`, as a load shape) and
+:func:`editor_phase` (the editor profile's Locust typists, :class:`SoakTypist`, through the
+OpenAI API).
 
-Importing this module imports Locust, which monkey-patches the process with gevent: only the
-run (:mod:`loadtest.soak.run`) imports it, never the tests' process.
+Importing this module imports Locust, which monkey-patches the process with gevent (and, through
+:mod:`loadtest.editor.users`, makes gRPC gevent-cooperative): only the run imports it, never the
+tests' process.
 """
 
 from __future__ import annotations
 
 import csv
 import itertools
-from dataclasses import dataclass, field
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc.experimental.gevent as grpc_gevent
+import gevent
 from locust import LoadTestShape, User, constant, task
 from locust.html import get_html_report
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
+from contract.corpus import held_out_files
+from loadtest.api_process import ApiProcess
+from loadtest.editor.protocols import Sender
+from loadtest.editor.suffix import probe
+from loadtest.editor.systems import triton_system
+from loadtest.editor.typist import TypingStyle, Typist
+from loadtest.editor.users import EditorTypist, Plan, Walk
+from loadtest.editor.window import CheckpointTokenizer, Clipper
 from loadtest.soak.cases import HOSTILE, INVALID, UNARY_GRPC, Rotation, Schedule
 from loadtest.soak.plan import RAMP, SoakPlan
 from loadtest.soak.send import Client, ClientParams, Requests
+from loadtest.soak.settings import Settings
+from reporting.triton import model_context
+from serving.paths import checkpoint_dir
 
-grpc_gevent.init_gevent()  # before any channel exists: grpc calls then yield to other users
+log = logging.getLogger("soak")
+# Pauses shorter than the editor profile's typist makes (0.4-2.5 s), so that a good share of the
+# requests is abandoned before or during its stream, which is the traffic this phase is for.
+SOAK_STYLE = TypingStyle(pause_s=(0.1, 1.0))
 
 
 @dataclass
@@ -46,9 +66,7 @@ class Mix:
         if self.plan.stage == RAMP:
             return UNARY_GRPC, "", ""
         kind = self.schedule.next()
-        if kind in (INVALID, HOSTILE):
-            return kind, *self.rotation.next(kind)
-        return kind, "", ""
+        return (kind, *self.rotation.next(kind)) if kind in (INVALID, HOSTILE) else (kind, "", "")
 
 
 class SoakUser(User):
@@ -69,16 +87,85 @@ class SoakUser(User):
         self.client.run(*self.mix.choose())
 
 
+class SoakTypist(EditorTypist):
+    """A typist of ``make loadtest PROFILE=editor`` in the soak's editor phase (its ``plan`` is
+    set there): each pause a streamed completion, abandoned at the next keystroke."""
+
+
 class SoakShape(LoadTestShape):
     """The plan's stages as Locust's load shape (every user spawned at once)."""
 
-    def __init__(self, plan: SoakPlan, clock: Any) -> None:
+    def __init__(self, plan: SoakPlan, clock: Callable[[], float]) -> None:
         super().__init__()
         self.plan, self.clock = plan, clock
 
-    def tick(self) -> tuple[int, float] | None:
+    def tick(self) -> tuple[int, float, list[type[User]]] | None:
         step = self.plan.tick(self.clock())
-        return None if step is None else (step[0], 100)  # all at once, up or down
+        return None if step is None else (step[0], 100, [SoakUser])  # all at once, up or down
+
+
+def lone_first_token_s(
+    sender: Sender, clipper: Clipper, with_suffix: bool, seed: int
+) -> float | None:
+    """First token of one full-context request alone on the idle server: the machine's speed,
+    which the stall check scales its bound to (loadtest.soak.checks)."""
+    visit = next(Typist(0, held_out_files(), seed).visits())
+    window = clipper.clip(visit.text, visit.pause.cursor, with_suffix, visit.pause.suffix_at)
+    exchange = sender.open(window.prefix, window.suffix, seed)
+    if not exchange.wait(time.monotonic() + 120.0):
+        exchange.abandon()
+    return exchange.first_token_s
+
+
+def editor_phase(s: Settings, runner: Any, progress: Callable[[], str]) -> dict[str, Any]:
+    """The OpenAI API started in front of the soak's Triton, the suffix probed, one
+    full-context request alone (the stall check's reference), then ``--editor-typists``
+    :class:`SoakTypist` s on ``runner`` for ``--editor-duration`` seconds. Their requests are
+    rows of the event table; this returns what the report says of the phase besides."""
+    if s.editor_duration <= 0:
+        return {"done": False, "note": "skipped (--editor-duration 0)"}
+    api = ApiProcess(s.endpoints.grpc, s.out / "openai_api.log")
+    try:
+        try:
+            clipper = Clipper(CheckpointTokenizer(checkpoint_dir(s.model_repository)),
+                              model_context(s.model_repository), s.editor_max_tokens)  # fmt: skip
+            api.start().wait_ready()
+            sender = Sender("openai", api.url.removeprefix("http://"), s.editor_max_tokens)
+            mode = probe(sender.open, True)
+        except (OSError, TimeoutError, RuntimeError, ValueError) as exc:
+            # the phase cannot run (no tokenizer, the API not ready: Triton gone, the probe
+            # failed): a failed check in the report, not a soak without one
+            return {"done": False, "error": f"{type(exc).__name__}: {exc}"}
+        (log.warning if mode.refused else log.info)(f"editor phase: {mode.note}")
+        lone = lone_first_token_s(sender, clipper, mode.send, s.seed)
+        log.info(f"editor phase: a full-context request alone: first token {lone or 0:.2f} s")
+        failures: list[str] = []
+        runner.environment.events.user_error.add_listener(
+            lambda user_instance, exception, tb: failures.append(
+                f"typist {getattr(user_instance, 'index', '?')}: {exception!r}"
+            )
+        )
+        files, began, begin = held_out_files(), time.monotonic(), time.time()
+        walks = {i: Walk(Typist(i, files, s.seed, SOAK_STYLE).visits())
+                 for i in range(s.editor_typists)}  # fmt: skip
+        system = triton_system("soak", sender, s.endpoints.metrics_url, [])
+        SoakTypist.plan = Plan(system, clipper, mode.send, walks, began + s.editor_duration,
+                               one_line=False, origin=began)  # fmt: skip
+        log.info(f"editor phase: {s.editor_typists} typists through the API for "
+                 f"{s.editor_duration:.0f}s, prompts up to {clipper.budget} tokens")  # fmt: skip
+        runner.start(s.editor_typists, spawn_rate=100, user_classes=[SoakTypist])
+        hard_end, next_line = began + s.editor_duration + SOAK_STYLE.longest_step_s + 30, 0.0
+        while (runner.user_count or time.monotonic() < began + 1) and time.monotonic() < hard_end:
+            if time.monotonic() >= next_line:
+                log.info(f"editor {progress()}" + ("" if mode.send else " | PREFIX-ONLY"))
+                next_line = time.monotonic() + s.progress_every
+            gevent.sleep(0.5)
+    finally:
+        api.stop()
+    return {"done": True, "typists": s.editor_typists, "duration_s": s.editor_duration,
+            "max_tokens": s.editor_max_tokens, "prompt_budget_tokens": clipper.budget,
+            "lone_first_token_s": lone, "suffix": asdict(mode), "stuck_typists": runner.user_count,
+            "typist_failures": failures, "window": (begin, time.time())}  # fmt: skip
 
 
 def write_locust_reports(environment: Any, out: Path) -> list[Path]:
