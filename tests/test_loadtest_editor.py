@@ -18,7 +18,6 @@ from loadtest.editor.figures import (
     ANSWERED,
     ERROR,
     EditorRecord,
-    editor_figures,
     request_event,
     system_figures,
 )
@@ -250,9 +249,6 @@ def test_the_figures_count_outcomes_and_percentiles_of_the_answered_only():
     assert f["latency p50 ms"] == pytest.approx(404.5)
     assert f["prompt tokens sent / request"] == 1000
     assert f["CPU seconds"] == 4.0 and f["CPU ms / answered request"] == 400.0
-    soak = editor_figures(RECORDS)  # what the soak's editor phase reports: the same counts
-    assert (soak.requests, soak.answered, soak.abandoned, soak.errors) == (42, 10, 30, 2)
-    assert soak.first_token_ms.p50 == pytest.approx(104.5)
 
 
 def test_tokens_for_abandoned_requests_are_generated_minus_delivered():

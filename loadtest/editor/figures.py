@@ -10,10 +10,8 @@ over SSE a piece counts as one token: an upper bound.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from loadtest.editor.systems import (
@@ -49,46 +47,6 @@ class EditorRecord:
     tokens_read: int
     completion_tokens: int | None  # the server's count (answered)
     error: str = ""
-
-
-@dataclass(frozen=True)
-class Percentiles:
-    p50: float | None = None
-    p95: float | None = None
-
-    @classmethod
-    def of(cls, values: Sequence[float]) -> Percentiles:
-        if not len(values):
-            return cls()
-        p50, p95 = np.percentile(np.asarray(values, dtype=float), [50, 95])
-        return cls(float(p50), float(p95))
-
-
-@dataclass(frozen=True)
-class EditorFigures:
-    """What the soak's editor phase reports of its records."""
-
-    requests: int
-    answered: int
-    abandoned: int
-    errors: int
-    first_token_ms: Percentiles
-    latency_ms: Percentiles
-    prompt_tokens_sent: float | None
-
-
-def editor_figures(records: Sequence[EditorRecord]) -> EditorFigures:
-    answered = [r for r in records if r.outcome == ANSWERED]
-    prompt = [r.prefix_tokens + r.suffix_tokens for r in records]
-    return EditorFigures(
-        requests=len(records),
-        answered=len(answered),
-        abandoned=sum(r.outcome == ABANDONED for r in records),
-        errors=sum(r.outcome == ERROR for r in records),
-        first_token_ms=Percentiles.of([r.first_token_ms for r in answered if r.first_token_ms]),
-        latency_ms=Percentiles.of([r.latency_ms for r in answered if r.latency_ms is not None]),
-        prompt_tokens_sent=float(np.mean(prompt)) if prompt else None,
-    )
 
 
 def request_event(record: EditorRecord, protocol: str, one_line: bool, wall: float) -> dict:

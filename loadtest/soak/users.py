@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import gevent
@@ -30,7 +31,7 @@ from loadtest.editor.protocols import Sender
 from loadtest.editor.suffix import probe
 from loadtest.editor.systems import triton_system
 from loadtest.editor.typist import TypingStyle, Typist
-from loadtest.editor.users import EditorTypist, Plan, Walk
+from loadtest.editor.users import EditorTypist, Walk
 from loadtest.editor.window import CheckpointTokenizer, Clipper
 from loadtest.soak.cases import HOSTILE, INVALID, UNARY_GRPC, Rotation, Schedule
 from loadtest.soak.plan import RAMP, SoakPlan
@@ -88,8 +89,8 @@ class SoakUser(User):
 
 
 class SoakTypist(EditorTypist):
-    """A typist of ``make loadtest PROFILE=editor`` in the soak's editor phase (its ``plan`` is
-    set there): each pause a streamed completion, abandoned at the next keystroke."""
+    """A typist of ``make loadtest PROFILE=editor`` in the soak's editor phase (its class
+    attributes are set there): each pause a streamed completion, abandoned at the next keystroke."""
 
 
 class SoakShape(LoadTestShape):
@@ -149,8 +150,10 @@ def editor_phase(s: Settings, runner: Any, progress: Callable[[], str]) -> dict[
         walks = {i: Walk(Typist(i, files, s.seed, SOAK_STYLE).visits())
                  for i in range(s.editor_typists)}  # fmt: skip
         system = triton_system("soak", sender, s.endpoints.metrics_url, [])
-        SoakTypist.plan = Plan(system, clipper, mode.send, walks, began + s.editor_duration,
-                               one_line=False, origin=began)  # fmt: skip
+        SoakTypist.system, SoakTypist.walks = system, walks
+        SoakTypist.windows = SimpleNamespace(clipper=clipper, with_suffix=mode.send, one_line=False)
+        SoakTypist.until, SoakTypist.origin = began + s.editor_duration, began
+        SoakTypist.numbers = itertools.count()
         log.info(f"editor phase: {s.editor_typists} typists through the API for "
                  f"{s.editor_duration:.0f}s, prompts up to {clipper.budget} tokens")  # fmt: skip
         runner.start(s.editor_typists, spawn_rate=100, user_classes=[SoakTypist])
