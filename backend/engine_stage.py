@@ -313,8 +313,7 @@ def submit_requests(stage: Stage, requests) -> None:
                 read_inputs(request, [ENGINE_REQUEST])[ENGINE_REQUEST.name]
             )
             log_probs = rows[0].return_log_probs
-            for row in rows:
-                engine.validate(row)
+            targets = [engine.route(row) for row in rows]  # every row checked, once
         except InvalidRequestError as exc:
             sender.send(error_response(str(exc)), flags=FINAL)
             continue
@@ -334,7 +333,7 @@ def submit_requests(stage: Stage, requests) -> None:
             listeners = reply.listeners()
         stage.hold.before_submit()
         engine.wait_for_room(sum(row.rows for row in rows))
-        for row, listener in zip(rows, listeners, strict=True):
-            listener.handle = engine.submit(row, listener)
+        for row, target, listener in zip(rows, targets, listeners, strict=True):
+            listener.handle = target.submit(row, listener, checked=True)
             stage.cancels.track(key, listener.handle)
         stage.hold.on_submitted()

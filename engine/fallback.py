@@ -113,18 +113,27 @@ class FallbackBackend:
         if refusal is not None:
             self._started_secondary(refusal).validate(request)
 
-    def submit(self, request: GenerationRequest, listener: Listener) -> Handle:
-        """To the primary when it can honour the request, else to the secondary, counted."""
+    def route(self, request: GenerationRequest) -> GenerationBackend:
+        """The primary when it can honour ``request``; else the secondary (made and started
+        once), the request checked against its own limits and counted as a fallback."""
         refusal = self._refusal(request)
         if refusal is None:
-            return self.primary.submit(request, listener)
-        handle = self._started_secondary(refusal).submit(request, listener)
+            return self.primary
+        secondary = self._started_secondary(refusal)
+        secondary.validate(request)
         reason = refusal.reason if refusal.reason in REASONS else "other"
         with self._lock:
             self._counts[reason] += 1
         if self._on_fallback is not None:
             self._on_fallback(reason)
-        return handle
+        return secondary
+
+    def submit(
+        self, request: GenerationRequest, listener: Listener, checked: bool = False
+    ) -> Handle:
+        """Routed (:meth:`route`, which is the check whatever ``checked`` says), then queued
+        there."""
+        return self.route(request).submit(request, listener, checked=True)
 
     def wait_for_room(self, rows: int) -> None:
         """Wait on the primary's batch. The stage calls this before it knows where a request

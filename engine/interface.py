@@ -230,8 +230,16 @@ class GenerationBackend(Protocol):
         backend cannot run (or cannot honour exactly)."""
         ...
 
-    def submit(self, request: GenerationRequest, listener: Listener) -> Handle:
-        """Queue a (valid) request; the handle cancels it within one step."""
+    def route(self, request: GenerationRequest) -> GenerationBackend:
+        """Check ``request`` once, as ``validate`` does, and return the backend that runs it
+        (this one, or a fallback's second engine), to ``submit`` it to with ``checked=True``."""
+        ...
+
+    def submit(
+        self, request: GenerationRequest, listener: Listener, checked: bool = False
+    ) -> Handle:
+        """Queue a request; the handle cancels it within one step. ``checked``: ``route``
+        returned this backend for it, so it is trusted; else it is checked first."""
         ...
 
     def wait_for_room(self, rows: int) -> None:

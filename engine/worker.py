@@ -38,9 +38,18 @@ class QueueWorker(Generic[W]):
     def validate(self, request: GenerationRequest) -> None:
         raise NotImplementedError
 
-    def submit(self, request: GenerationRequest, listener: Listener) -> Handle:
-        """Queue a request; the listener hears each token and then the result."""
+    def route(self, request: GenerationRequest) -> Self:
+        """Check ``request`` (``validate``); this backend runs it."""
         self.validate(request)
+        return self
+
+    def submit(
+        self, request: GenerationRequest, listener: Listener, checked: bool = False
+    ) -> Handle:
+        """Queue a request; the listener hears each token and then the result. Unless
+        ``checked`` (by :meth:`route`), it is checked first."""
+        if not checked:
+            self.validate(request)
         handle = Handle()
         self._queue.put(self._entry(request, listener, handle))
         return handle

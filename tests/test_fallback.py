@@ -22,7 +22,7 @@ from contract.options import BeamParams, InvalidRequestError, SamplingParams
 from contract.tensors import ENGINE_MODEL
 from engine.fallback import FALLBACK_MAX_BATCH_SIZE, FallbackBackend, with_fallback
 from engine.gptj import GPTJ
-from engine.interface import GenerationBackend, GenerationRequest, GenerationResult
+from engine.interface import GenerationBackend, GenerationRequest, GenerationResult, generate
 from engine.openvino_backend import OpenVINOBackend
 from engine.openvino_model import ModelShape, require_export
 from engine.torch_engine import TorchEngine
@@ -161,6 +161,37 @@ def test_what_the_pipeline_cannot_honour_is_answered_as_by_the_torch_engine(wrap
     assert engine.alive
     engine.stop()
     assert not engine.alive and engine.stopping and not secondary.alive
+
+
+def test_a_routed_request_is_checked_once_and_trusted_where_it_goes(wrapped, monkeypatch):
+    """The engine stage's path (backend/engine_stage.py): ``route`` checks each row and says
+    which engine runs it; the row is submitted there with ``checked=True`` and not checked
+    again. A bare ``submit`` routes too: one check."""
+    engine, _ = wrapped
+    checked: dict[str, list[GenerationRequest]] = {"primary": [], "secondary": []}
+
+    def spy(backend: GenerationBackend, name: str) -> None:
+        real = backend.validate
+        monkeypatch.setattr(backend, "validate", lambda r: (checked[name].append(r), real(r)))
+
+    spy(engine.primary, "primary")
+    ordinary = GenerationRequest(prompt(5), 8)
+    target = engine.route(ordinary)
+    assert target is engine.primary and checked["primary"] == [ordinary]
+    answer = generate(lambda r, listener: target.submit(r, listener, checked=True), ordinary)
+    assert answer.finish_reason in ("length", "end_id") and checked["primary"] == [ordinary]
+    assert engine.fallbacks == {}
+
+    unhonoured = GenerationRequest(prompt(5), 8, bad_words=[[5, 6]])
+    target = engine.route(unhonoured)
+    assert target is engine.secondary and engine.fallbacks == {"bad_words": 1}
+    spy(engine.secondary, "secondary")
+    generate(lambda r, listener: target.submit(r, listener, checked=True), unhonoured)
+    assert checked["secondary"] == []  # route checked it against the secondary's limits
+
+    checked["primary"].clear()
+    engine.generate(ordinary)
+    assert checked["primary"] == [ordinary]  # once, by the routing
 
 
 def test_what_no_engine_can_run_is_refused_by_the_pipeline(wrapped):
