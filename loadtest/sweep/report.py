@@ -2,7 +2,7 @@
 result schema of :mod:`reporting.events`) and ``run.json`` (the run's settings, machine and model,
 and each length's window from :mod:`loadtest.sweep.run`: its times, Triton's counter increases
 and their source). :func:`length_row` joins them into one row per output length. The prose is
-``loadtest/templates/report.md`` (``string.Template`` pieces).
+``loadtest/templates/report.md`` (format strings, one per piece).
 
 Redrawn without rerunning the load: ``python -m loadtest.sweep.report <run>``.
 """
