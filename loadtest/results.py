@@ -1,5 +1,5 @@
 """The machine and the served model as a load report's header has them
-(:func:`loadtest.targets.header_fields`)."""
+(:func:`loadtest.targets.served_lines`)."""
 
 from __future__ import annotations
 

@@ -169,14 +169,6 @@ def served_lines(m: MachineInfo, model: ModelInfo) -> list[str]:
     return lines
 
 
-def header_fields(run: Any) -> dict[str, str]:
-    """What every run report's header says of its run (a sweep's run.json, an editor
-    run): its name, start, length, command, machine and served model."""
-    machine = "\n".join(served_lines(run.machine, run.model))
-    return {"name": run.name, "started": run.started, "seconds": f"{run.seconds:.0f}",
-            "command": run.command, "machine": machine}  # fmt: skip
-
-
 class OpenAITarget(TritonTarget):
     """Triton, found or started as :class:`TritonTarget` does (its metrics and statistics are
     what the sweep reads), with the OpenAI-compatible API started in front of it."""

@@ -14,7 +14,6 @@ import json
 import math
 import string
 import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from contract.tensors import ENGINE_MODEL, ENSEMBLE_MODEL, MODEL_STAGE, STAGES
 from loadtest.metrics import MODELS, Deltas, reuse_line, window_figures
 from loadtest.results import MachineInfo, ModelInfo
 from loadtest.sweep import ITL_NAME, STREAM_NAME, charts
-from loadtest.targets import header_fields
+from loadtest.targets import served_lines
 from reporting import events
 from reporting.tables import templates
 from reporting.triton import sample_name
@@ -127,8 +126,7 @@ def summary_table(table: pd.DataFrame) -> str:
 def render(run: dict[str, Any], table: pd.DataFrame) -> str:
     """report.md in the seed's format."""
     info, s = run["run"], run["run"]["settings"]
-    header = types.SimpleNamespace(**{**info, "machine": MachineInfo(**info["machine"]),
-                                      "model": ModelInfo.from_dict(info["model"])})  # fmt: skip
+    machine = served_lines(MachineInfo(**info["machine"]), ModelInfo.from_dict(info["model"]))
     stream_setup = (
         _fill("stream_setup", users=s["stream_users"], seconds=f"{s['stream_duration_s']:.0f}")
         if s["stream_users"]
@@ -138,7 +136,8 @@ def render(run: dict[str, Any], table: pd.DataFrame) -> str:
     sections = [_length_section(row, window, s["stream_users"]) for (_, row), window in windows]
     return _fill(
         "report",
-        **header_fields(header),
+        name=info["name"], started=info["started"], seconds=f"{info['seconds']:.0f}",
+        command=info["command"], machine="\n".join(machine),
         users=s["users"], protocol=s["protocol"].upper(), warmup=f"{s['warmup_s']:.0f}",
         duration=f"{s['duration_s']:.0f}", prompts=s["prompts"], prompt_seed=s["prompt_seed"],
         sampling=s["sampling"], stream_setup=stream_setup, prometheus=info["prometheus"],
