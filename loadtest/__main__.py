@@ -1,7 +1,4 @@
-"""``python -m loadtest``: the default load test, the sweep over output lengths (the same as
-``python -m loadtest.sweep``). The other profiles have their own entry points:
-``python -m loadtest.editor`` (typists), ``python -m loadtest.soak`` (load and faults) and
-``python -m loadtest.stress`` (clients leaving at every point)."""
+"""``python -m loadtest``: the sweep over output lengths, as ``python -m loadtest.sweep``."""
 
 import sys
 

@@ -1,8 +1,5 @@
-"""The OpenAI-compatible API (``python -m openai_api``) as a child process of a load test.
-
-Its own module, free of Locust (which patches the process with gevent on import), so that the
-sweep's OpenAI target and the editor profile's threads both start it the same way.
-"""
+"""The OpenAI-compatible API (``python -m openai_api``) as a child process of a load test, in a
+module free of Locust (which patches the process with gevent on import)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""Triton's metrics over a measured window: counter increases and the figures derived from them.
-
-Every Triton and engine figure is a cumulative counter, so a load test works with increases
-over its window, from one source per window: two readings of ``/metrics``
-(:func:`snapshot_deltas`) or Prometheus' ``increase()`` (:mod:`loadtest.prom`), both as
-:class:`Deltas`, both turned into figures by :func:`window_figures`. The model stage's time is
-the engine's busy time, not Triton's ``compute_infer`` for ``gptj``: :mod:`contract.metrics`
-says why.
-"""
+"""Triton's counters over a measured window and the figures derived from them. Every figure is
+an increase over the window, from one source: two readings of ``/metrics`` or a Prometheus'
+first and last scrape inside it (:mod:`loadtest.prom`), both through :func:`snapshot_deltas`.
+The model stage's time is the engine's busy time, not Triton's ``compute_infer`` for ``gptj``
+(:mod:`contract.metrics` says why)."""
 
 from __future__ import annotations
 
@@ -24,9 +20,8 @@ Increases = dict[str, dict[str, float]]  # counter sample name -> model -> incre
 
 
 def counter_increase(start: float | None, end: float) -> float:
-    """A counter's increase between two readings, as Prometheus' ``increase()`` counts it
-    without extrapolation: a series born during the window counts from 0, and a value that went
-    down means the counter was reset (the server restarted), so ``end`` is the increase."""
+    """A counter's increase between two readings: a series born during the window counts from
+    0; one that went down was reset (the server restarted), so ``end`` is the increase."""
     if start is None:
         return end
     return end - start if end >= start else end
@@ -55,8 +50,7 @@ class Deltas:
 
 
 def snapshot_deltas(start: Snapshot, end: Snapshot) -> Deltas:
-    """Per-series increases from ``start`` to ``end`` (resets handled per series), then summed
-    by model. Gauges are skipped: a difference of gauges means nothing."""
+    """Per-series increases from ``start`` to ``end``, summed by model; gauges skipped."""
     gauges = {names.PENDING_REQUEST_COUNT, names.ENGINE_RUNNING}
     totals: dict[tuple[str, str], float] = {}
     for key, value in end.series.items():
@@ -70,10 +64,8 @@ def snapshot_deltas(start: Snapshot, end: Snapshot) -> Deltas:
 
 
 def execution_busy_us(statistics: Mapping[str, Any]) -> dict[str, float]:
-    """Each model's execution time (us) from Triton's statistics API (``/v2/models/stats``):
-    the sum over its ``batch_stats`` of ``compute_infer``, every execution counted once. The
-    metrics port's ``nv_inference_compute_infer_duration_us`` charges each request of a
-    batched execution with the whole execution, so it is this times the batch size."""
+    """Each model's execution time (us) from Triton's statistics API, every execution counted
+    once (the metrics port's ``compute_infer`` charges each request of a batch with all of it)."""
     busy: dict[str, float] = {}
     for model in statistics.get("model_stats", []):
         ns = sum(b["compute_infer"]["ns"] for b in model.get("batch_stats", []))
@@ -84,8 +76,8 @@ def execution_busy_us(statistics: Mapping[str, Any]) -> dict[str, float]:
 def busy_shares(
     start: Mapping[str, float], end: Mapping[str, float], engine_compute_us: float
 ) -> dict[str, float | None]:
-    """Pre- and postprocessing execution time over the window as a fraction of the engine's
-    busy time: the like-for-like version of the stage shares (see execution_busy_us)."""
+    """Pre- and postprocessing execution time over the window as a fraction of the engine's busy
+    time: the like-for-like stage shares."""
     return {
         stage: _ratio(counter_increase(start.get(stage), end.get(stage, 0.0)), engine_compute_us)
         for stage in (PREPROCESSING, POSTPROCESSING)
@@ -97,18 +89,8 @@ def _ratio(numerator: float, denominator: float) -> float | None:
 
 
 def window_figures(d: Deltas) -> dict[str, float | None]:
-    """One window's figures from counter increases alone (any source can feed it), as the
-    columns of a report's per-window row.
-
-    - ``triton_requests``, ``triton_rps``: the ensemble's completed inferences over the window.
-    - ``batch_<model>``: count / exec_count (Triton's grouping; for ``gptj`` its dynamic
-      batcher, not the engine); ``engine_batch``: step rows / steps, the engine's running batch.
-    - ``share_<stage>``: as the seed's report has it, a stage's compute time over the model
-      stage's, which is the engine's busy time (so ``share_model`` is 1). Triton's own figure
-      for the model stage is kept as ``triton_model_compute_infer_us``, not used.
-    - ``queue_share``: time queued (Triton's queues of the three stages plus the engine's wait
-      before prefill) over the ensemble's end-to-end request time.
-    """
+    """One window's figures, the columns of a report's per-window row (docs/loadtest.md and the
+    report's "How the figures are computed" say what each is)."""
     window, engine = d.window_s, ENGINE_MODEL
     requests = d.get(names.INFERENCE_COUNT, ENSEMBLE_MODEL)
     compute = {
@@ -117,8 +99,7 @@ def window_figures(d: Deltas) -> dict[str, float | None]:
         POSTPROCESSING: d.get(names.COMPUTE_INFER_DURATION_US, POSTPROCESSING),
     }
     queued = sum(d.get(names.QUEUE_DURATION_US, stage) for stage in STAGES)
-    # the engine model's Triton queue (requests wait there while the engine is full) and the
-    # engine's own wait before prefill
+    # the engine model's Triton queue (while the engine is full) and its wait before prefill
     queued += d.get(names.QUEUE_DURATION_US, engine) + d.get(names.ENGINE_QUEUE_DURATION_US, engine)
     request_us = d.get(names.REQUEST_DURATION_US, ENSEMBLE_MODEL)
     generated = d.get(names.ENGINE_GENERATED_TOKENS, engine)
@@ -150,21 +131,15 @@ def window_figures(d: Deltas) -> dict[str, float | None]:
     return figures
 
 
-# --- the prefix cache: shared by the sweep's and the editor profile's reports ------------
-
-
 def reuse_share(received: float, reused: float | None) -> float | None:
-    """Prompt tokens the prefix cache held over prompt tokens the engine received (its
-    prompt-token counter counts every admitted prompt whole, reused blocks included). An upper
-    bound: the reuse counter is the backend's own index of blocks, which the pipeline may have
-    evicted meanwhile."""
+    """Prompt tokens the prefix cache held over those the engine received; an upper bound (the
+    backend's own index of blocks, which the pipeline may have evicted meanwhile)."""
     if reused is None or not received:
         return None
     return reused / received
 
 
 def reuse_line(received: float, reused: float) -> str:
-    """One line for a report that has the two engine counters (the seed sweep's)."""
     share = reuse_share(received, reused)
     return (
         f"Prefix-cache reuse: {reused:,.0f} of {received:,.0f} prompt tokens received "

@@ -1,33 +1,35 @@
-"""The window's figures from a real Prometheus that scrapes Triton, with prometheus-api-client.
+"""Triton's counters over a window from a Prometheus that scrapes it (prometheus-api-client), as
+the same :class:`loadtest.metrics.Deltas` two ``/metrics`` readings give, through the same
+:func:`loadtest.metrics.snapshot_deltas`.
 
-Prometheus only knows the values at its scrape times, and ``increase(x[d])`` extrapolates to the
-edges of ``[T - d, T]`` whenever its first and last samples are not on them. So the window is
-aligned to scrape times: from the samples Prometheus holds for the target, ``T_start`` is the
-first scrape at or after the window's start and ``T_end`` the last at or before its end, and the
-query is ``increase(x[T_end - T_start])`` evaluated at ``T_end``. Both edge samples then sit
-exactly on the range's ends (Prometheus 2.x ranges are closed), nothing is extrapolated, and
-the result is the counter's exact increase between two scrapes, counter resets included. The
-aligned window is up to one scrape interval shorter at each end than the sweep's own, which is
-why the sweep opens and closes its window just around two scrapes.
+Prometheus knows the values at its scrape times only, so the window runs from its first scrape
+inside the sweep's window to its last: the raw samples there, nothing extrapolated as
+``increase()`` would. The sweep opens and closes its window just around two scrapes
+(:meth:`PromSource.next_scrape`), so the two windows differ by a fraction of a second at each end.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import os
 import statistics
 import time
 import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
 
 import requests
 from prometheus_api_client import PrometheusConnect
 
 from contract import metrics as names
 from contract.tensors import ENSEMBLE_MODEL
-from loadtest.metrics import Deltas
-from reporting.triton import sample_name
+from loadtest.metrics import Deltas, snapshot_deltas
+from loadtest.run_prometheus import INSTALL_HINT, PrometheusServer, find_binary
+from reporting.triton import Endpoints, Snapshot, sample_name
+from serving.process import free_port
 
 # The counters the report reads (Prometheus stores them under their exposed names).
 COUNTERS = (
@@ -54,10 +56,8 @@ class PromSource:
     """Queries one Prometheus about one scrape target (``instance`` label)."""
 
     def __init__(self, url: str, instance: str | None = None, timeout: float = 10.0) -> None:
-        self.url = url.rstrip("/")
-        self.instance = instance
+        self.url, self.instance, self.timeout = url.rstrip("/"), instance, timeout
         self.client = PrometheusConnect(url=self.url, disable_ssl=True)
-        self.timeout = timeout
 
     def reachable(self) -> bool:
         """A quick readiness probe (the client's own check retries with back-off)."""
@@ -66,81 +66,108 @@ class PromSource:
         except requests.RequestException:
             return False
 
-    def targets(self) -> list[dict[str, Any]]:
-        """Active scrape targets (prometheus-api-client has no call for this endpoint)."""
+    def find_instance(self, metrics_url: str) -> str | None:
+        """The ``instance`` label of the active target that scrapes ``metrics_url`` (matched on
+        port, localhost and 127.0.0.1 taken as the same host)."""
         response = requests.get(f"{self.url}/api/v1/targets", timeout=self.timeout)
         response.raise_for_status()
-        return response.json()["data"]["activeTargets"]
-
-    def find_instance(self, metrics_url: str) -> str | None:
-        """The ``instance`` label of the target that scrapes ``metrics_url`` (matched on port,
-        with localhost and 127.0.0.1 taken as the same host)."""
-        wanted = urllib.parse.urlsplit(metrics_url)
-        local = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
-        for target in self.targets():
+        wanted, local = urllib.parse.urlsplit(metrics_url), {"localhost", "127.0.0.1", "::1"}
+        for target in response.json()["data"]["activeTargets"]:
             scrape = urllib.parse.urlsplit(target.get("scrapeUrl", ""))
             hosts = {scrape.hostname, wanted.hostname}
-            same_host = len(hosts) == 1 or hosts <= local
-            if same_host and scrape.port == wanted.port:
+            if (len(hosts) == 1 or hosts <= local) and scrape.port == wanted.port:
                 return target["labels"].get("instance")
         return None
 
-    def _selector(self, metric: str, **labels: str) -> str:
-        if self.instance:
-            labels = {"instance": self.instance, **labels}
-        matchers = ",".join(f'{key}="{value}"' for key, value in labels.items())
-        return f"{metric}{{{matchers}}}" if matchers else metric
+    def _samples(self, names_: str, start: float, end: float, **labels: str) -> list[dict]:
+        """The raw samples of the metrics matching ``names_`` (a regex) in [start, end]."""
+        labels = {"instance": self.instance, **labels} if self.instance else labels
+        matchers = "".join(f',{key}="{value}"' for key, value in labels.items())
+        span_ms = int((end - start) * 1000) + 1000
+        query = f'{{__name__=~"{names_}"{matchers}}}[{span_ms}ms]'
+        return self.client.custom_query(query, params={"time": f"{end:.3f}"})
+
+    def scrape_times(self, start: float, end: float) -> list[float]:
+        """The target's scrapes within [start, end], from the ensemble's request counter (so a
+        scrape that failed is not taken as a window edge)."""
+        series = self._samples(names.INFERENCE_COUNT, start, end, model=ENSEMBLE_MODEL)
+        times = {float(t) for s in series for t, _ in s.get("values", [])}
+        return sorted(t for t in times if start <= t <= end)
 
     def wait_for_scrapes(self, count: int, timeout: float = 30.0) -> None:
-        """Wait until the target has ``count`` scrapes in the last 30 s (a Prometheus that has
-        just started has none): windows are aligned to them."""
+        """Until the target has ``count`` scrapes in the last 30 s: windows are aligned to them."""
         deadline = time.monotonic() + timeout
         while len(self.scrape_times(time.time() - 30, time.time())) < count:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"Prometheus scraped {self.instance} fewer than {count} times")
             time.sleep(0.5)
 
-    def scrape_times(self, start: float, end: float) -> list[float]:
-        """Timestamps of the target's scrapes within [start, end], from the samples of the
-        ensemble's request counter (so a scrape that failed is not taken as a window edge)."""
-        span_ms = int((end - start) * 1000) + 1000
-        series = self._selector(names.INFERENCE_COUNT, model=ENSEMBLE_MODEL)
-        result = self.client.custom_query(f"{series}[{span_ms}ms]", params={"time": f"{end:.3f}"})
-        times = sorted({float(t) for series in result for t, _ in series.get("values", [])})
-        return [t for t in times if start <= t <= end]
-
     def next_scrape(self, after: float, history_s: float = 30.0) -> tuple[float, float]:
-        """(time of the first scrape at or after ``after``, scrape interval), predicted from
-        the target's recent scrapes: Prometheus scrapes a target at a fixed phase."""
+        """(the first scrape at or after ``after``, the scrape interval), predicted from the
+        recent scrapes: Prometheus scrapes a target at a fixed phase."""
         now = time.time()
         times = self.scrape_times(now - history_s, now)
         if len(times) < 3:
             raise RuntimeError(f"only {len(times)} recent scrapes of {self.instance}")
         interval = statistics.median(b - a for a, b in itertools.pairwise(times))
-        steps = max(0, math.ceil((after - times[-1]) / interval))
-        return times[-1] + steps * interval, interval
+        return times[-1] + max(0, math.ceil((after - times[-1]) / interval)) * interval, interval
 
-    def aligned_window(self, start: float, end: float) -> AlignedWindow:
-        times = self.scrape_times(start, end)
+    def window_deltas(self, start: float, end: float) -> tuple[Deltas, AlignedWindow]:
+        """Every counter's increase from the first scrape in [start, end] to the last."""
+        series = self._samples("|".join(COUNTERS), start, end)
+        stamps = {float(t) for s in series for t, _ in s["values"]}
+        times = sorted(t for t in stamps if start <= t <= end)
         if len(times) < 2:
             raise RuntimeError(
                 f"Prometheus has {len(times)} scrape(s) of {self.instance or 'the target'} in the "
                 f"{end - start:.1f} s window: scrape more often or measure longer"
             )
-        return AlignedWindow(times[0], times[-1], len(times))
+        edges: tuple[dict, dict] = ({}, {})
+        for s in series:
+            labels = dict(s["metric"])
+            key = (sample_name(labels.pop("__name__")), tuple(sorted(labels.items())))
+            values = {float(t): float(v) for t, v in s["values"]}
+            for edge, at in zip(edges, (times[0], times[-1]), strict=True):
+                if at in values:
+                    edge[key] = values[at]
+        window = AlignedWindow(times[0], times[-1], len(times))
+        return snapshot_deltas(Snapshot(times[0], edges[0]), Snapshot(times[-1], edges[1])), window
 
-    def increase(self, metric: str, window: AlignedWindow) -> dict[str, float]:
-        """``increase()`` of one counter over the aligned window, summed by model."""
-        range_ms = round(window.seconds * 1000)
-        query = f"sum by (model) (increase({self._selector(metric)}[{range_ms}ms]))"
-        result = self.client.custom_query(query, params={"time": f"{window.end:.3f}"})
-        return {series["metric"].get("model", ""): float(series["value"][1]) for series in result}
 
-    def window_deltas(self, start: float, end: float) -> tuple[Deltas, AlignedWindow]:
-        """The same :class:`Deltas` as the direct reading, from Prometheus."""
-        window = self.aligned_window(start, end)
-        values: dict[tuple[str, str], float] = {}
-        for metric in COUNTERS:
-            for model, value in self.increase(metric, window).items():
-                values[(sample_name(metric), model)] = value
-        return Deltas(values, window.seconds), window
+@dataclass(frozen=True)
+class PrometheusChoice:
+    source: PromSource | None  # None: Triton's metrics port, read at both ends of a window
+    note: str  # which one, in a sentence for the log and the report
+
+
+@contextmanager
+def prometheus_for(
+    choice: str, endpoints: Endpoints, folder: Path | None = None
+) -> Iterator[PrometheusChoice]:
+    """The Prometheus Triton's figures come from. ``off``: none (the metrics port). A URL: that
+    one, which must scrape this Triton. ``auto``: ``$PROMETHEUS_URL`` or http://127.0.0.1:9090
+    when one runs there scraping this Triton (``make prometheus``); else, given a ``folder`` and a
+    ``prometheus`` on PATH, one started for this run (scraping every second, its data in
+    ``folder``, stopped on the way out); else none."""
+    if choice == "off":
+        yield PrometheusChoice(None, "Prometheus: off (--prometheus off)")
+        return
+    default = os.environ.get("PROMETHEUS_URL") or "http://127.0.0.1:9090"
+    url = default if choice == "auto" else choice
+    source = PromSource(url)
+    source.instance = source.find_instance(endpoints.metrics_url) if source.reachable() else None
+    if source.instance:
+        yield PrometheusChoice(source, f"Prometheus at {url} (target {source.instance})")
+        return
+    note = f"no Prometheus at {url} scrapes {endpoints.metrics_url}"
+    if choice != "auto":
+        raise SystemExit(note)
+    if folder is None or find_binary() is None:
+        yield PrometheusChoice(None, f"{note}: Triton's metrics port instead ({INSTALL_HINT})")
+        return
+    target = endpoints.metrics_target
+    with PrometheusServer(target, free_port(), folder / "prometheus", interval="1s") as server:
+        own = PromSource(server.url, instance=target)
+        own.wait_for_scrapes(3)  # the windows are aligned to its scrapes
+        yield PrometheusChoice(own, f"Prometheus started for this run at {server.url} "
+                                    f"(target {target}, every 1s)")  # fmt: skip

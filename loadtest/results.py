@@ -1,6 +1,5 @@
-"""What a load run says of its machine and its served model, as types every profile's report
-header shares (:func:`loadtest.targets.header_fields`). A run's requests are rows of the one
-event table (:mod:`reporting.events`); Triton's figures are :mod:`loadtest.metrics`'."""
+"""The machine and the served model as a load report's header has them
+(:func:`loadtest.targets.served_lines`)."""
 
 from __future__ import annotations
 

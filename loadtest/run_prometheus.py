@@ -1,10 +1,9 @@
-"""Run a real Prometheus server that scrapes Triton's metrics port (``make prometheus``).
+"""``make prometheus``: a Prometheus that scrapes Triton's metrics port, on 127.0.0.1 only.
 
-The binary is the one ``scripts/install-prometheus.sh`` installs (Debian's ``prometheus``
-package). Its configuration is rendered from ``loadtest/prometheus.yml`` into the data folder
-(``.prometheus/`` by default, ignored by git), it listens on 127.0.0.1 only, and it keeps its
-time series under ``.prometheus/data``. The load test and its integration test use the
-:class:`PrometheusServer` class to run a private one on a free port.
+The binary is the one ``scripts/install-prometheus.sh`` installs (Debian's ``prometheus``). Its
+configuration is ``loadtest/prometheus.yml`` filled in, written with its time series into the data
+folder (``.prometheus/``, ignored by git). The sweep runs a private one through
+:class:`PrometheusServer` (:func:`loadtest.prom.prometheus_for`).
 
     python -m loadtest.run_prometheus --metrics-port 8002 --port 9090 --interval 2s
 """
@@ -26,21 +25,13 @@ INSTALL_HINT = "run scripts/install-prometheus.sh (make setup does) to install P
 
 
 def find_binary() -> str | None:
-    """The ``prometheus`` executable on PATH (Debian installs it as /usr/bin/prometheus)."""
     return shutil.which("prometheus")
-
-
-def _seconds(interval: str) -> float:
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0}
-    for unit in ("ms", "s", "m"):
-        if interval.endswith(unit):
-            return float(interval[: -len(unit)]) * units[unit]
-    return float(interval)
 
 
 def render_config(target: str, interval: str) -> str:
     """The scrape configuration for one Triton metrics endpoint (``host:port``)."""
-    seconds = _seconds(interval)
+    unit = next(u for u in ("ms", "s", "m", "") if interval.endswith(u))
+    seconds = float(interval.removesuffix(unit)) * {"ms": 0.001, "m": 60.0}.get(unit, 1.0)
     timeout = f"{round(max(0.5, min(seconds * 0.8, 10.0)) * 1000)}ms"  # whole units only
     return string.Template(TEMPLATE.read_text()).substitute(
         scrape_interval=interval, scrape_timeout=timeout, target=target
@@ -48,7 +39,7 @@ def render_config(target: str, interval: str) -> str:
 
 
 class PrometheusServer(ChildServer):
-    """A Prometheus child process scraping ``target``: start, wait until ready, stop."""
+    """A Prometheus child process scraping ``target``."""
 
     name = "prometheus"
     stop_signal = signal.SIGTERM  # Prometheus flushes its head block on TERM
@@ -56,30 +47,12 @@ class PrometheusServer(ChildServer):
     ready_path = "/-/ready"
 
     def __init__(
-        self,
-        target: str,
-        port: int = 9090,
-        directory: Path | None = None,
-        interval: str = "2s",
-        retention: str = "7d",
+        self, target: str, port: int = 9090, directory: Path | None = None, interval: str = "2s"
     ) -> None:
         self.directory = Path(directory or REPO_ROOT / ".prometheus").resolve()
         super().__init__(port, self.directory / "prometheus.log")
-        self.target, self.interval, self.retention = target, interval, retention
-
-    @property
-    def config_file(self) -> Path:
-        return self.directory / "prometheus.yml"
-
-    def command(self, binary: str) -> list[str]:
-        return [
-            binary,
-            f"--config.file={self.config_file}",
-            f"--storage.tsdb.path={self.directory / 'data'}",
-            f"--storage.tsdb.retention.time={self.retention}",
-            f"--web.listen-address=127.0.0.1:{self.port}",
-            "--web.enable-lifecycle",
-        ]
+        self.target, self.interval = target, interval
+        self.config_file = self.directory / "prometheus.yml"
 
     def start(self) -> PrometheusServer:
         binary = find_binary()
@@ -87,7 +60,11 @@ class PrometheusServer(ChildServer):
             raise FileNotFoundError(f"no `prometheus` on PATH: {INSTALL_HINT}")
         self.directory.mkdir(parents=True, exist_ok=True)
         self.config_file.write_text(render_config(self.target, self.interval))
-        return self.spawn(self.command(binary), cwd=self.directory)
+        command = [binary, f"--config.file={self.config_file}",
+                   f"--storage.tsdb.path={self.directory / 'data'}",
+                   "--storage.tsdb.retention.time=7d", "--web.enable-lifecycle",
+                   f"--web.listen-address=127.0.0.1:{self.port}"]  # fmt: skip
+        return self.spawn(command, cwd=self.directory)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,21 +75,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", default="2s", help="scrape interval, e.g. 1s, 2s")
     parser.add_argument("--directory", type=Path, default=REPO_ROOT / ".prometheus")
     args = parser.parse_args(argv)
-
-    server = PrometheusServer(
-        f"{args.metrics_host}:{args.metrics_port}", args.port, args.directory, args.interval
-    )
+    target = f"{args.metrics_host}:{args.metrics_port}"
+    server = PrometheusServer(target, args.port, args.directory, args.interval)
     try:
-        server.start()
-        server.wait_ready()
+        server.start().wait_ready()
     except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
         print(f"prometheus: {exc}", file=sys.stderr)
         server.stop()
         return 1
 
     def shutdown(signum: int, _frame: object) -> None:
-        # Only signal here: this handler interrupts process.wait() below, which holds the
-        # Popen's wait lock, so waiting again in the handler would deadlock.
+        # only signal: this interrupts process.wait() below, which holds the Popen's wait lock,
+        # so waiting again here would deadlock
         if server.process is not None and server.process.poll() is None:
             server.process.send_signal(signal.SIGTERM)
 
@@ -120,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, shutdown)
     print(
         f"Prometheus is ready (Ctrl-C stops it): {server.url}\n"
-        f"  scraping http://{server.target}/metrics every {args.interval}\n"
+        f"  scraping http://{target}/metrics every {args.interval}\n"
         f"  config {server.config_file}, data {server.directory / 'data'}\n"
         f"  the load test finds it there (or set PROMETHEUS_URL={server.url})",
         flush=True,

@@ -3,23 +3,15 @@
     python -m loadtest.stress --grpc 127.0.0.1:8001 --http 127.0.0.1:8000 --duration 120
     python -m loadtest.stress ... --api http://127.0.0.1:8080   # also through the OpenAI API
 
-Locust users, each looping over one pattern until the run ends (bounded in time and count):
-
-- ``grpc-cancel``: a gRPC stream to ``ensemble_stream`` with a long prompt, read for 0-8 pieces,
-  then left the way the project's client leaves it (``stop_stream(cancel_requests=True)``);
-- ``grpc-full``: the same stream read to its end (it must end);
-- ``http-abandon``: Triton's HTTP ``generate_stream``, the connection closed after 0-8 events;
-- ``unary``: the unary ``ensemble`` over gRPC, half of them with a client deadline that passes
-  while they are queued or running;
-- ``api-abandon`` (with ``--api``): a streamed ``/v1/completions`` closed after 0-8 events, and a
-  non-streamed one given up by a short client timeout.
-
-Every request is a Locust request event, a row of :class:`reporting.events.EventLog` (written
-to ``--out``/events.csv when given). It fails (exit 1) on an unexpected error, on a stall (no
-request completed for ``--stall`` seconds while some were in flight), or when afterwards the
-server does not answer a new stream and a new unary request at once, or a model still holds
-pending requests, engine rows or calls in flight. Traffic goes to this machine only. With
-``--out``, Locust's own tables and HTML page are written beside events.csv.
+One Locust user class per way of leaving, each looping until the run ends (bounded in time and
+count): ``grpc-cancel`` (a gRPC stream read for 0-8 pieces, then cancelled as the project's client
+does), ``grpc-full`` (read to its end), ``http-abandon`` (HTTP ``generate_stream`` closed after 0-8
+events), ``unary`` (half given up by a client deadline), ``api-abandon`` (with ``--api``: a
+streamed ``/v1/completions`` closed after 0-8 events, or a non-streamed one given up by a short
+timeout). Every request is a row of the event table (``--out``/events.csv, beside Locust's own
+reports). FAIL (exit 1): an unexpected error, a stall (nothing completed for ``--stall`` seconds
+while requests were in flight), a new stream or unary request not answered afterwards, or a model
+still holding requests, engine rows or calls. Traffic goes to this machine only.
 """
 
 from __future__ import annotations
@@ -33,7 +25,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import gevent
@@ -78,7 +69,7 @@ def code_prompt(rng: random.Random, chars: int) -> str:
 
 
 class StressUser(User):
-    """One pattern, one request after another; ``args`` and the counters are the run's."""
+    """One way of leaving, one request after another; ``args`` and the counters are the run's."""
 
     abstract = True
     wait_time = constant(0)
@@ -121,8 +112,7 @@ class StressUser(User):
         )  # fmt: skip
 
     def read_then_leave(self, open_stream: Callable[[], ResponseStream], keep: int | None):
-        """Read ``keep`` answers of a stream (None: to its end), then drop it: a gRPC stream
-        closed with a cancel, an HTTP connection closed, as an editor leaves them."""
+        """Read ``keep`` answers of a stream (None: to its end), then drop it as an editor does."""
         stream = open_stream()
         try:
             pieces = 0
@@ -139,8 +129,6 @@ class StressUser(User):
 
 
 class GrpcCancel(StressUser):
-    """A gRPC stream read for 0-8 pieces, then cancelled (:class:`GrpcFull`: read to its end)."""
-
     pattern = "grpc-cancel"
     read_all = False
 
@@ -174,8 +162,6 @@ class HttpAbandon(StressUser):
 
 
 class Unary(StressUser):
-    """The unary ensemble over gRPC; half of them given up by a short client deadline."""
-
     pattern = "unary"
 
     @task
@@ -198,9 +184,6 @@ class Unary(StressUser):
 
 
 class ApiAbandon(StressUser):
-    """/v1/completions: streamed and closed after 0-8 events, or non-streamed and given up by a
-    short client timeout."""
-
     pattern = "api-abandon"
 
     @task
@@ -246,15 +229,19 @@ def released(metrics_url: str, timeout: float = 60.0) -> list[str]:
 
 
 def answers_at_once(grpc: str, timeout: float = 30.0) -> list[str]:
-    """A new stream, a new unary request and a call of the engine model, each answered within
+    """A new stream, a new unary request and a call of the model stage, each answered within
     ``timeout`` seconds."""
     problems = []
     request = CompletionRequest(("def answer():\n",), max_tokens=8)
     with Transport(grpc, timeout) as transport:
+        inputs = []
+        for name, value in (("input_ids", [[5, 6, 7, 8]]), ("input_lengths", [[4]]),
+                            ("request_output_len", [[4]])):  # fmt: skip
+            inputs.append(transport.module.InferInput(name, [1, len(value[0])], "UINT32"))
+            inputs[-1].set_data_from_numpy(np.array(value, dtype=np.uint32))
         try:
             transport.infer(request, "stress-after")
-            transport.call("infer", MODEL_STAGE, _stage_inputs(transport.module),
-                           client_timeout=timeout)  # fmt: skip
+            transport.call("infer", MODEL_STAGE, inputs, client_timeout=timeout)
         except CodegenError as exc:
             problems.append(f"a unary request after the run failed: {exc}")
         try:
@@ -264,29 +251,11 @@ def answers_at_once(grpc: str, timeout: float = 30.0) -> list[str]:
     return problems
 
 
-def _stage_inputs(module: ModuleType) -> list:
-    inputs = []
-    for name, value in (("input_ids", [[5, 6, 7, 8]]), ("input_lengths", [[4]]),
-                        ("request_output_len", [[4]])):  # fmt: skip
-        array = np.array(value, dtype=np.uint32)
-        tensor = module.InferInput(name, list(array.shape), "UINT32")
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
-
-
 def longest_gap(frame: Any, began: float) -> float:
     """The longest interval without a completion, from the run's start (table time)."""
     ok = frame[frame["outcome"] == "ok"]
     ends = sorted(ok["started_s"] + ok["latency_ms"] / 1e3)
     return max((b - a for a, b in zip([began, *ends], ends, strict=False)), default=0.0)
-
-
-def _local(address: str) -> str:
-    host = address.split("://")[-1].rsplit(":", 1)[0]
-    if host not in LOCAL:
-        raise SystemExit(f"{address}: the stress test sends traffic to this machine only")
-    return address
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -308,7 +277,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.prompt_chars = tuple(int(x) for x in args.prompt_chars.split(","))
     for address in (args.grpc, args.http, args.metrics, *([args.api] if args.api else [])):
-        _local(address)
+        if address.split("://")[-1].rsplit(":", 1)[0] not in LOCAL:
+            raise SystemExit(f"{address}: the stress test sends traffic to this machine only")
     return args
 
 

@@ -1,44 +1,35 @@
-"""What a load profile loads and what watches it: one :class:`Target` per ``--protocol`` (the
-Locust user that speaks it and the server that answers it), the Prometheus Triton's figures
-come from (:func:`prometheus_for`), and the report header's machine and model.
-
-Servers are found or started through :func:`reporting.triton.open_triton` (the production
-launcher) and :class:`loadtest.api_process.ApiProcess`; both targets are context managers:
-what a run started, it stops on the way out. Adding a protocol is one more entry in
-:data:`TARGETS`: the user class and a server factory (:class:`TritonTarget`, or a class that
-enters one and starts something in front, as :class:`OpenAITarget` does, returning its URL as
-``users_url``).
+"""What a load profile loads: one :class:`Target` per ``--protocol`` (the Locust user that
+speaks it and the server that answers it, found or started, and stopped on the way out if
+started), and the report header's machine and model. Adding a protocol is one more entry in
+:data:`TARGETS`: the user class and a server factory (:class:`TritonTarget`, or one that enters it
+and starts something in front, as :class:`OpenAITarget` does, its URL as ``users_url``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
 import logging
 import math
-import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from contract.tensors import ENGINE_MODEL, MODEL_STAGE
 from loadtest.api_process import ApiProcess
-from loadtest.prom import PromSource
 from loadtest.results import CheckpointInfo, MachineInfo, ModelInfo
-from loadtest.run_prometheus import INSTALL_HINT, PrometheusServer, find_binary
 from reporting.machine import machine_lines
 from reporting.triton import Endpoints, ServedTriton, get_json, open_triton
 from serving.paths import checkpoint_dir
-from serving.process import free_port, http_ready
+from serving.process import http_ready
 
 log = logging.getLogger(__name__)
 
 
-# a protocol's server: endpoints, model repository, run folder -> a context manager that
-# finds or starts it (TritonTarget, OpenAITarget)
+# endpoints, model repository, run folder -> a context manager (TritonTarget, OpenAITarget)
 ServerFactory = Callable[[Endpoints, Path, Path], Any]
 
 
@@ -60,8 +51,7 @@ class TritonTarget:
     """The Triton at ``endpoints``, found or started (:func:`reporting.triton.open_triton`)."""
 
     def __init__(self, endpoints: Endpoints, model_repository: Path, out: Path) -> None:
-        self.endpoints = endpoints
-        self.model_repository = Path(model_repository)
+        self.endpoints, self.model_repository = endpoints, Path(model_repository)
         self.log_file = out / "tritonserver.log"
         self.served: ServedTriton | None = None
 
@@ -105,11 +95,10 @@ _CONFIG_KEYS = {
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
+    with contextlib.suppress(OSError, ValueError):
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        return data if isinstance(data, dict) else {}
+    return {}
 
 
 def _safetensors_parameters(folder: Path) -> int | None:
@@ -180,14 +169,6 @@ def served_lines(m: MachineInfo, model: ModelInfo) -> list[str]:
     return lines
 
 
-def header_fields(run: Any) -> dict[str, str]:
-    """What every run report's header says of its run (a sweep's run.json, an editor
-    run): its name, start, length, command, machine and served model."""
-    machine = "\n".join(served_lines(run.machine, run.model))
-    return {"name": run.name, "started": run.started, "seconds": f"{run.seconds:.0f}",
-            "command": run.command, "machine": machine}  # fmt: skip
-
-
 class OpenAITarget(TritonTarget):
     """Triton, found or started as :class:`TritonTarget` does (its metrics and statistics are
     what the sweep reads), with the OpenAI-compatible API started in front of it."""
@@ -221,71 +202,15 @@ class OpenAITarget(TritonTarget):
         super().__exit__(*exc)
 
 
+USERS = "loadtest.sweep.locustfile:"
 TARGETS: dict[str, Target] = {
-    "http": Target(
-        "http",
-        "loadtest.sweep.locustfile:HttpEnsembleUser",
-        TritonTarget,
-        "KServe v2 over HTTP (Locust's FastHttpUser)",
-    ),
-    "grpc": Target(
-        "grpc",
-        "loadtest.sweep.locustfile:GrpcEnsembleUser",
-        TritonTarget,
-        "tritonclient.grpc in a Locust user",
-    ),
-    "openai": Target(
-        "openai",
-        "loadtest.sweep.locustfile:OpenAIUser",
-        OpenAITarget,
-        "POST /v1/completions through the OpenAI-compatible API (its overhead over gRPC)",
-    ),
-}
-
-
-# --- Prometheus ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PrometheusChoice:
-    source: PromSource | None  # None: Triton's metrics port, read at both ends of a window
-    note: str  # which one, in a sentence for the log and the report
-
-
-@contextmanager
-def prometheus_for(
-    choice: str, endpoints: Endpoints, folder: Path | None = None
-) -> Iterator[PrometheusChoice]:
-    """The Prometheus Triton's figures come from. ``off``: none (the metrics port, read at
-    both ends of each window). A URL: that one, which must scrape this Triton. ``auto``:
-    ``$PROMETHEUS_URL`` or http://127.0.0.1:9090 when one runs there and scrapes this Triton
-    (``make prometheus``); else, given a ``folder`` and a ``prometheus`` on PATH, one started
-    for this run (scraping every second, its data in ``folder``, stopped on the way out);
-    else none."""
-    if choice == "off":
-        yield PrometheusChoice(None, "Prometheus: off (--prometheus off)")
-        return
-    default = os.environ.get("PROMETHEUS_URL") or "http://127.0.0.1:9090"
-    url = default if choice == "auto" else choice
-    source = PromSource(url)
-    instance = source.find_instance(endpoints.metrics_url) if source.reachable() else None
-    if instance:
-        source.instance = instance
-        yield PrometheusChoice(source, f"Prometheus at {url} (target {instance})")
-        return
-    note = f"no Prometheus at {url} scrapes {endpoints.metrics_url}"
-    if choice != "auto":
-        raise SystemExit(note)
-    if folder is None or find_binary() is None:
-        yield PrometheusChoice(None, f"{note}: Triton's metrics port instead ({INSTALL_HINT})")
-        return
-    target = endpoints.metrics_target
-    server = PrometheusServer(target, free_port(), folder / "prometheus", interval="1s")
-    try:
-        server.start().wait_ready()
-        own = PromSource(server.url, instance=target)
-        own.wait_for_scrapes(3)  # the windows are aligned to its scrapes
-        yield PrometheusChoice(own, f"Prometheus started for this run at {server.url} "
-                                    f"(target {target}, every 1s)")  # fmt: skip
-    finally:
-        server.stop()
+    target.protocol: target
+    for target in (
+        Target("http", USERS + "HttpEnsembleUser", TritonTarget,
+               "KServe v2 over HTTP (Locust's FastHttpUser)"),
+        Target("grpc", USERS + "GrpcEnsembleUser", TritonTarget,
+               "tritonclient.grpc in a Locust user"),
+        Target("openai", USERS + "OpenAIUser", OpenAITarget,
+               "POST /v1/completions through the OpenAI-compatible API (its overhead over gRPC)"),
+    )
+}  # fmt: skip

@@ -1,16 +1,11 @@
-"""The one result schema: every request a load profile or the bench sends is one row of a
-pandas table, appended from Locust's ``request`` events (the ledger), and every report is built
-from that table.
+"""The one result schema: every request a load profile or the bench sends is a row of a pandas
+table, appended from Locust's ``request`` events, and every report is built from that table.
 
-A profile fires Locust's event as usual (``environment.events.request.fire(...)``, or lets an
-``HttpUser`` fire it) and puts the columns Locust has no field for into the event's
-``context`` dict: ``first_token_ms``, ``tokens``, ``outcome``, ``system``... :class:`EventLog`
-listens, turns each event into a row (:data:`COLUMNS`, plus any extra context keys) and writes
-``events.csv``; :func:`load` reads it back, :func:`summarize` gives the per-group figures every
-report prints (count, failures, RPS, latency and first-token percentiles, tokens/s), and
-:func:`markdown` lays any frame out with ``DataFrame.to_markdown``.
-
-It imports no Locust (tools below Locust import it too): the listener is duck-typed.
+A profile fires Locust's event as usual and puts the columns Locust has no field for into its
+``context`` (``first_token_ms``, ``tokens``, ``outcome``...). :class:`EventLog` turns each event
+into a row and writes ``events.csv``; :func:`load` reads it back, :func:`summarize` gives the
+per-group figures and :func:`markdown` lays a frame out. It imports no Locust (the listener is
+duck-typed), so tools that run without Locust use it too.
 """
 
 from __future__ import annotations

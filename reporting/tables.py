@@ -6,7 +6,6 @@ import re
 from collections.abc import Iterable, Sequence
 from functools import cache
 from pathlib import Path
-from string import Template
 
 MISSING = "-"  # a figure that was not measured
 
@@ -67,11 +66,9 @@ def text_table(
 
 
 @cache
-def templates(path: Path) -> dict[str, Template]:
-    """The pieces of a template file, by name: ``<!-- template: NAME -->`` starts one; what
-    comes before the first is the file's own comment. Reports keep their prose there."""
+def templates(path: Path) -> dict[str, str]:
+    """The pieces of a template file, by name: ``<!-- template: NAME -->`` starts one; what comes
+    before the first is the file's own comment. Reports keep their prose there."""
     parts = re.split(r"^<!-- template: (\w+) -->\n", Path(path).read_text(), flags=re.MULTILINE)
-    names, bodies = parts[1::2], parts[2::2]
-    return {
-        name: Template(body.removesuffix("\n")) for name, body in zip(names, bodies, strict=True)
-    }
+    pieces = zip(parts[1::2], parts[2::2], strict=True)
+    return {name: body.removesuffix("\n") for name, body in pieces}

@@ -1,11 +1,7 @@
-"""The Triton a tool measures, found or started one way for every tool (load test, soak, bench).
-
-Where it answers (:class:`Endpoints`), found ready or started through the production launcher
-(:func:`open_triton`: ``python -m serving.triton``, so its signals and watchdog are part of
-what a run observes), what it serves (:meth:`ServedTriton.info`), its metrics as a
-:class:`Snapshot`, and the wait until it has drained (:func:`wait_for_drain`). A server found
-running is never stopped or signalled.
-"""
+"""The Triton every tool measures: where it answers (:class:`Endpoints`), found or started
+through the production launcher (:func:`open_triton`, so its signals and watchdog are part of
+what a run observes; a server found running is never stopped), what it serves, its metrics
+(:class:`Snapshot`) and the wait until it has drained (:func:`wait_for_drain`)."""
 
 from __future__ import annotations
 
@@ -94,8 +90,7 @@ def get_json(url: str, timeout: float = 5.0) -> Any:
 
 
 class ChildServer(ManagedServer):
-    """A server a tool runs as its child on 127.0.0.1:``port``, its output in ``log_file``,
-    tied to the tool's life (:func:`serving.process.spawn_tied`)."""
+    """A server a tool runs as its child on 127.0.0.1:``port``, tied to the tool's life."""
 
     ready_path = "/"
 
@@ -115,7 +110,7 @@ class ChildServer(ManagedServer):
     def log_hint(self) -> str:
         return f"; see {self.log_file}"
 
-    def spawn(self, command: list[str], **popen: Any) -> Self:
+    def spawn(self, command: list[str], **popen: Any) -> Self:  # its output in log_file
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with self.log_file.open("ab") as out:
             self.process = spawn_tied(command, out, **popen)
@@ -169,8 +164,8 @@ class ServedTriton:
         return self.endpoints.grpc
 
     def info(self) -> dict[str, Any]:
-        """Triton's version and the engine model's parameters, batching and instances, read
-        from the server once; ``{"error": ...}`` when it could not say."""
+        """Triton's version and the engine model's parameters, batching and instances (read
+        once); ``{"error": ...}`` when it could not say."""
         if not self.facts:
             url = self.endpoints.http_url
             try:
@@ -187,8 +182,7 @@ class ServedTriton:
         return self.facts
 
     def close(self, timeout: float | None = None) -> int | None:
-        """Stop the server if this run started it: the launcher's exit code, or None. After
-        ``timeout`` seconds the launcher is killed, and tritonserver with it."""
+        """Stop the server if this run started it (killed after ``timeout`` s): its exit code."""
         if self.launcher is None:
             return None
         log.info("stopping the Triton server this run started")
@@ -203,9 +197,8 @@ class ServedTriton:
 
 
 def open_triton(endpoints: Endpoints, model_repository: Path, log_file: Path) -> ServedTriton:
-    """The Triton at ``endpoints`` if one is ready (or starting) there; otherwise, on this
-    machine, one started through the launcher on ``model_repository``. SystemExit says what
-    to do when neither works."""
+    """The Triton ready (or starting) at ``endpoints``, else one started on this machine;
+    SystemExit says what to do when neither works."""
     host = endpoints.host
     if http_ready(f"{endpoints.http_url}/v2/health/ready"):
         log.info(f"using the Triton server at {host}")
@@ -259,9 +252,8 @@ SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 
 
 def sample_name(metric: str) -> str:
-    """The name a counter's samples carry once parsed: prometheus_client follows OpenMetrics
-    and gives every counter sample a ``_total`` suffix (Triton exposes ``nv_inference_count``,
-    the parser yields ``nv_inference_count_total``); the engine's counters already end so."""
+    """A counter's name once parsed: prometheus_client (OpenMetrics) adds ``_total`` to Triton's
+    ``nv_inference_count``; the engine's counters already end so."""
     gauges = {names.PENDING_REQUEST_COUNT, names.ENGINE_RUNNING}
     return metric if metric in gauges or metric.endswith("_total") else metric + "_total"
 
@@ -284,7 +276,7 @@ class Snapshot:
         )
 
     def gauge(self, metric: str) -> float | None:
-        """Sum of a gauge's samples over every model (None when the server does not export it)."""
+        """Sum of a gauge's samples over every model (None when not exported)."""
         values = [v for (name, _), v in self.series.items() if name == metric]
         return sum(values) if values else None
 
@@ -309,10 +301,6 @@ def read_snapshot(url: str, timeout: float = 10.0) -> Snapshot:
     return parse_metrics(text, (started + time.time()) / 2)
 
 
-# Another engineer is adding this gauge to the engine; read it when exported.
-KV_CACHE_BYTES = getattr(names, "ENGINE_KV_CACHE_BYTES", "codegen_engine_kv_cache_bytes")
-
-
 @dataclass(frozen=True)
 class EngineState:
     running: float | None  # codegen_engine_running_sequences, every engine summed
@@ -330,7 +318,7 @@ def engine_state(metrics_url: str) -> EngineState:
     return EngineState(
         running=snapshot.gauge(names.ENGINE_RUNNING),
         pending=snapshot.gauge(names.PENDING_REQUEST_COUNT),
-        kv_cache_bytes=snapshot.gauge(KV_CACHE_BYTES),
+        kv_cache_bytes=snapshot.gauge(names.ENGINE_KV_CACHE_BYTES),
         cancelled=snapshot.gauge(names.ENGINE_CANCELLED),
     )
 

@@ -7,6 +7,8 @@ to the families the load test reads, with the engine's counters as the engine mo
 from __future__ import annotations
 
 import json
+import re
+from typing import Any
 
 import pytest
 
@@ -18,10 +20,7 @@ from loadtest.metrics import (
     snapshot_deltas,
     window_figures,
 )
-from loadtest.prom import (
-    AlignedWindow,
-    PromSource,
-)
+from loadtest.prom import AlignedWindow, PromSource
 from loadtest.run_prometheus import render_config
 from reporting.triton import parse_metrics, sample_name
 
@@ -233,70 +232,72 @@ def test_empty_window_gives_none_not_a_division_by_zero():
 
 
 class FakeClient:
-    """prometheus-api-client's custom_query, answering from recorded samples."""
+    """prometheus-api-client's custom_query over recorded scrapes: the raw samples a range
+    selector gives, each (exposed metric, model) series valued at time t by its function (None:
+    no sample then)."""
 
-    def __init__(self, scrapes: list[float], values: dict[str, dict[str, float]]) -> None:
-        self.scrapes = scrapes
-        self.values = values
+    def __init__(self, scrapes: list[float], series: dict[tuple[str, str], Any]) -> None:
+        self.scrapes, self.series = scrapes, series
         self.queries: list[tuple[str, dict]] = []
 
-    def custom_query(self, query: str, params: dict | None = None):
-        self.queries.append((query, params or {}))
-        if not query.startswith("sum by"):  # the raw samples of the scrape-time series
-            assert query.startswith("nv_inference_count{") and 'model="ensemble"' in query
-            return [{"metric": {}, "values": [[t, "1"] for t in self.scrapes]}]
-        metric = query.split("increase(")[1].split("{")[0]
+    def custom_query(self, query: str, params: dict):
+        self.queries.append((query, params))
+        asked = query.split('"')[1].split("|")
+        model = re.search(r'model="(\w+)"', query)
+        end = float(params["time"])
+        start = end - int(query.rsplit("[", 1)[1].removesuffix("ms]")) / 1000
         return [
-            {"metric": {"model": model}, "value": [0, str(v)]}
-            for model, v in self.values.get(metric, {}).items()
-        ]
+            {"metric": {"__name__": metric, "model": m, "instance": "t"},
+             "values": [[at, str(value(at))] for at in self.scrapes
+                        if start < at <= end and value(at) is not None]}
+            for (metric, m), value in self.series.items()
+            if metric in asked and (model is None or model.group(1) == m)
+        ]  # fmt: skip
 
 
-def test_prometheus_window_is_aligned_to_scrapes():
+def test_prometheus_window_runs_from_its_first_to_its_last_scrape_inside():
     source = PromSource("http://127.0.0.1:9", instance="127.0.0.1:8002")
-    fake = FakeClient(
-        [100.18, 101.18, 102.18, 103.18, 104.18, 105.18, 106.18],
-        {"nv_inference_count": {"ensemble": 40.0, "gptj": 40.0}},
-    )
-    source.client = fake
-    window = source.aligned_window(100.5, 105.9)
+    counts = {("nv_inference_count", m): lambda t: 10 * t for m in ("ensemble", "gptj")}
+    source.client = FakeClient([100.18 + i for i in range(7)], counts)
+    deltas, window = source.window_deltas(100.5, 105.9)
     assert window == AlignedWindow(101.18, 105.18, 5)
-    deltas, used = source.window_deltas(100.5, 105.9)
-    assert used.seconds == pytest.approx(4.0)
-    assert deltas.window_s == pytest.approx(4.0)
-    assert deltas.get("nv_inference_count", "ensemble") == 40
-    query, params = fake.queries[-1]
-    # increase() over exactly the scrape-to-scrape range, at the last scrape: no extrapolation
-    assert "[4000ms]" in query and 'instance="127.0.0.1:8002"' in query
-    assert query.startswith("sum by (model) (increase(")
-    assert params["time"] == "105.180"
+    assert deltas.window_s == pytest.approx(4.0) == window.seconds
+    assert deltas.get("nv_inference_count", "ensemble") == pytest.approx(40)
+    query, params = source.client.queries[-1]
+    assert 'instance="127.0.0.1:8002"' in query and params["time"] == "105.900"
     with pytest.raises(RuntimeError, match="scrape"):
-        source.aligned_window(100.5, 101.0)
+        source.window_deltas(100.5, 101.0)
 
 
-def test_prometheus_gives_the_increases_over_its_scrapes_inside_the_window():
-    """window_deltas(): Prometheus' increases over its scrape-aligned window, the same
-    Deltas (and so the same figures) as the /metrics reading gives."""
+def test_prometheus_gives_the_same_deltas_as_metrics_over_its_own_window():
+    """The raw samples at its first and last scrape go through snapshot_deltas: the same
+    figures as the /metrics reading over that stretch; a series born inside counts from 0."""
     start, end = snapshot(START, 100.0), snapshot(END, 110.0)
-    direct = snapshot_deltas(start, end)
+    series = {}
+    for (name, labels), value in end.series.items():
+        exposed = name.removesuffix("_total") if name.startswith("nv_") else name
+        first = start.series[(name, labels)]
+        series[(exposed, dict(labels).get("model", ""))] = lambda t, a=first, b=value: (
+            a + (b - a) * (t - 100.0) / 10.0
+        )
+    series[("codegen_engine_prompt_tokens_total", "engine")] = lambda t: None if t < 105 else 70
     source = PromSource("http://127.0.0.1:9", instance="127.0.0.1:8002")
-    # Prometheus saw 0.8 of the increases, over 8 of the 10 s
-    increases: dict[str, dict[str, float]] = {}
-    for (metric, model), value in direct.values.items():
-        exposed = metric.removesuffix("_total") if metric.startswith("nv_") else metric
-        increases.setdefault(exposed, {})[model] = value * 0.8
-    source.client = FakeClient([101.0 + i for i in range(9)], increases)
+    source.client = FakeClient([101.0 + i for i in range(9)], series)
     deltas, window = source.window_deltas(start.taken_at, end.taken_at)
     assert window.scrapes == 9 and window.seconds == pytest.approx(8.0)
-    assert deltas.values.keys() <= direct.values.keys()
+    direct = snapshot_deltas(start, end)
+    assert deltas.get("nv_inference_count", "ensemble") == pytest.approx(160)  # 0.8 x 200
     assert window_figures(deltas)["triton_rps"] == pytest.approx(
-        20.0
-    )  # 0.8 x the requests in 0.8 x the time
+        window_figures(direct)["triton_rps"]
+    )
+    assert deltas.get("codegen_engine_prompt_tokens_total", "engine") == 70
+    assert not any("pending" in metric for metric, _ in deltas.values)  # gauges: not asked
 
 
 def test_next_scrape_predicts_the_scrape_phase(monkeypatch):
     source = PromSource("http://127.0.0.1:9", instance="t")
-    source.client = FakeClient([100.18 + 2 * i for i in range(10)], {})
+    scrapes = [100.18 + 2 * i for i in range(10)]
+    source.client = FakeClient(scrapes, {("nv_inference_count", "ensemble"): lambda t: t})
     monkeypatch.setattr("loadtest.prom.time.time", lambda: 119.0)
     scrape, interval = source.next_scrape(after=121.0)
     assert interval == pytest.approx(2.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import time
 
-from loadtest.targets import prometheus_for
+from loadtest.prom import prometheus_for
 from reporting.triton import Endpoints
 from serving.process import http_ready
 

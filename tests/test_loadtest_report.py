@@ -16,8 +16,7 @@ from loadtest.metrics import Deltas, snapshot_deltas, window_figures
 from loadtest.prom import COUNTERS
 from loadtest.results import CheckpointInfo, MachineInfo, ModelInfo
 from loadtest.sweep import ITL_NAME, STREAM_NAME
-from loadtest.sweep.markdown import metric_listing
-from loadtest.sweep.report import EVENTS, RUN, length_row, load_run, write_report
+from loadtest.sweep.report import EVENTS, RUN, length_row, load_run, metric_listing, write_report
 from loadtest.sweep.report import main as redraw
 from reporting.events import EventLog
 from reporting.triton import sample_name

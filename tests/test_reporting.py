@@ -61,7 +61,7 @@ def test_missing_figures_read_as_a_dash_and_others_keep_their_digits():
 
 def test_templates_are_split_on_their_markers(tmp_path):
     path = tmp_path / "t.md"
-    path.write_text("<!-- comment -->\n<!-- template: a -->\nA $x\n<!-- template: b -->\nB\n")
+    path.write_text("<!-- comment -->\n<!-- template: a -->\nA {x}\n<!-- template: b -->\nB\n")
     pieces = templates(path)
     assert sorted(pieces) == ["a", "b"]
-    assert pieces["a"].substitute(x=1) == "A 1"
+    assert pieces["a"].format(x=1) == "A 1"

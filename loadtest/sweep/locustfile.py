@@ -1,22 +1,10 @@
-"""Locust users for the served ensemble: unary over HTTP or gRPC, and streaming over gRPC.
+"""The sweep's Locust users, every request a :class:`client.request.CompletionRequest` on a real
+code prompt (:mod:`contract.prompts`) at the output length being measured, with fixed sampling
+(:data:`SAMPLING`), so that only the length changes between runs. Each fires Locust's request
+event, a row of the sweep's event table. Unary over HTTP (the KServe v2 binary body tritonclient
+builds), through the OpenAI API, or over gRPC on the client's transport; streaming over gRPC.
 
-Every request is built by :class:`client.request.CompletionRequest` (the one copy of the tensor
-contract). Prompts are varied real code (:mod:`contract.prompts`), the output length is the one
-the sweep is measuring, and the sampling settings are fixed (:data:`SAMPLING`), so that only the
-output length changes between the sweep's runs.
-
-- :class:`HttpEnsembleUser`: Locust's FastHttpUser posting the KServe v2 binary body that
-  tritonclient.http builds to ``/v2/models/ensemble/infer``; :class:`OpenAIUser`: the same
-  requests to the OpenAI-compatible API's ``/v1/completions``.
-- :class:`GrpcEnsembleUser`: the unary ``infer`` on the client's transport, reported through
-  Locust's request event (grpc is made gevent-cooperative first, as Locust's gRPC guide does).
-- :class:`StreamingUser`: the decoupled ``ensemble_stream`` over a gRPC stream (the same
-  transport), with each request's time to first token and each inter-token gap.
-
-Every request fires Locust's request event, which the sweep records as a row of its event
-table (:class:`reporting.events.EventLog`).
-
-Standalone (the sweep imports these classes and runs Locust in-process instead)::
+Standalone (the sweep runs Locust in-process instead)::
 
     LOADTEST_OUTPUT_LEN=32 locust -f loadtest/sweep/locustfile.py --host http://localhost:8000 \\
         --headless -u 16 -t 60s HttpEnsembleUser
@@ -53,7 +41,7 @@ REQUEST_TIMEOUT_S = 600.0  # a 512-token request at full load takes tens of seco
 
 @dataclass(frozen=True)
 class LoadSettings:
-    """What every user needs to know: Locust's options, else ``LOADTEST_<NAME>`` variables."""
+    """Locust's options, else ``LOADTEST_<NAME>`` variables."""
 
     output_len: int = 32  # tokens to generate per request
     prompts: int = 300  # distinct code prompts to cycle through
@@ -66,21 +54,18 @@ def load_settings(environment: Any) -> LoadSettings:
 
     def pick(f: Field) -> Any:
         value = getattr(options, f.name, None)
-        return type(f.default)(os.environ.get(_variable(f), f.default) if value is None else value)
+        variable = f"LOADTEST_{f.name.upper()}"
+        return type(f.default)(os.environ.get(variable, f.default) if value is None else value)
 
     return LoadSettings(**{f.name: pick(f) for f in fields(LoadSettings)})
 
 
-def _variable(f: Field) -> str:
-    return f"LOADTEST_{f.name.upper()}"
-
-
 @events.init_command_line_parser.add_listener
 def _arguments(parser: Any) -> None:
-    """The same settings as Locust options (for ``locust -f loadtest/sweep/locustfile.py``)."""
+    """The same settings as options of ``locust -f loadtest/sweep/locustfile.py``."""
     for f in fields(LoadSettings):
         parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default),
-                            env_var=_variable(f), default=f.default)  # fmt: skip
+                            env_var=f"LOADTEST_{f.name.upper()}", default=f.default)  # fmt: skip
 
 
 @lru_cache(maxsize=8)
@@ -95,8 +80,8 @@ def requests_for(settings: LoadSettings) -> tuple[CompletionRequest, ...]:
 
 @lru_cache(maxsize=8)
 def http_bodies(settings: LoadSettings) -> tuple[tuple[bytes, dict[str, str]], ...]:
-    """tritonclient.http's own binary request bodies with their headers, built once:
-    serialising on every request would spend the CPU the server needs."""
+    """tritonclient.http's binary bodies and headers, built once: serialising each request
+    would spend the CPU the server needs."""
     outputs, bodies = requested_outputs(httpclient), []
     for request in requests_for(settings):
         body, json_size = httpclient.InferenceServerClient.generate_request_body(
@@ -111,8 +96,7 @@ def http_bodies(settings: LoadSettings) -> tuple[tuple[bytes, dict[str, str]], .
 
 @lru_cache(maxsize=8)
 def openai_bodies(settings: LoadSettings) -> tuple[tuple[bytes, dict[str, str]], ...]:
-    """The same requests as OpenAI ``/v1/completions`` JSON bodies (top_k: the API's own
-    extension), built once as the HTTP user's are."""
+    """The same requests as ``/v1/completions`` JSON bodies (top_k: the API's extension)."""
     headers = {"Content-Type": "application/json"}
     keys = ("max_tokens", "temperature", "top_p", "top_k", "seed")
     bodies = [
@@ -161,8 +145,6 @@ class _PostUser(FastHttpUser):
 
 
 class HttpEnsembleUser(_PostUser):
-    """Unary requests to ``ensemble`` over HTTP: the KServe v2 binary body."""
-
     path = f"/v2/models/{ENSEMBLE_MODEL}/infer"
 
     def check(self, response: Any) -> str | None:
@@ -174,9 +156,8 @@ class HttpEnsembleUser(_PostUser):
 
 
 class OpenAIUser(_PostUser):
-    """Non-streamed ``POST /v1/completions`` through the OpenAI-compatible API
-    (:class:`loadtest.api_process.ApiProcess` in front of the sweep's Triton). The API sends
-    them without stop sequences to the unary ``ensemble``, so every Triton figure stays the same
+    """Non-streamed ``/v1/completions`` through the OpenAI API in front of the sweep's Triton:
+    sent without stop sequences to the unary ``ensemble``, so every Triton figure is the same
     pipeline's and the difference from a gRPC sweep is the API's own overhead."""
 
     path = "/v1/completions"
@@ -187,8 +168,7 @@ class OpenAIUser(_PostUser):
 
 
 class _TransportUser(User):
-    """A user on the client's transport (:mod:`client.transport`) to Triton's gRPC endpoint,
-    cycling through the sweep's requests and reporting through Locust's request event."""
+    """A user on the client's transport to Triton's gRPC endpoint."""
 
     abstract = True
     wait_time = constant(0)
@@ -203,16 +183,12 @@ class _TransportUser(User):
         self.transport.close()
 
     def _fire(self, name: str, seconds: float, error: Exception | None = None, **context: Any):
-        """Locust's request event: the run's ledger (reporting.events.EventLog) records it,
-        ``context`` as its extra columns (``first_token_ms``, ``tokens``)."""
         self.environment.events.request.fire(request_type=self.request_type, name=name,
                                              response_time=seconds * 1000, response_length=0,
                                              exception=error, context=context)  # fmt: skip
 
 
 class GrpcEnsembleUser(_TransportUser):
-    """Unary requests to ``ensemble`` over gRPC."""
-
     @task
     def complete(self) -> None:
         started, error = time.perf_counter(), None
@@ -225,14 +201,9 @@ class GrpcEnsembleUser(_TransportUser):
 
 
 class StreamingUser(_TransportUser):
-    """Requests to the decoupled ``ensemble_stream`` over a gRPC stream, on one client per
-    user (opened once, as a long-lived editor connection would be).
-
-    Each request is one ``stream`` row with its ``first_token_ms`` (request sent -> first
-    piece of text) and ``tokens`` (pieces received); each gap between consecutive pieces is a
-    ``stream inter-token`` row of its own (one piece per generated token unless a token
-    completes no character).
-    """
+    """The decoupled ``ensemble_stream`` over a gRPC stream, one client per user opened once
+    (as an editor's connection). A request is a ``stream`` row with its ``first_token_ms`` and
+    ``tokens`` (pieces); each gap between two pieces is a ``stream inter-token`` row."""
 
     request_type = "grpc-stream"
 

@@ -1,29 +1,48 @@
-"""A run folder's report, from two files: ``events.csv`` (every request, the one result
-schema of :mod:`reporting.events`) and ``run.json`` (the run's settings, machine and model,
-and each length's window record from :mod:`loadtest.sweep.driver`: its times, Triton's
-counter increases and their source). :func:`length_row` joins them into one row per output
-length; :mod:`loadtest.sweep.charts` and :mod:`loadtest.sweep.markdown` draw from those rows.
+"""The sweep's report.md and charts from its run folder: ``events.csv`` (every request, the one
+result schema of :mod:`reporting.events`) and ``run.json`` (the run's settings, machine and model,
+and each length's window from :mod:`loadtest.sweep.run`: its times, Triton's counter increases
+and their source). :func:`length_row` joins them into one row per output length. The prose is
+``loadtest/templates/report.md`` (format strings, one per piece).
 
-A report can be redrawn without rerunning the load: ``python -m loadtest.sweep.report <run>``.
+Redrawn without rerunning the load: ``python -m loadtest.sweep.report <run>``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import string
 import sys
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from contract.tensors import ENSEMBLE_MODEL
-from loadtest.metrics import Deltas, window_figures
-from loadtest.sweep import ITL_NAME, STREAM_NAME, markdown
-from loadtest.sweep.charts import draw_charts
+from contract import metrics as names
+from contract.tensors import ENGINE_MODEL, ENSEMBLE_MODEL, MODEL_STAGE, STAGES
+from loadtest.metrics import MODELS, Deltas, reuse_line, window_figures
+from loadtest.results import MachineInfo, ModelInfo
+from loadtest.sweep import ITL_NAME, STREAM_NAME, charts
+from loadtest.targets import served_lines
 from reporting import events
+from reporting.tables import templates
+from reporting.triton import sample_name
 
 EVENTS, RUN = "events.csv", "run.json"
+TEMPLATES = Path(__file__).parents[1] / "templates" / "report.md"
+PRE, POST = STAGES[0], STAGES[-1]
+# the summary table: header, the row's column, its format ("%": a share as a percentage)
+SUMMARY = (
+    ("output len", "output_len", "d"), ("requests", "requests", "d"), ("RPS", "rps", ".2f"),
+    ("mean ms", "latency_mean_ms", ",.0f"), ("p50", "latency_p50_ms", ",.0f"),
+    ("p90", "latency_p90_ms", ",.0f"), ("p95", "latency_p95_ms", ",.0f"),
+    ("p99", "latency_p99_ms", ",.0f"), ("failures", "failures", "d"),
+    ("tokens/s", "tokens_per_s", ",.0f"), ("tokens/req", "tokens_per_request", ".1f"),
+    ("batch pre / gptj / post", "batches", "s"), ("engine batch", "engine_batch", ".1f"),
+    ("pre % of model", "share_preprocessing", ".2%"),
+    ("post % of model", "share_postprocessing", ".2%"), ("queue share", "queue_share", ".2%"),
+)  # fmt: skip
 
 
 def _numbers(frame: pd.DataFrame, column: str) -> pd.Series:
@@ -77,8 +96,90 @@ def write_report(out: Path) -> list[Path]:
     """The charts and report.md into ``out``, from its events.csv and run.json."""
     run, frame, table = load_run(Path(out))
     report = Path(out) / "report.md"
-    report.write_text(markdown.render(run, table))
-    return [*draw_charts(Path(out), run, frame, table), report]
+    report.write_text(render(run, table))
+    return [*charts.draw_charts(Path(out), run, frame, table), report]
+
+
+class _Figures(string.Formatter):
+    """``str.format`` with a figure not measured (None, NaN) as "-"."""
+
+    def format_field(self, value: Any, spec: str) -> str:
+        missing = value is None or (isinstance(value, float) and math.isnan(value))
+        return "-" if missing else super().format_field(value, spec)
+
+
+def _fill(template: str, /, **values: Any) -> str:
+    return _Figures().vformat(templates(TEMPLATES)[template], (), values)
+
+
+def summary_table(table: pd.DataFrame) -> str:
+    """The summary, one row per output length."""
+    text = _Figures().format_field
+    batches = [" / ".join(text(row[f"batch_{m}"], ".2f") for m in (PRE, MODEL_STAGE, POST))
+               for _, row in table.iterrows()]  # fmt: skip
+    whole = {c: table[c].astype(int) for c in ("output_len", "requests", "failures")}
+    table = table.assign(batches=batches, **whole)
+    cells = {header: [text(v, fmt) for v in table[column]] for header, column, fmt in SUMMARY}
+    return pd.DataFrame(cells).to_markdown(index=False, disable_numparse=True, stralign="right")
+
+
+def render(run: dict[str, Any], table: pd.DataFrame) -> str:
+    """report.md in the seed's format."""
+    info, s = run["run"], run["run"]["settings"]
+    machine = served_lines(MachineInfo(**info["machine"]), ModelInfo.from_dict(info["model"]))
+    stream_setup = (
+        _fill("stream_setup", users=s["stream_users"], seconds=f"{s['stream_duration_s']:.0f}")
+        if s["stream_users"]
+        else _fill("no_stream_setup")
+    )
+    windows = zip(table.iterrows(), run["windows"], strict=True)
+    sections = [_length_section(row, window, s["stream_users"]) for (_, row), window in windows]
+    return _fill(
+        "report",
+        name=info["name"], started=info["started"], seconds=f"{info['seconds']:.0f}",
+        command=info["command"], machine="\n".join(machine),
+        users=s["users"], protocol=s["protocol"].upper(), warmup=f"{s['warmup_s']:.0f}",
+        duration=f"{s['duration_s']:.0f}", prompts=s["prompts"], prompt_seed=s["prompt_seed"],
+        sampling=s["sampling"], stream_setup=stream_setup, prometheus=info["prometheus"],
+        lengths=" vs ".join(str(n) for n in s["lengths"]), summary_table=summary_table(table),
+        rps_latency_chart=charts.RPS_LATENCY_CHART, stage_shares_chart=charts.STAGE_SHARES_CHART,
+        length_sections="\n".join(sections),
+    ) + "\n"  # fmt: skip
+
+
+def metric_listing(increases: dict[str, dict[str, float]]) -> list[str]:
+    """The seed's metric listing, as increases over the measured window."""
+
+    def increase(metric: str, model: str) -> float:
+        return increases.get(sample_name(metric), {}).get(model, 0.0)
+
+    lines = []
+    for metric in (names.INFERENCE_COUNT, names.EXEC_COUNT, names.COMPUTE_INFER_DURATION_US):
+        lines += [f'{metric}{{model="{m}"}} {increase(metric, m):.0f}' for m in MODELS] + [""]
+    for metric in (names.ENGINE_COMPUTE_DURATION_US, names.ENGINE_STEPS, names.ENGINE_STEP_ROWS,
+                   names.ENGINE_GENERATED_TOKENS, names.ENGINE_PROMPT_TOKENS,
+                   names.ENGINE_PROMPT_TOKENS_REUSED):  # fmt: skip
+        lines.append(f'{metric}{{model="{ENGINE_MODEL}"}} {increase(metric, ENGINE_MODEL):.0f}')
+    received = increase(names.ENGINE_PROMPT_TOKENS, ENGINE_MODEL)
+    reused = increase(names.ENGINE_PROMPT_TOKENS_REUSED, ENGINE_MODEL)
+    return [*lines, "# " + reuse_line(received, reused)]
+
+
+def _length_section(row: pd.Series, window: dict[str, Any], stream_users: int) -> str:
+    shares = {stage: row[f"busy_{stage}"] for stage in (PRE, POST)}
+    busy = {k: "" if pd.isna(v) else _fill("busy", share=v) for k, v in shares.items()}
+    optional = []
+    if row["failures"]:
+        optional.append(_fill("failures", **row))
+    if row["stream_requests"]:
+        optional.append(_fill("stream", **row, users=stream_users))
+    gptj, batch = row[f"count_{MODEL_STAGE}"], row[f"batch_{MODEL_STAGE}"]
+    return _fill(
+        "length", **row, chart=charts.timeseries_chart(row["output_len"]),
+        metric_listing="\n".join(metric_listing(window["deltas"])), pre_busy=busy[PRE],
+        post_busy=busy[POST], gptj_executions=0 if pd.isna(batch) else gptj / batch,
+        optional="".join(f"\n{line}" for line in optional),
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,13 +1,20 @@
-"""One run of ``make loadtest`` from start to end, in order: settings, the server and Prometheus
-(:mod:`loadtest.targets`), the sweep (:mod:`loadtest.sweep.driver`), then the run folder's
-``events.csv`` (every request), ``run.json`` (the run and its windows) and the report drawn
-from them (:mod:`loadtest.sweep.report`).
+"""``make loadtest``: a Locust sweep over output lengths, Locust driven through its Python API in
+this process (one Environment per length), which lets the measured window open and close exactly.
 
-``python -m loadtest.sweep`` calls :func:`main`.
+Per length: start the users and warm up; then read Triton's metrics and open the window in the
+event table at the same moment (rows are stamped ``phase=measure`` from then on), run for the
+duration and read the metrics again as the window closes. Locust fires its request event when a
+request completes and Triton counts it then too, so the window's rows and Triton's count agree.
+Then an optional streaming phase (time to first token and inter-token gaps under the same load),
+stop, and let the server drain. Triton's figures come from one source per window: a Prometheus
+that scrapes it when there is one, else the two readings of ``/metrics``. The run folder gets
+``events.csv``, ``run.json`` (the run and each length's window) and the report drawn from them
+(:mod:`loadtest.sweep.report`).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import logging
@@ -15,21 +22,205 @@ import sys
 import time
 from contextlib import ExitStack
 from datetime import datetime
+from typing import Any
 
-# Locust patches the process with gevent on import; that must precede anything that loads ssl
-# (the project's modules below do, through urllib.request and requests).
-import locust  # noqa: F401
+# Importing locust monkey-patches the process with gevent, which must precede anything that loads
+# ssl (urllib.request, requests: the project's modules below); every wait below is cooperative.
+import gevent
+from locust.env import Environment
+from locust.html import get_html_report
+from locust.stats import PERCENTILES_TO_REPORT, StatsCSVFileWriter
 
-from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
+from contract.tensors import ENGINE_MODEL, ENSEMBLE_MODEL, STREAM_MODEL
 from loadtest import console
+from loadtest.metrics import busy_shares, execution_busy_us, snapshot_deltas
+from loadtest.prom import PromSource, prometheus_for
 from loadtest.results import MachineInfo
 from loadtest.sweep import locustfile
-from loadtest.sweep.driver import Sweep, format_duration
-from loadtest.sweep.report import EVENTS, RUN, write_report
+from loadtest.sweep.report import EVENTS, RUN, length_row, write_report
 from loadtest.sweep.settings import parse_args
-from loadtest.targets import prometheus_for
+from loadtest.targets import TritonTarget
+from reporting.events import EventLog
+from reporting.triton import Snapshot, read_snapshot, wait_for_drain
 
 log = logging.getLogger(__name__)
+EDGE_S = 0.15  # the window brackets Prometheus' scrapes by this much at each end
+DRAIN_TIMEOUT_S = 180.0
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+class Sweep:
+    """The lengths one after another against ``server``, every request into :attr:`events`."""
+
+    def __init__(
+        self, s: argparse.Namespace, server: TritonTarget, prom: PromSource | None, stream: bool
+    ) -> None:
+        self.s, self.server, self.prom, self.stream = s, server, prom, stream
+        self.events = EventLog(profile="sweep", system=s.protocol)
+        self.origin = time.time()  # the event table's clock: started_s counts from here
+        self.per_length = s.warmup + s.duration + stream * s.stream_duration
+
+    def plan(self) -> str:
+        s = self.s
+        return (
+            f"lengths {list(s.lengths)}, {s.users} {s.protocol} users, "
+            f"{s.duration:.0f}s measured + {s.warmup:.0f}s warm-up"
+            + (f" + {s.stream_duration:.0f}s streaming" if self.stream else "")
+            + f" per length: ~{format_duration(len(s.lengths) * self.per_length)} plus draining"
+        )
+
+    def run_length(self, index: int, length: int) -> dict[str, Any]:
+        """One length's window record: its times, Triton's counter increases and their source,
+        each stage's execution time counted once, whether the server drained."""
+        s, metrics_url = self.s, self.s.endpoints.metrics_url
+        base = str(s.out / f"len_{length:04d}")  # Locust's own CSVs and HTML
+        grpc_url = s.endpoints.grpc
+        options = argparse.Namespace(output_len=length, prompts=s.prompts, grpc_url=grpc_url,
+                                     prompt_seed=s.prompt_seed)  # fmt: skip
+        load = locustfile.load_settings(argparse.Namespace(parsed_options=options))
+        locustfile.requests_for(load)  # build the requests before the clock starts
+        if s.protocol == "http":
+            locustfile.http_bodies(load)
+        env = self._environment(s.target.load_user_class(), options)
+        writer = StatsCSVFileWriter(env, PERCENTILES_TO_REPORT, base, full_history=True)
+        writer_greenlet = gevent.spawn(writer.stats_writer)
+        self.events.stamp(window=length, phase="warm-up")
+        started = time.time()
+        log.info(f"length {length}: {s.users} {s.protocol} users, warm-up {s.warmup:.0f}s")
+        env.runner.start(s.users, spawn_rate=s.users)
+
+        def wait_until(deadline: float, phase: str) -> None:
+            self._wait_until(deadline, phase, env, index, started)
+
+        wait_until(started + s.warmup, "warm-up")
+        opening, closing = self._window_times()
+        wait_until(opening, "warm-up")
+        # the window opens and closes right at the metric readings (Triton's statistics API,
+        # slow on a loaded machine, is read after them)
+        start = read_snapshot(metrics_url)
+        self.events.stamp(phase="measure")
+        opened = time.time()
+        env.stats.reset_all()  # Locust's own CSV and HTML tables cover the window
+        start_busy = self._execution_busy()
+        wait_until(closing, "measure")
+        end = read_snapshot(metrics_url)
+        self.events.stamp(phase="stream" if self.stream else "after")
+        closed = time.time()
+        end_busy = self._execution_busy()
+        with open(base + ".html", "w") as html:
+            html.write(get_html_report(env, show_download_link=False))
+        if self.stream:  # streaming users beside the same unary load
+            streaming = self._environment(locustfile.StreamingUser, options)
+            # stopping lets each stream finish: its row (first token, tokens) is fired at its end
+            streaming.stop_timeout = locustfile.REQUEST_TIMEOUT_S
+            streaming.runner.start(s.stream_users, spawn_rate=s.stream_users)
+            wait_until(time.time() + s.stream_duration, "stream")
+            streaming.runner.quit()
+        self.events.stamp(phase="after")
+        env.runner.quit()
+        writer_greenlet.kill(block=True)
+        writer.close_files()
+        log.info(f"length {length}: window closed; draining ...")
+        state, _ = wait_for_drain(metrics_url, DRAIN_TIMEOUT_S)
+        if state is None or not state.idle:
+            log.info("the server did not drain in time; going on")
+        for name, snapshot in (("_metrics_start.txt", start), ("_metrics_end.txt", end)):
+            (s.out / f"len_{length:04d}{name}").write_text(snapshot.text)
+        deltas, source = self._window_deltas(start, end)
+        window = {
+            "output_len": length,
+            "source": source,
+            "window_s": deltas.window_s,
+            "client_window_s": closed - opened,  # the event table's: stamp to stamp
+            "length_start_s": started - self.origin,
+            "window_start_s": start.taken_at - self.origin,
+            "window_end_s": end.taken_at - self.origin,
+            "busy_share": busy_shares(start_busy, end_busy,
+                                      deltas.get("codegen_engine_compute_duration_us_total",
+                                                 ENGINE_MODEL)),
+            "drained": state is not None and state.idle,
+            "deltas": deltas.as_dict(),
+        }  # fmt: skip
+        r = length_row(self.events.frame(), window)
+        n = lambda key, digits=0, scale=1: f"{scale * (r[key] or 0):.{digits}f}"  # noqa: E731
+        log.info(
+            f"length {length}: {n('rps', 2)} req/s, mean {n('latency_mean_ms')} ms "
+            f"p95 {n('latency_p95_ms')} ms, {n('tokens_per_s')} tokens/s, engine batch "
+            f"{n('engine_batch', 1)}, pre {n('share_preprocessing', 2, 100)}% post "
+            f"{n('share_postprocessing', 2, 100)}% of model time, {r['requests']} requests, "
+            f"{r['failures']} failures (Triton's figures from {r['source']})"
+        )
+        return window
+
+    def _environment(self, user_class: type, options: argparse.Namespace) -> Environment:
+        env = Environment(user_classes=[user_class], host=self.server.users_url,
+                          parsed_options=options)  # fmt: skip
+        self.events.attach(env)
+        env.create_local_runner()
+        return env
+
+    def _wait_until(
+        self, deadline: float, phase: str, env: Environment, index: int, started: float
+    ) -> None:
+        """Sleep until ``deadline`` (Unix time), with a progress line every few seconds: the
+        length and phase, the sweep's time left, Locust's current rate and median."""
+        s, phase_started = self.s, time.time()
+        while (now := time.time()) < deadline:
+            gevent.sleep(min(s.progress_every, deadline - now))
+            now = time.time()
+            if deadline - now < 0.05:
+                break  # the phase is over: no progress line for the last few milliseconds
+            left = max(0.0, self.per_length - (now - started))
+            left += (len(s.lengths) - index - 1) * self.per_length
+            total = env.stats.total
+            median = total.median_response_time if total.num_requests else None
+            log.info(
+                f"length {s.lengths[index]} ({index + 1}/{len(s.lengths)}) {phase:<7} "
+                f"{now - phase_started:4.0f}/{deadline - phase_started:.0f}s | sweep ~"
+                f"{format_duration(left)} left | {total.current_rps:6.2f} req/s now | median "
+                f"{'-' if median is None else f'{median:.0f}'} ms | {total.num_failures} failures"
+            )
+
+    def _execution_busy(self) -> dict[str, float]:
+        """Execution time per model from Triton's statistics API (see execution_busy_us)."""
+        try:
+            return execution_busy_us(self.server.statistics())
+        except Exception as exc:  # an extra figure: the sweep goes on without it
+            log.info(f"Triton's statistics API: {exc}")
+            return {}
+
+    def _window_times(self) -> tuple[float, float]:
+        """With a Prometheus, just before one of its scrapes and just after a later one, so that
+        its aligned window is the direct one but for EDGE_S at each end; else now, now +
+        duration."""
+        now, duration = time.time(), self.s.duration
+        if self.prom is not None:
+            try:
+                scrape, interval = self.prom.next_scrape(now + 2 * EDGE_S)
+            except Exception as exc:  # not fatal: the window is then simply not aligned
+                log.info(f"Prometheus: cannot align the window to its scrapes ({exc})")
+            else:
+                whole = max(2, round(duration / interval)) * interval
+                return scrape - EDGE_S, scrape + whole + EDGE_S
+        return now, now + duration
+
+    def _window_deltas(self, start: Snapshot, end: Snapshot) -> tuple[Any, str]:
+        """The window's increases from Prometheus (its scrapes inside the window) when one runs,
+        else from the two readings of ``/metrics``."""
+        if self.prom is not None:
+            try:
+                deltas, window = self.prom.window_deltas(start.taken_at, end.taken_at)
+                return deltas, (
+                    f"Prometheus' samples over {window.seconds:.1f} s ({window.scrapes} "
+                    f"scrapes inside the {end.taken_at - start.taken_at:.1f} s window)"
+                )
+            except Exception as exc:  # the window's own readings stand in
+                log.info(f"Prometheus: {exc}; reading /metrics instead")
+        return snapshot_deltas(start, end), "Triton's /metrics read at both ends of the window"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep = Sweep(s, server, prometheus.source, stream)
         log.info(sweep.plan())
         started = time.time()
-        windows = sweep.run()
+        windows = [sweep.run_length(i, length) for i, length in enumerate(s.lengths)]
         sweep.events.save(s.out / EVENTS)
         settings = {
             "lengths": list(s.lengths), "users": s.users, "duration_s": s.duration,
