@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from string import Template
 from typing import Any
 
 import numpy as np
@@ -62,7 +63,8 @@ def side_by_side(figures: dict[str, dict[str, Any]]) -> str:
 
 
 def render(run: dict, events: pd.DataFrame) -> str:
-    s, m, parts = run["settings"], run["machine"], templates(TEMPLATES)
+    s, m = run["settings"], run["machine"]
+    parts = {name: Template(text) for name, text in templates(TEMPLATES).items()}
     verdicts = [t.verdict for t in run["targets"]]
     failed = events[events["outcome"] == "error"] if len(events) else events
     errors = failed.groupby(["system", "error"]).size().reset_index(name="count")

@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
+from string import Template
 from typing import Any
 
 import pandas as pd
@@ -47,7 +48,7 @@ def render_report(result: dict[str, Any], frame: pd.DataFrame) -> str:
     case_table, errors, rss = checks.cases(rows), checks.error_messages(rows), result["rss"]
     check_table = pd.DataFrame([asdict(c) for c in result["checks"]])
     drain = {**result["drain"], **result["engine"]}
-    return templates(TEMPLATES)["report"].substitute(
+    return Template(templates(TEMPLATES)["report"]).substitute(
         started_at=result["started_at"], server=result["server"].get("description", "?"),
         machine=s["machine"], wall=f"{result['wall_s']:.0f}", clients=s["clients"],
         saturation=sat["clients"], duration=f"{s['duration']:.0f}", max_tokens=s["max_tokens"],
@@ -79,7 +80,7 @@ def _editor(editor: dict[str, Any]) -> str:
         return str(editor.get("error") or editor.get("note") or "not run")
     f, suffix = editor["figures"], editor["suffix"]
     refused = not suffix["send"] and suffix["requested"]
-    return templates(TEMPLATES)["editor"].substitute(
+    return Template(templates(TEMPLATES)["editor"]).substitute(
         {k: f"{v or 0:.0f}" for k, v in f.items()}, typists=editor["typists"],
         duration=f"{editor['duration_s']:.0f}", max_tokens=editor["max_tokens"],
         budget=editor["prompt_budget_tokens"], suffix=suffix["note"],
