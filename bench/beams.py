@@ -10,13 +10,13 @@ engine's peak KV-cache memory, and whether both systems' best beams agree.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from bench.load import Pending
 from bench.models import ModelInfo, random_prompts
 from bench.settings import Plan
 from contract.options import BeamParams
@@ -44,25 +44,16 @@ def _engine_beams(
     engine: TorchEngine, prompts: list[list[int]], new: int, width: int, ends: tuple[int, ...]
 ) -> tuple[list[list[int]], float]:
     """Every prompt's best beam, and the seconds until the last request finished."""
-    started = time.perf_counter()
-    results: list[GenerationResult | None] = [None] * len(prompts)
-    threads = []
-    bad = [[end] for end in ends]
-    for i, prompt in enumerate(prompts):
-        request = GenerationRequest(list(prompt), new, bad_words=bad, beam=BeamParams(width))
-
-        def one(i: int = i, request: GenerationRequest = request) -> None:
-            results[i] = engine.generate(request)
-
-        threads.append(threading.Thread(target=one))
-        threads[-1].start()
-    for thread in threads:
-        thread.join()
+    started, bad = time.perf_counter(), [[end] for end in ends]
+    pending = [Pending() for _ in prompts]
+    for prompt, listener in zip(prompts, pending, strict=True):
+        engine.submit(GenerationRequest(list(prompt), new, bad_words=bad, beam=BeamParams(width)),
+                      listener)  # fmt: skip
+    results = [listener.wait() for listener in pending]
     seconds = time.perf_counter() - started
-    errors = [r.error for r in results if r is not None and r.error]
-    if errors:
+    if errors := [r.error for r in results if r.error]:
         raise RuntimeError(f"engine beam search failed: {errors[0]}")
-    return [r.output_ids for r in results if r is not None], seconds
+    return [r.output_ids for r in results], seconds
 
 
 def _transformers_beams(

@@ -27,9 +27,8 @@ from bench.format import machine, machine_label
 from bench.kernels import run_kernels
 from bench.models import DEFAULT_CHECKPOINT, resolve_models
 from bench.peer import run_peer
-from bench.prefix import checkpoints, run_prefix
-from bench.served_prefix import run_served_prefix
-from bench.settings import SECTIONS, make_plan
+from bench.prefix import checkpoints, run_prefix, run_served_prefix
+from bench.settings import SECTIONS, Plan, make_plan
 from bench.traffic import TRAFFIC_SECTIONS, run_traffic
 from engine import in_passing_thread
 from reporting.llama_server import checkpoint_gguf
@@ -54,137 +53,114 @@ class Log:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="shrink everything (~14 min with SmolLM2-135M)"
-    )
-    parser.add_argument("--only", help=f"comma-separated subset of {','.join(SECTIONS)}")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (engine, transformers, ct2)")
-    parser.add_argument("--models", help="default,350m (quick: default only)")
-    parser.add_argument("--dtypes", help="float32,bfloat16,int8")
-    parser.add_argument("--systems", help="engine,openvino,transformers,ct2 (static batches)")
-    parser.add_argument("--backends", help="torch,openvino (arrivals, mixed, single)")
-    parser.add_argument("--clients", type=int, help="closed-loop clients for arrivals (16)")
-    parser.add_argument("--lengths", help="output lengths for arrivals (8,32,128,512)")
-    parser.add_argument("--no-served", action="store_true", help="bare engine only, no Triton")
-    parser.add_argument(
-        "--checkpoint", type=Path, default=DEFAULT_CHECKPOINT, help="the default model's folder"
-    )
-    parser.add_argument(
-        "--llama-parallel",
-        type=int,
-        help="llama section: llama-server slots (16: one per client at the most clients)",
-    )
-    parser.add_argument("--out", type=Path, help="results folder (bench/results/<timestamp>)")
+    add = parser.add_argument
+    add("--quick", action="store_true", help="shrink everything (~14 min with SmolLM2-135M)")
+    add("--only", help=f"comma-separated subset of {','.join(SECTIONS)}")
+    add("--device", default="cpu", help="cpu or cuda (engine, transformers, ct2)")
+    add("--models", help="default,350m (quick: default only)")
+    add("--dtypes", help="float32,bfloat16,int8")
+    add("--systems", help="engine,openvino,transformers,ct2 (static batches)")
+    add("--backends", help="torch,openvino (arrivals, mixed, single)")
+    add("--clients", type=int, help="closed-loop clients for arrivals (16)")
+    add("--lengths", help="output lengths for arrivals (8,32,128,512)")
+    add("--no-served", action="store_true", help="bare engine only, no Triton")
+    add("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT, help="the default model's folder")
+    add("--llama-parallel", type=int, help="llama section: llama-server slots (16: one per "
+        "client at the most clients)")  # fmt: skip
+    add("--out", type=Path, help="results folder (bench/results/<timestamp>)")
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        plan = make_plan(
-            quick=args.quick,
-            only=args.only,
-            device=args.device,
-            models=args.models,
-            dtypes=args.dtypes,
-            systems=args.systems,
-            backends=args.backends,
-            clients=args.clients,
-            lengths=args.lengths,
-            served=not args.no_served,
-        )
-    except ValueError as exc:
-        print(f"bench: {exc}", file=sys.stderr)
-        return 2
+def checked_plan(args: argparse.Namespace) -> Plan:
+    """The run's plan; ValueError for what the command line asks and this machine can't do."""
+    choices = ("quick", "only", "device", "models", "dtypes", "systems", "backends", "clients",
+               "lengths")  # fmt: skip
+    plan = make_plan(served=not args.no_served, **{name: getattr(args, name) for name in choices})
     if plan.device.startswith("cuda") and not torch.cuda.is_available():
-        print("bench: --device cuda, but torch sees no GPU", file=sys.stderr)
-        return 2
+        raise ValueError("--device cuda, but torch sees no GPU")
     if "llama" in plan.sections:  # the peer needs the GGUF the checkpoint was made from
         try:
             checkpoint_gguf(args.checkpoint)
         except FileNotFoundError as exc:
             if args.only:
-                print(f"bench: {exc}", file=sys.stderr)
-                return 2
+                raise ValueError(str(exc)) from exc
             plan = replace(plan, sections=tuple(s for s in plan.sections if s != "llama"))
-    log = Log()
-    started = datetime.now()
+    return plan
+
+
+def run_sections(plan: Plan, args: argparse.Namespace, models: list[Any], results: dict[str, Any],
+                 out: Path, log: Log, save: Any) -> None:  # fmt: skip
+    """Each chosen section in turn, ``results`` saved after each."""
+    default = next((m for m in models if m.key == "default"), None)
+    if "kernels" in plan.sections:
+        kernel_models = [m for m in models if m.key in plan.models]
+        results["kernels"] = run_kernels(
+            plan, kernel_models, log, on_rows=lambda rows: (results.update(kernels=rows), save())
+        )
+        save()
+        for table in report.kernel_tables(results):
+            print(report.render_text(table), flush=True)
+    if any(s in plan.sections for s in TRAFFIC_SECTIONS):
+        run_traffic(plan, default, results, out, log, save)
+    if "prefix" in plan.sections:
+        models_, repeats = list(plan.models), plan.prefix_repeats
+        results["prefix"] = run_prefix(models_, args.checkpoint, repeats, 16, log)
+        save()
+        if plan.served and plan.served_prefix:
+            paths = checkpoints(models_, args.checkpoint, log)
+            results["prefix_served"] = run_served_prefix(paths, repeats, out, log)
+            save()
+    if "beams" in plan.sections:
+        results["beams"] = run_beams(plan, default, log)
+        save()
+    if "llama" in plan.sections:
+        results["llama"] = run_peer(
+            args.checkpoint, plan.peer_half_window_s, out, log, args.llama_parallel
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    log, started = Log(), datetime.now()
+    try:
+        plan = checked_plan(args)
+        names = tuple(plan.models) if "kernels" in plan.sections else ()
+        if {*TRAFFIC_SECTIONS, "beams"} & set(plan.sections) and "default" not in names:
+            names = ("default", *names)
+        # building a model runs torch: in a thread that ends (engine/threads.py)
+        models = in_passing_thread(lambda: resolve_models(names, args.checkpoint, log))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
     out = args.out or RESULTS / started.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    machine_info = machine(plan.device)
+    info = machine(plan.device)
     results: dict[str, Any] = {
-        "started": started.isoformat(timespec="seconds"),
-        "machine": machine_info,
-        "machine_label": machine_label(machine_info),
-        "plan": plan.to_dict(),
-        "models": [],
-        "notes": [],
+        "started": started.isoformat(timespec="seconds"), "machine": info,
+        "machine_label": machine_label(info), "plan": plan.to_dict(),
+        "models": [{"name": m.name, "description": m.description, "path": str(m.path)}
+                   for m in models],
+        "notes": ["quick run: fewer batches, tokens and seconds; numbers are rough"]
+                 if plan.quick else [],
         "load_start": load_average(),
-    }
-    if plan.quick:
-        results["notes"].append("quick run: fewer batches, tokens and seconds; numbers are rough")
+    }  # fmt: skip
 
     def save() -> None:
-        results["elapsed"] = log.elapsed()
-        results["load_end"] = load_average()
+        results.update(elapsed=log.elapsed(), load_end=load_average())
         report.write_all(out, results)
 
     log(f"{'quick' if plan.quick else 'full'} run: {', '.join(plan.sections)} -> {out}")
     log(f"machine: {results['machine_label']}; load average {results['load_start']}")
-    traffic = [s for s in plan.sections if s in TRAFFIC_SECTIONS]
-    names = tuple(plan.models) if "kernels" in plan.sections else ()
-    if (traffic or "beams" in plan.sections) and "default" not in names:
-        names = ("default", *names)
+    failed = True
     try:
-        # building a model runs torch: in a thread that ends (engine/threads.py)
-        models = in_passing_thread(lambda: resolve_models(names, args.checkpoint, log))
-    except FileNotFoundError as exc:
-        print(f"bench: {exc}", file=sys.stderr)
-        return 2
-    results["models"] = [
-        {"name": m.name, "description": m.description, "path": str(m.path)} for m in models
-    ]
-    failed = False
-    try:
-        if "kernels" in plan.sections:
-            kernel_models = [m for m in models if m.key in plan.models]
-            results["kernels"] = run_kernels(
-                plan,
-                kernel_models,
-                log,
-                on_rows=lambda rows: (results.update(kernels=rows), save()),
-            )
-            save()
-            for table in report.kernel_tables(results):
-                print(report.render_text(table), flush=True)
-        if traffic:
-            default = next(m for m in models if m.key == "default")
-            run_traffic(plan, default, results, out, log, save)
-        if "prefix" in plan.sections:
-            repeats = plan.prefix_repeats
-            results["prefix"] = run_prefix(list(plan.models), args.checkpoint, repeats, 16, log)
-            save()
-            if plan.served and plan.served_prefix:
-                paths = checkpoints(list(plan.models), args.checkpoint, log)
-                results["prefix_served"] = run_served_prefix(paths, repeats, out, log)
-                save()
-        if "beams" in plan.sections:
-            default = next(m for m in models if m.key == "default")
-            results["beams"] = run_beams(plan, default, log)
-            save()
-        if "llama" in plan.sections:
-            results["llama"] = run_peer(
-                args.checkpoint, plan.peer_half_window_s, out, log, args.llama_parallel
-            )
-            save()
+        run_sections(plan, args, models, results, out, log, save)
+        failed = False
     except KeyboardInterrupt:
         log("interrupted: writing what was measured")
         results["notes"].append("interrupted before the end")
-        failed = True
     except Exception:  # keep what was measured; the traceback says what went wrong
         traceback.print_exc()
         results["notes"].append("stopped by an error (see the terminal)")
-        failed = True
     save()
     for table in report.all_tables(results):
         if not table[0].startswith(("Static batches", "Engine:")):  # printed above

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from reporting import tables
 from reporting.machine import describe
+
+Table = tuple[str, str, list[str], list[list[str]]]  # title, context line, headers, rows
 
 
 def machine(device: str = "cpu") -> dict[str, Any]:
@@ -26,9 +28,7 @@ def machine_label(info: dict[str, Any]) -> str:
     text = f"{info['cores']} cores, {info['cpu']}, torch threads {info['torch_threads']}"
     if info.get("cpu_flags"):
         text += f", flags {' '.join(info['cpu_flags'])}"
-    if info.get("gpu"):
-        text += f", GPU {info['gpu']}"
-    return text
+    return text + (f", GPU {info['gpu']}" if info.get("gpu") else "")
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -40,9 +40,7 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 def fmt(value: float | int | None, digits: int = 0, suffix: str = "") -> str:
     """A number for a table: thousands separators, ``digits`` decimals; "—" for missing."""
-    if value is None:
-        return "—"
-    return f"{value:,.{digits}f}{suffix}"
+    return "—" if value is None else f"{value:,.{digits}f}{suffix}"
 
 
 def rate(value: float | None) -> str:
@@ -54,8 +52,7 @@ def verdict(value: float | None, limit: float, at_most: bool) -> str:
     """ "ok" / "MISSED" against a target (at most / at least ``limit``); "—" without a value."""
     if value is None:
         return "—"
-    good = value <= limit if at_most else value >= limit
-    return "ok" if good else "MISSED"
+    return "ok" if (value <= limit if at_most else value >= limit) else "MISSED"
 
 
 def _align(headers: Sequence[str]) -> str:
@@ -73,7 +70,16 @@ def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(tables.text_table([h.strip() for h in headers], rows, _align(headers)))
 
 
-Table = tuple[str, str, list[str], list[list[str]]]  # title, context line, headers, rows
+def render_text(table: Table) -> str:
+    title, context, headers, rows = table
+    return f"\n== {title}\n{context}\n\n{text_table(headers, rows)}\n"
+
+
+def columns(
+    spec: Sequence[tuple[str, Callable[[Any], str]]], rows: Sequence[Any]
+) -> tuple[list[str], list[list[str]]]:
+    """A table's headers and cells from ``(header, cell of a row)`` pairs."""
+    return [h for h, _ in spec], [[cell(row) for _, cell in spec] for row in rows]
 
 
 def context(results: dict[str, Any], *parts: str) -> str:

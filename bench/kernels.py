@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench import report
+from bench.format import rate
 from bench.models import CACHE, ModelInfo, convert_ct2, random_prompts
 from bench.settings import KernelPlan, Plan
 from bench.systems import (
@@ -137,46 +137,38 @@ def run_kernels(
         """Load one system, run its cells, close it: all in a thread that then ends, so the
         next system does not share the CPU with its OpenMP pool (engine/threads.py)."""
         nonlocal done
-        kplan = plan.kernels[model.key]
+        kplan, runner = plan.kernels[model.key], None
         base = {"model": model.name, "plan_key": model.key, "dtype": dtype, "system": system}
-        reason = unsupported(system, dtype, plan.device)
-        if reason is None:
+        cells = [(batch, mode) for batch in kplan.batches for mode in MODES]
+        what = f"{model.name} {dtype} {system}"
+        if (reason := unsupported(system, dtype, plan.device)) is None:
             started = time.perf_counter()
             try:
                 runner = _runner(system, model, dtype, plan, progress)
             except Exception as exc:  # a load failure is a result, not the end of the run
                 reason = f"failed to load: {type(exc).__name__}: {exc}"[:200]
             else:
-                progress(
-                    f"{model.name} {dtype} {system}: loaded in "
-                    f"{time.perf_counter() - started:.1f}s ({runner.detail})"
-                )
-        if reason is not None:
-            for batch in kplan.batches:
-                for mode in MODES:
-                    rows.append({**base, "batch": batch, "mode": mode, "note": reason})
-                    done += 1
-            progress(f"[kernels {done}/{total}] {model.name} {dtype} {system}: {reason}")
+                loaded = time.perf_counter() - started
+                progress(f"{what}: loaded in {loaded:.1f}s ({runner.detail})")
+        if runner is None:
+            rows.extend(
+                {**base, "batch": batch, "mode": mode, "note": reason} for batch, mode in cells
+            )
+            done += len(cells)
+            progress(f"[kernels {done}/{total}] {what}: {reason}")
             return
         try:
-            for batch in kplan.batches:
-                for mode in MODES:
-                    try:
-                        cell = measure(runner, prompts[:batch], kplan, mode == "sampled", plan.seed)
-                    except Exception as exc:  # recorded; the other cells still run
-                        note = f"failed: {type(exc).__name__}: {exc}"[:200]
-                        rows.append({**base, "batch": batch, "mode": mode, "note": note})
-                        done += 1
-                        progress(f"[kernels {done}/{total}] {base} batch {batch}: {note}")
-                        continue
-                    rows.append({**base, "batch": batch, "mode": mode, **cell})
-                    done += 1
-                    progress(
-                        f"[kernels {done}/{total}] {model.name} {dtype} {system} "
-                        f"batch {batch} {mode}: {report.rate(cell['tokens_per_s'])} tok/s "
-                        f"({cell['new_tokens']} tokens x {cell['repeats']}, "
-                        f"{cell['seconds']:.2f}s)"
-                    )
+            for batch, mode in cells:
+                try:
+                    cell = measure(runner, prompts[:batch], kplan, mode == "sampled", plan.seed)
+                    said = (f"{rate(cell['tokens_per_s'])} tok/s ({cell['new_tokens']} tokens x "
+                            f"{cell['repeats']}, {cell['seconds']:.2f}s)")  # fmt: skip
+                except Exception as exc:  # recorded; the other cells still run
+                    cell = {"note": f"failed: {type(exc).__name__}: {exc}"[:200]}
+                    said = cell["note"]
+                rows.append({**base, "batch": batch, "mode": mode, **cell})
+                done += 1
+                progress(f"[kernels {done}/{total}] {what} batch {batch} {mode}: {said}")
         finally:
             runner.close()
         on_rows(rows)

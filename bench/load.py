@@ -4,6 +4,8 @@ A *target* answers one request at a time per calling thread (``request(index, ma
 returns the tokens generated). The same loop drives the in-process engine and Triton, so the
 served/bare ratio compares like with like. Each request uses the load test's sampling, a code
 prompt and seed chosen by its index, and bans the end token so it makes every token asked for.
+Every request is one row of a pandas table (the columns of :mod:`reporting.events`:
+``started_s``, ``latency_ms``, ``tokens``, with the ``client`` and the tokens it ``wanted``).
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import pandas as pd
 import torch
 
 from bench.models import END_OF_TEXT
@@ -30,27 +33,40 @@ from engine import (
     Handle,
     KVCache,
     Segment,
-)
+)  # fmt: skip
+from engine.interface import NullListener
 
-Progress = Callable[[str], None]
 
+class Pending(NullListener):
+    """A submitted engine request: the time of its first token, and its result once done."""
 
-@dataclass(frozen=True)
-class Record:
-    """One finished request: who asked, for how many tokens, when, and what it got."""
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.result: GenerationResult | None = None
+        self.first: float | None = None
+        self.handle: Handle | None = None
 
-    client: int
-    wanted: int
-    start: float
-    end: float
-    tokens: int
+    def on_token(self, token_id: int, log_prob: float) -> None:
+        self.first = self.first or time.perf_counter()
+
+    def on_finish(self, result: GenerationResult) -> None:
+        self.result = result
+        self.done.set()
+
+    def wait(self) -> GenerationResult:
+        """The result; RuntimeError for a failed request (a cancelled one is a result)."""
+        self.done.wait()
+        assert self.result is not None
+        if self.result.error and self.result.finish_reason != "cancelled":
+            raise RuntimeError(f"engine request failed: {self.result.error}")
+        return self.result
 
 
 @dataclass
 class Measurement:
-    """A closed-loop run's requests and its measured window [w0, w1]."""
+    """A closed-loop run's requests (one row each) and its measured window [w0, w1]."""
 
-    records: list[Record]
+    frame: pd.DataFrame  # client, wanted, started_s, latency_ms, tokens
     w0: float
     w1: float
 
@@ -59,19 +75,24 @@ class Measurement:
         return self.w1 - self.w0
 
     def rate(self) -> float:
-        return windowed_rate(self.records, self.w0, self.w1)
+        return windowed_rate(self.frame, self.w0, self.w1)
 
-    def short_of(self, wanted: int | None = None) -> int:
-        """Requests (of ``wanted`` tokens, or all) that got fewer tokens than asked."""
-        return sum(1 for r in self.records if r.tokens < r.wanted and wanted in (None, r.wanted))
+    def short_of(self) -> int:
+        """Requests that got fewer tokens than they asked for."""
+        return int((self.frame["tokens"] < self.frame["wanted"]).sum()) if len(self.frame) else 0
+
+    def latencies(self, wanted: int) -> list[float]:
+        """Seconds of the ``wanted``-token requests that started inside the window and got all
+        their tokens."""
+        f = self.frame
+        if not len(f):
+            return []
+        chosen = (f["wanted"] == wanted) & (f["tokens"] >= wanted)
+        chosen &= (f["started_s"] >= self.w0) & (f["started_s"] < self.w1)
+        return list(f.loc[chosen, "latency_ms"] / 1e3)
 
 
-def overlap(start: float, end: float, w0: float, w1: float) -> float:
-    """Seconds of [start, end] inside [w0, w1]."""
-    return max(0.0, min(end, w1) - max(start, w0))
-
-
-def windowed_rate(records: Sequence[Record], w0: float, w1: float) -> float:
+def windowed_rate(frame: pd.DataFrame, w0: float, w1: float) -> float:
     """Tokens per second inside [w0, w1], each request's tokens spread evenly over its life.
 
     A closed loop always has requests in flight at both edges of the window; counting only
@@ -80,41 +101,16 @@ def windowed_rate(records: Sequence[Record], w0: float, w1: float) -> float:
     """
     if w1 <= w0:
         raise ValueError(f"empty window [{w0}, {w1}]")
-    tokens = 0.0
-    for r in records:
-        life = r.end - r.start
-        if life <= 0:
-            tokens += r.tokens if w0 <= r.end <= w1 else 0
-        else:
-            tokens += r.tokens * overlap(r.start, r.end, w0, w1) / life
-    return tokens / (w1 - w0)
+    start, life = frame["started_s"], frame["latency_ms"] / 1e3
+    end = start + life
+    inside = (end.clip(upper=w1) - start.clip(lower=w0)).clip(lower=0)
+    at_once = ((end >= w0) & (end <= w1)).astype(float)  # a zero-length life: in or out
+    share = (inside / life.where(life > 0)).fillna(at_once)
+    return float((frame["tokens"] * share).sum()) / (w1 - w0)
 
 
 def median_ms(values: Sequence[float]) -> float | None:
     return statistics.median(values) * 1000 if values else None
-
-
-class _Pending:
-    """A submitted engine request: wait() for its generated-token count."""
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.result: GenerationResult | None = None
-        self.handle: Handle | None = None
-
-    def on_token(self, token_id: int, log_prob: float) -> None:
-        pass
-
-    def on_finish(self, result: GenerationResult) -> None:
-        self.result = result
-        self.done.set()
-
-    def wait(self) -> int:
-        self.done.wait()
-        assert self.result is not None
-        if self.result.error and self.result.finish_reason != "cancelled":
-            raise RuntimeError(f"engine request failed: {self.result.error}")
-        return len(self.result.output_ids)
 
 
 class BareTarget:
@@ -124,44 +120,31 @@ class BareTarget:
     model with several); an id stands in for the end token instead (the openvino backend,
     which refuses bad words: bench/ov.py)."""
 
-    name = "bare"
-
-    def __init__(
-        self,
-        engine: GenerationBackend,
-        prompts: Sequence[list[int]],
-        eos: int | Sequence[int] | None,
-        end_id: int | None = None,
-        name: str = "bare",
-    ) -> None:
-        self.engine = engine
-        self.prompts = list(prompts)
+    def __init__(self, engine: GenerationBackend, prompts: Sequence[list[int]],
+                 eos: int | Sequence[int] | None, end_id: int | None = None,
+                 name: str = "bare") -> None:  # fmt: skip
+        self.engine, self.prompts, self.end_id, self.name = engine, list(prompts), end_id, name
         ends = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         self.bad = [[end] for end in ends] if end_id is None else []
-        self.end_id = end_id
-        self.name = name
-        self._pending: set[_Pending] = set()
+        self._pending: set[Pending] = set()
         self._lock = threading.Lock()
 
-    def submit(self, index: int, max_tokens: int) -> _Pending:
-        pending = _Pending()
+    def submit(self, index: int, max_tokens: int) -> Pending:
+        pending = Pending()
         request = GenerationRequest(
-            self.prompts[index % len(self.prompts)],
-            max_tokens,
-            sampling=SamplingParams(**SAMPLED, seed=index),
-            bad_words=self.bad,
-            end_id=self.end_id,
-            return_log_probs=False,
-        )
+            self.prompts[index % len(self.prompts)], max_tokens,
+            sampling=SamplingParams(**SAMPLED, seed=index), bad_words=self.bad,
+            end_id=self.end_id, return_log_probs=False,
+        )  # fmt: skip
         with self._lock:
             self._pending.add(pending)
         pending.handle = self.engine.submit(request, pending)
         return pending
 
-    def wait(self, pending: _Pending) -> int:
+    def wait(self, pending: Pending) -> int:
         """The tokens ``pending`` generated, once it is done (then it is no longer tracked)."""
         try:
-            return pending.wait()
+            return len(pending.wait().output_ids)
         finally:
             with self._lock:
                 self._pending.discard(pending)
@@ -176,61 +159,35 @@ class BareTarget:
                 if pending.handle is not None:
                     pending.handle.cancel()
 
-    def close(self) -> None:
-        pass
-
 
 class ServedTarget:
-    """Threads calling the running server's unary ensemble over gRPC, one client per thread."""
+    """Threads calling the running server's unary ensemble over gRPC, one client per thread.
+    The end tokens are banned as text (the model's own, e.g. SmolLM2's ``<|im_end|>``), or
+    (openvino, which refuses bad words) a stand-in end id is sent."""
 
-    name = "served"
-
-    def __init__(
-        self,
-        url: str,
-        prompts: Sequence[str],
-        prompt_tokens: Sequence[int],
-        end_id: int | None = None,
-        name: str = "served",
-        end_words: Sequence[str] = (END_OF_TEXT,),
-    ) -> None:
-        self.url = url
-        self.name = name
-        # the end tokens banned (as text: the model's own, e.g. SmolLM2's <|im_end|>), or
-        # (openvino, which refuses bad words) a stand-in end id
-        self.end: dict = (
-            {"end_id": end_id} if end_id is not None else {"bad_words": tuple(end_words)}
-        )
-        self.prompts = list(prompts)
-        self.prompt_tokens = list(prompt_tokens)
+    def __init__(self, url: str, prompts: Sequence[str], prompt_tokens: Sequence[int],
+                 end_id: int | None = None, name: str = "served",
+                 end_words: Sequence[str] = (END_OF_TEXT,)) -> None:  # fmt: skip
+        self.url, self.name = url, name
+        self.end = {"end_id": end_id} if end_id is not None else {"bad_words": tuple(end_words)}
+        self.prompts, self.prompt_tokens = list(prompts), list(prompt_tokens)
         self._local = threading.local()
-        self._clients: list = []
-        self._lock = threading.Lock()
-
-    def _client(self) -> CodegenClient:
-        client = getattr(self._local, "client", None)
-        if client is None:
-            client = CodegenClient(self.url, "grpc")
-            self._local.client = client
-            with self._lock:
-                self._clients.append(client)
-        return client
+        self._clients: list[CodegenClient] = []
 
     def request(self, index: int, max_tokens: int) -> int:
+        if (client := getattr(self._local, "client", None)) is None:
+            client = self._local.client = CodegenClient(self.url, "grpc")
+            self._clients.append(client)  # list.append is atomic: no lock
         i = index % len(self.prompts)
-        completion = self._client().complete(
-            self.prompts[i], max_tokens, **SAMPLED, seed=index, **self.end
-        )
-        return completion.total_tokens - self.prompt_tokens[i]
+        done = client.complete(self.prompts[i], max_tokens, **SAMPLED, seed=index, **self.end)
+        return done.total_tokens - self.prompt_tokens[i]
 
     def cancel_all(self) -> None:
         """Unary requests cannot be cancelled here: the loop waits for them."""
 
     def close(self) -> None:
-        with self._lock:
-            for client in self._clients:
-                client.close()
-            self._clients.clear()
+        while self._clients:
+            self._clients.pop().close()
 
 
 def closed_loop(
@@ -239,7 +196,6 @@ def closed_loop(
     window_s: float,
     max_window_s: float,
     warmup_cap_s: float,
-    first_index: int = 0,
     cancel_at_end: bool = False,
 ) -> Measurement:
     """One thread per entry of ``wanted`` (its output length), each sending its next request
@@ -249,12 +205,10 @@ def closed_loop(
     step) or after ``warmup_cap_s``; it lasts ``window_s``, stretched to two of the slowest
     requests seen so far (at most ``max_window_s``) so long outputs are seen more than once.
     """
-    stop = threading.Event()
-    records: list[Record] = []
+    stop, lock, counter = threading.Event(), threading.Lock(), itertools.count()
+    rows: list[dict[str, float]] = []
     errors: list[BaseException] = []
-    lock = threading.Lock()
-    counter = itertools.count(first_index)
-    answered = [0] * len(wanted)
+    t0 = time.perf_counter()
 
     def client(c: int, tokens: int) -> None:
         try:
@@ -265,30 +219,26 @@ def closed_loop(
                 got = target.request(index, tokens)
                 end = time.perf_counter()
                 with lock:
-                    records.append(Record(c, tokens, start, end, got))
-                    answered[c] += 1
+                    rows.append({"client": c, "wanted": tokens, "started_s": start - t0,
+                                 "latency_ms": (end - start) * 1e3, "tokens": got})  # fmt: skip
         except BaseException as exc:  # surfaced by the caller after the join
             errors.append(exc)
             stop.set()
 
-    threads = [
-        threading.Thread(target=client, args=(c, n), daemon=True, name=f"bench-client-{c}")
-        for c, n in enumerate(wanted)
-    ]
-    began = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(c, n), daemon=True, name=f"bench-client-{c}")
+               for c, n in enumerate(wanted)]  # fmt: skip
     for thread in threads:
         thread.start()
-    while time.perf_counter() - began < warmup_cap_s and not stop.is_set():
+    while time.perf_counter() - t0 < warmup_cap_s and not stop.is_set():
         with lock:
-            if all(answered):
+            if len({r["client"] for r in rows}) == len(wanted):
                 break
         time.sleep(0.02)
-    w0 = time.perf_counter()
+    w0 = time.perf_counter() - t0
     with lock:
-        slowest = max((r.end - r.start for r in records), default=0.0)
-    window = min(max(window_s, 2 * slowest), max(window_s, max_window_s))
-    stop.wait(window)
-    w1 = time.perf_counter()
+        slowest = max((r["latency_ms"] / 1e3 for r in rows), default=0.0)
+    stop.wait(min(max(window_s, 2 * slowest), max(window_s, max_window_s)))
+    w1 = time.perf_counter() - t0
     stop.set()
     if cancel_at_end:
         target.cancel_all()
@@ -296,24 +246,21 @@ def closed_loop(
         thread.join()
     if errors:
         raise RuntimeError(f"a {target.name} client failed: {errors[0]}") from errors[0]
-    return Measurement(records, w0, w1)
+    columns = ["client", "wanted", "started_s", "latency_ms", "tokens"]
+    return Measurement(pd.DataFrame(rows, columns=columns), w0, w1)
 
 
 def static_batches(
-    target: BareTarget, clients: int, tokens: int, window_s: float, first_index: int = 0
+    target: BareTarget, clients: int, tokens: int, window_s: float
 ) -> tuple[float, int, int]:
     """The engine fed whole batches: ``clients`` requests at once, wait for all, repeat until
     ``window_s`` has passed. (tokens/s, rounds, requests short of ``tokens``)."""
-    index = first_index
     generated = rounds = short = 0
     started = time.perf_counter()
     while rounds == 0 or time.perf_counter() - started < window_s:
-        pending = [target.submit(index + i, tokens) for i in range(clients)]
-        index += clients
-        for p in pending:
-            got = target.wait(p)
-            generated += got
-            short += got < tokens
+        pending = [target.submit(rounds * clients + i, tokens) for i in range(clients)]
+        got = [target.wait(p) for p in pending]
+        generated, short = generated + sum(got), short + sum(n < tokens for n in got)
         rounds += 1
     return generated / (time.perf_counter() - started), rounds, short
 
@@ -323,24 +270,13 @@ def latencies(
 ) -> list[float]:
     """Seconds for one request alone, ``repeats`` times after ``warmup`` untimed ones; the
     same prompt and seed every time so only the path differs between targets."""
-    for _ in range(warmup):
-        target.request(0, tokens)
     seconds = []
-    for _ in range(repeats):
+    for i in range(warmup + repeats):
         start = time.perf_counter()
         target.request(0, tokens)
-        seconds.append(time.perf_counter() - start)
+        if i >= warmup:
+            seconds.append(time.perf_counter() - start)
     return seconds
-
-
-def short_latencies(measurement: Measurement, wanted: int) -> list[float]:
-    """Latencies of the ``wanted``-token requests that started inside the window and got all
-    their tokens."""
-    return [
-        r.end - r.start
-        for r in measurement.records
-        if r.wanted == wanted and measurement.w0 <= r.start < measurement.w1 and r.tokens >= wanted
-    ]
 
 
 def forward_ceiling(
@@ -362,23 +298,20 @@ def forward_ceiling(
     device = next(model.parameters()).device
     cache = KVCache.empty(model.config, next(model.parameters()).dtype, device)
     cache.reserve(rows, max(positions) + 1)
+    tokens = [[rng.randrange(model.config.vocab_size)] for _ in range(rows)]
     segment = Segment(
-        torch.tensor(
-            [[rng.randrange(model.config.vocab_size)] for _ in range(rows)], device=device
-        ),
+        torch.tensor(tokens, device=device),
         torch.tensor(positions, device=device),
-        torch.zeros(rows, dtype=torch.long, device=device),
+        torch.zeros_like(torch.tensor(positions, device=device)),
         slice(0, rows),
     )
     for _ in range(3):
         model.step([segment], cache)
-    seconds = []
-    for _ in range(repeats):
+    seconds: list[float] = []
+    while len(seconds) < repeats and sum(seconds) < budget_s:
         start = time.perf_counter()
         model.step([segment], cache)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - start)
-        if sum(seconds) >= budget_s:
-            break
     return rows / statistics.median(seconds)

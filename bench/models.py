@@ -10,6 +10,7 @@ Both live in git-ignored folders and are built once.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from collections.abc import Callable, Collection
@@ -87,10 +88,7 @@ def describe_checkpoint(key: str, name: str, path: Path) -> ModelInfo:
             header = json.loads(handle.read(size))
         for tensor, entry in header.items():
             if tensor != "__metadata__" and not tensor.endswith(_BUFFERS):
-                count = 1
-                for dim in entry["shape"]:
-                    count *= dim
-                parameters += count
+                parameters += math.prod(entry["shape"])
     heads = f"{config.n_head} heads" + (
         f" ({config.n_kv_head} key/value)" if config.n_kv_head != config.n_head else ""
     )
@@ -184,11 +182,6 @@ def resolve_models(
     return models
 
 
-def ct2_quantization(dtype: str) -> str:
-    """CTranslate2's name for a dtype (its ``quantization`` and ``compute_type``)."""
-    return {"float32": "float32", "bfloat16": "bfloat16", "int8": "int8"}[dtype]
-
-
 def convert_ct2(checkpoint: Path, out: Path, dtype: str, progress: Progress = print) -> Path:
     """``checkpoint`` converted by CTranslate2's own TransformersConverter into ``out`` (once;
     a stamp holding the source's mtime makes a rebuilt checkpoint convert again)."""
@@ -207,7 +200,7 @@ def convert_ct2(checkpoint: Path, out: Path, dtype: str, progress: Progress = pr
 
     hf_logging.disable_progress_bar()
     converter = ctranslate2.converters.TransformersConverter(str(checkpoint))
-    converter.convert(str(out), quantization=ct2_quantization(dtype), force=True)
+    converter.convert(str(out), quantization=dtype, force=True)  # ct2 names them alike
     config_file = out / "config.json"
     config = json.loads(config_file.read_text())
     if config.get("unk_token") is None:  # byte-level BPE has no unknown token; CT2 needs a name

@@ -60,27 +60,45 @@ def start_backend(
     ).start()
 
 
+def continuous_pipeline(
+    checkpoint: Path,
+    dtype: str,
+    batch: int,
+    cache_tokens: int = 0,
+    prefill_tokens: int = 4096,
+    prefix_caching: bool = False,
+    **properties: object,
+) -> Any:
+    """OpenVINO GenAI's ContinuousBatchingPipeline on ``checkpoint``'s export, scheduled as the
+    backend schedules it: ``batch`` sequences, a KV cache of ``cache_tokens`` (0: a full
+    context per sequence), prompts split and fused into steps of ``prefill_tokens``."""
+    import openvino_genai
+
+    from engine import BLOCK_SIZE, ModelShape, compile_properties, require_export
+
+    scheduler = openvino_genai.SchedulerConfig()
+    cache_tokens = cache_tokens or batch * ModelShape.read(checkpoint).context
+    scheduler.num_kv_blocks = -(-cache_tokens // BLOCK_SIZE)
+    scheduler.max_num_seqs = batch
+    scheduler.max_num_batched_tokens = max(prefill_tokens, batch)
+    scheduler.dynamic_split_fuse = True
+    scheduler.enable_prefix_caching = prefix_caching
+    return openvino_genai.ContinuousBatchingPipeline(
+        str(require_export(checkpoint)), scheduler, "CPU",
+        {**compile_properties(dtype), **properties},
+    )  # fmt: skip
+
+
 class PipelineGenerate:
     """OpenVINO GenAI's own ``ContinuousBatchingPipeline.generate`` on a batch: the pipeline
     without this project's backend or server around it (``min_new_tokens`` keeps every row
     to the length asked for)."""
 
     def __init__(self, checkpoint: Path, dtype: str, max_batch_size: int) -> None:
-        import openvino_genai
+        from engine import ModelShape
 
-        from engine import BLOCK_SIZE, ModelShape, compile_properties, require_export
-
-        shape = ModelShape.read(checkpoint)
-        scheduler = openvino_genai.SchedulerConfig()
-        scheduler.num_kv_blocks = -(-max_batch_size * shape.context // BLOCK_SIZE)
-        scheduler.max_num_seqs = max_batch_size
-        scheduler.max_num_batched_tokens = max(4096, max_batch_size)
-        scheduler.dynamic_split_fuse = True
-        scheduler.enable_prefix_caching = False
-        self.pipe = openvino_genai.ContinuousBatchingPipeline(
-            str(require_export(checkpoint)), scheduler, "CPU", compile_properties(dtype)
-        )
-        self.eos = shape.eos_token_id
+        self.pipe = continuous_pipeline(checkpoint, dtype, max_batch_size)
+        self.eos = ModelShape.read(checkpoint).eos_token_id
 
     def generate_ids(
         self, prompts: list[list[int]], new: int, sampled: bool, seed: int

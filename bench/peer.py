@@ -278,34 +278,33 @@ def peer_ratio(results: dict[str, Any], figure: str, clients: int) -> float | No
     return ratio(mine.get(figure), theirs.get(figure))
 
 
+FIGURES = (
+    ("first token p50 ms", "first_token_p50_ms", 0),
+    ("first token p95 ms", "first_token_p95_ms", 0),
+    ("one line p50 ms", "latency_p50_ms", 0), ("one line p95 ms", "latency_p95_ms", 0),
+    ("tokens/s", "tokens_per_s", 1), ("CPU ms/token", "cpu_ms_per_token", 1),
+    ("cores used", "cores_used", 2), ("requests", "requests", 0), ("failures", "failures", 0),
+)  # fmt: skip
+
+
 def peer_table(results: dict[str, Any]) -> Table:
     """Per client count, each system's figures and the project/llama.cpp ratio."""
-    figures = (("first token p50 ms", "first_token_p50_ms", 0),
-               ("first token p95 ms", "first_token_p95_ms", 0),
-               ("one line p50 ms", "latency_p50_ms", 0), ("one line p95 ms", "latency_p95_ms", 0),
-               ("tokens/s", "tokens_per_s", 1), ("CPU ms/token", "cpu_ms_per_token", 1),
-               ("cores used", "cores_used", 2), ("requests", "requests", 0),
-               ("failures", "failures", 0))  # fmt: skip
-    body = []
-    for clients in CLIENTS:
-        for label, figure, digits in figures:
-            mine, theirs = _row(results, PROJECT, clients), _row(results, LLAMA, clients)
-            body.append([str(clients), label, fmt(mine.get(figure), digits),
-                         fmt(theirs.get(figure), digits),
-                         fmt(ratio(mine.get(figure), theirs.get(figure)), 2, "x")])  # fmt: skip
-    wasted = (results.get("llama") or {}).get("wasted") or {}
-    body.append(["1", "tokens generated after the client left, per abandoned request",
-                 fmt(wasted.get(PROJECT), 1), fmt(wasted.get(LLAMA), 1),
-                 fmt(ratio(wasted.get(PROJECT), wasted.get(LLAMA)), 2, "x")])  # fmt: skip
-    half = (results.get("llama") or {}).get("half_window_s")
-    slots = (results.get("llama") or {}).get("llama_parallel", "engine batch")
+    section = results.get("llama") or {}
+    wasted = section.get("wasted") or {}
+    lines = [(str(c), label, _row(results, PROJECT, c).get(figure),
+              _row(results, LLAMA, c).get(figure), digits)
+             for c in CLIENTS for label, figure, digits in FIGURES]  # fmt: skip
+    lines.append(("1", "tokens generated after the client left, per abandoned request",
+                  wasted.get(PROJECT), wasted.get(LLAMA), 1))  # fmt: skip
+    body = [[n, label, fmt(mine, digits), fmt(theirs, digits), fmt(ratio(mine, theirs), 2, "x")]
+            for n, label, mine, theirs, digits in lines]  # fmt: skip
     return (
         "The project served vs llama.cpp's llama-server, same SmolLM2 weights",
         context(
             results,
-            f"project: Triton + OpenAI API, openvino int8 export; llama.cpp: "
-            f"the Q4_1 GGUF, --parallel {slots}; OpenAI SSE, greedy, one line "
-            f"(stop \\n, <= 32 tokens), windows A B B A of {half} s",
+            "project: Triton + OpenAI API, openvino int8 export; llama.cpp: the Q4_1 GGUF, "
+            f"--parallel {section.get('llama_parallel', 'engine batch')}; OpenAI SSE, greedy, one "
+            f"line (stop \\n, <= 32 tokens), windows A B B A of {section.get('half_window_s')} s",
             f"abandoned: {ABANDON_TOKENS}-token requests left at the first piece, counted "
             "by each server",
         ),

@@ -17,14 +17,15 @@ import json
 import statistics
 import subprocess
 import sys
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 SYSTEMS = ("openvino", "openvino-no-cache", "torch-float32", "torch-bfloat16")
 PROMPT_TOKENS = {"default": 900, "350m": 1000}
 MORE = 3  # tokens added when the prompt is resent (a few characters typed)
+STREAM_PROMPT, UNARY_PROMPT, NEW = 1000, 650, 16  # the served rows' prompts and answers
 
 
 def windows(length: int, count: int, vocab: int) -> list[list[int]]:
@@ -48,30 +49,16 @@ def windows(length: int, count: int, vocab: int) -> list[list[int]]:
     return [[t % vocab for t in ids[i * size : (i + 1) * size]] for i in range(count)]
 
 
-def _timed(engine, prompt: list[int], new: int) -> tuple[float, float]:
+def _timed(engine: Any, prompt: list[int], new: int) -> tuple[float, float]:
     """(seconds to the first token, seconds to the result) of one greedy request."""
-    from engine import GenerationRequest, GenerationResult
+    from bench.load import Pending
+    from engine import GenerationRequest
 
-    first: list[float] = []
-    done = threading.Event()
-    box: list[GenerationResult] = []
-
-    class Timer:
-        def on_token(self, token_id: int, log_prob: float) -> None:
-            if not first:
-                first.append(time.perf_counter())
-
-        def on_finish(self, result: GenerationResult) -> None:
-            box.append(result)
-            done.set()
-
-    request = GenerationRequest(prompt, new, return_log_probs=False)
-    started = time.perf_counter()
-    engine.submit(request, Timer())
-    done.wait()
-    if box[0].error:
-        raise RuntimeError(box[0].error)
-    return first[0] - started, time.perf_counter() - started
+    started, pending = time.perf_counter(), Pending()
+    engine.submit(GenerationRequest(prompt, new, return_log_probs=False), pending)
+    if (error := pending.wait().error) or pending.first is None:
+        raise RuntimeError(error or "no token")
+    return pending.first - started, time.perf_counter() - started
 
 
 def measure(system: str, checkpoint: Path, length: int, repeats: int, new: int) -> dict:
@@ -97,23 +84,18 @@ def measure(system: str, checkpoint: Path, length: int, repeats: int, new: int) 
         engine = TorchEngine(model, max_batch_size=4).start()
     try:
         _timed(engine, prompts[0], new)  # warm-up: first compilations and allocations
-        cold, warm = [], []
-        for prompt in prompts[1:]:
-            cold.append(_timed(engine, prompt[:length], new))
-            warm.append(_timed(engine, prompt, new))
+        pairs = [[_timed(engine, p[:length], new), _timed(engine, p, new)] for p in prompts[1:]]
     finally:
         engine.stop()
+    return {"system": system, **medians(pairs)}
 
-    def median(pairs: list[tuple[float, float]], i: int) -> float:
-        return statistics.median(p[i] for p in pairs)
 
-    return {
-        "system": system,
-        "cold_first_s": median(cold, 0),
-        "cold_total_s": median(cold, 1),
-        "resent_first_s": median(warm, 0),
-        "resent_total_s": median(warm, 1),
-    }
+def medians(pairs: list[list[tuple[float, float]]]) -> dict[str, float]:
+    """Median seconds to the first token and to the answer, cold and resent, over the
+    (cold, resent) pairs of (first, total) seconds."""
+    return {f"{kind}_{what}_s": statistics.median(p[k][w] for p in pairs)
+            for k, kind in enumerate(("cold", "resent"))
+            for w, what in enumerate(("first", "total"))}  # fmt: skip
 
 
 def checkpoints(models: list[str], default: Path, log) -> dict[str, Path]:
@@ -133,7 +115,7 @@ def run_prefix(
     models: list[str], default: Path, repeats: int, new: int, log=print
 ) -> list[dict[str, Any]]:
     """Every (model, system) in a process of its own; the rows for the report (the served
-    rows: bench/served_prefix.py)."""
+    rows: :func:`run_served_prefix`)."""
     from reporting.machine import bf16_native
 
     systems = [s for s in SYSTEMS if s != "torch-bfloat16" or bf16_native()]
@@ -150,38 +132,102 @@ def run_prefix(
                 raise RuntimeError(f"{system} on {key} failed:\n{done.stderr[-3000:]}")
             row = json.loads(done.stdout.strip().splitlines()[-1])
             rows.append({"model": key, "prompt_tokens": PROMPT_TOKENS[key], "new": new, **row})
-            log("  " + render_row(rows[-1]))
+            ms = {k: f"{v * 1000:,.0f} ms" for k, v in row.items() if k.endswith("_s")}
+            log(f"  {key:8} {system:18} cold: first {ms['cold_first_s']:>9}, total "
+                f"{ms['cold_total_s']:>9} | resent +{MORE} tokens: first "
+                f"{ms['resent_first_s']:>9}, total {ms['resent_total_s']:>9}")  # fmt: skip
     return rows
 
 
-def render_row(row: dict[str, Any]) -> str:
-    ms = {k: f"{row[k] * 1000:,.0f} ms" for k in row if k.endswith("_s")}
-    return (
-        f"{row['model']:8} {row['system']:18} cold: first {ms['cold_first_s']:>9}, total "
-        f"{ms['cold_total_s']:>9} | resent +{MORE} tokens: first {ms['resent_first_s']:>9}, "
-        f"total {ms['resent_total_s']:>9}"
-    )
+def word_text(ids: list[int], eos: int) -> str:
+    """The 350M shape's word-level text of ``ids`` (bench/models.py: one ``t<id>`` word per
+    id); the end token, which has another name there, is replaced by its neighbour."""
+    return " ".join(f"t{i if i != eos else i + 1}" for i in ids)
 
 
-def prefix_table(rows: list[dict[str, Any]]) -> tuple[str, str, list[str], list[list[str]]]:
-    """(title, context, headers, rows) in the bench report's table form."""
-    headers = ["model", "system", "prompt", "cold first", "cold total", "resent first",
-               "resent total", "resent speed-up"]  # fmt: skip
-    body = [
-        [
-            r["model"], r["system"], str(r["prompt_tokens"]),
-            *(f"{r[k] * 1000:,.0f} ms" for k in
-              ("cold_first_s", "cold_total_s", "resent_first_s", "resent_total_s")),
-            f"{r['cold_total_s'] / r['resent_total_s']:.1f}x",
-        ]
-        for r in rows
-    ]  # fmt: skip
-    new = rows[0]["new"] if rows else 0
-    context = (
-        f"A prompt of real Python source, then the same prompt with {MORE} more tokens; "
-        f"{new} greedy tokens each; medians; each system alone in its own process."
-    )
-    return "Prefix: a long prompt resent", context, headers, body
+def served_prompt_tokens(tokenizer: Any, text: str) -> int:
+    """How many tokens the server makes of ``text``: what the tokenizer's rules put before a
+    prompt (a Llama BOS, or nothing) and the text's own, never an end token after it."""
+    from contract.model_tokens import prompt_head
+
+    return len(prompt_head(tokenizer)) + len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _served_once(client: Any, prompt: str, end_id: int, unary_prompt_tokens: int | None):
+    """(seconds to the first piece, seconds to the answer) of one streamed request, or (with
+    the prompt's token count) one unary request; RuntimeError unless it made NEW tokens."""
+    started, first = time.perf_counter(), None
+    if unary_prompt_tokens is None:
+        stream = client.stream(prompt, NEW, end_id=end_id)
+        for _ in stream:
+            first = first or time.perf_counter() - started
+        made = int((stream.completion.completion_tokens if stream.completion else 0) or 0)
+    else:
+        made = client.complete(prompt, NEW, end_id=end_id).total_tokens - unary_prompt_tokens
+    total = time.perf_counter() - started
+    if made != NEW:
+        raise RuntimeError(f"{prompt[:20]!r}...: the server generated {made} tokens of {NEW}")
+    return first or total, total
+
+
+def run_served_prefix(
+    paths: dict[str, Path], repeats: int, out: Path, log: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """The prefix section through the server, after the bare rows: an editor resending its
+    file to Triton, each model on a Triton of its own serving the openvino backend (its dtype
+    as the traffic sections use it, prefix cache on, as served by default):
+
+    - ``350m``: the 350M shape through ``ensemble_stream``: a cold 1,000-token prompt, then the
+      same prompt with 3 more tokens; the time to the first streamed piece and to the answer;
+    - ``default``: the default model through the unary ``ensemble``: a 650-token prompt of
+      real source, then the same text with its next 3 characters; cold over resent.
+
+    Medians over ``repeats`` windows, after one warm-up window; 16 tokens each, the end token
+    kept out by the stand-in end id (bench/ov.py), every answer checked to hold 16 tokens."""
+    from transformers import PreTrainedTokenizerFast
+
+    from bench.models import CACHE
+    from bench.ov import served_dtype, stand_in_end_id
+    from bench.server import running_server
+    from client import CodegenClient
+    from engine import ModelShape
+
+    dtype, rows = served_dtype(), []
+    for key, path in paths.items():
+        shape = ModelShape.read(path)
+        end_id = stand_in_end_id(shape.vocab_size, shape.eos_token_id)
+        length = STREAM_PROMPT if key == "350m" else UNARY_PROMPT
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+        pairs = []
+        log(f"prefix served: {key} model, openvino {dtype}, {length}-token prompts ...")
+        with (
+            running_server(path, CACHE / "serving", out / f"tritonserver-prefix-{key}.log", "cpu",
+                           backend="openvino", parameters={"dtype": dtype}) as server,
+            CodegenClient(server.grpc_url, "grpc") as client,
+        ):  # fmt: skip
+            for window in windows(length, repeats + 1, shape.vocab_size):
+                if key == "350m":
+                    texts = [
+                        word_text(window[:n], shape.eos_token_id) for n in (length, length + MORE)
+                    ]
+                    counts = [None, None]
+                else:
+                    text = tokenizer.decode(window[:length])
+                    texts = [text, text + tokenizer.decode(window[length:])[:MORE]]
+                    counts = [served_prompt_tokens(tokenizer, t) for t in texts]
+                pairs.append(
+                    [_served_once(client, t, end_id, n) for t, n in zip(texts, counts, strict=True)]
+                )
+        row = medians(pairs[1:])  # the first window warms the server up
+        if key == "350m":
+            row = {"path": "ensemble_stream", **row}
+        else:
+            cold, resent = row["cold_total_s"], row["resent_total_s"]
+            row = {"path": "ensemble (unary)", "cold_total_s": cold, "resent_total_s": resent,
+                   "cold_over_resent": cold / resent}  # fmt: skip
+        rows.append({"model": key, "dtype": dtype, "prompt_tokens": length, "new": NEW, **row})
+        log("  " + ", ".join(f"{k} {v * 1000:,.0f} ms" for k, v in row.items() if k.endswith("_s")))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,17 +243,14 @@ def main(argv: list[str] | None = None) -> int:
         row = measure(args.one, args.checkpoint, args.length, args.repeats, args.new)
         print(json.dumps(row))
         return 0
-    from bench.format import machine, machine_label
+    from bench.format import machine, machine_label, render_text
     from bench.models import DEFAULT_CHECKPOINT
+    from bench.tables import prefix_table
 
     print(f"machine: {machine_label(machine())}")  # the label names the CPU flags
-    rows = run_prefix(
-        args.models.split(","), args.checkpoint or DEFAULT_CHECKPOINT, args.repeats, args.new
-    )
-    title, context, headers, body = prefix_table(rows)
-    from bench.format import text_table
-
-    print(f"\n== {title}\n{context}\n\n{text_table(headers, body)}")
+    checkpoint = args.checkpoint or DEFAULT_CHECKPOINT
+    print(render_text(prefix_table(run_prefix(args.models.split(","), checkpoint, args.repeats,
+                                              args.new))))  # fmt: skip
     return 0
 
 

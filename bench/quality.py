@@ -107,28 +107,21 @@ def openvino_agreement(
     checkpoint: Path, prompts: int, prompt_len: int, new: int
 ) -> list[tuple[str, float, int]]:
     """The openvino pipeline's greedy tokens in each dtype against transformers' float32."""
-    from transformers import AutoModelForCausalLM
-
     from bench.models import random_prompts
     from bench.ov import OPENVINO_DTYPES, PipelineGenerate
+    from bench.systems import TransformersRunner
     from contract.model_tokens import end_ids
     from engine import ModelShape
     from modelbuild.openvino_export import ensure_export
 
     ensure_export(checkpoint)
     shape = ModelShape.read(checkpoint)
-    ends = end_ids(checkpoint) or [shape.eos_token_id]
-    ids = random_prompts(prompts, prompt_len, shape.vocab_size, ends, seed=1)
-    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
-    batch = torch.tensor(ids)
-    with torch.inference_mode():
-        out = model.generate(
-            batch, attention_mask=torch.ones_like(batch), max_new_tokens=new, min_new_tokens=new,
-            do_sample=False, top_k=None, top_p=None, temperature=None,
-            pad_token_id=shape.eos_token_id,
-        )  # fmt: skip
-    reference = out[:, prompt_len:].tolist()
-    del model
+    ids = random_prompts(
+        prompts, prompt_len, shape.vocab_size, end_ids(checkpoint) or [shape.eos_token_id], seed=1
+    )
+    runner = TransformersRunner(checkpoint, "float32", "cpu")  # greedy, min_new_tokens
+    reference = runner.generate_ids(ids, new, sampled=False, seed=0)
+    runner.close()
     rows = []
     for dtype in OPENVINO_DTYPES:
         pipe = PipelineGenerate(checkpoint, dtype, max_batch_size=prompts)

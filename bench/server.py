@@ -8,41 +8,24 @@ currently holds.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from reporting.triton import Endpoints, ServedTriton, open_triton
+from serving import model_config
 from serving.paths import MODEL_REPOSITORY, checkpoint_dir
 from serving.process import free_ports
 from serving.triton import Ports
 
-GPTJ_CONFIG = MODEL_REPOSITORY / "engine" / "config.pbtxt"  # the engine model holds them
+ENGINE_CONFIG = MODEL_REPOSITORY / "engine"  # the engine model holds the budgets
 
 
-def pbtxt_parameters(text: str) -> dict[str, str]:
-    """``parameters { key: "k" value: { string_value: "v" } }`` entries of a config.pbtxt."""
-    pattern = r'key:\s*"([^"]+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"\s*\}'
-    return dict(re.findall(pattern, text))
-
-
-def set_pbtxt_parameters(text: str, values: dict[str, str]) -> str:
-    """``text`` with each named parameter's string value replaced; KeyError naming one the
-    config does not have (a bench setting must never be silently ignored)."""
-    for key, value in values.items():
-        pattern = rf'(key:\s*"{re.escape(key)}"\s*value:\s*\{{\s*string_value:\s*")[^"]*(")'
-        text, count = re.subn(pattern, lambda m, v=value: m.group(1) + v + m.group(2), text)
-        if count != 1:
-            raise KeyError(f"the engine config has {count} parameters named {key!r}, not 1")
-    return text
-
-
-def served_engine_settings(config: Path = GPTJ_CONFIG) -> dict[str, str | int]:
+def served_engine_settings(config: Path = ENGINE_CONFIG) -> dict[str, str | int]:
     """The served engine's batch size, prefill and KV-cache budgets and dtype, so the bare
     engine matches."""
-    params = pbtxt_parameters(config.read_text())
+    params = model_config.parameters(model_config.read(config))
     return {
         "max_batch_size": int(params.get("engine_max_batch_size", 32)),
         "max_prefill_tokens": int(params.get("engine_max_prefill_tokens", 4096)),
@@ -63,14 +46,16 @@ def running_server(
     """Triton serving ``checkpoint`` from a fresh repository copy under ``workdir``, started
     on free ports (:func:`reporting.triton.open_triton`); stopped on exit. The device and the
     backend (the one the bare side measures) go to the engine model through CODEGEN_DEVICE and
-    CODEGEN_BACKEND; ``parameters`` (dtype, say) replace those of the copy's engine config."""
+    CODEGEN_BACKEND; ``parameters`` (dtype, say) replace those of the copy's engine config
+    (KeyError naming one it does not have: a setting is never silently ignored)."""
     repo = workdir / "model_repository"
     shutil.rmtree(repo, ignore_errors=True)
     shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("checkpoint"))
     shutil.copytree(checkpoint, checkpoint_dir(repo))
     if parameters:
-        config = repo / "engine" / "config.pbtxt"
-        config.write_text(set_pbtxt_parameters(config.read_text(), parameters))
+        config = model_config.read(repo / "engine")
+        model_config.set_parameters(config, parameters)
+        model_config.write(repo / "engine", config)
     previous = {name: os.environ.get(name) for name in ("CODEGEN_DEVICE", "CODEGEN_BACKEND")}
     os.environ.update(CODEGEN_DEVICE=device, CODEGEN_BACKEND=backend)
     try:
@@ -78,7 +63,4 @@ def running_server(
             yield server
     finally:
         for name, value in previous.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+            os.environ.pop(name) if value is None else os.environ.update({name: value})

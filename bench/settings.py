@@ -128,15 +128,10 @@ def make_plan(
             single_repeats=6, beam_tokens=16, prefix_repeats=1, peer_half_window_s=4.0,
         )  # fmt: skip
     changes: dict[str, Any] = {}
-    for name, text, allowed in (
-        ("sections", only, SECTIONS),
-        ("models", models, MODELS),
-        ("dtypes", dtypes, DTYPES),
-        ("systems", systems, SYSTEMS),
-        ("backends", backends, BACKENDS),
-    ):
-        chosen = parse_list(text, allowed, name)
-        if chosen is not None:
+    for name, text, allowed in (("sections", only, SECTIONS), ("models", models, MODELS),
+                                ("dtypes", dtypes, DTYPES), ("systems", systems, SYSTEMS),
+                                ("backends", backends, BACKENDS)):  # fmt: skip
+        if (chosen := parse_list(text, allowed, name)) is not None:
             changes[name] = chosen
     if "llama" in changes.get("sections", plan.sections):
         try:
@@ -154,10 +149,9 @@ def make_plan(
                 "backend openvino runs on the CPU only: leave it out with --device cuda"
             )
         changes["backends"] = tuple(b for b in plan.backends if b != "openvino")
-    if clients is not None:
-        if clients < 1:
-            raise ValueError(f"clients must be >= 1, got {clients}")
-        changes["clients"] = clients
+    if clients is not None and clients < 1:
+        raise ValueError(f"clients must be >= 1, got {clients}")
+    changes.update({"clients": clients} if clients is not None else {})
     if lengths:
         values = tuple(int(x) for x in lengths.split(",") if x.strip())
         if not values or min(values) < 1:

@@ -22,6 +22,7 @@ import random
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -34,29 +35,17 @@ NAME = re.compile(r"\b[a-z_][a-z0-9_]{3,}\b")
 RESERVED = {*keyword.kwlist, *dir(builtins), "self", "cls"}  # never renamed
 
 
-def pipeline(checkpoint: Path, prompt_lookup: bool):
+def pipeline(checkpoint: Path, prompt_lookup: bool) -> Any:
     """A ContinuousBatchingPipeline with the served engine's budgets and compile properties."""
-    import openvino_genai
-
+    from bench.ov import continuous_pipeline
     from bench.server import served_engine_settings
-    from engine import BLOCK_SIZE, ModelShape, compile_properties, require_export
 
     settings = served_engine_settings()
-    batch = int(settings["max_batch_size"])
-    shape = ModelShape.read(checkpoint)
-    scheduler = openvino_genai.SchedulerConfig()
-    cache_tokens = int(settings["kv_cache_tokens"]) or batch * shape.context
-    scheduler.num_kv_blocks = -(-cache_tokens // BLOCK_SIZE)
-    scheduler.max_num_seqs = batch
-    scheduler.max_num_batched_tokens = max(int(settings["max_prefill_tokens"]), batch)
-    scheduler.dynamic_split_fuse = True
-    scheduler.enable_prefix_caching = True
-    properties = compile_properties(str(settings["dtype"]))
-    if prompt_lookup:
-        properties["prompt_lookup"] = True
-    return openvino_genai.ContinuousBatchingPipeline(
-        str(require_export(checkpoint)), scheduler, "CPU", properties
-    )
+    budgets = [
+        int(settings[k]) for k in ("max_batch_size", "kv_cache_tokens", "max_prefill_tokens")
+    ]
+    lookup = {"prompt_lookup": True} if prompt_lookup else {}
+    return continuous_pipeline(checkpoint, str(settings["dtype"]), *budgets, True, **lookup)
 
 
 def edited(window: str, rng: random.Random) -> str:

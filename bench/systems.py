@@ -11,21 +11,19 @@ from __future__ import annotations
 
 import gc
 import importlib.util
-import inspect
 import json
-import threading
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
+from bench.load import Pending
 from bench.ov import OPENVINO_DTYPES, stand_in_end_id, start_backend
 from bench.settings import SAMPLED
 from contract.model_tokens import end_ids
 from contract.options import SamplingParams
-from engine import GenerationRequest, GenerationResult, TorchEngine, in_passing_thread, load_model
+from engine import GenerationRequest, TorchEngine, in_passing_thread, load_model
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.float32}
 
@@ -50,12 +48,6 @@ def generate(
     return [len(ids) for ids in runner.generate_ids(prompts, new, sampled, seed)]
 
 
-def engine_supports_int8() -> bool:
-    """Whether the engine's loader (``engine.load_model``, every family's) takes ``quantize``
-    (added in a parallel branch; detected, never assumed)."""
-    return "quantize" in inspect.signature(load_model).parameters
-
-
 def checkpoint_end_ids(checkpoint: Path, fallback: int | None) -> list[int]:
     """Every id that ends the checkpoint's generation (a model may have several, and the
     server stops at each), else ``fallback``: the ids a runner bans."""
@@ -76,8 +68,6 @@ def ct2_compute_types(device: str) -> set[str]:
 
 def unsupported(system: str, dtype: str, device: str) -> str | None:
     """Why ``system`` cannot run ``dtype`` on ``device`` here, or None when it can."""
-    if system == "engine" and dtype == "int8" and not engine_supports_int8():
-        return "not supported (engine.load_model has no quantize parameter)"
     if system == "openvino":
         if not device.startswith("cpu"):
             return "not supported (the openvino backend runs on the CPU only here)"
@@ -96,19 +86,6 @@ def unsupported(system: str, dtype: str, device: str) -> str | None:
     if system == "ct2" and dtype not in ct2_compute_types(device):
         return f"not supported (CTranslate2 has no {dtype} on this {device.split(':')[0]})"
     return None
-
-
-class _Collect:
-    """A listener that counts one sequence's tokens and signals its end."""
-
-    def __init__(self, done: Callable[[GenerationResult], None]) -> None:
-        self._done = done
-
-    def on_token(self, token_id: int, log_prob: float) -> None:
-        pass
-
-    def on_finish(self, result: GenerationResult) -> None:
-        self._done(result)
 
 
 def engine_sampling(sampled: bool, seed: int) -> SamplingParams:
@@ -141,24 +118,10 @@ class EngineRunner:
     def generate_ids(
         self, prompts: list[list[int]], new: int, sampled: bool, seed: int
     ) -> list[list[int]]:
-        results: dict[int, GenerationResult] = {}
-        lock = threading.Lock()
-        all_done = threading.Event()
-
-        def done(index: int, result: GenerationResult) -> None:
-            with lock:
-                results[index] = result
-                if len(results) == len(prompts):
-                    all_done.set()
-
-        for i, prompt in enumerate(prompts):
-            request = self.request(prompt, new, sampled, seed + i)
-            self.engine.submit(request, _Collect(lambda r, i=i: done(i, r)))
-        all_done.wait()
-        errors = [r.error for r in results.values() if r.error]
-        if errors:
-            raise RuntimeError(f"engine failed: {errors[0]}")
-        return [list(results[i].output_ids) for i in range(len(prompts))]
+        pending = [Pending() for _ in prompts]
+        for i, (prompt, listener) in enumerate(zip(prompts, pending, strict=True)):
+            self.engine.submit(self.request(prompt, new, sampled, seed + i), listener)
+        return [list(listener.wait().output_ids) for listener in pending]
 
     def request(self, prompt: list[int], new: int, sampled: bool, seed: int) -> GenerationRequest:
         bad = [[end] for end in self.banned]

@@ -1,4 +1,4 @@
-"""The sections' tables (title, context, headers, rows) from the measured rows.
+"""Every section's table (title, context, headers, rows) from the measured rows.
 
 Pure functions of the results dictionary, so they are unit-tested without running a model, and
 a ``results.json`` from an earlier run can be re-rendered.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from bench.format import Table, context, fmt, model_text, rate, ratio, verdict
+from bench.format import Table, columns, context, fmt, model_text, rate, ratio, verdict
 
 # The bench's targets; each check row says which it is held to.
 STEP_COST_MAX = 1.15  # sampled-step time over greedy-step time, engine, batch 16 and 64
@@ -19,42 +19,29 @@ MIXED_SLOWDOWN_MAX = 2.0  # short requests' median latency next to long ones ove
 SERVED_OVERHEAD_MAX_MS = 15.0  # one request alone, served minus bare
 # 16 clients at output 128: 4x the engine's tokens/s when this target was set (about 615)
 THROUGHPUT_TARGET_LENGTH, THROUGHPUT_TARGET = 128, 4 * 615.0
-
 KERNEL_SYSTEMS = ("engine", "openvino", "transformers", "ct2")
-
-# -- derived rows ------------------------------------------------------------------------------
+MORE = 3  # tokens (or characters) a resent prompt adds
 
 
 def kernel_comparison(kernels: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (model, dtype, batch, mode): the three systems' tokens/s and the ratios."""
+    """One row per (model, dtype, batch, mode): the systems' tokens/s and the ratios."""
     keyed: dict[tuple, dict[str, Any]] = {}
     for row in kernels:
-        key = (row["model"], row["dtype"], row["batch"], row["mode"])
+        cell = {k: row[k] for k in ("model", "dtype", "batch", "mode")}
         entry = keyed.setdefault(
-            key,
-            {
-                "model": row["model"],
-                "dtype": row["dtype"],
-                "batch": row["batch"],
-                "mode": row["mode"],
-                "new_tokens": {},
-                "wanted_tokens": {},
-                "notes": {},
-            },
+            tuple(cell.values()), {**cell, "new_tokens": {}, "wanted_tokens": {}, "notes": {}}
         )
-        entry[row["system"]] = row.get("tokens_per_s")
-        entry["new_tokens"][row["system"]] = row.get("new_tokens")
-        if row.get("wanted_tokens"):
-            entry["wanted_tokens"][row["system"]] = row["wanted_tokens"]
-        if row.get("note"):
-            entry["notes"][row["system"]] = row["note"]
-    out = []
+        system = row["system"]
+        entry[system] = row.get("tokens_per_s")
+        entry["new_tokens"][system] = row.get("new_tokens")
+        for field, key in (("wanted_tokens", "wanted_tokens"), ("notes", "note")):
+            if row.get(key):
+                entry[field][system] = row[key]
     for entry in keyed.values():
         entry["engine_over_transformers"] = ratio(entry.get("engine"), entry.get("transformers"))
         entry["engine_over_ct2"] = ratio(entry.get("engine"), entry.get("ct2"))
         entry["openvino_over_engine"] = ratio(entry.get("openvino"), entry.get("engine"))
-        out.append(entry)
-    return out
+    return list(keyed.values())
 
 
 def step_cost(
@@ -63,133 +50,86 @@ def step_cost(
     """The engine's sampled-step over greedy-step time at ``batches``: the same tokens, so the
     time ratio is greedy tokens/s over sampled tokens/s."""
     comparison = kernel_comparison(kernels)
-    sampled_rows = {
+    sampled = {
         (e["model"], e["dtype"], e["batch"]): e for e in comparison if e["mode"] == "sampled"
     }
     rows = []
     for entry in comparison:
         if entry["mode"] != "greedy" or entry["batch"] not in batches:
             continue
-        sampled = sampled_rows.get((entry["model"], entry["dtype"], entry["batch"]))
         greedy_rate = entry.get("engine")
-        sampled_rate = sampled.get("engine") if sampled else None
+        sampled_rate = sampled.get((entry["model"], entry["dtype"], entry["batch"]), {}).get(
+            "engine"
+        )
         if greedy_rate is None or sampled_rate is None:
             continue
         value = ratio(greedy_rate, sampled_rate)
-        rows.append(
-            {
-                "model": entry["model"],
-                "dtype": entry["dtype"],
-                "batch": entry["batch"],
-                "greedy_tokens_per_s": greedy_rate,
-                "sampled_tokens_per_s": sampled_rate,
-                "sampled_over_greedy_time": value,
-                "verdict": verdict(value, STEP_COST_MAX, at_most=True),
-            }
-        )
+        rows.append({
+            "model": entry["model"], "dtype": entry["dtype"], "batch": entry["batch"],
+            "greedy_tokens_per_s": greedy_rate, "sampled_tokens_per_s": sampled_rate,
+            "sampled_over_greedy_time": value, "verdict": verdict(value, STEP_COST_MAX, True),
+        })  # fmt: skip
     return rows
+
+
+def _kernel_row(e: dict[str, Any], reasons: dict[str, str]) -> list[str]:
+    """One static-batch row; an unsupported system's reason goes to ``reasons`` (said once)."""
+    cells = []
+    for system in KERNEL_SYSTEMS:
+        note = e["notes"].get(system, "")
+        if e.get(system) is None and note and "tokens (time budget)" not in note:
+            reasons[f"{system} {e['dtype']}"] = note
+            cells.append("n/s" if note.startswith("not supported") else "failed")
+        else:
+            cells.append(rate(e.get(system)))
+    counts = sorted({n for n in e["new_tokens"].values() if n})
+    cut = [f"{s} {n}" for s, n in e["new_tokens"].items() if n and n < e["wanted_tokens"].get(s, n)]
+    ratios = ("openvino_over_engine", "engine_over_transformers", "engine_over_ct2")
+    return [e["dtype"], str(e["batch"]), e["mode"], *cells, *(fmt(e[k], 2, "x") for k in ratios),
+            "/".join(str(n) for n in counts) or "—", ", ".join(cut)]  # fmt: skip
 
 
 def kernel_tables(results: dict[str, Any]) -> list[Table]:
     rows = results.get("kernels") or []
     if not rows:
         return []
-    plan = results["plan"]
-    tables: list[Table] = []
+    plan, tables = results["plan"], []
     comparison = kernel_comparison(rows)
     for model in dict.fromkeys(r["model"] for r in comparison):
-        entries = [e for e in comparison if e["model"] == model]
-        body = []
-        reasons: dict[str, str] = {}  # "not supported" explanations, said once per table
-        for e in entries:
-            counts = sorted({n for n in e["new_tokens"].values() if n})
-            cut = [
-                f"{s} {n}"
-                for s, n in e["new_tokens"].items()
-                if n and n < e["wanted_tokens"].get(s, n)
-            ]
-            cells = []
-            for system in KERNEL_SYSTEMS:
-                note = e["notes"].get(system, "")
-                if e.get(system) is None and note and "tokens (time budget)" not in note:
-                    mark = "n/s" if note.startswith("not supported") else "failed"
-                    reasons[f"{system} {e['dtype']}"] = note
-                    cells.append(mark)
-                else:
-                    cells.append(rate(e.get(system)))
-            body.append(
-                [
-                    e["dtype"],
-                    str(e["batch"]),
-                    e["mode"],
-                    *cells,
-                    fmt(e["openvino_over_engine"], 2, "x"),
-                    fmt(e["engine_over_transformers"], 2, "x"),
-                    fmt(e["engine_over_ct2"], 2, "x"),
-                    "/".join(str(n) for n in counts) or "—",
-                    ", ".join(cut),
-                ]
-            )
+        reasons: dict[str, str] = {}
+        body = [_kernel_row(e, reasons) for e in comparison if e["model"] == model]
         key = next((r.get("plan_key") for r in rows if r["model"] == model), None)
         kplan = plan["kernels"].get(key, {}) if key else {}
         settings = (
             f"static batches, {kplan.get('prompt_tokens', '?')}-token prompts, "
             f"{kplan.get('new_tokens', '?')} new tokens (fewer where a row says so), end token "
-            f"banned; sampled = top-k {40} / top-p 0.95 / temperature 0.8; device {plan['device']}"
+            f"banned; sampled = top-k 40 / top-p 0.95 / temperature 0.8; device {plan['device']}"
         )
         footnote = "; ".join(f"{k}: {v}" for k, v in reasons.items())
-        tables.append(
-            (
-                f"Static batches: engine vs openvino vs transformers vs CTranslate2 — {model}",
-                context(results, model_text(results, model), settings, footnote),
-                [
-                    "dtype",
-                    " batch",
-                    "mode",
-                    " engine tok/s",
-                    " openvino tok/s",
-                    " transformers tok/s",
-                    " ct2 tok/s",
-                    " openvino/engine",
-                    " engine/transformers",
-                    " engine/ct2",
-                    " new tokens",
-                    "fewer tokens (time budget)",
-                ],
-                body,
-            )
-        )
+        headers = ["dtype", " batch", "mode", *(f" {s} tok/s" for s in KERNEL_SYSTEMS),
+                   " openvino/engine", " engine/transformers", " engine/ct2", " new tokens",
+                   "fewer tokens (time budget)"]  # fmt: skip
+        tables.append((
+            f"Static batches: engine vs openvino vs transformers vs CTranslate2 — {model}",
+            context(results, model_text(results, model), settings, footnote), headers, body,
+        ))  # fmt: skip
     steps = step_cost(rows, plan.get("step_batches", (16, 64)))
     if steps:
+        headers, body = columns([
+            ("model", lambda s: s["model"]), ("dtype", lambda s: s["dtype"]),
+            (" batch", lambda s: str(s["batch"])),
+            (" greedy tok/s", lambda s: rate(s["greedy_tokens_per_s"])),
+            (" sampled tok/s", lambda s: rate(s["sampled_tokens_per_s"])),
+            (" sampled/greedy time", lambda s: fmt(s["sampled_over_greedy_time"], 2)),
+            ("target", lambda s: s["verdict"]),
+        ], steps)  # fmt: skip
+        how = "same static batches as above; time ratio = greedy tok/s / sampled tok/s"
         tables.append(
             (
                 "Engine: sampled step vs greedy step",
-                context(
-                    results,
-                    "same static batches as above; time ratio = greedy tok/s / sampled tok/s",
-                    f"target <= {STEP_COST_MAX}",
-                ),
-                [
-                    "model",
-                    "dtype",
-                    " batch",
-                    " greedy tok/s",
-                    " sampled tok/s",
-                    " sampled/greedy time",
-                    "target",
-                ],
-                [
-                    [
-                        s["model"],
-                        s["dtype"],
-                        str(s["batch"]),
-                        rate(s["greedy_tokens_per_s"]),
-                        rate(s["sampled_tokens_per_s"]),
-                        fmt(s["sampled_over_greedy_time"], 2),
-                        s["verdict"],
-                    ]
-                    for s in steps
-                ],
+                context(results, how, f"target <= {STEP_COST_MAX}"),
+                headers,
+                body,
             )
         )
     return tables
@@ -199,37 +139,187 @@ def beam_tables(results: dict[str, Any]) -> list[Table]:
     rows = results.get("beams")
     if not rows:
         return []
-    first = rows[0]
-    return [
-        (
-            "Beam search: widths side by side with transformers",
-            context(
-                results,
-                f"default model, float32; {first['prompts']} prompts of "
-                f"{results['plan']['beam_prompt_tokens']} tokens at once, {first['new_tokens']} "
-                "new tokens each (end token banned); transformers: generate(num_beams=width) "
-                "on the same batch",
-            ),
-            [
-                " width",
-                " engine tok/s",
-                " every beam tok/s",
-                " transformers tok/s",
-                " engine / transformers",
-                " KV cache peak MiB",
-                " best beams equal",
-            ],
-            [
-                [
-                    str(row["width"]),
-                    rate(row["engine_tokens_per_s"]),
-                    rate(row["engine_beam_tokens_per_s"]),
-                    rate(row["transformers_tokens_per_s"]),
-                    fmt(row["engine_over_transformers"], 2, "x"),
-                    fmt(row["kv_cache_peak_mib"], 1),
-                    f"{row['best_beams_agree']}/{row['prompts']}",
-                ]
-                for row in rows
-            ],
+    headers, body = columns([
+        (" width", lambda r: str(r["width"])),
+        (" engine tok/s", lambda r: rate(r["engine_tokens_per_s"])),
+        (" every beam tok/s", lambda r: rate(r["engine_beam_tokens_per_s"])),
+        (" transformers tok/s", lambda r: rate(r["transformers_tokens_per_s"])),
+        (" engine / transformers", lambda r: fmt(r["engine_over_transformers"], 2, "x")),
+        (" KV cache peak MiB", lambda r: fmt(r["kv_cache_peak_mib"], 1)),
+        (" best beams equal", lambda r: f"{r['best_beams_agree']}/{r['prompts']}"),
+    ], rows)  # fmt: skip
+    how = (
+        f"default model, float32; {rows[0]['prompts']} prompts of "
+        f"{results['plan']['beam_prompt_tokens']} tokens at once, {rows[0]['new_tokens']} new "
+        "tokens each (end token banned); transformers: generate(num_beams=width) on the same batch"
+    )
+    return [("Beam search: widths side by side with transformers", context(results, how),
+             headers, body)]  # fmt: skip
+
+
+def _load_context(results: dict[str, Any], extra: str) -> str:
+    load = results.get("load_settings", {})
+    return context(
+        results,
+        model_text(results, load.get("model", "default")),
+        f"torch dtype {load.get('dtype', '?')}, openvino dtype {load.get('openvino_dtype', '—')}",
+        f"device {results['plan']['device']}",
+        f"engine max_batch_size {load.get('max_batch_size', '?')}",
+        "sampling top-k 40 / top-p 0.95 / temperature 0.8, code prompts, end token banned "
+        f"(openvino: end_id {load.get('openvino_end_id', '?')} stands in for it)",
+        extra,
+    )
+
+
+def throughput_verdict(row: dict[str, Any]) -> str:
+    """The bare engine's tokens/s against the throughput target, at the target's length."""
+    if row["length"] != THROUGHPUT_TARGET_LENGTH:
+        return "—"
+    return verdict(row.get("bare_tokens_per_s"), THROUGHPUT_TARGET, at_most=False)
+
+
+def _rate(key: str):
+    return lambda r: rate(r.get(key))
+
+
+def arrival_tables(results: dict[str, Any]) -> list[Table]:
+    rows = results.get("arrivals") or []
+    if not rows:
+        return []
+    n = results["plan"]["clients"]
+    headers, body = columns([
+        (" output tokens", lambda r: str(r["length"])),
+        (" forward ceiling tok/s", _rate("forward_ceiling_tokens_per_s")),
+        (" bare tok/s", _rate("bare_tokens_per_s")), ("target", throughput_verdict),
+        (" served tok/s", _rate("served_tokens_per_s")),
+        (" served/bare", lambda r: fmt(r.get("served_over_bare"), 2)),
+        ("target", lambda r: verdict(r.get("served_over_bare"), SERVED_OVER_BARE_MIN, False)),
+        (" static tok/s", _rate("static_tokens_per_s")),
+        (" continuous/static", lambda r: fmt(r.get("continuous_over_static"), 2)),
+        ("target ", lambda r: verdict(r.get("continuous_over_static"),
+                                      CONTINUOUS_OVER_STATIC_MIN, False)),
+        ("windows (s)", lambda r: r.get("windows", "")),
+    ], rows)  # fmt: skip
+    how = (
+        f"bare = threads submitting to an in-process Engine; served = CodegenClient over gRPC to "
+        f"Triton's ensemble; static = {n} submitted at once, wait for all, repeat; bare and "
+        "served alternate in mirrored half windows (bare, served, served, bare), each rate the "
+        f"mean of its two; forward ceiling = {n} rows / one decode forward pass at the positions "
+        "the clients hold (no sampling, prefill or serving: no scheduler beats it); targets bare "
+        f">= {THROUGHPUT_TARGET:,.0f} tok/s at output {THROUGHPUT_TARGET_LENGTH}, served/bare >= "
+        f"{SERVED_OVER_BARE_MIN}, continuous/static >= {CONTINUOUS_OVER_STATIC_MIN}"
+    )
+    table = (f"Continuous arrivals: {n} closed-loop clients", _load_context(results, how),
+             headers, body)  # fmt: skip
+    return [table, *openvino_arrival_tables(results)]
+
+
+def openvino_arrival_tables(results: dict[str, Any]) -> list[Table]:
+    """The openvino backend next to the torch engine at every length, bare and served, with
+    the reference generates at the target length (bench/traffic.py)."""
+    rows = [r for r in results.get("arrivals") or [] if "openvino_bare_tokens_per_s" in r]
+    if not rows:
+        return []
+    n = results["plan"]["clients"]
+    headers, body = columns([
+        (" output tokens", lambda r: str(r["length"])),
+        (" torch bare tok/s", _rate("bare_tokens_per_s")),
+        (" torch served tok/s", _rate("served_tokens_per_s")),
+        (" openvino bare tok/s", _rate("openvino_bare_tokens_per_s")),
+        (" openvino served tok/s", _rate("openvino_served_tokens_per_s")),
+        (" openvino served/bare", lambda r: fmt(r.get("openvino_served_over_bare"), 2)),
+        (" openvino/torch served", lambda r: fmt(ratio(r.get("openvino_served_tokens_per_s"),
+                                                       r.get("served_tokens_per_s")), 2)),
+        (" pipeline generate tok/s", _rate("pipeline_tokens_per_s")),
+        (" transformers generate tok/s", _rate("transformers_static_tokens_per_s")),
+        (" openvino short requests",
+         lambda r: str(r.get("openvino_short", 0) + r.get("openvino_served_short", 0))),
+    ], rows)  # fmt: skip
+    how = (
+        "each system alone (bare: in this process; served: Triton with the engine model's "
+        "backend set to it); pipeline = OpenVINO GenAI's own ContinuousBatchingPipeline.generate "
+        f"on {n} of the same code prompts (min_new_tokens), batches back to back; bare, served "
+        "and pipeline alternate in mirrored half windows (A B C C B A); transformers = "
+        f"AutoModelForCausalLM.generate, a static batch of {n} 32-token prompts, the faster of "
+        "its dtypes; both sampled as above"
+    )
+    return [(f"Continuous arrivals: openvino backend vs torch engine, {n} clients",
+             _load_context(results, how), headers, body)]  # fmt: skip
+
+
+def mixed_tables(results: dict[str, Any]) -> list[Table]:
+    rows = results.get("mixed") or []
+    if not rows:
+        return []
+    plan = results["plan"]
+    short, long, n = plan["mixed_short"], plan["mixed_long"], plan["mixed_clients"]
+    headers, body = columns([
+        ("path", lambda r: r["path"].replace("_", " ")),
+        (f" {short}-token alone ms", lambda r: fmt(r.get("alone_median_ms"), 1)),
+        (f" {short}-token mixed ms", lambda r: fmt(r.get("mixed_median_ms"), 1)),
+        (" slowdown", lambda r: fmt(r.get("slowdown"), 2, "x")),
+        ("target", lambda r: verdict(r.get("slowdown"), MIXED_SLOWDOWN_MAX, at_most=True)),
+        (" samples alone/mixed",
+         lambda r: f"{r.get('alone_samples', 0)}/{r.get('mixed_samples', 0)}"),
+    ], rows)  # fmt: skip
+    how = (
+        f"alone = all {2 * n} clients ask for {short} tokens; the short requests' median latency "
+        f"mixed over alone; target <= {MIXED_SLOWDOWN_MAX}x"
+    )
+    return [(f"Mixed lengths: {n} clients x {short} tokens next to {n} x {long} tokens",
+             _load_context(results, how), headers, body)]  # fmt: skip
+
+
+def single_tables(results: dict[str, Any]) -> list[Table]:
+    single = results.get("single")
+    if not single:
+        return []
+    body = []
+    for backend, prefix, overhead in (
+        ("torch", "", "overhead_ms"),
+        ("openvino", "openvino_", "openvino_served_overhead_ms"),
+    ):
+        bare, served = (
+            single.get(f"{prefix}bare_median_ms"),
+            single.get(f"{prefix}served_median_ms"),
         )
-    ]
+        if bare is not None or served is not None:
+            gap = single.get(overhead)
+            body.append([backend, fmt(bare, 1), fmt(served, 1), fmt(gap, 1),
+                         verdict(gap, SERVED_OVERHEAD_MAX_MS, at_most=True)])  # fmt: skip
+    how = (f"medians over {single.get('repeats')} repeats; target served - bare <= "
+           f"{SERVED_OVERHEAD_MAX_MS:g} ms")  # fmt: skip
+    headers = ["backend", " bare ms", " served ms", " served - bare ms", "target"]
+    return [(f"One request alone: {results['plan']['single_tokens']} tokens",
+             _load_context(results, how), headers, body)]  # fmt: skip
+
+
+def _ms(name: str):
+    return lambda r: f"{r[name] * 1000:,.0f} ms" if name in r else "—"
+
+
+PREFIX_TIMES = ("cold_first_s", "cold_total_s", "resent_first_s", "resent_total_s")
+
+
+def prefix_table(rows: list[dict[str, Any]], served: bool = False) -> Table:
+    """The bare prefix rows or (``served``) the rows through the server (bench/prefix.py)."""
+    pad = " " if served else ""  # the served table right-aligns its figures
+    labels = ("path", "dtype", " cold/resent") if served else ("system", "resent speed-up")
+    headers, body = columns([
+        ("model", lambda r: r["model"]), *((k, lambda r, k=k: r[k]) for k in labels[:-1]),
+        (f"{pad}prompt", lambda r: str(r["prompt_tokens"])),
+        *((pad + name[:-2].replace("_", " "), _ms(name)) for name in PREFIX_TIMES),
+        (labels[-1], lambda r: f"{r['cold_total_s'] / r['resent_total_s']:.1f}x"),
+    ], rows)  # fmt: skip
+    new = rows[0]["new"] if rows else 0
+    if served:
+        return "Prefix through the server: a long prompt resent", (
+            f"Triton serving the openvino backend (prefix cache on); a prompt, then the same "
+            f"with {MORE} more tokens (350m) or characters (default); {new} greedy tokens each; "
+            "medians after a warm-up window; each server alone."
+        ), headers, body  # fmt: skip
+    how = (
+        f"A prompt of real Python source, then the same prompt with {MORE} more tokens; {new} "
+        "greedy tokens each; medians; each system alone in its own process."
+    )
+    return "Prefix: a long prompt resent", how, headers, body

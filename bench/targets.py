@@ -32,25 +32,14 @@ def held_at(lengths: list[int], wanted: int) -> int | None:
     return wanted if wanted in lengths else max(lengths)
 
 
-def _verdict(value: float | None, limit: float, at_most: bool) -> str:
-    if value is None:
-        return "not measured"
-    good = value <= limit if at_most else value >= limit
-    return "PASS" if good else "FAIL"
-
-
 def _row(
     name: str, value: float | None, limit: float, at_most: bool, how: str, unit: str = "x"
 ) -> dict[str, Any]:
-    return {
-        "target": name,
-        "value": value,
-        "limit": limit,
-        "at_most": at_most,
-        "unit": unit,
-        "verdict": _verdict(value, limit, at_most),
-        "how": how,
-    }
+    verdict = "not measured"
+    if value is not None:
+        verdict = "PASS" if (value <= limit if at_most else value >= limit) else "FAIL"
+    return {"target": name, "value": value, "limit": limit, "at_most": at_most, "unit": unit,
+            "verdict": verdict, "how": how}  # fmt: skip
 
 
 def _length_note(at: int | None, wanted: int) -> str:
@@ -62,11 +51,8 @@ def _length_note(at: int | None, wanted: int) -> str:
 def static_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     """openvino over the torch engine, static batches of 16 and 64, default model, greedy."""
     kernels = [k for k in results.get("kernels") or [] if k.get("plan_key") == "default"]
-    rates = {
-        (k["system"], k["dtype"], k["batch"]): k.get("tokens_per_s")
-        for k in kernels
-        if k["mode"] == "greedy"
-    }
+    rates = {(k["system"], k["dtype"], k["batch"]): k.get("tokens_per_s")
+             for k in kernels if k["mode"] == "greedy"}  # fmt: skip
     dtypes = [d for d in OPENVINO_DTYPES if any(k["dtype"] == d for k in kernels)]
     return [
         _row(f"openvino >= {OPENVINO_OVER_TORCH_STATIC}x torch, static batch {batch}",
@@ -89,95 +75,64 @@ def served_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     dtypes = f"openvino {load.get('openvino_dtype', '?')}, torch {load.get('dtype', '?')}"
     note = _length_note(at, SERVED_LENGTH)
     rows = [
-        _row(
-            f"openvino served >= {OPENVINO_OVER_TORCH_SERVED}x torch served",
-            ratio(ov_served, row.get("served_tokens_per_s")),
-            OPENVINO_OVER_TORCH_SERVED,
-            False,
-            f"{clients} clients, {note}, load-test sampling; {dtypes}",
-        ),
-        _row(
-            f"openvino served >= {SERVED_OVER_TRANSFORMERS}x transformers static generate",
-            ratio(ov_served, row.get("transformers_static_tokens_per_s")),
-            SERVED_OVER_TRANSFORMERS,
-            False,
-            f"{clients} clients, {note}; transformers: a static batch of {clients}, "
-            f"{row.get('transformers_static_dtype', '?')} (its faster dtype), "
-            f"{row.get('transformers_static_new_tokens', '?')} new tokens (time budget)",
-        ),
-        _row(
-            f"server >= {SERVED_OVER_PIPELINE}x the pipeline's own generate, same batch",
-            ratio(ov_served, row.get("pipeline_tokens_per_s")),
-            SERVED_OVER_PIPELINE,
-            False,
-            f"openvino served, {clients} clients vs ContinuousBatchingPipeline.generate on "
-            f"{clients} of the same prompts, {note}",
-        ),
-    ]
-    seen = set()
-    for wanted in BARE_LENGTHS:
-        at = held_at(sorted(arrivals), wanted)
-        if at in seen:
-            continue
-        seen.add(at)
+        _row(f"openvino served >= {OPENVINO_OVER_TORCH_SERVED}x torch served",
+             ratio(ov_served, row.get("served_tokens_per_s")), OPENVINO_OVER_TORCH_SERVED, False,
+             f"{clients} clients, {note}, load-test sampling; {dtypes}"),
+        _row(f"openvino served >= {SERVED_OVER_TRANSFORMERS}x transformers static generate",
+             ratio(ov_served, row.get("transformers_static_tokens_per_s")),
+             SERVED_OVER_TRANSFORMERS, False,
+             f"{clients} clients, {note}; transformers: a static batch of {clients}, "
+             f"{row.get('transformers_static_dtype', '?')} (its faster dtype), "
+             f"{row.get('transformers_static_new_tokens', '?')} new tokens (time budget)"),
+        _row(f"server >= {SERVED_OVER_PIPELINE}x the pipeline's own generate, same batch",
+             ratio(ov_served, row.get("pipeline_tokens_per_s")), SERVED_OVER_PIPELINE, False,
+             f"openvino served, {clients} clients vs ContinuousBatchingPipeline.generate on "
+             f"{clients} of the same prompts, {note}"),
+    ]  # fmt: skip
+    held: dict[int | None, int] = {}
+    for wanted in BARE_LENGTHS:  # one row per length read (a quick run reads both at one)
+        held.setdefault(held_at(sorted(arrivals), wanted), wanted)
+    for at, wanted in held.items():
         row = arrivals.get(at, {}) if at is not None else {}
         for backend, prefix in (("openvino", "openvino_"), ("torch", "")):
-            rows.append(
-                _row(
-                    f"served/bare >= {SERVED_OVER_BARE} ({backend})",
-                    row.get(f"{prefix}served_over_bare"),
-                    SERVED_OVER_BARE,
-                    False,
-                    f"{clients} clients, {_length_note(at, wanted)}",
-                )
-            )
+            rows.append(_row(f"served/bare >= {SERVED_OVER_BARE} ({backend})",
+                             row.get(f"{prefix}served_over_bare"), SERVED_OVER_BARE, False,
+                             f"{clients} clients, {_length_note(at, wanted)}"))  # fmt: skip
     return rows
 
 
 def prefix_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The served prefix targets (bench/served_prefix.py)."""
+    """The served prefix targets (bench/prefix.py)."""
     served = {r["model"]: r for r in results.get("prefix_served") or []}
     stream, unary = served.get("350m", {}), served.get("default", {})
 
-    def ms(row: dict[str, Any], name: str) -> float | None:
-        return row[name] * 1000 if name in row else None
+    def ms(name: str) -> float | None:
+        return stream[name] * 1000 if name in stream else None
 
     how = "350M shape through ensemble_stream, openvino, 1,000-token prompt resent + 3 tokens"
     return [
-        _row(
-            f"resent prompt: first token <= {RESENT_FIRST_TOKEN_MS:g} ms",
-            ms(stream, "resent_first_s"), RESENT_FIRST_TOKEN_MS, True, how, " ms",
-        ),
-        _row(
-            f"resent prompt: 16-token answer <= {RESENT_ANSWER_MS:g} ms",
-            ms(stream, "resent_total_s"), RESENT_ANSWER_MS, True, how, " ms",
-        ),
-        _row(
-            f"resent prompt answers >= {RESENT_SPEEDUP}x faster than cold",
-            unary.get("cold_over_resent"), RESENT_SPEEDUP, False,
-            "default model through the unary ensemble, openvino, 650-token prompt resent with "
-            "3 more characters, 16 tokens",
-        ),
+        _row(f"resent prompt: first token <= {RESENT_FIRST_TOKEN_MS:g} ms",
+             ms("resent_first_s"), RESENT_FIRST_TOKEN_MS, True, how, " ms"),
+        _row(f"resent prompt: 16-token answer <= {RESENT_ANSWER_MS:g} ms",
+             ms("resent_total_s"), RESENT_ANSWER_MS, True, how, " ms"),
+        _row(f"resent prompt answers >= {RESENT_SPEEDUP}x faster than cold",
+             unary.get("cold_over_resent"), RESENT_SPEEDUP, False,
+             "default model through the unary ensemble, openvino, 650-token prompt resent with "
+             "3 more characters, 16 tokens"),
     ]  # fmt: skip
 
 
 def mixed_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     plan = results.get("plan", {})
+    short, long = plan.get("mixed_short"), plan.get("mixed_long")
+    how = (f"{short}-token requests' median next to {long}-token ones over all "
+           f"{2 * plan.get('mixed_clients', 0)} clients asking for {short}")  # fmt: skip
     rows = []
     for r in results.get("mixed") or []:
         path = r["path"].replace("_", " ")
         backend = path if path.startswith("openvino") else f"torch {path}"
-        rows.append(
-            _row(
-                f"mixed lengths: short median <= {MIXED_SLOWDOWN:g}x alone ({backend})",
-                r.get("slowdown"),
-                MIXED_SLOWDOWN,
-                True,
-                f"{plan.get('mixed_short')}-token requests' median next to "
-                f"{plan.get('mixed_long')}-token ones over all {2 * plan.get('mixed_clients', 0)} "
-                f"clients asking for {plan.get('mixed_short')}",
-            )
-        )
+        rows.append(_row(f"mixed lengths: short median <= {MIXED_SLOWDOWN:g}x alone ({backend})",
+                         r.get("slowdown"), MIXED_SLOWDOWN, True, how))  # fmt: skip
     return rows
 
 
@@ -198,13 +153,9 @@ def peer_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def target_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
-    return [
-        *static_rows(results),
-        *served_rows(results),
-        *prefix_rows(results),
-        *mixed_rows(results),
-        *(peer_rows(results) if results.get("llama") else []),
-    ]
+    peers = peer_rows(results) if results.get("llama") else []
+    return [*static_rows(results), *served_rows(results), *prefix_rows(results),
+            *mixed_rows(results), *peers]  # fmt: skip
 
 
 def any_measured(results: dict[str, Any]) -> bool:
@@ -214,26 +165,16 @@ def any_measured(results: dict[str, Any]) -> bool:
 
 def targets_table(results: dict[str, Any]) -> Table:
     rows = target_rows(results)
-    body = [
-        [
-            r["target"],
-            fmt(r["value"], 0 if r["unit"] == " ms" else 2, r["unit"]),
-            ("<= " if r["at_most"] else ">= ") + f"{r['limit']:g}{r['unit']}",
-            r["verdict"],
-            r["how"],
-        ]
-        for r in rows
-    ]
+    body = [[r["target"], fmt(r["value"], 0 if r["unit"] == " ms" else 2, r["unit"]),
+             ("<= " if r["at_most"] else ">= ") + f"{r['limit']:g}{r['unit']}", r["verdict"],
+             r["how"]] for r in rows]  # fmt: skip
     passed = sum(r["verdict"] == "PASS" for r in rows)
     failed = sum(r["verdict"] == "FAIL" for r in rows)
     return (
         f"Targets: {passed} PASS, {failed} FAIL, {len(rows) - passed - failed} not measured",
-        context(
-            results,
-            "models: default (static batches, traffic, unary prefix) and the 350M shape "
-            "(streamed prefix)",
-            "every ratio from this one run; each system measured alone",
-        ),
+        context(results, "models: default (static batches, traffic, unary prefix) and the 350M "
+                "shape (streamed prefix)", "every ratio from this one run; each system measured "
+                "alone"),
         ["target", " measured", " limit", "verdict", "how"],
         body,
-    )
+    )  # fmt: skip

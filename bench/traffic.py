@@ -1,7 +1,7 @@
 """Sections ``arrivals``, ``mixed`` and ``single``: traffic against each backend bare and
 served.
 
-For each backend (the torch engine, then the openvino backend) the bare backend starts in this
+For each backend (the openvino backend, then the torch engine) the bare backend starts in this
 process, configured as the served one (``model_repository/engine/config.pbtxt``: batch size,
 prefill and KV-cache budgets; dtype: the config's for torch, bfloat16 for openvino where the CPU
 has it natively), and Triton on a copy of the repository serving that backend. Both are up; only
@@ -26,13 +26,11 @@ from bench.format import ratio
 from bench.kernels import transformers_reference
 from bench.load import (
     BareTarget,
-    Measurement,
     ServedTarget,
     closed_loop,
     forward_ceiling,
     latencies,
     median_ms,
-    short_latencies,
     static_batches,
 )
 from bench.models import CACHE, ModelInfo
@@ -42,7 +40,7 @@ from bench.settings import Plan
 from bench.systems import TORCH_DTYPES
 from contract.model_tokens import prompt_head
 from contract.prompts import code_prompts
-from engine import CausalLM, TorchEngine, in_passing_thread, load_model
+from engine import TorchEngine, in_passing_thread, load_model
 
 Progress = Callable[[str], None]
 TRAFFIC_SECTIONS = ("arrivals", "mixed", "single")
@@ -67,315 +65,246 @@ def mirrored(systems: list[Any]) -> list[Any]:
     return systems + systems[::-1]
 
 
-class PipelineWindow:
-    """The OpenVINO pipeline's own ``generate`` as one of the alternating arrivals systems."""
+class Traffic:
+    """The traffic sections' rows for one model, filled one backend at a time."""
 
-    name = "pipeline"
+    def __init__(self, plan: Plan, model: ModelInfo, out: Path, progress: Progress) -> None:
+        from transformers import PreTrainedTokenizerFast
 
-    def __init__(self, pipe: PipelineGenerate, ids: list[list[int]], seed: int) -> None:
-        self.pipe, self.ids, self.seed = pipe, ids, seed
+        self.plan, self.model, self.out, self.progress = plan, model, out, progress
+        self.settings: dict[str, Any] = {
+            **served_engine_settings(),
+            "openvino_dtype": served_dtype(),
+        }
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model.path))
+        head = prompt_head(tokenizer)  # what the server puts before every prompt (a BOS, or none)
+        longest = max((*plan.lengths, plan.mixed_long, plan.single_tokens))
+        self.texts: list[str] = []
+        self.ids: list[list[int]] = []
+        for text in code_prompts(300, seed=plan.seed):
+            tokens = head + tokenizer.encode(text, add_special_tokens=False)
+            if len(tokens) > len(head) and len(tokens) + longest <= model.n_positions:
+                self.texts.append(text)
+                self.ids.append(tokens)
+        self.arrivals: dict[int, dict[str, Any]] = {}
+        self.mixed: list[dict[str, Any]] = []
+        self.single: dict[str, Any] = {}
 
-    def rate(self, length: int, seconds: float) -> float:
-        return self.pipe.rate_over(self.ids, length, True, self.seed, seconds)
+    def load_settings(self) -> dict[str, Any]:
+        model, ids = self.model, self.ids
+        return {
+            "model": model.name, **self.settings, "backends": list(self.plan.backends),
+            "openvino_end_id": stand_in_end_id(model.vocab_size, model.eos_token_id),
+            "prompts": len(ids), "prompt_tokens_median": sorted(map(len, ids))[len(ids) // 2],
+        }  # fmt: skip
 
+    def row(self, length: int) -> dict[str, Any]:
+        return self.arrivals.setdefault(length, {"length": length})
 
-def _mixed_row(
-    path: str, alone: Measurement, mixed: Measurement, short: int, progress: Progress
-) -> dict[str, Any]:
-    alone_ms = median_ms(short_latencies(alone, short))
-    mixed_ms = median_ms(short_latencies(mixed, short))
-    row = {
-        "path": path,
-        "alone_median_ms": alone_ms,
-        "mixed_median_ms": mixed_ms,
-        "slowdown": ratio(mixed_ms, alone_ms),
-        "alone_samples": len(short_latencies(alone, short)),
-        "mixed_samples": len(short_latencies(mixed, short)),
-    }
-    progress(
-        f"mixed {path}: short requests {alone_ms or 0:.1f} ms alone, {mixed_ms or 0:.1f} ms "
-        f"next to long ones ({row['slowdown'] or 0:.2f}x)"
-    )
-    return row
+    def dtype(self, backend: str) -> str:
+        return str(self.settings["dtype" if backend == "torch" else "openvino_dtype"])
 
+    def end_id(self, backend: str) -> int | None:
+        """The stand-in end id the openvino backend is sent (bench/ov.py); None for torch."""
+        model = self.model
+        return None if backend == "torch" else stand_in_end_id(model.vocab_size, model.eos_token_id)
 
-def _forward_ceilings(
-    weights: CausalLM,
-    prompt_lengths: list[int],
-    plan: Plan,
-    arrivals: dict[int, dict[str, Any]],
-    progress: Progress,
-) -> None:
-    """Each arrivals row's forward-pass ceiling, measured once the engine has stopped (a second
-    thread running torch beside the engine's would slow both; see engine/threads.py)."""
-    for length in plan.lengths:
-        ceiling = in_passing_thread(
-            lambda length=length: forward_ceiling(weights, prompt_lengths, plan.clients, length)
-        )
-        arrivals.setdefault(length, {"length": length})["forward_ceiling_tokens_per_s"] = ceiling
-        progress(f"arrivals forward ceiling {length} tokens: {ceiling:,.0f} tok/s")
-
-
-def _arrivals(
-    targets: list[BareTarget | ServedTarget],
-    plan: Plan,
-    arrivals: dict[int, dict[str, Any]],
-    progress: Progress,
-    pipeline: PipelineWindow | None = None,
-) -> None:
-    """Closed-loop arrivals at each length, the systems alternating in mirrored half windows
-    (module docstring); a system's rate is the mean of its two windows'."""
-    half = (plan.window_s / 2, plan.max_window_s / 2, plan.warmup_cap_s)
-    for length in plan.lengths:
-        row = arrivals.setdefault(length, {"length": length})
-        systems: list[Any] = list(targets)
-        if pipeline is not None and length == target_length(plan.lengths):
-            systems.append(pipeline)
-        rates: dict[str, list[float]] = {}
-        for system in mirrored(systems):
-            path = system.name
-            if isinstance(system, PipelineWindow):
-                rate = system.rate(length, half[0])
-                progress(f"arrivals {path} generate {length} tokens: {rate:,.0f} tok/s")
-            else:
-                m = closed_loop(system, [length] * plan.clients, *half)
-                rate = m.rate()
-                short = m.short_of()
-                row[f"{path}_requests"] = row.get(f"{path}_requests", 0) + len(m.records)
-                row[f"{path}_short"] = row.get(f"{path}_short", 0) + short
-                row[f"{path}_window_s"] = round(row.get(f"{path}_window_s", 0) + m.window_s)
-                progress(
-                    f"arrivals {path} {length} tokens: {rate:,.0f} tok/s over "
-                    f"{m.window_s:.1f}s ({len(m.records)} requests"
-                    f"{f', {short} SHORT' if short else ''})"
-                )
-            rates.setdefault(path, []).append(rate)
-        for path, values in rates.items():
-            row[f"{path}_tokens_per_s"] = sum(values) / len(values)
-            row[f"{path}_window_rates"] = [round(v) for v in values]
-        bare = targets[0]
-        if bare.name == "bare":  # the torch engine fed whole batches
-            rate, rounds, short = static_batches(bare, plan.clients, length, plan.window_s)
-            row["static_tokens_per_s"] = rate
-            row["static_rounds"] = rounds
-            row["static_short"] = short
-            progress(
-                f"arrivals static {length} tokens: {rate:,.0f} tok/s ({rounds} rounds of "
-                f"{plan.clients}{f', {short} SHORT' if short else ''})"
+    @contextmanager
+    def bare(self, backend: str) -> Iterator[tuple[BareTarget, Any]]:
+        """One backend in this process, configured as the served one; stopped on exit. Yields
+        the target and (torch) the weights, for the forward ceilings once the engine is gone."""
+        started, dtype, weights = time.perf_counter(), self.dtype(backend), None
+        keys = ("max_batch_size", "max_prefill_tokens", "kv_cache_tokens")
+        batch, prefill, cache = (int(self.settings[k]) for k in keys)
+        if backend == "torch":
+            weights = in_passing_thread(  # the engine's thread is then the only OpenMP pool
+                lambda: load_model(self.model.path, TORCH_DTYPES[dtype], self.plan.device)
             )
-
-
-def _drive(
-    target: BareTarget | ServedTarget,
-    plan: Plan,
-    mixed: list[dict[str, Any]],
-    single: dict[str, Any],
-    progress: Progress,
-) -> None:
-    """Run the mixed and single sections against one target, filling the result rows."""
-    path = target.name
-    windows = (plan.window_s, plan.max_window_s, plan.warmup_cap_s)
-    if "mixed" in plan.sections:
-        short, long = plan.mixed_short, plan.mixed_long
-        progress(
-            f"mixed {path}: {2 * plan.mixed_clients} x {short} tokens, then {plan.mixed_clients} "
-            f"of them next to {plan.mixed_clients} x {long} tokens ..."
-        )
-        # the baseline: every client asking for short answers (the same load, none long)
-        alone = closed_loop(target, [short] * (2 * plan.mixed_clients), *windows)
-        both = closed_loop(
-            target,
-            [short] * plan.mixed_clients + [long] * plan.mixed_clients,
-            *windows,
-            cancel_at_end=True,
-        )
-        mixed.append(_mixed_row(path, alone, both, short, progress))
-    if "single" in plan.sections:
-        seconds = latencies(target, plan.single_tokens, plan.single_repeats)
-        single[f"{path}_median_ms"] = median_ms(seconds)
-        single[f"{path}_all_ms"] = [round(s * 1000, 2) for s in seconds]
-        progress(
-            f"single {path}: {plan.single_tokens} tokens, median "
-            f"{single[f'{path}_median_ms']:.1f} ms over {len(seconds)}"
-        )
-
-
-@contextmanager
-def _bare(
-    backend: str,
-    model: ModelInfo,
-    ids: list[list[int]],
-    plan: Plan,
-    settings: dict[str, Any],
-    progress: Progress,
-) -> Iterator[tuple[BareTarget, CausalLM | None]]:
-    """One backend in this process, configured as the served one; stopped on exit. Yields
-    the target and (torch) the weights, for the forward ceilings once the engine is gone."""
-    started = time.perf_counter()
-    weights = None
-    if backend == "torch":
-        dtype = str(settings["dtype"])
-        weights = in_passing_thread(  # the engine's thread is then the only OpenMP pool
-            lambda: load_model(model.path, dtype=TORCH_DTYPES[dtype], device=plan.device)
-        )
-        engine: Any = TorchEngine(
-            weights,
-            max_batch_size=int(settings["max_batch_size"]),
-            max_prefill_tokens=int(settings["max_prefill_tokens"]),
-            max_cache_tokens=int(settings["kv_cache_tokens"]) or None,
-        ).start()
-        target = BareTarget(engine, ids, model.banned)
-    else:
-        dtype = str(settings["openvino_dtype"])
-        engine = start_backend(
-            model.path, dtype, int(settings["max_batch_size"]),
-            int(settings["max_prefill_tokens"]), max_cache_tokens=int(settings["kv_cache_tokens"]),
-        )  # fmt: skip
-        end_id = stand_in_end_id(model.vocab_size, model.eos_token_id)
-        target = BareTarget(engine, ids, None, end_id=end_id, name=key(backend, "bare"))
-    progress(f"bare {backend} ready ({dtype}, {time.perf_counter() - started:.1f}s)")
-    try:
-        yield target, weights
-    finally:
-        engine.stop()
-        del engine
-
-
-@contextmanager
-def _served(
-    backend: str,
-    model: ModelInfo,
-    texts: list[str],
-    ids: list[list[int]],
-    settings: dict[str, Any],
-    out: Path,
-    device: str,
-    progress: Progress,
-) -> Iterator[ServedTarget]:
-    """Triton on a copy of the repository serving ``backend``; stopped on exit."""
-    started = time.perf_counter()
-    dtype = str(settings["dtype"] if backend == "torch" else settings["openvino_dtype"])
-    progress(f"starting Triton ({backend} backend, {dtype}) on a copy of the repository ...")
-    end_id = None if backend == "torch" else stand_in_end_id(model.vocab_size, model.eos_token_id)
-    with running_server(
-        model.path, CACHE / "serving", out / f"tritonserver-{backend}.log", device,
-        backend=backend, parameters={"dtype": dtype},
-    ) as srv:  # fmt: skip
-        progress(f"Triton ready on gRPC {srv.grpc_url} ({time.perf_counter() - started:.0f}s)")
-        target = ServedTarget(
-            srv.grpc_url, texts, [len(i) for i in ids], end_id, key(backend, "served"),
-            end_words=model.end_words(),
-        )  # fmt: skip
+            engine: Any = TorchEngine(weights, max_batch_size=batch, max_prefill_tokens=prefill,
+                                      max_cache_tokens=cache or None).start()  # fmt: skip
+            target = BareTarget(engine, self.ids, self.model.banned)
+        else:
+            engine = start_backend(self.model.path, dtype, batch, prefill, max_cache_tokens=cache)
+            target = BareTarget(engine, self.ids, None, self.end_id(backend), key(backend, "bare"))
+        self.progress(f"bare {backend} ready ({dtype}, {time.perf_counter() - started:.1f}s)")
         try:
-            got = target.request(0, 16)
-            if got != 16:
-                raise RuntimeError(f"the server made {got} tokens of 16: end token not kept out")
-            yield target
+            yield target, weights
         finally:
-            target.close()
+            engine.stop()
 
-
-def _backend_traffic(
-    backend: str,
-    model: ModelInfo,
-    texts: list[str],
-    ids: list[list[int]],
-    plan: Plan,
-    settings: dict[str, Any],
-    tables: tuple[dict[int, dict[str, Any]], list[dict[str, Any]], dict[str, Any]],
-    out: Path,
-    progress: Progress,
-) -> None:
-    """One backend bare and served (and, for openvino, the pipeline's own ``generate``), all
-    up at once and measured one at a time; then, torch alone, its references."""
-    arrivals, mixed, single = tables
-    with ExitStack() as stack:
-        bare, weights = stack.enter_context(_bare(backend, model, ids, plan, settings, progress))
-        targets: list[BareTarget | ServedTarget] = [bare]
-        if plan.served:
-            served = _served(backend, model, texts, ids, settings, out, plan.device, progress)
-            targets.append(stack.enter_context(served))
-        if "arrivals" in plan.sections:
-            pipeline = None
-            if backend != "torch":
-                dtype = str(settings["openvino_dtype"])
-                generate_pipe = PipelineGenerate(model.path, dtype, plan.clients)
-                stack.callback(generate_pipe.close)
-                pipeline = PipelineWindow(generate_pipe, ids[: plan.clients], plan.seed)
-            _arrivals(targets, plan, arrivals, progress, pipeline)
-        for target in targets:
-            _drive(target, plan, mixed, single, progress)
-    if backend == "torch" and "arrivals" in plan.sections:
-        assert weights is not None
-        _forward_ceilings(weights, [len(i) for i in ids], plan, arrivals, progress)
-        length = target_length(plan.lengths)
-        row = arrivals.setdefault(length, {"length": length})
-        transformers_reference(model, plan, length, row, progress)
-
-
-def run_traffic(
-    plan: Plan,
-    model: ModelInfo,
-    results: dict[str, Any],
-    out: Path,
-    progress: Progress,
-    save: Callable[[], None],
-) -> None:
-    """Fill ``results`` with ``load_settings`` and the rows of the chosen traffic sections."""
-    from transformers import PreTrainedTokenizerFast
-
-    settings: dict[str, Any] = dict(served_engine_settings())
-    settings["openvino_dtype"] = served_dtype()
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model.path))
-    head = prompt_head(tokenizer)  # what the server puts before every prompt (a BOS, or none)
-    longest = max((*plan.lengths, plan.mixed_long, plan.single_tokens))
-    texts, ids = [], []
-    for text in code_prompts(300, seed=plan.seed):
-        tokens = head + tokenizer.encode(text, add_special_tokens=False)
-        if len(tokens) > len(head) and len(tokens) + longest <= model.n_positions:
-            texts.append(text)
-            ids.append(tokens)
-    results["load_settings"] = {
-        "model": model.name,
-        **settings,
-        "backends": list(plan.backends),
-        "openvino_end_id": stand_in_end_id(model.vocab_size, model.eos_token_id),
-        "prompts": len(texts),
-        "prompt_tokens_median": sorted(len(i) for i in ids)[len(ids) // 2],
-    }
-    arrivals: dict[int, dict[str, Any]] = {}
-    mixed: list[dict[str, Any]] = []
-    single: dict[str, Any] = {}
-    tables = (arrivals, mixed, single)
-
-    def publish() -> None:
-        for row in arrivals.values():
-            for backend in plan.backends:
-                bare, served = key(backend, "bare"), key(backend, "served")
-                row[f"{served}_over_bare"] = ratio(
-                    row.get(f"{served}_tokens_per_s"), row.get(f"{bare}_tokens_per_s")
-                )
-            row["continuous_over_static"] = ratio(
-                row.get("bare_tokens_per_s"), row.get("static_tokens_per_s")
+    @contextmanager
+    def served(self, backend: str) -> Iterator[ServedTarget]:
+        """Triton on a copy of the repository serving ``backend``; stopped on exit."""
+        started, dtype = time.perf_counter(), self.dtype(backend)
+        self.progress(
+            f"starting Triton ({backend} backend, {dtype}) on a copy of the repository ..."
+        )
+        with running_server(
+            self.model.path, CACHE / "serving", self.out / f"tritonserver-{backend}.log",
+            self.plan.device, backend=backend, parameters={"dtype": dtype},
+        ) as srv:  # fmt: skip
+            self.progress(
+                f"Triton ready on gRPC {srv.grpc_url} ({time.perf_counter() - started:.0f}s)"
             )
-            row["windows"] = "/".join(str(row[k]) for k in row if k.endswith("_window_s"))
-        if "arrivals" in plan.sections:
-            results["arrivals"] = [arrivals[k] for k in sorted(arrivals)]
+            target = ServedTarget(srv.grpc_url, self.texts, [len(i) for i in self.ids],
+                                  self.end_id(backend), key(backend, "served"),
+                                  end_words=self.model.end_words())  # fmt: skip
+            try:
+                if (got := target.request(0, 16)) != 16:
+                    raise RuntimeError(
+                        f"the server made {got} tokens of 16: end token not kept out"
+                    )
+                yield target
+            finally:
+                target.close()
+
+    def run_arrivals(self, targets: list[Any], pipeline: PipelineGenerate | None) -> None:
+        """Closed-loop arrivals at each length, the systems alternating in mirrored half windows
+        (module docstring); a system's rate is the mean of its two windows'."""
+        plan = self.plan
+        half = (plan.window_s / 2, plan.max_window_s / 2, plan.warmup_cap_s)
+        for length in plan.lengths:
+            row, rates = self.row(length), {}
+            systems = [
+                *targets,
+                *([pipeline] if pipeline and length == target_length(plan.lengths) else []),
+            ]
+            for system in mirrored(systems):
+                if isinstance(system, PipelineGenerate):
+                    path, prompts = "pipeline", self.ids[: plan.clients]
+                    rate = system.rate_over(prompts, length, True, plan.seed, half[0])
+                    self.progress(f"arrivals {path} generate {length} tokens: {rate:,.0f} tok/s")
+                else:
+                    path, m = system.name, closed_loop(system, [length] * plan.clients, *half)
+                    rate, short, count = m.rate(), m.short_of(), len(m.frame)
+                    for name, value in (
+                        ("requests", count),
+                        ("short", short),
+                        ("window_s", m.window_s),
+                    ):
+                        row[f"{path}_{name}"] = row.get(f"{path}_{name}", 0) + value
+                    row[f"{path}_window_s"] = round(row[f"{path}_window_s"])
+                    self.progress(
+                        f"arrivals {path} {length} tokens: {rate:,.0f} tok/s over "
+                        f"{m.window_s:.1f}s "
+                        f"({count} requests{f', {short} SHORT' if short else ''})"
+                    )
+                rates.setdefault(path, []).append(rate)
+            for path, values in rates.items():
+                row[f"{path}_tokens_per_s"] = sum(values) / len(values)
+                row[f"{path}_window_rates"] = [round(v) for v in values]
+            if targets[0].name == "bare":  # the torch engine fed whole batches
+                rate, rounds, short = static_batches(
+                    targets[0], plan.clients, length, plan.window_s
+                )
+                row.update(static_tokens_per_s=rate, static_rounds=rounds, static_short=short)
+                self.progress(
+                    f"arrivals static {length} tokens: {rate:,.0f} tok/s ({rounds} rounds of "
+                    f"{plan.clients}{f', {short} SHORT' if short else ''})"
+                )
+
+    def drive(self, target: BareTarget | ServedTarget) -> None:
+        """The mixed and single sections against one target."""
+        plan, path = self.plan, target.name
+        windows = (plan.window_s, plan.max_window_s, plan.warmup_cap_s)
         if "mixed" in plan.sections:
-            results["mixed"] = mixed
+            short, long, n = plan.mixed_short, plan.mixed_long, plan.mixed_clients
+            self.progress(
+                f"mixed {path}: {2 * n} x {short} tokens, then {n} of them next to {n} x {long} "
+                "tokens ..."
+            )
+            # the baseline: every client asking for short answers (the same load, none long)
+            alone = closed_loop(target, [short] * (2 * n), *windows).latencies(short)
+            both = closed_loop(target, [short] * n + [long] * n, *windows, cancel_at_end=True)
+            mixed = both.latencies(short)
+            row = {
+                "path": path,
+                "alone_median_ms": median_ms(alone),
+                "mixed_median_ms": median_ms(mixed),
+            }
+            row.update(slowdown=ratio(row["mixed_median_ms"], row["alone_median_ms"]),
+                       alone_samples=len(alone), mixed_samples=len(mixed))  # fmt: skip
+            self.mixed.append(row)
+            self.progress(
+                f"mixed {path}: short requests {row['alone_median_ms'] or 0:.1f} ms alone, "
+                f"{row['mixed_median_ms'] or 0:.1f} ms next to long ones "
+                f"({row['slowdown'] or 0:.2f}x)"
+            )
         if "single" in plan.sections:
-            single["repeats"] = plan.single_repeats
-            for backend in plan.backends:
-                bare, served = key(backend, "bare"), key(backend, "served")
-                overhead = f"{served}_overhead_ms" if backend != "torch" else "overhead_ms"
+            seconds = latencies(target, plan.single_tokens, plan.single_repeats)
+            self.single[f"{path}_median_ms"] = median_ms(seconds)
+            self.single[f"{path}_all_ms"] = [round(s * 1000, 2) for s in seconds]
+            self.progress(
+                f"single {path}: {plan.single_tokens} tokens, median "
+                f"{self.single[f'{path}_median_ms']:.1f} ms over {len(seconds)}"
+            )
+
+    def backend(self, backend: str) -> None:
+        """One backend bare and served (and, for openvino, the pipeline's own ``generate``), all
+        up at once and measured one at a time; then, torch alone, its references."""
+        plan = self.plan
+        with ExitStack() as stack:
+            bare, weights = stack.enter_context(self.bare(backend))
+            targets: list[Any] = [bare]
+            if plan.served:
+                targets.append(stack.enter_context(self.served(backend)))
+            if "arrivals" in plan.sections:
+                pipeline = None
+                if backend != "torch":
+                    pipeline = PipelineGenerate(self.model.path, self.dtype(backend), plan.clients)
+                    stack.callback(pipeline.close)
+                self.run_arrivals(targets, pipeline)
+            for target in targets:
+                self.drive(target)
+        if backend == "torch" and "arrivals" in plan.sections:
+            lengths = [len(i) for i in self.ids]
+            for length in plan.lengths:  # once the engine has stopped: one torch pool at a time
+                ceiling = in_passing_thread(
+                    lambda n=length: forward_ceiling(weights, lengths, plan.clients, n)
+                )
+                self.row(length)["forward_ceiling_tokens_per_s"] = ceiling
+                self.progress(f"arrivals forward ceiling {length} tokens: {ceiling:,.0f} tok/s")
+            length = target_length(plan.lengths)
+            transformers_reference(self.model, plan, length, self.row(length), self.progress)
+
+    def publish(self, results: dict[str, Any]) -> None:
+        """The rows so far, with their ratios, into ``results``."""
+        sections, backends = self.plan.sections, self.plan.backends
+        for row in self.arrivals.values():
+            for backend in backends:
+                bare, served = (
+                    row.get(f"{key(backend, p)}_tokens_per_s") for p in ("bare", "served")
+                )
+                row[f"{key(backend, 'served')}_over_bare"] = ratio(served, bare)
+            row["continuous_over_static"] = ratio(row.get("bare_tokens_per_s"),
+                                                  row.get("static_tokens_per_s"))  # fmt: skip
+            row["windows"] = "/".join(str(row[k]) for k in row if k.endswith("_window_s"))
+        if "arrivals" in sections:
+            results["arrivals"] = [self.arrivals[k] for k in sorted(self.arrivals)]
+        if "mixed" in sections:
+            results["mixed"] = self.mixed
+        if "single" in sections:
+            single = self.single
+            single["repeats"] = self.plan.single_repeats
+            for backend in backends:
+                bare, served = (
+                    single.get(f"{key(backend, p)}_median_ms") for p in ("bare", "served")
+                )
+                overhead = (
+                    "overhead_ms" if backend == "torch" else f"{key(backend, 'served')}_overhead_ms"
+                )
                 single[overhead] = (
-                    single[f"{served}_median_ms"] - single[f"{bare}_median_ms"]
-                    if f"{served}_median_ms" in single and f"{bare}_median_ms" in single
-                    else None
+                    served - bare if served is not None and bare is not None else None
                 )
             results["single"] = single
-        save()
 
+
+def run_traffic(plan: Plan, model: ModelInfo, results: dict[str, Any], out: Path,
+                progress: Progress, save: Callable[[], None]) -> None:  # fmt: skip
+    """Fill ``results`` with ``load_settings`` and the rows of the chosen traffic sections."""
+    traffic = Traffic(plan, model, out, progress)
+    results["load_settings"] = traffic.load_settings()
     for backend in plan.backends:  # one system at a time: never two on the CPU at once
-        _backend_traffic(backend, model, texts, ids, plan, settings, tables, out, progress)
-        publish()
+        traffic.backend(backend)
+        traffic.publish(results)
+        save()

@@ -1,32 +1,20 @@
-"""The benchmark harness's own logic: its maths, its tables and files, and the CTranslate2
-conversion it compares against (which must generate what transformers generates)."""
+"""The benchmark harness's own logic: its maths, its tables and files, its settings (the
+systems on real checkpoints: tests/test_bench_systems.py)."""
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
 
+import pandas as pd
 import pytest
-import torch
 
 from bench import report
-from bench.beams import run_beams
 from bench.format import machine_label
 from bench.kernels import fit_tokens, measure
-from bench.load import (
-    Measurement,
-    Record,
-    forward_ceiling,
-    overlap,
-    short_latencies,
-    windowed_rate,
-)
-from bench.models import build_random_gptj, convert_ct2, describe_checkpoint, random_prompts
-from bench.server import GPTJ_CONFIG, pbtxt_parameters, served_engine_settings
+from bench.load import Measurement, windowed_rate
+from bench.server import ENGINE_CONFIG, served_engine_settings
 from bench.settings import KernelPlan, make_plan, parse_list
-from bench.systems import CT2Runner, EngineRunner, TransformersRunner, generate
-from engine.gptj import GPTJ
 
 # -- maths -------------------------------------------------------------------------------------
 
@@ -42,49 +30,55 @@ def test_ratio_and_verdict():
     assert report.verdict(None, 0.9, at_most=False) == "—"
 
 
-def test_overlap():
-    assert overlap(0, 10, 2, 4) == 2
-    assert overlap(0, 3, 2, 4) == 1
-    assert overlap(5, 6, 2, 4) == 0
+def requests(*rows: tuple[int, int, float, float, int]) -> pd.DataFrame:
+    """Closed-loop rows from (client, wanted, start s, end s, tokens)."""
+    return pd.DataFrame(
+        [{"client": c, "wanted": w, "started_s": a, "latency_ms": (b - a) * 1e3, "tokens": n}
+         for c, w, a, b, n in rows]
+    )  # fmt: skip
 
 
 def test_windowed_rate_spreads_edge_requests_over_their_life():
-    records = [
-        Record(0, 10, start=0.0, end=10.0, tokens=100),  # half inside [5, 15]: 50 tokens
-        Record(1, 10, start=6.0, end=8.0, tokens=40),  # wholly inside: 40
-        Record(2, 10, start=14.0, end=24.0, tokens=100),  # a tenth inside: 10
-        Record(3, 10, start=20.0, end=21.0, tokens=30),  # outside: 0
-    ]
-    assert windowed_rate(records, 5.0, 15.0) == pytest.approx((50 + 40 + 10) / 10)
+    frame = requests(
+        (0, 10, 0.0, 10.0, 100),  # half inside [5, 15]: 50 tokens
+        (1, 10, 6.0, 8.0, 40),  # wholly inside: 40
+        (2, 10, 14.0, 24.0, 100),  # a tenth inside: 10
+        (3, 10, 20.0, 21.0, 30),  # outside: 0
+        (4, 10, 9.0, 9.0, 7),  # no length, ends inside: all 7
+        (5, 10, 4.0, 4.0, 9),  # no length, ends outside: 0
+    )
+    assert windowed_rate(frame, 5.0, 15.0) == pytest.approx((50 + 40 + 10 + 7) / 10)
     with pytest.raises(ValueError):
-        windowed_rate(records, 5.0, 5.0)
+        windowed_rate(frame, 5.0, 5.0)
 
 
 def test_windowed_rate_of_a_steady_closed_loop_is_its_true_rate():
     # 4 clients, each request 8 tokens in 0.5 s back to back, offset: 64 tokens/s in total
-    records = [
-        Record(c, 8, start=c * 0.125 + k * 0.5, end=c * 0.125 + (k + 1) * 0.5, tokens=8)
-        for c in range(4)
-        for k in range(40)
-    ]
-    assert windowed_rate(records, 3.3, 17.1) == pytest.approx(64.0)
+    frame = requests(
+        *(
+            (c, 8, c * 0.125 + k * 0.5, c * 0.125 + (k + 1) * 0.5, 8)
+            for c in range(4)
+            for k in range(40)
+        )
+    )
+    assert windowed_rate(frame, 3.3, 17.1) == pytest.approx(64.0)
 
 
-def test_short_latencies_take_complete_requests_started_in_the_window():
+def test_latencies_take_complete_requests_started_in_the_window():
     m = Measurement(
-        [
-            Record(0, 8, 0.5, 0.6, 8),  # before the window
-            Record(0, 8, 1.0, 1.2, 8),
-            Record(1, 512, 1.0, 3.0, 512),  # a long one
-            Record(0, 8, 1.9, 2.4, 8),  # ends after the window: still counted
-            Record(0, 8, 1.5, 1.6, 3),  # cut short (cancelled): not counted
-        ],
+        requests(
+            (0, 8, 0.5, 0.6, 8),  # before the window
+            (0, 8, 1.0, 1.2, 8),
+            (1, 512, 1.0, 3.0, 512),  # a long one
+            (0, 8, 1.9, 2.4, 8),  # ends after the window: still counted
+            (0, 8, 1.5, 1.6, 3),  # cut short (cancelled): not counted
+        ),
         w0=1.0,
         w1=2.0,
     )
-    assert short_latencies(m, 8) == pytest.approx([0.2, 0.5])
-    assert m.short_of() == 1
-    assert m.short_of(512) == 0
+    assert m.latencies(8) == pytest.approx([0.2, 0.5])
+    assert m.short_of() == 1 and m.window_s == 1.0
+    assert Measurement(requests(), 0.0, 1.0).latencies(8) == []
 
 
 def test_fit_tokens_cuts_slow_cells_to_the_budget():
@@ -312,118 +306,10 @@ def test_machine_label():
 
 
 def test_bare_engine_matches_the_served_config():
-    params = pbtxt_parameters(GPTJ_CONFIG.read_text())
+    from serving import model_config
+
+    params = model_config.parameters(model_config.read(ENGINE_CONFIG))
     assert params["dtype"] == "float32"
     settings = served_engine_settings()
     assert settings["max_batch_size"] == int(params["engine_max_batch_size"])
     assert settings["max_prefill_tokens"] == int(params["engine_max_prefill_tokens"])
-
-
-# -- the systems on real (tiny) checkpoints ----------------------------------------------------
-
-
-def _greedy_equal_everywhere(checkpoint, tmp_path, eos: int, vocab: int) -> None:
-    """CTranslate2's conversion and our engine greedy-generate transformers' tokens, and every
-    system makes exactly the tokens asked for (the end token is banned)."""
-    prompts = random_prompts(3, 12, vocab, eos, seed=3)
-    converted = convert_ct2(checkpoint, tmp_path / "ct2", "float32", progress=lambda _: None)
-    assert (converted / "model.bin").is_file()
-    runners = [
-        TransformersRunner(checkpoint, "float32", "cpu"),
-        CT2Runner(converted, "float32", "cpu"),
-        EngineRunner(checkpoint, "float32", "cpu", max_batch_size=4, prompt_tokens=12),
-    ]
-    try:
-        outputs = [r.generate_ids(prompts, 20, sampled=False, seed=0) for r in runners]
-        assert outputs[1] == outputs[0], "CTranslate2 greedy differs from transformers"
-        assert outputs[2] == outputs[0], "engine greedy differs from transformers"
-        for runner in runners:
-            assert generate(runner, prompts, 20, sampled=True, seed=1) == [20, 20, 20]
-    finally:
-        for runner in runners:
-            runner.close()
-    # converted once: a second call reuses the folder
-    stamp = (converted / "model.bin").stat().st_mtime
-    convert_ct2(checkpoint, tmp_path / "ct2", "float32", progress=lambda _: None)
-    assert (converted / "model.bin").stat().st_mtime == stamp
-
-
-def test_ct2_conversion_of_the_tiny_checkpoint_generates_transformers_tokens(
-    tiny_checkpoint, tmp_path
-):
-    info = describe_checkpoint("default", "tiny", tiny_checkpoint)
-    assert info.parameters > 0
-    _greedy_equal_everywhere(tiny_checkpoint, tmp_path, info.eos_token_id, info.vocab_size)
-
-
-def test_random_model_with_word_level_vocabulary_converts_too(tmp_path):
-    """The 350M-shaped model's path (random GPT-J + made-up vocabulary), at a tiny shape."""
-    shape = {"vocab_size": 300, "n_positions": 128, "n_embd": 32, "n_layer": 2, "n_head": 4,
-             "rotary_dim": 4}  # fmt: skip
-    folder = build_random_gptj(tmp_path / "random", shape, eos_id=299, progress=lambda _: None)
-    info = describe_checkpoint("350m", "random", folder)
-    assert info.eos_token_id == 299 and info.vocab_size == 300
-    torch.manual_seed(0)
-    _greedy_equal_everywhere(folder, tmp_path, 299, 300)
-
-
-def test_forward_ceiling_times_decode_passes_at_the_closed_loops_positions(tiny_checkpoint):
-    model = GPTJ.from_checkpoint(tiny_checkpoint)
-    passes = []
-    step = model.step
-
-    def recorded(segments, cache):
-        passes.append(segments)
-        return step(segments, cache)
-
-    model.step = recorded
-    ceiling = forward_ceiling(
-        model, [5, 9, 30], rows=6, length=40, repeats=4, budget_s=float("inf")
-    )
-    assert ceiling > 0
-    assert len(passes) == 3 + 4  # warm-up passes, then the timed ones
-    for (segment,) in passes:
-        assert segment.tokens.shape == (6, 1)  # one decode token per row, no prefill
-        positions = segment.start.tolist()
-        assert all(5 <= p < 30 + 40 for p in positions) and len(set(positions)) > 1
-
-
-def test_throughput_target_is_judged_at_its_length_only():
-    assert report.throughput_verdict({"length": 8, "bare_tokens_per_s": 10.0}) == "—"
-    assert report.throughput_verdict({"length": 128, "bare_tokens_per_s": 2000.0}) == "MISSED"
-    assert report.throughput_verdict({"length": 128, "bare_tokens_per_s": 2500.0}) == "ok"
-
-
-def test_random_prompts_never_hold_the_end_token():
-    prompts = random_prompts(8, 50, vocab_size=20, eos_id=7, seed=0)
-    assert all(len(p) == 50 for p in prompts)
-    flat = {t for p in prompts for t in p}
-    assert 7 not in flat and flat <= set(range(20)) and 19 in flat
-
-
-def test_beam_section_measures_both_systems_on_the_same_beams(tiny_checkpoint):
-    plan = replace(make_plan(quick=True), beam_widths=(1, 3), beam_prompts=2, beam_tokens=6)
-    model = describe_checkpoint("default", "tiny", tiny_checkpoint)
-    rows = run_beams(plan, model, lambda message: None)
-    assert [row["width"] for row in rows] == [1, 3]
-    for row in rows:
-        assert row["best_beams_agree"] == 2  # the engine's best beams are transformers'
-        assert row["engine_tokens_per_s"] > 0 and row["transformers_tokens_per_s"] > 0
-        every_beam = row["width"] * row["engine_tokens_per_s"]
-        assert row["engine_beam_tokens_per_s"] == pytest.approx(every_beam)
-    assert rows[1]["kv_cache_peak_mib"] > rows[0]["kv_cache_peak_mib"]  # 3 rows a prompt
-
-
-def test_a_missing_ctranslate2_is_reported_as_not_installed(monkeypatch):
-    """Not as "no float32 on this cpu": the run says what is missing and how to install it."""
-    from bench import systems
-
-    real = systems.importlib.util.find_spec
-    monkeypatch.setattr(
-        systems.importlib.util,
-        "find_spec",
-        lambda name, *a: None if name == "ctranslate2" else real(name, *a),
-    )
-    reason = systems.unsupported("ct2", "float32", "cpu")
-    assert reason is not None and "not installed" in reason and "pip install ctranslate2" in reason
-    assert systems.unsupported("engine", "float32", "cpu") is None

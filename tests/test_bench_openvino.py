@@ -1,4 +1,4 @@
-"""The bench's openvino side: CPU flags, the stand-in end id, the served config's overrides,
+"""The bench's openvino side: CPU flags, the stand-in end id,
 the targets table, the openvino tables, and the openvino runners on the tiny checkpoint."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from bench.load import BareTarget, ServedTarget
 from bench.models import END_OF_TEXT, random_prompts
 from bench.ov import PipelineGenerate, served_dtype, stand_in_end_id
 from bench.quality import agreement
-from bench.server import GPTJ_CONFIG, pbtxt_parameters, set_pbtxt_parameters
 from bench.settings import make_plan
 from bench.systems import OpenVINORunner, TransformersRunner, generate, unsupported
 from bench.targets import held_at, target_rows, targets_table
@@ -37,17 +36,6 @@ def test_stand_in_end_id_is_in_the_vocabulary_and_never_the_end_token():
     assert stand_in_end_id(300, 299) == 298
     with pytest.raises(ValueError, match="no stand-in"):
         stand_in_end_id(1, 0)
-
-
-def test_served_config_overrides_replace_named_parameters_only():
-    text = GPTJ_CONFIG.read_text()
-    changed = pbtxt_parameters(set_pbtxt_parameters(text, {"dtype": "bfloat16"}))
-    assert changed["dtype"] == "bfloat16"
-    assert {k: v for k, v in changed.items() if k != "dtype"} == {
-        k: v for k, v in pbtxt_parameters(text).items() if k != "dtype"
-    }
-    with pytest.raises(KeyError, match="no_such_setting"):
-        set_pbtxt_parameters(text, {"no_such_setting": "1"})
 
 
 def test_plan_has_openvino_everywhere_and_backends_can_be_chosen():
