@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from engine_runs import Collect
 from transformers import GPTJConfig as HFConfig
 from transformers import GPTJForCausalLM
 
@@ -36,20 +37,6 @@ def engine(checkpoint):
     eng = TorchEngine(GPTJ.from_checkpoint(checkpoint), max_batch_size=8).start()
     yield eng
     eng.stop()
-
-
-class Collect(NullListener):
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.result: GenerationResult | None = None
-
-    def on_finish(self, result: GenerationResult) -> None:
-        self.result = result
-        self.done.set()
-
-    def wait(self) -> GenerationResult:
-        assert self.done.wait(60), "no answer within 60 s"
-        return self.result
 
 
 def request(new: int = 24, prompt: list[int] | None = None) -> GenerationRequest:

@@ -12,9 +12,9 @@ import threading
 import pytest
 import torch
 from engine_hold import wait_for
+from engine_runs import VOCAB
+from openvino_gptj import exported_gptj
 from server_metrics import scrape
-from transformers import GPTJConfig as HFConfig
-from transformers import GPTJForCausalLM
 
 from client.client import CodegenClient
 from contract import metrics as names
@@ -26,26 +26,15 @@ from engine.interface import GenerationBackend, GenerationRequest, GenerationRes
 from engine.openvino_backend import OpenVINOBackend
 from engine.openvino_model import ModelShape, require_export
 from engine.torch_engine import TorchEngine
-from modelbuild.openvino_export import ensure_export
 
-VOCAB = 300
 PROMPT = "def add(a, b):\n"
 BAD_WORDS = "bad_words_list is not supported by the openvino backend"
 
 
 @pytest.fixture(scope="module")
-def hf_model(tmp_path_factory):
-    """The random GPT-J of test_openvino_backend.py (same seed and shape), exported."""
-    torch.manual_seed(0)
-    config = HFConfig(
-        vocab_size=VOCAB, n_positions=256, n_embd=64, n_layer=2, n_head=4, rotary_dim=8,
-        bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
-    model = GPTJForCausalLM(config).eval()
-    path = tmp_path_factory.mktemp("fallback-gptj")
-    model.save_pretrained(path)
-    ensure_export(path)
-    return path
+def hf_model():
+    """The random GPT-J of test_openvino_backend.py, exported (built once per session)."""
+    return exported_gptj()[1]
 
 
 class Recorder:

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 import torch
-from engine_runs import run_concurrently
+from engine_runs import VOCAB, hf_greedy, prompts, run_concurrently
 from transformers import GPTJConfig as HFConfig
 from transformers import GPTJForCausalLM
 
@@ -14,8 +14,6 @@ from contract.options import InvalidRequestError, SamplingParams
 from engine import GenerationRequest, GenerationResult, NullListener, TorchEngine
 from engine.gptj import GPTJ, KVCache, split_long_rows
 from engine.threads import in_passing_thread
-
-VOCAB = 300
 
 
 @pytest.fixture(scope="module")
@@ -42,24 +40,6 @@ def engine(hf_model):
     eng = TorchEngine(GPTJ.from_checkpoint(hf_model[1]), max_batch_size=8).start()
     yield eng
     eng.stop()
-
-
-def prompts(count: int, seed: int = 1) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(2, 40, (count,), generator=gen).tolist()
-    return [torch.randint(1, VOCAB, (n,), generator=gen).tolist() for n in lengths]
-
-
-def hf_greedy(model, prompt: list[int], new: int, **kwargs) -> list[int]:
-    out = model.generate(
-        torch.tensor([prompt]),
-        max_new_tokens=new,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-        **kwargs,
-    )
-    return out[0, len(prompt) :].tolist()
 
 
 def test_logits_match_transformers_for_prefill_and_decode(hf_model):

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 import torch
-from engine_runs import run_concurrently
-from openvino_gptj import VOCAB, Collect, backend, exported_gptj, hf_greedy, prompts
+from engine_runs import VOCAB, Collect, hf_greedy, prompts, run_concurrently
+from openvino_gptj import backend, exported_gptj
 
 from contract.options import BeamParams, InvalidRequestError, SamplingParams
 from engine import TorchEngine

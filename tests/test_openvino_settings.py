@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-from openvino_gptj import Collect, backend, exported_gptj, prompts
+from engine_runs import Collect, prompts
+from openvino_gptj import backend, exported_gptj
 
 from contract.options import BeamParams, SamplingParams
 from engine import TorchEngine
