@@ -32,9 +32,9 @@ from engine import (
     GenerationResult,
     Handle,
     KVCache,
+    NullListener,
     Segment,
 )  # fmt: skip
-from engine.interface import NullListener
 
 
 class Pending(NullListener):
