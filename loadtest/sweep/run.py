@@ -48,6 +48,11 @@ EDGE_S = 0.15  # the window brackets Prometheus' scrapes by this much at each en
 DRAIN_TIMEOUT_S = 180.0
 
 
+def wait_until(deadline: float) -> None:
+    """Sleep cooperatively (the users run meanwhile) until ``deadline``, Unix time."""
+    gevent.sleep(max(0.0, deadline - time.time()))
+
+
 def format_duration(seconds: float) -> str:
     seconds = max(0, round(seconds))
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
@@ -73,15 +78,13 @@ class Sweep:
             + f" per length: ~{format_duration(len(s.lengths) * self.per_length)} plus draining"
         )
 
-    def run_length(self, index: int, length: int) -> dict[str, Any]:
+    def run_length(self, length: int) -> dict[str, Any]:
         """One length's window record: its times, Triton's counter increases and their source,
         each stage's execution time counted once, whether the server drained."""
         s, metrics_url = self.s, self.s.endpoints.metrics_url
         base = str(s.out / f"len_{length:04d}")  # Locust's own CSVs and HTML
-        grpc_url = s.endpoints.grpc
-        options = argparse.Namespace(output_len=length, prompts=s.prompts, grpc_url=grpc_url,
-                                     prompt_seed=s.prompt_seed)  # fmt: skip
-        load = locustfile.load_settings(argparse.Namespace(parsed_options=options))
+        load = locustfile.LoadSettings(length, s.prompts, s.prompt_seed, s.endpoints.grpc)
+        options = argparse.Namespace(**load._asdict())
         locustfile.requests_for(load)  # build the requests before the clock starts
         if s.protocol == "http":
             locustfile.http_bodies(load)
@@ -93,12 +96,9 @@ class Sweep:
         log.info(f"length {length}: {s.users} {s.protocol} users, warm-up {s.warmup:.0f}s")
         env.runner.start(s.users, spawn_rate=s.users)
 
-        def wait_until(deadline: float, phase: str) -> None:
-            self._wait_until(deadline, phase, env, index, started)
-
-        wait_until(started + s.warmup, "warm-up")
+        wait_until(started + s.warmup)
         opening, closing = self._window_times()
-        wait_until(opening, "warm-up")
+        wait_until(opening)
         # the window opens and closes right at the metric readings (Triton's statistics API,
         # slow on a loaded machine, is read after them)
         start = read_snapshot(metrics_url)
@@ -106,7 +106,8 @@ class Sweep:
         opened = time.time()
         env.stats.reset_all()  # Locust's own CSV and HTML tables cover the window
         start_busy = self._execution_busy()
-        wait_until(closing, "measure")
+        log.info(f"length {length}: measuring {closing - opened:.0f}s")
+        wait_until(closing)
         end = read_snapshot(metrics_url)
         self.events.stamp(phase="stream" if self.stream else "after")
         closed = time.time()
@@ -118,7 +119,8 @@ class Sweep:
             # stopping lets each stream finish: its row (first token, tokens) is fired at its end
             streaming.stop_timeout = locustfile.REQUEST_TIMEOUT_S
             streaming.runner.start(s.stream_users, spawn_rate=s.stream_users)
-            wait_until(time.time() + s.stream_duration, "stream")
+            log.info(f"length {length}: {s.stream_users} streaming users, {s.stream_duration:.0f}s")
+            wait_until(time.time() + s.stream_duration)
             streaming.runner.quit()
         self.events.stamp(phase="after")
         env.runner.quit()
@@ -162,28 +164,6 @@ class Sweep:
         self.events.attach(env)
         env.create_local_runner()
         return env
-
-    def _wait_until(
-        self, deadline: float, phase: str, env: Environment, index: int, started: float
-    ) -> None:
-        """Sleep until ``deadline`` (Unix time), with a progress line every few seconds: the
-        length and phase, the sweep's time left, Locust's current rate and median."""
-        s, phase_started = self.s, time.time()
-        while (now := time.time()) < deadline:
-            gevent.sleep(min(s.progress_every, deadline - now))
-            now = time.time()
-            if deadline - now < 0.05:
-                break  # the phase is over: no progress line for the last few milliseconds
-            left = max(0.0, self.per_length - (now - started))
-            left += (len(s.lengths) - index - 1) * self.per_length
-            total = env.stats.total
-            median = total.median_response_time if total.num_requests else None
-            log.info(
-                f"length {s.lengths[index]} ({index + 1}/{len(s.lengths)}) {phase:<7} "
-                f"{now - phase_started:4.0f}/{deadline - phase_started:.0f}s | sweep ~"
-                f"{format_duration(left)} left | {total.current_rps:6.2f} req/s now | median "
-                f"{'-' if median is None else f'{median:.0f}'} ms | {total.num_failures} failures"
-            )
 
     def _execution_busy(self) -> dict[str, float]:
         """Execution time per model from Triton's statistics API (see execution_busy_us)."""
@@ -241,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep = Sweep(s, server, prometheus.source, stream)
         log.info(sweep.plan())
         started = time.time()
-        windows = [sweep.run_length(i, length) for i, length in enumerate(s.lengths)]
+        windows = [sweep.run_length(length) for length in s.lengths]
         sweep.events.save(s.out / EVENTS)
         settings = {
             "lengths": list(s.lengths), "users": s.users, "duration_s": s.duration,

@@ -22,7 +22,6 @@ SIZES = {
     "warmup": ("warm-up seconds per length", 12.0, 3.0),
     "stream_users": ("streaming users, 0 = none", 2, 1),
     "stream_duration": ("streaming phase seconds", 10.0, 3.0),
-    "progress_every": ("seconds between progress lines", 10.0, 2.0),
 }
 PROMETHEUS_HELP = (
     "where Triton's figures come from: auto, $PROMETHEUS_URL or http://127.0.0.1:9090 if one "
