@@ -126,7 +126,7 @@ def summary_table(table: pd.DataFrame) -> str:
 def render(run: dict[str, Any], table: pd.DataFrame) -> str:
     """report.md in the seed's format."""
     info, s = run["run"], run["run"]["settings"]
-    machine = served_lines(MachineInfo(**info["machine"]), ModelInfo.from_dict(info["model"]))
+    machine = served_lines(MachineInfo(**info["machine"]), ModelInfo(**info["model"]))
     stream_setup = (
         _fill("stream_setup", users=s["stream_users"], seconds=f"{s['stream_duration_s']:.0f}")
         if s["stream_users"]
