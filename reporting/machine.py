@@ -20,10 +20,7 @@ VERSIONS = ("torch", "transformers", "ctranslate2", "tritonclient", "nvidia-pytr
 
 
 def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
+    return Path(path).read_text() if Path(path).is_file() else ""
 
 
 def cpu_model(cpuinfo: str) -> str:
@@ -58,24 +55,24 @@ def load_average() -> str:
 
 
 def version(package: str) -> str | None:
-    try:
+    with contextlib.suppress(metadata.PackageNotFoundError):
         return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
+    return None
 
 
 def describe() -> dict[str, Any]:
     """This machine now: CPU, flags, cores, memory, load average, OS, library versions."""
     cpuinfo = _read("/proc/cpuinfo")
-    memory_gib = None
-    for line in _read("/proc/meminfo").splitlines():
-        if line.startswith("MemTotal"):
-            memory_gib = round(int(line.split()[1]) / 2**20, 1)
+    memory = [
+        line.split()[1]
+        for line in _read("/proc/meminfo").splitlines()
+        if line.startswith("MemTotal")
+    ]
     flags = cpu_flags(cpuinfo)
     return {
         "cpu": cpu_model(cpuinfo) if cpuinfo else platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
-        "memory_gib": memory_gib,
+        "memory_gib": round(int(memory[0]) / 2**20, 1) if memory else None,
         "cpu_flags": flags,
         "bf16_native": bf16_native(flags),
         "gpu": "none" if shutil.which("nvidia-smi") is None else "present",
@@ -108,6 +105,5 @@ def tree_cpu_seconds(pids: list[int]) -> float:
             root = psutil.Process(pid)
             for process in [root, *root.children(recursive=True)]:
                 with contextlib.suppress(psutil.Error):
-                    times = process.cpu_times()
-                    total += times.user + times.system
+                    total += sum(process.cpu_times()[:2])  # user + system
     return total
