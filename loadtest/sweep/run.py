@@ -1,16 +1,7 @@
-"""``make loadtest``: a Locust sweep over output lengths, Locust driven through its Python API in
-this process (one Environment per length), which lets the measured window open and close exactly.
-
-Per length: start the users and warm up; then read Triton's metrics and open the window in the
-event table at the same moment (rows are stamped ``phase=measure`` from then on), run for the
-duration and read the metrics again as the window closes. Locust fires its request event when a
-request completes and Triton counts it then too, so the window's rows and Triton's count agree.
-Then an optional streaming phase (time to first token and inter-token gaps under the same load),
-stop, and let the server drain. Triton's figures come from one source per window: a Prometheus
-that scrapes it when there is one, else the two readings of ``/metrics``. The run folder gets
-``events.csv``, ``run.json`` (the run and each length's window) and the report drawn from them
-(:mod:`loadtest.sweep.report`).
-"""
+"""``make loadtest``: the Locust sweep over output lengths, Locust driven through its Python API
+in this process (one Environment per length), so that the measured window opens and closes right
+at the metric readings (docs/loadtest.md, "What a run does"). The run folder gets ``events.csv``,
+``run.json`` and the report drawn from them (:mod:`loadtest.sweep.report`)."""
 
 from __future__ import annotations
 
@@ -67,16 +58,6 @@ class Sweep:
         self.s, self.server, self.prom, self.stream = s, server, prom, stream
         self.events = EventLog(profile="sweep", system=s.protocol)
         self.origin = time.time()  # the event table's clock: started_s counts from here
-        self.per_length = s.warmup + s.duration + stream * s.stream_duration
-
-    def plan(self) -> str:
-        s = self.s
-        return (
-            f"lengths {list(s.lengths)}, {s.users} {s.protocol} users, "
-            f"{s.duration:.0f}s measured + {s.warmup:.0f}s warm-up"
-            + (f" + {s.stream_duration:.0f}s streaming" if self.stream else "")
-            + f" per length: ~{format_duration(len(s.lengths) * self.per_length)} plus draining"
-        )
 
     def run_length(self, length: int) -> dict[str, Any]:
         """One length's window record: its times, Triton's counter increases and their source,
@@ -213,13 +194,14 @@ def main(argv: list[str] | None = None) -> int:
         if not server.model_ready(ENSEMBLE_MODEL):
             raise SystemExit(f"the `{ENSEMBLE_MODEL}` model is not ready at {s.endpoints.host}")
         stream = s.stream_users > 0 and s.stream_duration > 0
-        if stream and not server.model_ready(STREAM_MODEL):
+        if stream and not (stream := server.model_ready(STREAM_MODEL)):
             log.info(f"`{STREAM_MODEL}` is not served: no streaming phase")
-            stream = False
         prometheus = stack.enter_context(prometheus_for(s.prometheus, s.endpoints, s.out))
         log.info(prometheus.note)
         sweep = Sweep(s, server, prometheus.source, stream)
-        log.info(sweep.plan())
+        per_length = s.warmup + s.duration + stream * s.stream_duration
+        log.info(f"lengths {list(s.lengths)}, {s.users} {s.protocol} users: ~"
+                 f"{format_duration(len(s.lengths) * per_length)} plus draining")  # fmt: skip
         started = time.time()
         windows = [sweep.run_length(length) for length in s.lengths]
         sweep.events.save(s.out / EVENTS)
