@@ -242,11 +242,11 @@ def answers_at_once(grpc: str, timeout: float = 30.0) -> list[str]:
     return problems
 
 
-def longest_gap(frame: Any, began: float) -> float:
+def longest_gap(frame: Any) -> float:
     """The longest interval without a completion, from the run's start (table time)."""
     ok = frame[frame["outcome"] == "ok"]
     ends = sorted(ok["started_s"] + ok["latency_ms"] / 1e3)
-    return max((b - a for a, b in zip([began, *ends], ends, strict=False)), default=0.0)
+    return max((b - a for a, b in zip([0.0, *ends], ends, strict=False)), default=0.0)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -261,13 +261,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-requests", type=int, default=5000, help="per user")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, help="a folder for events.csv and Locust's reports")
-    parser.add_argument(
-        "--prompt-chars",
-        default="800,1600",
-        help="prompt lengths in characters, MIN,MAX (they must fit the context)",
-    )
+    parser.add_argument("--prompt-chars", type=lambda text: tuple(map(int, text.split(","))),
+                        default=(800, 1600), help="MIN,MAX, within the context")  # fmt: skip
     args = parser.parse_args(argv)
-    args.prompt_chars = tuple(int(x) for x in args.prompt_chars.split(","))
     for address in (args.grpc, args.http, args.metrics, *([args.api] if args.api else [])):
         if address.split("://")[-1].rsplit(":", 1)[0] not in LOCAL:
             raise SystemExit(f"{address}: the stress test sends traffic to this machine only")
@@ -303,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         events.save(args.out / "events.csv")
         write_locust_reports(env, args.out)
     print("outcomes:", dict((frame["kind"] + " " + frame["ended"]).value_counts().sort_index()))
-    print(f"longest interval without a completion: {longest_gap(frame, 0.0):.1f} s")
+    print(f"longest interval without a completion: {longest_gap(frame):.1f} s")
     failed = frame[frame["outcome"] == "error"]
     problems = [f"{k}: {e}" for k, e in zip(failed["kind"], failed["error"], strict=True)][:50]
     problems += ["stalled"] * stalled + answers_at_once(args.grpc)

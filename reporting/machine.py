@@ -23,24 +23,21 @@ def _read(path: str) -> str:
     return Path(path).read_text() if Path(path).is_file() else ""
 
 
+def _field(cpuinfo: str, *keys: str) -> str:
+    """The first non-empty value of one of ``keys`` in /proc/cpuinfo's text ("" if none)."""
+    pairs = (line.partition(":")[::2] for line in cpuinfo.splitlines())
+    return next((v.strip() for k, v in pairs if k.strip() in keys and v.strip()), "")
+
+
 def cpu_model(cpuinfo: str) -> str:
     """The ``model name`` of /proc/cpuinfo's first processor ("unknown CPU" if none)."""
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("model name", "Model name") and value.strip():
-            return value.strip()
-    return "unknown CPU"
+    return _field(cpuinfo, "model name", "Model name") or "unknown CPU"
 
 
 def cpu_flags(cpuinfo: str | None = None) -> list[str]:
     """Which of :data:`CPU_FLAGS` this CPU has (/proc/cpuinfo's ``flags``)."""
-    text = _read("/proc/cpuinfo") if cpuinfo is None else cpuinfo
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            present = set(value.split())
-            return [flag for flag in CPU_FLAGS if flag in present]
-    return []
+    present = _field(_read("/proc/cpuinfo") if cpuinfo is None else cpuinfo, "flags").split()
+    return [flag for flag in CPU_FLAGS if flag in present]
 
 
 def bf16_native(flags: list[str] | None = None) -> bool:
