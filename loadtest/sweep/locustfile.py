@@ -189,14 +189,6 @@ class StreamingUser(_TransportUser):
 
     request_type = "grpc-stream"
 
-    def on_start(self) -> None:
-        super().on_start()
-        self.client = self.transport.module.InferenceServerClient(self.transport.target.address)
-
-    def on_stop(self) -> None:
-        self.client.close()
-        super().on_stop()
-
     @task
     def stream(self) -> None:
         request = next(self._requests)
@@ -204,7 +196,7 @@ class StreamingUser(_TransportUser):
         first: float | None = None
         last, pieces, error = started, 0, None
         try:
-            for piece in self.transport.stream(request, client=self.client).pieces():
+            for piece in self.transport.stream(request, client=self.transport.triton).pieces():
                 if piece.text:
                     if first is None:
                         first = (piece.arrived - started) * 1000
