@@ -117,23 +117,14 @@ def render(run: dict[str, Any], table: pd.DataFrame) -> str:
     """report.md in the seed's format."""
     info, s = run["run"], run["run"]["settings"]
     machine = served_lines(MachineInfo(**info["machine"]), ModelInfo(**info["model"]))
-    stream_setup = (
-        _fill("stream_setup", users=s["stream_users"], seconds=f"{s['stream_duration_s']:.0f}")
-        if s["stream_users"]
-        else _fill("no_stream_setup")
-    )
     windows = zip(table.iterrows(), run["windows"], strict=True)
     sections = [_length_section(row, window, s["stream_users"]) for (_, row), window in windows]
     return _fill(
-        "report",
-        name=info["name"], started=info["started"], seconds=f"{info['seconds']:.0f}",
-        command=info["command"], machine="\n".join(machine),
-        users=s["users"], protocol=s["protocol"].upper(), warmup=f"{s['warmup_s']:.0f}",
-        duration=f"{s['duration_s']:.0f}", prompts=s["prompts"], prompt_seed=s["prompt_seed"],
-        sampling=s["sampling"], stream_setup=stream_setup, prometheus=info["prometheus"],
-        lengths=" vs ".join(str(n) for n in s["lengths"]), summary_table=summary_table(table),
+        "report", run=info, settings=s, machine="\n".join(machine),
+        protocol=s["protocol"].upper(), lengths=" vs ".join(str(n) for n in s["lengths"]),
+        stream_setup=_fill("stream_setup" if s["stream_users"] else "no_stream_setup", settings=s),
+        summary_table=summary_table(table), length_sections="\n".join(sections),
         rps_latency_chart=charts.RPS_LATENCY_CHART, stage_shares_chart=charts.STAGE_SHARES_CHART,
-        length_sections="\n".join(sections),
     ) + "\n"  # fmt: skip
 
 
