@@ -13,20 +13,10 @@ from typing import Any
 
 import pandas as pd
 
-# The columns every row has, in order; a profile's own context keys follow them.
-COLUMNS: dict[str, str] = {
-    "profile": "which tool sent it: sweep, editor, soak, stress, bench",
-    "system": "the server measured: openvino, torch, llama.cpp, cache-off...",
-    "window": "the measured window or phase it belongs to (a length, a client count, a phase)",
-    "kind": "Locust's request_type: the protocol (http, grpc, stream, openai)",
-    "name": "Locust's request name: what was asked (a length, one-line, drill...)",
-    "started_s": "seconds since the log started when the request was sent",
-    "latency_ms": "Locust's response_time: send to last byte, or to abandonment",
-    "first_token_ms": "send to the first generated piece; empty for unary requests",
-    "tokens": "completion tokens received",
-    "outcome": "ok, error, abandoned (the client left on purpose) or shed (a clear refusal)",
-    "error": "the error's text; empty when none",
-}
+# The columns every row has, in order (docs/tooling.md, "The ledger's columns"); a profile's own
+# context keys follow them.
+COLUMNS = ("profile", "system", "window", "kind", "name", "started_s", "latency_ms",
+           "first_token_ms", "tokens", "outcome", "error")  # fmt: skip
 OUTCOMES = ("ok", "error", "abandoned", "shed")
 PERCENTILES = (0.5, 0.95, 0.99)
 
