@@ -1,9 +1,6 @@
 """Triton's counters over a window from a Prometheus that scrapes it (prometheus-api-client), as
-the same :class:`loadtest.metrics.Deltas` two ``/metrics`` readings give, through the same
-:func:`loadtest.metrics.snapshot_deltas`. Prometheus knows the values at its scrapes only, so the
-window runs from its first scrape inside the sweep's window to its last (raw samples, nothing
-extrapolated as ``increase()`` would); the sweep opens and closes its window just around two
-scrapes (:meth:`PromSource.next_scrape`), so the two windows differ by a fraction of a second."""
+the same :class:`loadtest.metrics.Deltas` two ``/metrics`` readings give: the raw samples at its
+first and last scrape inside the window (docs/loadtest.md, "Prometheus")."""
 
 from __future__ import annotations
 
@@ -133,11 +130,8 @@ class PrometheusChoice(NamedTuple):
 def prometheus_for(
     choice: str, endpoints: Endpoints, folder: Path | None = None
 ) -> Iterator[PrometheusChoice]:
-    """The Prometheus Triton's figures come from. ``off``: none (the metrics port). A URL: that
-    one, which must scrape this Triton. ``auto``: ``$PROMETHEUS_URL`` or http://127.0.0.1:9090
-    when one runs there scraping this Triton (``make prometheus``); else, given a ``folder`` and a
-    ``prometheus`` on PATH, one started for this run (scraping every second, its data in
-    ``folder``, stopped on the way out); else none."""
+    """The Prometheus Triton's figures come from (``--prometheus``: off, a URL, or auto: one
+    that scrapes this Triton, else one started for the run in ``folder``, else none)."""
     if choice == "off":
         yield PrometheusChoice(None, "Prometheus: off (--prometheus off)")
         return
