@@ -58,7 +58,7 @@ def latency_panel(
     ax.plot(times, values, ".", ms=3, color="#9e9ac8", alpha=0.5, label=dots)
     for key, q in (("p50", 0.5), ("p95", 0.95)) if len(times) else ():
         line = rolling(times, values, grid, width, q)
-        ax.plot(grid, line, color=COLORS[key], lw=1.8, label=f"rolling {key} ({width:g} s)")
+        ax.plot(grid, line, color=COLORS[key], lw=1.8, label=f"rolling {key} ({width:.0f} s)")
     ax.set(ylabel=ylabel, xlabel=xlabel, ylim=(0, None))
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper right", fontsize=8)
