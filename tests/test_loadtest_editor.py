@@ -3,7 +3,6 @@ decision, the figures and the report."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 
@@ -13,22 +12,16 @@ import pytest
 from contract.corpus import held_out_files, stdlib_root
 from loadtest.editor.compare import evaluate
 from loadtest.editor.drill import DrillOutcome, drill_figures, resend_points
-from loadtest.editor.figures import (
-    ABANDONED,
-    ANSWERED,
-    ERROR,
-    EditorRecord,
-    request_event,
-    system_figures,
-)
+from loadtest.editor.drive import request_event
+from loadtest.editor.figures import system_figures
 from loadtest.editor.protocols import Exchange
 from loadtest.editor.report import write_report
-from loadtest.editor.suffix import ProbeError, decide, probe
+from loadtest.editor.suffix import ProbeError, SuffixMode, probe
 from loadtest.editor.typist import TypingStyle, Typist, keystroke, line_starts, pauses
-from loadtest.editor.window import MARGIN_TOKENS, Clipper
-from loadtest.results import MachineInfo
+from loadtest.editor.window import MARGIN_TOKENS, Clipper, Window
 from modelbuild.corpus import split
 from reporting.events import EventLog
+from reporting.machine import describe
 
 TEXT = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(60))
 
@@ -97,8 +90,8 @@ def test_typists_prefer_files_long_enough_for_long_prefixes(tmp_path):
     short, long = tmp_path / "short.py", tmp_path / "long.py"
     short.write_text("x = 1\ny = 2\n")
     long.write_text(TEXT * 3)
-    assert Typist(0, [short, long], 0, min_bytes=4096).files == [long]
-    assert Typist(0, [short], 0, min_bytes=4096).files == [short]  # better than nothing
+    assert Typist(0, [short, long], 0).files == [long]  # at least MIN_FILE_BYTES
+    assert Typist(0, [short], 0).files == [short]  # better than nothing
     # a visit starts in the file's second half: the prefix is at least half the file
     for visit, _ in zip(Typist(0, [long], 0).visits(), range(50), strict=False):
         assert visit.pause.cursor >= len(visit.text) // 2 - 40
@@ -161,6 +154,10 @@ def _ended(finished: bool = False, error: str = "") -> Exchange:
     return exchange
 
 
+def decide(requested: bool, ended: Exchange) -> SuffixMode:
+    return probe(lambda *args: ended, requested)
+
+
 def test_an_answered_probe_keeps_the_suffix():
     mode = decide(True, _ended(finished=True))
     assert mode.send and not mode.refused
@@ -195,43 +192,30 @@ def test_no_suffix_sends_no_probe():
 # --- figures and report ----------------------------------------------------------------------
 
 
-def _record(outcome: str, ttft: float | None, **extra) -> EditorRecord:
-    values = dict(
-        typist=0,
-        t_s=1.0,
-        outcome=outcome,
-        pause_s=1.0,
-        prefix_tokens=900,
-        suffix_tokens=100,
-        first_token_ms=ttft,
-        latency_ms=None,
-        pieces=0,
-        tokens_read=0,
-        completion_tokens=None,
-    )
-    return EditorRecord(**{**values, **extra})
+def _record(ttft_ms: float | None = None, read: int = 0, **fields) -> Exchange:
+    """A request as a typist's exchange ended it (``finished``: answered; ``error``: failed;
+    neither: abandoned at the next keystroke)."""
+    first = None if ttft_ms is None else ttft_ms / 1000
+    return Exchange(first_token_s=first, pieces=read, tokens_read=read, **fields)
 
 
 RECORDS = [
-    *(
-        _record(
-            ANSWERED, 100.0 + i, latency_ms=400.0 + i, pieces=8, tokens_read=8, completion_tokens=10
-        )
-        for i in range(10)
-    ),
-    *(_record(ABANDONED, 150.0, pieces=3, tokens_read=3) for _ in range(20)),
-    *(_record(ABANDONED, None) for _ in range(10)),
-    _record(ERROR, None, error="HTTP 504: no answer within 12 s"),
-    _record(ERROR, None, error="HTTP 504: no answer within 7 s"),
-]
+    *(_record(100.0 + i, 8, latency_s=(400.0 + i) / 1000, completion_tokens=10, finished=True)
+      for i in range(10)),
+    *(_record(150.0, 3) for _ in range(20)),
+    *(_record() for _ in range(10)),
+    _record(error="HTTP 504: no answer within 12 s"),
+    _record(error="HTTP 504: no answer within 7 s"),
+]  # fmt: skip
 
 
 def _events(records, system: str = "cache-on", protocol: str = "openai") -> pd.DataFrame:
-    """The event table the Locust users would have written: each record through the same
+    """The event table the Locust users would have written: each exchange through the same
     event arguments (request_event) into the one schema's listener."""
-    log = EventLog(profile="editor", system=system, window=0)
+    log, window = EventLog(profile="editor", system=system, window=0), Window("", "", 900, 100)
     for i, record in enumerate(records):
-        log.on_request(**request_event(record, protocol, one_line=True, wall=log._t0_wall + i))
+        event = request_event(record, window, 1.0, 0, protocol, True, log._t0_wall + i)
+        log.on_request(**event)
     return log.frame()
 
 
@@ -270,21 +254,21 @@ def test_the_report_is_written_from_the_event_table_with_a_loud_prefix_only_bann
     events = pd.concat([_events(RECORDS), _events(RECORDS[:10], system="llama.cpp")])
     windows = pd.concat([_windows(generated=500.0), _windows("llama.cpp", generated=120.0)])
     figures = system_figures(events, windows)
-    drill = drill_figures([DrillOutcome(ABANDONED, 1, generated=g) for g in (2.0, 4.0)], 200, True)
+    drill = drill_figures([DrillOutcome("abandoned", 1, generated=g) for g in (2.0, 4.0)], True)
     run = dict(
         name="test", started="2026-01-01T00:00:00", seconds=10.0,
         command="python -m loadtest.editor --quick", protocol="openai",
         settings={
             "typists": 2, "window_s": 10.0, "windows": 1, "order": ["cache-on", "llama.cpp"],
             "max_tokens": 32, "one_line": True, "t_max_predict_ms": 1000, "prompt_tokens": 1000,
-            "context": 1024, "anchor_chars": 512, "drill": 0, "seed": 0,
-            "sampling": {"top_k": 40}, "pause_s": TypingStyle().pause_s,
+            "context": 1024, "anchor_chars": 512, "drill": 0, "seed": 0, "resend": 0,
+            "sampling": {"top_k": 40}, "pause": TypingStyle().pause_s, "warm_up": 0.0,
         },
         suffix={"requested": True, "send": False, "note": mode.note, "refused": True},
-        figures=figures, drills={"cache-on": dataclasses.asdict(drill)},
+        figures=figures, drills={"cache-on": drill},
         afters={"cache-on": "answered a plain request in 20 ms"},
         targets=evaluate(figures, {}, {"cache-on": "answered"}, one_line=True),
-        problems=[], machine=MachineInfo.here(), servers={"cache-on": "Triton"},
+        problems=[], machine=describe(), servers={"cache-on": "Triton"},
         load={"cache-on": (0.5, 1.0)},
     )  # fmt: skip
     paths = write_report(tmp_path, run, events, windows)

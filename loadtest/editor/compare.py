@@ -42,8 +42,7 @@ def evaluate(
 ) -> list[Target]:
     """The targets from each system's figures (:func:`loadtest.editor.figures.system_figures`),
     its drill's and its after-check's; the project is the first system."""
-    project = figures[next(iter(figures))]
-    ours = [s for s in figures if s != LLAMA]
+    project, ours = figures[next(iter(figures))], [s for s in figures if s != LLAMA]
     targets = [Target("one-line", "one-line p50 / p95", "--no-one-line", NOT_MEASURED)]
     if one_line:
         targets = [_at_most(f"one-line {p}", "answered, the project", project[f"latency {p} ms"],
@@ -57,30 +56,11 @@ def evaluate(
     if LLAMA in figures:
         targets.append(_ratio("one-line p50, project / llama.cpp", "latency p50", project,
                               figures[LLAMA], PEER_RATIO))  # fmt: skip
-    targets += [_waste(figures, drills, ours), _past_stop(figures, ours)]
-    errors = {s: f["errors"] + drills.get(s, {}).get("errors", 0) for s, f in figures.items()}
-    measured = ", ".join(f"{s} {n}" for s, n in errors.items()) + " (typists and drill)"
-    targets.append(Target("errors", "0 errors", measured, FAIL if any(errors.values()) else PASS))
-    ok = all(a.startswith("answered") for a in afters.values()) and bool(afters)
-    measured = "; ".join(f"{s}: {a}" for s, a in afters.items())
-    targets.append(Target("after the run", "the server answers a plain completion", measured,
-                          PASS if ok else FAIL))  # fmt: skip
-    return targets
-
-
-def _waste(figures: dict[str, dict], drills: dict[str, dict], systems: list[str]) -> Target:
-    goal = (
-        f"<= {WASTE_PER_ABANDONED:g} tokens generated per abandoned request after its client "
-        "left, the typists' and the drill's, each project system (tokens no reader got: an "
-        "upper bound)"
-    )
-    parts, verdicts = [], []
-    for system in systems:
-        sources = [("typists", figures[system]["... per abandoned request (at most)"],
-                    figures[system]["abandoned"])]  # fmt: skip
-        if system in drills:
-            drill = drills[system]
-            sources.append(("drill", drill["unread_per_abandoned"], drill["abandoned"]))
+    parts, verdicts = [], []  # tokens after abandonment: the typists' and the drill's
+    for system in ours:
+        f, d = figures[system], drills.get(system)
+        sources = [("typists", f["... per abandoned request (at most)"], f["abandoned"])]
+        sources += [("drill", d["unread_per_abandoned"], d["abandoned"])] if d else []
         for source, per, abandoned in sources:
             if not abandoned:
                 parts.append(f"{system} {source}: none abandoned")
@@ -90,16 +70,25 @@ def _waste(figures: dict[str, dict], drills: dict[str, dict], systems: list[str]
             else:
                 parts.append(f"{system} {source}: {per:.2f} over {abandoned} abandoned")
                 verdicts.append(PASS if per <= WASTE_PER_ABANDONED else FAIL)
-    verdict = next((v for v in (FAIL, NOT_MEASURED) if v in verdicts), PASS)
-    verdict = verdict if verdicts else NOT_MEASURED
-    return Target("abandoned requests", goal, "; ".join(parts), verdict)
-
-
-def _past_stop(figures: dict[str, dict], systems: list[str]) -> Target:
+    worst = next((v for v in (FAIL, NOT_MEASURED) if v in verdicts), PASS)  # none: NOT MEASURED
+    targets.append(Target("abandoned requests", f"<= {WASTE_PER_ABANDONED:g} tokens generated per "
+                          "abandoned request after its client left, the typists' and the drill's, "
+                          "each project system (tokens no reader got: an upper bound)",
+                          "; ".join(parts), worst if verdicts else NOT_MEASURED))  # fmt: skip
     goal = "0 tokens generated past a one-line, n_indent or time-budget stop (engine counters)"
-    counts = {s: figures[s]["tokens generated past a stop"] for s in systems}
-    stops = {s: figures[s]["editor stops"] for s in systems}
+    counts = {s: figures[s]["tokens generated past a stop"] for s in ours}
+    stops = {s: figures[s]["editor stops"] for s in ours}
     if any(v is None for v in counts.values()) or not any(stops.values()):
-        return Target("past a stop", goal, f"stops {stops}", NOT_MEASURED)
-    measured = "; ".join(f"{s}: {counts[s]:.0f} past {stops[s]:.0f} stops" for s in systems)
-    return Target("past a stop", goal, measured, FAIL if any(counts.values()) else PASS)
+        targets.append(Target("past a stop", goal, f"stops {stops}", NOT_MEASURED))
+    else:
+        measured = "; ".join(f"{s}: {counts[s]:.0f} past {stops[s]:.0f} stops" for s in ours)
+        targets.append(Target("past a stop", goal, measured,
+                              FAIL if any(counts.values()) else PASS))  # fmt: skip
+    errors = {s: f["errors"] + drills.get(s, {}).get("errors", 0) for s, f in figures.items()}
+    measured = ", ".join(f"{s} {n}" for s, n in errors.items()) + " (typists and drill)"
+    targets.append(Target("errors", "0 errors", measured, FAIL if any(errors.values()) else PASS))
+    ok = all(a.startswith("answered") for a in afters.values()) and bool(afters)
+    measured = "; ".join(f"{s}: {a}" for s, a in afters.items())
+    targets.append(Target("after the run", "the server answers a plain completion", measured,
+                          PASS if ok else FAIL))  # fmt: skip
+    return targets

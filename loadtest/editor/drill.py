@@ -12,39 +12,24 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from statistics import median
 
-from loadtest.editor.figures import ABANDONED, ANSWERED, ERROR, RESENT
-from loadtest.editor.protocols import Exchange, Stops
-from loadtest.editor.systems import GENERATED, System
+from loadtest.editor.figures import RESENT
+from loadtest.editor.protocols import Exchange
+from loadtest.editor.systems import System
 from loadtest.editor.typist import line_starts, read_text
 from reporting.events import EventLog
 
 DRILL_TOKENS = 200  # long enough that no answer can arrive before its first piece is read
 DRILL_REQUESTS = 8
-POLL_S = 0.001  # how often the drill looks for the first piece (the client's reaction time)
 
 
 @dataclass(frozen=True)
 class DrillOutcome:
-    outcome: str  # answered, abandoned, error
+    outcome: str  # ok (answered), abandoned, error
     tokens_read: int  # abandoned: read before leaving; answered: the whole completion
     error: str = ""
     generated: float | None = None  # the engine's tokens for this request; None: not read
-
-
-@dataclass(frozen=True)
-class DrillFigures:
-    requests: int
-    abandoned: int
-    answered: int
-    errors: int
-    max_tokens: int
-    tokens_read: int
-    generated: float | None  # the engine's counter over the drill; None: not read
-    unread_per_abandoned: float | None  # (generated - read) / abandoned: an upper bound
-    unread_each: list[float]  # the same for each abandoned request whose count was read
-    bound: str  # why it is an upper bound
-    error_messages: list[str]
 
 
 def abandon_at_first_piece(exchange: Exchange, limit_s: float = 60.0) -> DrillOutcome:
@@ -55,15 +40,15 @@ def abandon_at_first_piece(exchange: Exchange, limit_s: float = 60.0) -> DrillOu
     while exchange.first_token_s is None and not exchange.over:
         if time.monotonic() >= deadline:
             exchange.abandon()
-            return DrillOutcome(ERROR, 0, f"no first piece within {limit_s:.0f} s")
-        exchange.wait(time.monotonic() + POLL_S)
+            return DrillOutcome("error", 0, f"no first piece within {limit_s:.0f} s")
+        exchange.wait(time.monotonic() + 0.001)  # the client's reaction time
     if exchange.error:
-        return DrillOutcome(ERROR, exchange.tokens_read, exchange.error)
+        return DrillOutcome("error", exchange.tokens_read, exchange.error)
     if exchange.finished:
         read = exchange.completion_tokens
-        return DrillOutcome(ANSWERED, exchange.tokens_read if read is None else read)
+        return DrillOutcome("ok", exchange.tokens_read if read is None else read)
     exchange.abandon()
-    return DrillOutcome(ABANDONED, exchange.tokens_read)
+    return DrillOutcome("abandoned", exchange.tokens_read)
 
 
 def _points(files: Sequence[Path], share: float, min_lines: int) -> Iterator[tuple[str, int]]:
@@ -88,29 +73,31 @@ def resend_points(files: Sequence[Path], count: int) -> list[tuple[str, int]]:
     return list(itertools.islice(_points(files, 0.75, 4), count))
 
 
-def drill_figures(outcomes: Sequence[DrillOutcome], max_tokens: int, sse: bool) -> DrillFigures:
-    abandoned = [o for o in outcomes if o.outcome == ABANDONED]
+def drill_figures(outcomes: Sequence[DrillOutcome], sse: bool) -> dict:
+    """The drill's counts; ``unread_per_abandoned``: (generated - read) / abandoned, an upper
+    bound, None when a request's count was not read."""
+    gone = [o for o in outcomes if o.outcome == "abandoned"]
     read = sum(o.tokens_read for o in outcomes)
     counted = all(o.generated is not None for o in outcomes)
     generated = sum(o.generated or 0.0 for o in outcomes) if counted else None
-    bound = "tokens generated before the client left but not yet read count too" + (
-        "; over SSE a piece read counts as one token" if sse else ""
-    )
-    return DrillFigures(
-        requests=len(outcomes), abandoned=len(abandoned), max_tokens=max_tokens,
-        answered=sum(o.outcome == ANSWERED for o in outcomes),
-        errors=sum(o.outcome == ERROR for o in outcomes), tokens_read=read, generated=generated,
-        unread_per_abandoned=(generated - read) / len(abandoned)
-        if generated is not None and abandoned else None,
-        unread_each=[o.generated - o.tokens_read for o in abandoned if o.generated is not None],
-        bound=bound, error_messages=[o.error for o in outcomes if o.error],
-    )  # fmt: skip
+    each = [o.generated - o.tokens_read for o in gone if o.generated is not None]
+    return {
+        "requests": len(outcomes), "abandoned": len(gone), "max_tokens": DRILL_TOKENS,
+        "answered": sum(o.outcome == "ok" for o in outcomes),
+        "errors": sum(o.outcome == "error" for o in outcomes), "tokens_read": read,
+        "generated": generated, "unread_each": each,
+        "unread_per_abandoned": (generated - read) / len(gone) if counted and gone else None,
+        "spread": f" (median {median(each):.1f}, most {max(each):.0f})." if each else ".",
+        "bound": "tokens generated before the client left but not yet read count too"
+        + ("; over SSE a piece read counts as one token" if sse else ""),
+        "error_messages": [o.error for o in outcomes if o.error],
+    }  # fmt: skip
 
 
-def run_drill(system: System, prompts: Sequence[str]) -> DrillFigures:
+def run_drill(system: System, prompts: Sequence[str]) -> dict:
     """The drill on ``system``: one request at a time, each between two readings of its
     counters, the second once the server counted it (:meth:`System.settled`)."""
-    sender = replace(system.sender, max_tokens=DRILL_TOKENS, stops=Stops())
+    sender = replace(system.sender, max_tokens=DRILL_TOKENS, one_line=False, t_max_predict_ms=0)
     outcomes = []
     for seed, prompt in enumerate(prompts):
         try:
@@ -118,19 +105,17 @@ def run_drill(system: System, prompts: Sequence[str]) -> DrillFigures:
         except OSError:
             before = None
         outcome = abandon_at_first_piece(sender.open(prompt, "", seed=seed))
-        generated = None
-        if before is not None:
-            after = system.settled(before, 5.0 if outcome.outcome == ERROR else 60.0)
-            generated = None if after is None else after[GENERATED] - before[GENERATED]
+        after = before and system.settled(before, 5.0 if outcome.outcome == "error" else 60.0)
+        generated = after["generated"] - before["generated"] if before and after else None
         outcomes.append(replace(outcome, generated=generated))
-    return drill_figures(outcomes, DRILL_TOKENS, sse=sender.protocol != "grpc")
+    return drill_figures(outcomes, sse=sender.protocol != "grpc")
 
 
 def run_resend(system: System, pairs: Sequence[tuple[str, str]], events: EventLog) -> None:
     """The resend probe: for each (prompt, the same prompt 3 characters on), one at a time, the
-    first sent and read to its end (it fills the cache), then the second, whose first token and
-    one-line latency are recorded (event name :data:`RESENT`): the warm path an editor's next
-    keystroke takes, without the other typists' load."""
+    first read to its end (it fills the cache), then the second, whose first token and one-line
+    latency are recorded (event name :data:`RESENT`): the warm path an editor's next keystroke
+    takes, without the other typists' load."""
     for seed, (cold, warm) in enumerate(pairs):
         for prompt in (cold, warm):
             exchange = system.sender.open(prompt, "", seed=seed)
@@ -141,8 +126,7 @@ def run_resend(system: System, pairs: Sequence[tuple[str, str]], events: EventLo
         latency = time.monotonic() - exchange.sent if latency is None else latency  # failed
         events.record(
             system=system.label, window=RESENT, kind=system.sender.protocol, name=RESENT,
-            latency_ms=1000 * latency,
-            first_token_ms=None if first is None else 1000 * first,
+            latency_ms=1000 * latency, first_token_ms=None if first is None else 1000 * first,
             tokens=exchange.completion_tokens, error=exchange.error,
             outcome="error" if exchange.error else "ok",
         )  # fmt: skip

@@ -22,24 +22,6 @@ SAMPLING: dict[str, Any] = {"top_k": 40, "top_p": 0.95, "temperature": 0.8}  # a
 PROTOCOLS = ("openai", "grpc", "llama")
 
 
-@dataclass(frozen=True)
-class Stops:
-    """The editor stop rules a request carries (0 / False: off)."""
-
-    one_line: bool = False  # end at the answer's first newline
-    t_max_predict_ms: int = 0  # stop once this much time has passed and a newline was written
-
-    def fields(self, protocol: str, n_indent: int) -> dict[str, Any]:
-        """The request fields for ``protocol`` (``n_indent``: the cursor line's indentation)."""
-        rules: dict[str, Any] = {"n_indent": n_indent, "t_max_predict_ms": self.t_max_predict_ms}
-        if self.one_line:
-            rules |= {"stop": ["\n"]} if protocol == "llama" else {"single_line": True}
-        return {k: v for k, v in rules.items() if v}
-
-
-ERROR_CHARS = 300
-
-
 @dataclass
 class Exchange:
     """One request from the moment it was sent, read from its :class:`ResponseStream`."""
@@ -66,17 +48,16 @@ class Exchange:
             try:
                 piece = self.stream.read(deadline - time.monotonic())
             except CodegenError as exc:
-                self._fail(str(exc))
+                self.fail(str(exc))
                 break
             if piece is None:
                 return False
             if piece.text:
-                self._piece(piece.tokens)
+                self.piece(piece.tokens)
             if piece.usage:
                 self.completion_tokens = piece.usage.get("completion_tokens")
             if piece.final:
-                self.finished = True
-                self.latency_s = time.monotonic() - self.sent
+                self.finished, self.latency_s = True, time.monotonic() - self.sent
                 if self.counts_tokens:
                     self.completion_tokens = self.tokens_read
         if self.stream is not None:
@@ -88,24 +69,25 @@ class Exchange:
         if self.stream is not None:
             self.stream.abandon()
 
-    def _piece(self, tokens: int) -> None:
+    def piece(self, tokens: int) -> None:
         self.first_token_s = self.first_token_s or time.monotonic() - self.sent
         self.pieces += 1
         self.tokens_read += tokens
 
-    def _fail(self, message: str) -> None:
-        self.error = (message or "unknown error")[:ERROR_CHARS]
+    def fail(self, message: str) -> None:
+        self.error = (message or "unknown error")[:300]
 
 
 @dataclass(frozen=True)
 class Sender:
-    """Opens exchanges over one protocol (:data:`PROTOCOLS`); every typist's through one
-    transport."""
+    """Opens exchanges over one of :data:`PROTOCOLS`, every typist's through one transport,
+    with the editor stop rules (False / 0: off)."""
 
     protocol: str
     address: str  # host:port of the API or llama-server, or Triton's gRPC host:port
     max_tokens: int
-    stops: Stops = Stops()
+    one_line: bool = False  # end at the answer's first newline
+    t_max_predict_ms: int = 0  # stop once this much time has passed and a newline was written
     transport: Transport = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -114,24 +96,28 @@ class Sender:
         wire = "grpc" if self.protocol == "grpc" else "http"
         object.__setattr__(self, "transport", Transport(resolve_target(self.address, wire)))
 
+    def stops(self, n_indent: int) -> dict[str, Any]:
+        """The stop rules under this server's names (``n_indent``: the cursor line's indent)."""
+        rules: dict[str, Any] = {"n_indent": n_indent, "t_max_predict_ms": self.t_max_predict_ms}
+        if self.one_line:
+            rules |= {"stop": ["\n"]} if self.protocol == "llama" else {"single_line": True}
+        return {k: v for k, v in rules.items() if v}
+
     def open(self, prefix: str, suffix: str, seed: int, n_indent: int = 0) -> Exchange:
-        sent = time.monotonic()
-        transport, rules = self.transport, self.stops.fields(self.protocol, n_indent)
+        sent, rules = time.monotonic(), self.stops(n_indent)
         try:
             if self.protocol == "grpc":
                 request = CompletionRequest(prefix, self.max_tokens, seed=seed,
                                             suffix=suffix or None, **SAMPLING, **rules)  # fmt: skip
-                stream = transport.stream(request)
+                stream = self.transport.stream(request)
             else:
-                body: dict[str, Any] = {
-                    "model": ENSEMBLE_MODEL, "prompt": prefix, "max_tokens": self.max_tokens,
-                    "stream_options": {"include_usage": True}, "seed": seed, **SAMPLING, **rules,
-                }  # fmt: skip
-                if self.protocol == "llama":
-                    body["cache_prompt"] = True
-                stream = transport.openai_stream(body | ({SUFFIX: suffix} if suffix else {}))
+                body = {"model": ENSEMBLE_MODEL, "prompt": prefix, "max_tokens": self.max_tokens,
+                        "stream_options": {"include_usage": True}, "seed": seed, **SAMPLING,
+                        **rules, **({SUFFIX: suffix} if suffix else {}),
+                        **({"cache_prompt": True} if self.protocol == "llama" else {})}  # fmt: skip
+                stream = self.transport.openai_stream(body)
         except CodegenError as exc:
             failed = Exchange(sent=sent)
-            failed._fail(f"cannot send to {self.address}: {exc}")
+            failed.fail(f"cannot send to {self.address}: {exc}")
             return failed
         return Exchange(stream, sent, counts_tokens=self.protocol == "grpc")

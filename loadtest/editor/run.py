@@ -8,7 +8,6 @@ no answer after the run); 3, the run was clean but missed a target.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import sys
@@ -28,37 +27,30 @@ from loadtest.editor.users import Windows
 from contract.corpus import held_out_files
 from loadtest import console
 from loadtest.editor.compare import PASS, evaluate
-from loadtest.editor.drill import (
-    DRILL_TOKENS,
-    drill_prompts,
-    resend_points,
-    run_drill,
-    run_resend,
-)
+from loadtest.editor.drill import DRILL_TOKENS, drill_prompts, resend_points, run_drill, run_resend
 from loadtest.editor.figures import system_figures
 from loadtest.editor.protocols import SAMPLING, Sender
 from loadtest.editor.report import write_report
 from loadtest.editor.settings import mirrored, parse_args
 from loadtest.editor.suffix import ProbeError, probe
-from loadtest.editor.systems import System, open_systems
+from loadtest.editor.systems import T_MAX_PREDICT_MS, System, open_systems
 from loadtest.editor.typist import TypingStyle
 from loadtest.editor.window import MARGIN_TOKENS, CheckpointTokenizer, Clipper
-from loadtest.results import MachineInfo
 from reporting.events import EventLog
+from reporting.machine import describe
 from reporting.triton import model_context
 from serving.paths import REPO_ROOT, checkpoint_dir
 from serving.process import http_ready
 
 log = logging.getLogger("loadtest.editor")
-RESULTS = REPO_ROOT / "loadtest" / "results"
 TARGETS_MISSED = 3  # exit status: the run was clean but missed a target
 
 
 def main(argv: list[str] | None = None) -> int:
     args, endpoints = parse_args(argv)
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     kind = f"vs-{args.peer}" if args.peer else "compare" if args.compare else args.protocol
-    out = args.out or RESULTS / f"{stamp}-editor-{kind}"
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = args.out or REPO_ROOT / "loadtest" / "results" / f"{stamp}-editor-{kind}"
     out.mkdir(parents=True, exist_ok=True)
     console()
     log.info(f"run folder {out}")
@@ -79,10 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if passed or not args.compare else TARGETS_MISSED
 
 
-def _type(
-    args: argparse.Namespace, systems: dict[str, System], servers: dict[str, str], out: Path,
-    command: str,
-) -> dict:  # fmt: skip
+def _type(args: argparse.Namespace, systems: dict[str, System], servers: dict[str, str],
+          out: Path, command: str) -> dict:  # fmt: skip
     """Probe, the windows, the drills and the after-checks; the report written."""
     started, files = time.time(), held_out_files()
     if not files:
@@ -91,39 +81,35 @@ def _type(
     context = model_context(args.model_repository)
     budget = min(context, args.prompt_tokens + args.max_tokens + MARGIN_TOKENS)
     clipper = Clipper(tokenizer, budget, args.max_tokens, args.suffix_share, args.anchor_chars)
-    first = next(iter(systems.values()))
     try:
-        mode = probe(first.sender.open, not args.no_suffix)
+        mode = probe(next(iter(systems.values())).sender.open, not args.no_suffix)
     except ProbeError as exc:
         raise SystemExit(f"cannot run the editor profile: {exc}") from None
     (log.warning if mode.refused else log.info)(mode.note)
     style, events = TypingStyle(pause_s=args.pause), EventLog(profile="editor")
     windows = Windows(files, args.typists, clipper, mode.send, style, args.seed, args.one_line,
-                      events, args.progress_every)  # fmt: skip
-    order = mirrored(list(systems), args.windows)
-    window_s, problems, rows = args.duration / args.windows, [], []
+                      events)  # fmt: skip
+    order, window_s, problems = mirrored(list(systems), args.windows), args.duration, []
+    window_s /= args.windows
     load = {label: (os.getloadavg()[0], 0.0) for label in systems}
     log.info(f"{args.typists} typists over {len(files)} files, windows of {window_s:.0f} s: "
              f"{', '.join(order)}; prompts up to {clipper.budget} tokens")  # fmt: skip
-    for number, label in enumerate(systems, start=1):  # warm-ups: numbered below zero
-        if args.warm_up:
-            log.info(f"warming {label} up for {args.warm_up:.0f} s (not counted)")
-            windows.run(systems[label], -number, args.warm_up, problems)
+    for number, label in enumerate(systems, start=1) if args.warm_up else ():
+        log.info(f"warming {label} up for {args.warm_up:.0f} s (not counted)")
+        windows.run(systems[label], -number, args.warm_up, problems)  # numbered below zero
+    rows = []
     for number, label in enumerate(order):
         rows.append(windows.run(systems[label], number, window_s, problems))
         load[label] = (load[label][0], os.getloadavg()[0])
     drill_clipper = Clipper(tokenizer, budget, DRILL_TOKENS)
     prompts = drill_prompts(files, lambda t, i: drill_clipper.clip(t, i, False).prefix, args.drill)
-    pairs = [
-        (clipper.clip(text, at, False).prefix, clipper.clip(text, at + 3, False).prefix)
-        for text, at in resend_points(files, args.resend)
-    ]  # a prompt, then 3 chars on
+    pairs = [(clipper.clip(text, at, False).prefix, clipper.clip(text, at + 3, False).prefix)
+             for text, at in resend_points(files, args.resend)]  # fmt: skip
     drills, afters = {}, {}
     for label, system in systems.items():
-        if args.resend:
-            run_resend(system, pairs, events)
+        run_resend(system, pairs, events)
         if args.drill:
-            drills[label] = dataclasses.asdict(run_drill(system, prompts))
+            drills[label] = run_drill(system, prompts)
             log.info(f"abandonment drill, {label}: {drills[label]['unread_per_abandoned']} "
                      "tokens after the client left per abandoned request (at most)")  # fmt: skip
         afters[label] = after_check(system.sender)
@@ -132,18 +118,16 @@ def _type(
     figures = system_figures(frame, table)
     settings = {**vars(args), "window_s": window_s, "order": order, "context": context,
                 "prompt_tokens": clipper.budget, "files": len(files), "sampling": SAMPLING,
-                "pause_s": style.pause_s, "warm_up_s": args.warm_up,
-                "resend": len(pairs)}  # fmt: skip
+                "resend": len(pairs), "t_max_predict_ms": T_MAX_PREDICT_MS}  # fmt: skip
     run = {
         "name": out.name, "started": datetime.fromtimestamp(started).isoformat(timespec="seconds"),
         "seconds": round(time.time() - started, 1), "command": command,
-        "protocol": args.protocol, "settings": settings,
-        "suffix": {**dataclasses.asdict(mode), "refused": mode.refused}, "figures": figures,
+        "protocol": args.protocol, "settings": settings, "suffix": vars(mode), "figures": figures,
         "drills": drills, "afters": afters,
         "targets": evaluate(figures, drills, afters, args.one_line),
         "problems": problems + [f"{s}: after: {a}" for s, a in afters.items()
                                 if not a.startswith("answered")],
-        "machine": MachineInfo.here(), "servers": servers, "load": load,
+        "machine": describe(), "servers": servers, "load": load,
     }  # fmt: skip
     frame.to_csv(out / "events.csv", index=False)
     write_report(out, run, frame, table)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 MARGIN_TOKENS = 8  # a cut string re-encoded may merge differently; FIM adds a few tokens
 CHARS_PER_TOKEN_MAX = 16  # read this many characters per budgeted token before counting
@@ -29,8 +29,7 @@ class CheckpointTokenizer:
     def __init__(self, checkpoint: Path) -> None:
         from tokenizers import Tokenizer
 
-        path = Path(checkpoint) / "tokenizer.json"
-        if not path.exists():
+        if not (path := Path(checkpoint) / "tokenizer.json").exists():
             raise FileNotFoundError(
                 f"no tokenizer at {path}: the editor profile clips prompts to the context with "
                 "the served checkpoint's tokenizer (run `make model`, or pass --model-repository)"
@@ -41,10 +40,7 @@ class CheckpointTokenizer:
         return list(self.tokenizer.encode(text, add_special_tokens=False).offsets)
 
 
-@dataclass(frozen=True)
-class Window:
-    """One request's text."""
-
+class Window(NamedTuple):
     prefix: str
     suffix: str
     prefix_tokens: int
@@ -68,26 +64,23 @@ class Clipper:
                 f"{self.max_tokens} completion tokens and a margin of {MARGIN_TOKENS}: ask for "
                 "fewer tokens"
             )
-        if not 0 <= self.suffix_share < 1:
-            raise ValueError(f"suffix_share must be in [0, 1), got {self.suffix_share}")
-        if self.anchor_chars < 0:
-            raise ValueError(f"anchor_chars must be >= 0, got {self.anchor_chars}")
+        if not 0 <= self.suffix_share < 1 or self.anchor_chars < 0:
+            raise ValueError(f"suffix_share in [0, 1) and anchor_chars >= 0, got {self}")
 
     @property
     def budget(self) -> int:
         """Prompt tokens (prefix + suffix) a request may carry."""
         return self.context - self.max_tokens - MARGIN_TOKENS
 
-    def clip(
-        self, text: str, cursor: int, with_suffix: bool, suffix_at: int | None = None
-    ) -> Window:
+    def clip(self, text: str, cursor: int, with_suffix: bool,
+             suffix_at: int | None = None) -> Window:  # fmt: skip
         """The window at ``cursor``; the suffix (the text from ``suffix_at``, by default the
         cursor) takes at most ``suffix_share`` of the budget and the prefix the rest."""
         suffix, suffix_tokens = "", 0
         if with_suffix:
             after = text[cursor if suffix_at is None else suffix_at :]
-            suffix, suffix_tokens = self._head(after, int(self.budget * self.suffix_share))
-        prefix, prefix_tokens = self._tail(text[:cursor], self.budget - suffix_tokens)
+            suffix, suffix_tokens = self._cut(after, int(self.budget * self.suffix_share), True)
+        prefix, prefix_tokens = self._cut(text[:cursor], self.budget - suffix_tokens, False)
         cut = cursor - len(prefix)
         if self.anchor_chars and cut > 0:
             step = -(-cut // self.anchor_chars) * self.anchor_chars  # the next multiple
@@ -97,20 +90,13 @@ class Clipper:
                 prefix_tokens = len(self.encoder.offsets(prefix))
         return Window(prefix, suffix, prefix_tokens, suffix_tokens)
 
-    def _tail(self, text: str, tokens: int) -> tuple[str, int]:
-        """The longest end of ``text`` of at most ``tokens`` tokens, cut at a token start."""
-        text = text[-tokens * CHARS_PER_TOKEN_MAX :]
-        spans = self.encoder.offsets(text)
-        if len(spans) <= tokens:
-            return text, len(spans)
-        return text[spans[-tokens][0] :], tokens
-
-    def _head(self, text: str, tokens: int) -> tuple[str, int]:
-        """The longest start of ``text`` of at most ``tokens`` tokens, cut at a token end."""
+    def _cut(self, text: str, tokens: int, head: bool) -> tuple[str, int]:
+        """The longest start (``head``) or end of ``text`` of at most ``tokens`` tokens, cut at
+        a token's boundary."""
         if tokens <= 0 or not text:
             return "", 0
-        text = text[: tokens * CHARS_PER_TOKEN_MAX]
-        spans = self.encoder.offsets(text)
-        if len(spans) <= tokens:
+        chars = tokens * CHARS_PER_TOKEN_MAX
+        text = text[:chars] if head else text[-chars:]
+        if len(spans := self.encoder.offsets(text)) <= tokens:
             return text, len(spans)
-        return text[: spans[tokens - 1][1]], tokens
+        return (text[: spans[tokens - 1][1]] if head else text[spans[-tokens][0] :]), tokens
