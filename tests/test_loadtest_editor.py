@@ -10,11 +10,9 @@ import pandas as pd
 import pytest
 
 from contract.corpus import held_out_files, stdlib_root
-from loadtest.editor.compare import evaluate
 from loadtest.editor.drill import DrillOutcome, drill_figures, resend_points
-from loadtest.editor.drive import request_event
-from loadtest.editor.figures import system_figures
-from loadtest.editor.protocols import Exchange
+from loadtest.editor.figures import evaluate, system_figures
+from loadtest.editor.protocols import Exchange, request_event
 from loadtest.editor.report import write_report
 from loadtest.editor.suffix import ProbeError, SuffixMode, probe
 from loadtest.editor.typist import TypingStyle, Typist, keystroke, line_starts, pauses
@@ -97,18 +95,13 @@ def test_typists_prefer_files_long_enough_for_long_prefixes(tmp_path):
         assert visit.pause.cursor >= len(visit.text) // 2 - 40
 
 
-def test_bad_styles_are_refused():
-    with pytest.raises(ValueError, match="pause_s"):
-        TypingStyle(pause_s=(2.0, 1.0))
-    with pytest.raises(ValueError, match="a typist needs"):
-        Typist(0, [], 0)
-
-
 def test_a_typist_whose_files_give_no_pause_raises_instead_of_spinning(tmp_path):
     empty = tmp_path / "empty.py"
     empty.write_text("x = 1")
     with pytest.raises(RuntimeError, match="can be typed"):
         next(Typist(0, [empty], 0).visits())
+    with pytest.raises(RuntimeError, match="none of the 0 source files"):
+        next(Typist(0, [], 0).visits())
 
 
 # --- the window ------------------------------------------------------------------------------

@@ -9,16 +9,14 @@ import pytest
 
 from contract import metrics as names
 from contract.tensors import ENGINE_MODEL
-from loadtest.editor.compare import FAIL, NOT_MEASURED, PASS, evaluate
 from loadtest.editor.drill import (
     DrillOutcome,
     abandon_at_first_piece,
     drill_figures,
     drill_prompts,
 )
-from loadtest.editor.drive import indent_at, request_event
-from loadtest.editor.figures import system_figures
-from loadtest.editor.protocols import Exchange, Sender
+from loadtest.editor.figures import FAIL, NOT_MEASURED, PASS, evaluate, system_figures
+from loadtest.editor.protocols import Exchange, Sender, indent_at, request_event
 from loadtest.editor.settings import mirrored, parse_args
 from loadtest.editor.systems import (
     LLAMA,
@@ -147,9 +145,9 @@ class ScriptedExchange(Exchange):
         if step == "end":
             self.finished, self.completion_tokens = True, self.tokens_read + 3
         elif step == "error":
-            self.fail("HTTP 500: boom")
+            self.error = "HTTP 500: boom"
         elif step:
-            self.piece(step)
+            self.first_token_s, self.tokens_read = 0.01, self.tokens_read + step
         return self.over
 
     def abandon(self) -> None:

@@ -1,9 +1,7 @@
-"""The abandonment drill: long completions, one at a time, each abandoned as soon as its first
-piece arrives (mid-generation by construction); the system's generated-token counter around
-each, less what the client read, is what it generated after the client left: an upper bound
-(tokens in transit count too; over SSE a piece counts as one token). And the resend probe: the
-warm path of a keystroke, one request at a time.
-"""
+"""The abandonment drill: long completions, one at a time, each abandoned at its first piece;
+the server's generated-token counter around each, less what the client read, is what it
+generated after the client left (an upper bound: tokens in transit count too). And the resend
+probe: the warm path of a keystroke, one request at a time."""
 
 from __future__ import annotations
 
@@ -127,6 +125,6 @@ def run_resend(system: System, pairs: Sequence[tuple[str, str]], events: EventLo
         events.record(
             system=system.label, window=RESENT, kind=system.sender.protocol, name=RESENT,
             latency_ms=1000 * latency, first_token_ms=None if first is None else 1000 * first,
-            tokens=exchange.completion_tokens, error=exchange.error,
+            tokens=exchange.completion_tokens or exchange.tokens_read, error=exchange.error,
             outcome="error" if exchange.error else "ok",
         )  # fmt: skip

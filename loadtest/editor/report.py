@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from loadtest.editor.compare import PASS
+from loadtest.editor.figures import PASS
 from reporting.charts import plt, save_figure
 from reporting.machine import CPU_FLAGS
 from reporting.tables import number, percent, templates

@@ -26,9 +26,8 @@ from loadtest.editor.users import Windows
 # isort: on
 from contract.corpus import held_out_files
 from loadtest import console
-from loadtest.editor.compare import PASS, evaluate
 from loadtest.editor.drill import DRILL_TOKENS, drill_prompts, resend_points, run_drill, run_resend
-from loadtest.editor.figures import system_figures
+from loadtest.editor.figures import PASS, evaluate, system_figures
 from loadtest.editor.protocols import SAMPLING, Sender
 from loadtest.editor.report import write_report
 from loadtest.editor.settings import mirrored, parse_args

@@ -1,8 +1,5 @@
-"""The editor profile's command line (docs/editor-load.md): simulated typists against two
-systems in mirrored windows, or one.
-
-    python -m loadtest.editor [--quick] [--peer llama] [--no-compare --host 127.0.0.1:8000]
-"""
+"""The editor profile's command line: simulated typists against two systems in mirrored
+windows, or one (docs/editor-load.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Whether the server takes a suffix (fill in the middle), decided by one probe at the start:
-answered, suffixes go on; refused with an error naming ``suffix`` (a model without FIM tokens),
-the run goes on prefix-only and says so loudly; any other failure stops the run, since every
-figure of a server that cannot answer a probe would be meaningless.
-"""
+"""Whether the server takes a suffix, decided by one probe: answered, suffixes go on; refused
+naming ``suffix`` (no FIM tokens), the run goes on prefix-only and says so loudly; any other
+failure stops the run (a server that cannot answer a probe gives no meaningful figure)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""The servers a run measures, each a :class:`System`: how its requests travel, its own
-counters, the CPU of its process tree, and when it is idle; :func:`open_systems` starts them on
-free ports (or finds the one server of ``--no-compare``).
-
-- The project: Triton (and over ``openai`` the API in front), its counters the engine's
-  (:mod:`contract.metrics`). For the cache comparison each half runs from a copy of the model
-  repository whose engine config sets ``prefix_caching``, checked against the engine's own log
-  line: the torch backend has no prefix cache, and is refused rather than compared.
-- llama.cpp's ``llama-server``: ``tokens_predicted_total`` (it counts a cancelled request's
-  tokens as it drops it), ``prompt_tokens_total`` (prefilled) and ``prompt_tokens_cached_total``.
-"""
+"""The servers a run measures (:class:`System`: sender, counters, CPU, idle) and
+:func:`open_systems`, which starts them on free ports, each half of the cache comparison from a
+repository copy whose engine config sets ``prefix_caching``, checked against the engine's own
+log line (the torch backend has no prefix cache: refused, not compared)."""
 
 from __future__ import annotations
 
@@ -50,14 +43,29 @@ CACHING = re.compile(r'(key:\s*"prefix_caching"\s*value:\s*\{\s*string_value:\s*
 
 @dataclass
 class System:
-    """One server under test: ``counters()`` so far, ``busy()`` requests held (None: unknown)."""
+    """One server under test: the project's engine, or llama-server (``engine`` False)."""
 
     label: str
     sender: Sender
-    counters: Callable[[], dict[str, float]]
-    busy: Callable[[], int | None]
+    metrics_url: str
     pids: list[int] = field(default_factory=list)
-    engine: bool = True  # the project's engine (its finished-sequences counter exists)
+    engine: bool = True
+
+    def counters(self) -> dict[str, float]:
+        """So far. llama-server counts a cancelled request's tokens as it drops it."""
+        snapshot = read_snapshot(self.metrics_url)
+        if self.engine:
+            return {k: snapshot.value(v, model=ENGINE_MODEL) for k, v in ENGINE_COUNTERS.items()}
+        prefilled, cached = snapshot.value(llama.PREFILLED), snapshot.value(llama.CACHED)
+        return {"generated": snapshot.value(llama.PREDICTED), "prompt": prefilled + cached,
+                "reused": cached}  # fmt: skip
+
+    def busy(self) -> int | None:
+        """Requests held; None: unknown."""
+        if not self.engine:
+            return int(read_snapshot(self.metrics_url).gauge(llama.PROCESSING) or 0)
+        state, _ = wait_for_drain(self.metrics_url, 0.0)
+        return None if state is None else state.running + state.pending
 
     def cpu_s(self) -> float:
         """CPU seconds so far; NaN for a server this run did not start."""
@@ -89,28 +97,7 @@ class System:
 
 
 def triton_system(label: str, sender: Sender, metrics_url: str, pids: list[int]) -> System:
-    def counters() -> dict[str, float]:
-        snapshot = read_snapshot(metrics_url)
-        return {k: snapshot.value(v, model=ENGINE_MODEL) for k, v in ENGINE_COUNTERS.items()}
-
-    def busy() -> int | None:
-        state, _ = wait_for_drain(metrics_url, 0.0)
-        return None if state is None else state.running + state.pending
-
-    return System(label, sender, counters, busy, pids)
-
-
-def llama_system(sender: Sender, metrics_url: str, pid: int) -> System:
-    def counters() -> dict[str, float]:
-        snapshot = read_snapshot(metrics_url)
-        prefilled, cached = snapshot.value(llama.PREFILLED), snapshot.value(llama.CACHED)
-        return {"generated": snapshot.value(llama.PREDICTED), "prompt": prefilled + cached,
-                "reused": cached}  # fmt: skip
-
-    def busy() -> int | None:
-        return int(read_snapshot(metrics_url).gauge(llama.PROCESSING) or 0)
-
-    return System(LLAMA, sender, counters, busy, [pid], engine=False)
+    return System(label, sender, metrics_url, pids)
 
 
 def set_caching(config: str, caching: bool) -> str:
@@ -156,15 +143,9 @@ def open_systems(
     stops = {"one_line": args.one_line, "t_max_predict_ms": T_MAX_PREDICT_MS}
     plan = [(SINGLE, args.model_repository, endpoints, None)]
     if args.compare:
-        plan = []
-        for label, caching in [(ON, True)] if args.peer else [(ON, True), (OFF, False)]:
-            half = Endpoints.local(Ports(*free_ports(3)))
-            repository = cache_repository(args.model_repository, copies / label, caching)
-            label = PROJECT if args.peer else label
-            (out / label).mkdir(parents=True, exist_ok=True)
-            shutil.copy2(repository / ENGINE_MODEL / "config.pbtxt",
-                         out / label / "engine_config.pbtxt")  # fmt: skip
-            plan.append((label, repository, half, caching))
+        halves = [(PROJECT, True)] if args.peer else [(ON, True), (OFF, False)]
+        plan = [(label, cache_repository(args.model_repository, copies / label, on),
+                 Endpoints.local(Ports(*free_ports(3))), on) for label, on in halves]  # fmt: skip
     systems, servers = {}, {}
     for label, repository, where, caching in plan:
         log.info(f"--- {label}: starting the project's Triton ---")
@@ -174,6 +155,8 @@ def open_systems(
         if caching is not None:
             if not triton.started:
                 raise SystemExit(f"a server already answered at {where.host}: not one of ours")
+            shutil.copy2(repository / ENGINE_MODEL / "config.pbtxt",
+                         out / label / "engine_config.pbtxt")  # fmt: skip
             check_caching(out / label / "tritonserver.log", caching)
         if not server.model_ready(STREAM_MODEL):
             raise SystemExit(f"`{STREAM_MODEL}` is not ready at {where.host}")
@@ -197,6 +180,7 @@ def open_systems(
         stack.callback(server.stop)
         server.start().wait_ready()
         sender = Sender("llama", server.url.removeprefix("http://"), args.max_tokens, **stops)
-        systems[LLAMA] = llama_system(sender, f"{server.url}/metrics", server.process.pid)
+        systems[LLAMA] = System(LLAMA, sender, f"{server.url}/metrics", [server.process.pid],
+                                False)  # fmt: skip
         servers[LLAMA] = f"llama-server {' '.join(server.command()[1:])}"
     return systems, servers

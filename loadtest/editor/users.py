@@ -1,14 +1,7 @@
-"""The typists as Locust users, run in windows, one system per window.
-
-A typist's keystrokes between two pauses are its ``wait_time``; each pause is one task: a
-request read until answered or until the pause ends, then abandoned, fired as one Locust
-``request`` event with the editor's columns (:mod:`loadtest.editor.drive`). Each system keeps
-its own typists' walks from window to window (the same seed: the same prompts in the same order
-on every system), and its counters and CPU are read around each window, after it drained.
-
-Importing this module imports Locust, which monkey-patches the process with gevent: the command
-line imports it first, the tests run it in a subprocess.
-"""
+"""The typists as Locust users (keystrokes: ``wait_time``; a pause: one task), in windows of one
+system each; each system keeps its typists' walks from window to window (the same seed, the
+same prompts), its counters and CPU read around each window, once drained. Imports Locust,
+which monkey-patches the process with gevent: the tests run it in a subprocess."""
 
 from __future__ import annotations
 
@@ -25,7 +18,7 @@ from locust import User, task
 from locust.env import Environment
 from locust.exception import StopUser
 
-from loadtest.editor.drive import request_event, type_pause
+from loadtest.editor.protocols import request_event, type_pause
 from loadtest.editor.systems import System
 from loadtest.editor.typist import TypingStyle, Typist, Visit
 from loadtest.editor.window import Clipper

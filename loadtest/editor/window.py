@@ -1,13 +1,8 @@
 """What an editor sends of a file: the text before the cursor, clipped from the left to fit the
-model's context (counted with the served checkpoint's own tokenizer: a prompt over the context
-would be refused, and a load test of refusals measures nothing), and the text after it, clipped
-from the right to a share of that budget.
-
-A prefix clipped to exactly the longest tail that fits starts one character later at every
-keystroke, so a prefix cache could reuse nothing. With ``anchor_chars`` the cut moves in steps,
-as a cache-aware editor keeps it: at the first line start at or after the next multiple of
-``anchor_chars`` past the exact cut. ``anchor_chars=0`` is the exact tail.
-"""
+served checkpoint's context (counted with its own tokenizer: a load test of refusals measures
+nothing), and the text after it, clipped from the right to a share of that budget. The prefix's
+cut moves in steps of ``anchor_chars`` (at a line start), as a cache-aware editor keeps it, so
+that a prefix cache can reuse it; 0: the exact tail, which moves at every keystroke."""
 
 from __future__ import annotations
 
