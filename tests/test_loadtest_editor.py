@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from contract.corpus import held_out_files, stdlib_root
-from loadtest.editor.drill import DrillOutcome, drill_figures, resend_points
+from loadtest.editor.drill import DrillOutcome, drill_figures, points
 from loadtest.editor.figures import evaluate, system_figures
 from loadtest.editor.protocols import Exchange, request_event
 from loadtest.editor.report import write_report
@@ -264,8 +264,8 @@ def test_the_report_is_written_from_the_event_table_with_a_loud_prefix_only_bann
         problems=[], machine=describe(), servers={"cache-on": "Triton"},
         load={"cache-on": (0.5, 1.0)},
     )  # fmt: skip
-    paths = write_report(tmp_path, run, events, windows)
-    assert {p.name for p in paths} >= {"summary.json", "windows.csv", "report.md"}
+    paths = write_report(tmp_path, events, windows, run)
+    assert {p.name for p in paths} >= {"summary.json", "events.csv", "windows.csv", "report.md"}
     report = (tmp_path / "report.md").read_text()
     assert "**SUFFIX REFUSED" in report and "PREFIX-ONLY" in report
     # side by side, one column per system and their ratio
@@ -296,5 +296,5 @@ def test_the_resend_probe_has_figures_of_its_own_apart_from_the_typists(tmp_path
     # the probe's points: a line start three quarters down each file that has lines enough
     (tmp_path / "a.py").write_text("".join(f"a{i}\n" for i in range(8)))
     (tmp_path / "short.py").write_text("x\ny\n")
-    points = resend_points([tmp_path / "short.py", tmp_path / "a.py"], 5)
-    assert points == [((tmp_path / "a.py").read_text(), 3 * 6)]
+    found = points([tmp_path / "short.py", tmp_path / "a.py"], 0.75, 2, min_lines=4)
+    assert found == [((tmp_path / "a.py").read_text(), 3 * 6)] * 2  # the files in turn

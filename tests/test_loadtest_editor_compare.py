@@ -13,7 +13,7 @@ from loadtest.editor.drill import (
     DrillOutcome,
     abandon_at_first_piece,
     drill_figures,
-    drill_prompts,
+    points,
 )
 from loadtest.editor.figures import FAIL, NOT_MEASURED, PASS, evaluate, system_figures
 from loadtest.editor.protocols import Exchange, Sender, indent_at, request_event
@@ -187,10 +187,9 @@ def test_drill_prompts_take_the_files_in_turn_up_to_their_middle_line(tmp_path):
     a, b = tmp_path / "a.py", tmp_path / "b.py"
     a.write_text("".join(f"a{i}\n" for i in range(10)))
     b.write_text("".join(f"b{i}\n" for i in range(4)))
-    prompts = drill_prompts([a, b, tmp_path / "missing.py"], lambda text, at: text[:at], 3)
+    prompts = [text[:at] for text, at in points([a, b, tmp_path / "missing.py"], 0.5, 3)]
     assert prompts == ["a0\na1\na2\na3\na4\n", "b0\nb1\n", "a0\na1\na2\na3\na4\n"]
-    with pytest.raises(RuntimeError, match="no held-out file"):
-        drill_prompts([tmp_path / "missing.py"], lambda text, at: text, 1)
+    assert points([tmp_path / "missing.py"], 0.5, 1) == []  # nothing readable: no prompt
 
 
 # --- targets -----------------------------------------------------------------------------------

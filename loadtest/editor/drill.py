@@ -1,19 +1,19 @@
 """The abandonment drill: long completions, one at a time, each abandoned at its first piece;
 the server's generated-token counter around each, less what the client read, is what it
 generated after the client left (an upper bound: tokens in transit count too). And the resend
-probe: the warm path of a keystroke, one request at a time."""
+probe: the warm path of a keystroke, one request at a time; and the check after the run."""
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import median
 
 from loadtest.editor.figures import RESENT
-from loadtest.editor.protocols import Exchange
+from loadtest.editor.protocols import Exchange, Sender
 from loadtest.editor.systems import System
 from loadtest.editor.typist import line_starts, read_text
 from reporting.events import EventLog
@@ -49,26 +49,13 @@ def abandon_at_first_piece(exchange: Exchange, limit_s: float = 60.0) -> DrillOu
     return DrillOutcome("abandoned", exchange.tokens_read)
 
 
-def _points(files: Sequence[Path], share: float, min_lines: int) -> Iterator[tuple[str, int]]:
-    """(text, cursor) in each readable file of more than ``min_lines`` line starts, at the
-    line start ``share`` of the way down."""
-    for text in filter(None, map(read_text, files)):
-        if len(starts := line_starts(text)) > min_lines:
-            yield text, starts[int(len(starts) * share)]
-
-
-def drill_prompts(files: Sequence[Path], clip: Callable[[str, int], str], count: int) -> list[str]:
-    """``count`` prompts: each file's text before its middle line, clipped by ``clip(text,
-    cursor)`` to leave room for the drill's completion; files taken in turn."""
-    points = list(_points(files, 0.5, 0))
-    if not points and count:
-        raise RuntimeError("no held-out file gives a drill prompt")
-    return [clip(*points[i % len(points)]) for i in range(count)]
-
-
-def resend_points(files: Sequence[Path], count: int) -> list[tuple[str, int]]:
-    """(text, cursor) of the first ``count`` files, each at the line start three quarters down."""
-    return list(itertools.islice(_points(files, 0.75, 4), count))
+def points(files: Sequence[Path], share: float, count: int, min_lines: int = 0) -> list:
+    """``count`` (text, cursor): the line start ``share`` of the way down each readable file of
+    more than ``min_lines`` line starts, the files taken in turn."""
+    texts = filter(None, map(read_text, files))
+    found = ((text, starts[int(len(starts) * share)]) for text in texts
+             if len(starts := line_starts(text)) > min_lines)  # fmt: skip
+    return list(itertools.islice(itertools.cycle(found), count))
 
 
 def drill_figures(outcomes: Sequence[DrillOutcome], sse: bool) -> dict:
@@ -128,3 +115,15 @@ def run_resend(system: System, pairs: Sequence[tuple[str, str]], events: EventLo
             tokens=exchange.completion_tokens or exchange.tokens_read, error=exchange.error,
             outcome="error" if exchange.error else "ok",
         )  # fmt: skip
+
+
+def after_check(sender: Sender) -> str:
+    """One short prefix-only request, given 30 s: does the server answer normally now?"""
+    exchange = sender.open("import os\n", "", seed=0)
+    exchange.wait(time.monotonic() + 30.0)
+    if exchange.finished:
+        return f"answered a plain request in {1000 * (exchange.latency_s or 0):.0f} ms"
+    if not exchange.over:
+        exchange.abandon()
+        return "NO ANSWER to a plain request within 30 s"
+    return f"a plain request FAILED: {exchange.error}"

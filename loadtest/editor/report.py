@@ -23,14 +23,15 @@ SHARES = {"abandoned share", "prompt-cache reuse share (at most)"}
 INTEGERS = {"requests", "answered", "abandoned", "errors", "abandoned while streaming"}
 
 
-def write_report(out: Path, run: dict, events: pd.DataFrame, windows: pd.DataFrame) -> list:
-    """``run``: what summary.json holds (run.py's ``_type``); the paths written."""
+def write_report(out: Path, events: pd.DataFrame, windows: pd.DataFrame, run: dict) -> list:
+    """``run``: what summary.json holds (run.py's ``main``); the paths written."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "summary.json", out / "windows.csv", out / "report.md"]
+    paths = [out / "summary.json", out / "events.csv", out / "windows.csv", out / "report.md"]
     plain = lambda v: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else str(v)  # noqa: E731
     paths[0].write_text(json.dumps(run, indent=2, default=plain) + "\n")
-    windows.to_csv(paths[1], index=False)
-    paths[2].write_text(render(run, events))
+    events.to_csv(paths[1], index=False)
+    windows.to_csv(paths[2], index=False)
+    paths[3].write_text(render(run, events))
     title = f"editor traffic, {run['settings']['typists']} typists, {run['protocol']}"
     return [*paths, *charts(events, out, title)]
 
