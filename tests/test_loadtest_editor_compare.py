@@ -122,8 +122,6 @@ def test_an_anchored_prefix_keeps_its_start_while_the_cursor_moves_within_a_step
     assert anchored.clip(flat, 1000, with_suffix=False).prefix == flat[1000 - budget : 1000]
     # a prefix that fits whole is never cut
     assert anchored.clip(text, 100, with_suffix=False).prefix == text[:100]
-    with pytest.raises(ValueError, match="anchor_chars"):
-        Clipper(CharEncoder(), context=200, max_tokens=32, anchor_chars=-1)
 
 
 # --- the abandonment drill ---------------------------------------------------------------------

@@ -40,18 +40,14 @@ def abandon_at_first_piece(exchange: Exchange, limit_s: float = 60.0) -> DrillOu
             exchange.abandon()
             return DrillOutcome("error", 0, f"no first piece within {limit_s:.0f} s")
         exchange.wait(time.monotonic() + 0.001)  # the client's reaction time
-    if exchange.error:
-        return DrillOutcome("error", exchange.tokens_read, exchange.error)
-    if exchange.finished:
-        read = exchange.completion_tokens
-        return DrillOutcome("ok", exchange.tokens_read if read is None else read)
-    exchange.abandon()
-    return DrillOutcome("abandoned", exchange.tokens_read)
+    if not exchange.over:
+        exchange.abandon()
+    read = exchange.completion_tokens or exchange.tokens_read  # answered: the whole completion
+    return DrillOutcome(exchange.outcome, read, exchange.error)
 
 
 def points(files: Sequence[Path], share: float, count: int, min_lines: int = 0) -> list:
-    """``count`` (text, cursor): the line start ``share`` of the way down each readable file of
-    more than ``min_lines`` line starts, the files taken in turn."""
+    """``count`` (text, cursor) at the line start ``share`` down each file, the files in turn."""
     texts = filter(None, map(read_text, files))
     found = ((text, starts[int(len(starts) * share)]) for text in texts
              if len(starts := line_starts(text)) > min_lines)  # fmt: skip
@@ -59,8 +55,7 @@ def points(files: Sequence[Path], share: float, count: int, min_lines: int = 0) 
 
 
 def drill_figures(outcomes: Sequence[DrillOutcome], sse: bool) -> dict:
-    """The drill's counts; ``unread_per_abandoned``: (generated - read) / abandoned, an upper
-    bound, None when a request's count was not read."""
+    """``unread_per_abandoned``: (generated - read) / abandoned; None: a count went unread."""
     gone = [o for o in outcomes if o.outcome == "abandoned"]
     read = sum(o.tokens_read for o in outcomes)
     counted = all(o.generated is not None for o in outcomes)
@@ -80,8 +75,7 @@ def drill_figures(outcomes: Sequence[DrillOutcome], sse: bool) -> dict:
 
 
 def run_drill(system: System, prompts: Sequence[str]) -> dict:
-    """The drill on ``system``: one request at a time, each between two readings of its
-    counters, the second once the server counted it (:meth:`System.settled`)."""
+    """One request at a time, between two readings of the counters (:meth:`System.settled`)."""
     sender = replace(system.sender, max_tokens=DRILL_TOKENS, one_line=False, t_max_predict_ms=0)
     outcomes = []
     for seed, prompt in enumerate(prompts):
@@ -97,10 +91,8 @@ def run_drill(system: System, prompts: Sequence[str]) -> dict:
 
 
 def run_resend(system: System, pairs: Sequence[tuple[str, str]], events: EventLog) -> None:
-    """The resend probe: for each (prompt, the same prompt 3 characters on), one at a time, the
-    first read to its end (it fills the cache), then the second, whose first token and one-line
-    latency are recorded (event name :data:`RESENT`): the warm path an editor's next keystroke
-    takes, without the other typists' load."""
+    """Each (prompt, the same prompt 3 characters on) one at a time: the first fills the cache,
+    the second is recorded (event :data:`RESENT`): a keystroke's warm path, without the load."""
     for seed, (cold, warm) in enumerate(pairs):
         for prompt in (cold, warm):
             exchange = system.sender.open(prompt, "", seed=seed)

@@ -103,8 +103,7 @@ def _relative(name: str, figure: str, a: dict, b: dict, limit: float) -> Target:
 def evaluate(
     figures: dict[str, dict], drills: dict[str, dict], afters: dict[str, str], one_line: bool
 ) -> list[Target]:
-    """The targets from each system's figures (:func:`loadtest.editor.figures.system_figures`),
-    its drill's and its after-check's; the project is the first system."""
+    """The targets from the systems' figures, drills and after-checks; the project is the first."""
     project, ours = figures[next(iter(figures))], [s for s in figures if s != LLAMA]
     targets = [Target("one-line", "one-line p50 / p95", "--no-one-line", NOT_MEASURED)]
     if one_line:

@@ -19,7 +19,6 @@ from loadtest.editor.window import Clipper, Window
 
 SUFFIX = "suffix"  # the OpenAI field and the ensemble_stream input
 SAMPLING: dict[str, Any] = {"top_k": 40, "top_p": 0.95, "temperature": 0.8}  # as the sweep's
-PROTOCOLS = ("openai", "grpc", "llama")
 
 
 @dataclass
@@ -40,9 +39,13 @@ class Exchange:
     def over(self) -> bool:
         return self.finished or bool(self.error)
 
+    @property
+    def outcome(self) -> str:
+        """``ok`` (answered), ``error``, or ``abandoned`` (the client left first)."""
+        return "error" if self.error else "ok" if self.finished else "abandoned"
+
     def wait(self, deadline: float) -> bool:
-        """Read until the answer ends, fails, or ``deadline`` (monotonic) passes; whether it
-        is over."""
+        """Read until the answer ends or fails (True), or ``deadline`` (monotonic) passes."""
         while not self.over and self.stream is not None:
             try:
                 piece = self.stream.read(deadline - time.monotonic())
@@ -70,10 +73,9 @@ class Exchange:
 
 @dataclass(frozen=True)
 class Sender:
-    """Opens exchanges over one of :data:`PROTOCOLS`, every typist's through one transport,
-    with the editor stop rules (False / 0: off)."""
+    """Opens every typist's exchanges on one transport, with the editor stop rules (0: off)."""
 
-    protocol: str
+    protocol: str  # openai, grpc or llama
     address: str  # host:port of the API or llama-server, or Triton's gRPC host:port
     max_tokens: int
     one_line: bool = False  # end at the answer's first newline
@@ -81,8 +83,6 @@ class Sender:
     transport: Transport = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(f"unknown protocol {self.protocol!r}: {', '.join(PROTOCOLS)}")
         wire = "grpc" if self.protocol == "grpc" else "http"
         object.__setattr__(self, "transport", Transport(resolve_target(self.address, wire)))
 
@@ -136,9 +136,8 @@ def type_pause(sender: Sender, clipper: Clipper, with_suffix: bool, visit: Visit
 
 def request_event(exchange: Exchange, window: Window, pause_s: float, typist: int,
                   protocol: str, one_line: bool, wall: float) -> dict:  # fmt: skip
-    """A request as the arguments of Locust's ``request`` event, the editor's columns in its
-    context: outcome ``ok`` (answered within the pause), ``abandoned`` or ``error``."""
-    outcome = "error" if exchange.error else "ok" if exchange.finished else "abandoned"
+    """Locust's ``request`` event, the editor's columns in ``context``; ``ok``: answered."""
+    outcome = exchange.outcome
     first, latency = exchange.first_token_s, exchange.latency_s if outcome == "ok" else None
     # answered: the server's count of the whole answer; abandoned: the pieces read before leaving
     delivered = (outcome == "ok" and exchange.completion_tokens) or exchange.tokens_read

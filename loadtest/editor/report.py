@@ -88,8 +88,7 @@ def render(run: dict, events: pd.DataFrame) -> str:
 
 
 def charts(events: pd.DataFrame, out: Path, title: str) -> list[Path]:
-    """Each answered request's first token over the run (abandoned and failed ones where they
-    ended), and the cumulative distributions of the answered requests' first token and latency."""
+    """First tokens over the run (the others where they ended), and answered ones' ECDFs."""
     (timeline_figure, timeline), (cdf_figure, cdf) = (plt.subplots(figsize=(11, 4.2)),
                                                       plt.subplots(figsize=(8, 4.6)))  # fmt: skip
     for system, rows in events.groupby("system", sort=False):

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = CheckpointTokenizer(checkpoint_dir(args.model_repository))
         context = model_context(args.model_repository)
         budget = min(context, args.prompt_tokens + args.max_tokens + MARGIN_TOKENS)
-        clipper = Clipper(tokenizer, budget, args.max_tokens, args.suffix_share, args.anchor_chars)
+        clipper = Clipper(tokenizer, budget, args.max_tokens, anchor_chars=args.anchor_chars)
         try:
             mode = probe(next(iter(systems.values())).sender.open, not args.no_suffix)
         except ProbeError as exc:

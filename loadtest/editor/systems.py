@@ -85,8 +85,7 @@ class System:
         return self._poll(timeout, lambda: None if self.busy() else {}) is not None
 
     def settled(self, before: dict[str, float], limit_s: float) -> dict[str, float] | None:
-        """The counters once the request sent after ``before`` was counted: the engine counts
-        a sequence when it finishes it, llama.cpp when it frees the slot; None: not in time."""
+        """The counters once the last request was counted (its sequence, or its slot freed)."""
 
         def read() -> dict | None:
             now = self.counters()
@@ -101,8 +100,7 @@ def triton_system(label: str, sender: Sender, metrics_url: str, pids: list[int])
 
 
 def set_caching(config: str, caching: bool) -> str:
-    """The engine's config.pbtxt text with ``prefix_caching`` set; refused unless the parameter
-    is there exactly once."""
+    """The engine's config.pbtxt with its one ``prefix_caching`` parameter set."""
     if (found := len(CACHING.findall(config))) != 1:
         raise ValueError(f"the engine config has {found} prefix_caching parameters (expected one)"
                          ": the comparison cannot turn the prefix cache on and off")  # fmt: skip
@@ -110,8 +108,7 @@ def set_caching(config: str, caching: bool) -> str:
 
 
 def cache_repository(source: Path, dest: Path, caching: bool) -> Path:
-    """A copy of the model repository at ``dest`` (replaced) with the engine's ``prefix_caching``
-    set; the checkpoint is a link to the original."""
+    """A copy of the model repository with ``prefix_caching`` set, the checkpoint linked."""
     checkpoint = checkpoint_dir(Path(source).resolve())
     if not (checkpoint / "config.json").exists():
         raise SystemExit(f"no model at {checkpoint}: run `make model` first")
@@ -138,8 +135,7 @@ def check_caching(log_file: Path, expected: bool) -> None:
 def open_systems(
     args: argparse.Namespace, endpoints: Endpoints, out: Path, copies: Path, stack: ExitStack
 ) -> tuple[dict[str, System], dict[str, str]]:
-    """The systems this run measures, started (or found, for --no-compare) and ready, and
-    what each serves."""
+    """The systems, started (or found, for --no-compare) and ready, and what each serves."""
     stops = {"one_line": args.one_line, "t_max_predict_ms": T_MAX_PREDICT_MS}
     plan = [(SINGLE, args.model_repository, endpoints, None)]
     if args.compare:
@@ -160,9 +156,8 @@ def open_systems(
             check_caching(out / label / "tritonserver.log", caching)
         if not server.model_ready(STREAM_MODEL):
             raise SystemExit(f"`{STREAM_MODEL}` is not ready at {where.host}")
-        processes = [triton.served.launcher if triton.started else None,
-                     getattr(server, "api", None)]  # fmt: skip
-        pids = [p.process.pid for p in processes if p is not None and p.process is not None]
+        pids = [p.process.pid for p in (triton.served.launcher if triton.started else None,
+                getattr(server, "api", None)) if getattr(p, "process", None)]  # fmt: skip
         address = where.grpc if args.protocol == "grpc" else server.users_url[len("http://") :]
         sender = Sender(args.protocol, address, args.max_tokens, **stops)
         systems[label] = triton_system(label, sender, where.metrics_url, pids)

@@ -66,9 +66,8 @@ def read_text(path: Path) -> str | None:
 
 
 def pauses(text: str, rng: random.Random, style: TypingStyle) -> list[Pause]:
-    """One visit: from a random line start in the second half (a long prefix), bursts and
-    pauses until the file ends or ``style.pauses_per_file``; every suffix starts at the last
-    pause's cursor (the stretch typed is new code)."""
+    """One visit, from a random line start in the second half (a long prefix); every suffix
+    starts at the last pause's cursor (the stretch typed is new code)."""
     starts, typed = line_starts(text), []
     cursor = rng.choice(starts[len(starts) // 2 :]) if starts else len(text)
     for _ in range(style.pauses_per_file if starts else 0):
@@ -86,8 +85,7 @@ def pauses(text: str, rng: random.Random, style: TypingStyle) -> list[Pause]:
 
 
 class Typist:
-    """One typist's endless walk: its own seeded order of ``files`` (those of
-    :data:`MIN_FILE_BYTES` or more when any), :func:`pauses` in each."""
+    """A seeded walk through ``files`` (:data:`MIN_FILE_BYTES` or more when any)."""
 
     def __init__(self, index: int, files: Sequence[Path], seed: int,
                  style: TypingStyle = TypingStyle()) -> None:  # fmt: skip

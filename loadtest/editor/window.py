@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
+from tokenizers import Tokenizer
+
 MARGIN_TOKENS = 8  # a cut string re-encoded may merge differently; FIM adds a few tokens
 CHARS_PER_TOKEN_MAX = 16  # read this many characters per budgeted token before counting
 
@@ -22,8 +24,6 @@ class CheckpointTokenizer:
     """The checkpoint's ``tokenizer.json`` through the ``tokenizers`` library."""
 
     def __init__(self, checkpoint: Path) -> None:
-        from tokenizers import Tokenizer
-
         if not (path := Path(checkpoint) / "tokenizer.json").exists():
             raise FileNotFoundError(
                 f"no tokenizer at {path}: the editor profile clips prompts to the context with "
@@ -59,8 +59,6 @@ class Clipper:
                 f"{self.max_tokens} completion tokens and a margin of {MARGIN_TOKENS}: ask for "
                 "fewer tokens"
             )
-        if not 0 <= self.suffix_share < 1 or self.anchor_chars < 0:
-            raise ValueError(f"suffix_share in [0, 1) and anchor_chars >= 0, got {self}")
 
     @property
     def budget(self) -> int:
@@ -69,8 +67,7 @@ class Clipper:
 
     def clip(self, text: str, cursor: int, with_suffix: bool,
              suffix_at: int | None = None) -> Window:  # fmt: skip
-        """The window at ``cursor``; the suffix (the text from ``suffix_at``, by default the
-        cursor) takes at most ``suffix_share`` of the budget and the prefix the rest."""
+        """The suffix (from ``suffix_at``) takes up to ``suffix_share``, the prefix the rest."""
         suffix, suffix_tokens = "", 0
         if with_suffix:
             after = text[cursor if suffix_at is None else suffix_at :]
@@ -86,8 +83,7 @@ class Clipper:
         return Window(prefix, suffix, prefix_tokens, suffix_tokens)
 
     def _cut(self, text: str, tokens: int, head: bool) -> tuple[str, int]:
-        """The longest start (``head``) or end of ``text`` of at most ``tokens`` tokens, cut at
-        a token's boundary."""
+        """The longest start (``head``) or end of ``text`` within ``tokens``, cut between two."""
         if tokens <= 0 or not text:
             return "", 0
         chars = tokens * CHARS_PER_TOKEN_MAX
