@@ -167,17 +167,17 @@ def test_the_drill_leaves_at_the_first_piece_and_counts_what_was_read():
 def test_drill_figures_are_unread_tokens_per_abandoned_request():
     outcomes = [DrillOutcome("abandoned", 1, generated=g) for g in (2.0, 3.0, 3.0, 4.0)]
     outcomes.append(DrillOutcome("ok", 10, generated=10.0))
-    d = drill_figures(outcomes, sse=True)
+    d = drill_figures(outcomes)
     counts = [d[k] for k in ("requests", "abandoned", "answered", "errors", "tokens_read")]
     assert counts == [5, 4, 1, 0, 14] and d["max_tokens"] == 200
     assert d["generated"] == 22.0 and d["unread_each"] == [1.0, 2.0, 2.0, 3.0]
-    assert d["unread_per_abandoned"] == pytest.approx((22 - 14) / 4) and "SSE" in d["bound"]
+    assert d["unread_per_abandoned"] == pytest.approx((22 - 14) / 4)
     assert d["spread"] == " (median 2.0, most 3)."
     # one request whose count was not read: no total, and it is left out of the list
-    unread = drill_figures([*outcomes, DrillOutcome("abandoned", 1)], sse=False)
+    unread = drill_figures([*outcomes, DrillOutcome("abandoned", 1)])
     assert unread["unread_per_abandoned"] is None and unread["generated"] is None
-    assert unread["unread_each"] == [1.0, 2.0, 2.0, 3.0] and "SSE" not in unread["bound"]
-    none = drill_figures([DrillOutcome("ok", 5, generated=5.0)], sse=False)
+    assert unread["unread_each"] == [1.0, 2.0, 2.0, 3.0]
+    none = drill_figures([DrillOutcome("ok", 5, generated=5.0)])
     assert none["unread_per_abandoned"] is None and none["unread_each"] == []
 
 
@@ -227,7 +227,7 @@ def _figures(
 
 def _drill(abandoned: int, unread: float) -> dict:
     outcomes = [DrillOutcome("abandoned", 1, generated=1 + unread / abandoned)] * abandoned
-    return drill_figures(outcomes, False)
+    return drill_figures(outcomes)
 
 
 AFTER = "answered a plain request in 20 ms"

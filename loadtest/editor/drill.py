@@ -54,7 +54,7 @@ def points(files: Sequence[Path], share: float, count: int, min_lines: int = 0) 
     return list(itertools.islice(itertools.cycle(found), count))
 
 
-def drill_figures(outcomes: Sequence[DrillOutcome], sse: bool) -> dict:
+def drill_figures(outcomes: Sequence[DrillOutcome]) -> dict:
     """``unread_per_abandoned``: (generated - read) / abandoned; None: a count went unread."""
     gone = [o for o in outcomes if o.outcome == "abandoned"]
     read = sum(o.tokens_read for o in outcomes)
@@ -68,8 +68,6 @@ def drill_figures(outcomes: Sequence[DrillOutcome], sse: bool) -> dict:
         "generated": generated, "unread_each": each,
         "unread_per_abandoned": (generated - read) / len(gone) if counted and gone else None,
         "spread": f" (median {median(each):.1f}, most {max(each):.0f})." if each else ".",
-        "bound": "tokens generated before the client left but not yet read count too"
-        + ("; over SSE a piece read counts as one token" if sse else ""),
         "error_messages": [o.error for o in outcomes if o.error],
     }  # fmt: skip
 
@@ -87,7 +85,7 @@ def run_drill(system: System, prompts: Sequence[str]) -> dict:
         after = before and system.settled(before, 5.0 if outcome.outcome == "error" else 60.0)
         generated = after["generated"] - before["generated"] if before and after else None
         outcomes.append(replace(outcome, generated=generated))
-    return drill_figures(outcomes, sse=sender.protocol != "grpc")
+    return drill_figures(outcomes)
 
 
 def run_resend(system: System, pairs: Sequence[tuple[str, str]], events: EventLog) -> None:

@@ -43,9 +43,8 @@ def system_figures(events: pd.DataFrame, windows: pd.DataFrame) -> dict[str, dic
         s, w = typed.get(system, {}), warm.get(system, {})
         ok, abandoned = rows[rows["outcome"] == "ok"], rows[rows["outcome"] == "abandoned"]
         c = ours.dropna(axis=1).sum(numeric_only=True)  # a counter unread in a window: None
-        seconds, generated = float(ours["seconds"].sum()), c.get("generated")
+        seconds, generated, cpu = c["seconds"], c.get("generated"), c.get("cpu_s")
         delivered = float(pd.to_numeric(rows["tokens"], errors="coerce").fillna(0).sum())
-        cpu = None if ours["cpu_s"].isna().any() else float(ours["cpu_s"].sum())
         wasted = None if generated is None else generated - delivered
         prompt = rows.get("prefix_tokens", pd.Series()) + rows.get("suffix_tokens", 0)
         figures[system] = {
@@ -56,19 +55,14 @@ def system_figures(events: pd.DataFrame, windows: pd.DataFrame) -> dict[str, dic
             **{f"{f} {p} ms": s.get(f"{f.replace(' ', '_')}_{p}_ms") for f in
                ("first token", "latency") for p in ("p50", "p95")},
             "prompt tokens sent / request": float(prompt.mean()) if len(prompt) else None,
-            "seconds of typing": seconds,
-            "tokens delivered / s": delivered / seconds if seconds else None,
-            "CPU seconds": cpu,
-            "CPU ms / answered request": _ratio(None if cpu is None else 1000 * cpu, len(ok)),
-            "tokens generated": generated,
-            "tokens delivered": delivered,
+            "seconds of typing": seconds, "tokens delivered / s": _ratio(delivered, seconds),
+            "CPU seconds": cpu, "CPU ms / answered request": _ratio(cpu and 1000 * cpu, len(ok)),
+            "tokens generated": generated, "tokens delivered": delivered,
             "generated for abandoned, unread (at most)": wasted,
             "... per abandoned request (at most)": _ratio(wasted, len(abandoned)),
-            "sequences": c.get("sequences"),
-            "of them cancelled": c.get("cancelled"),
+            "sequences": c.get("sequences"), "of them cancelled": c.get("cancelled"),
             "prompt tokens received / request": _ratio(c.get("prompt"), len(rows)),
-            "prompt-cache reuse share (at most)":
-                reuse_share(c.get("prompt", 0.0), c.get("reused")),
+            "prompt-cache reuse share (at most)": reuse_share(c.get("prompt", 0), c.get("reused")),
             "editor stops": c.get("editor_stops"),
             "tokens generated past a stop": c.get("past_stop"),
             **{f"resent +3 chars: {f} ms": w.get(f"{f.replace(' ', '_')}_ms") for f in

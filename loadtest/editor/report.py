@@ -25,7 +25,6 @@ INTEGERS = {"requests", "answered", "abandoned", "errors", "abandoned while stre
 
 def write_report(out: Path, events: pd.DataFrame, windows: pd.DataFrame, run: dict) -> list:
     """``run``: what summary.json holds (run.py's ``main``); the paths written."""
-    out.mkdir(parents=True, exist_ok=True)
     paths = [out / "summary.json", out / "events.csv", out / "windows.csv", out / "report.md"]
     plain = lambda v: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else str(v)  # noqa: E731
     paths[0].write_text(json.dumps(run, indent=2, default=plain) + "\n")

@@ -108,11 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         "suffix": vars(mode), "figures": figures, "drills": drills, "afters": afters,
         "targets": targets, "problems": problems, "machine": describe(), "servers": servers,
         "load": load})  # fmt: skip
-    for target in targets:
-        log.info(f"target: {target.verdict} {target.name}: {target.measured}")
-    for problem in problems:
-        log.error(f"problem: {problem}")
-    log.info(f"report: {out / 'report.md'}")
-    if problems:
-        return 1
-    return 0 if all(t.verdict == PASS for t in targets) or not args.compare else TARGETS_MISSED
+    for line in [f"target: {t.verdict} {t.name}: {t.measured}" for t in targets] + [
+            f"problem: {p}" for p in problems] + [f"report: {out / 'report.md'}"]:  # fmt: skip
+        log.info(line)
+    passed = all(t.verdict == PASS for t in targets) or not args.compare
+    return 1 if problems else 0 if passed else TARGETS_MISSED

@@ -109,12 +109,11 @@ class Windows:
         runner.quit()
         typed = time.monotonic() - began
         rows = self.events.frame().query("window == @number")
-        n = rows["outcome"].value_counts()
-        first = rows.loc[rows["outcome"] == "ok", "first_token_ms"].dropna()
+        n, first = rows["outcome"].value_counts(), rows.query("outcome == 'ok'").first_token_ms
+        first = first.dropna().astype(float)  # none answered: nan
         log.info(f"editor {system.label} window {number} {typed:.0f}s | {self.typists} typists | "
                  f"answered {n.get('ok', 0)} abandoned {n.get('abandoned', 0)} errors "
-                 f"{n.get('error', 0)} | first token p50 "
-                 + (f"{first.median():.0f} ms" if len(first) else "-")
+                 f"{n.get('error', 0)} | first token p50 {first.median():.0f} ms"
                  + ("" if self.with_suffix else " | PREFIX-ONLY"))  # fmt: skip
         if not system.drain(DRAIN_S):
             problems.append(f"{system.label} did not drain within {DRAIN_S:.0f} s")

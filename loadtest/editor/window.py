@@ -25,10 +25,8 @@ class CheckpointTokenizer:
 
     def __init__(self, checkpoint: Path) -> None:
         if not (path := Path(checkpoint) / "tokenizer.json").exists():
-            raise FileNotFoundError(
-                f"no tokenizer at {path}: the editor profile clips prompts to the context with "
-                "the served checkpoint's tokenizer (run `make model`, or pass --model-repository)"
-            )
+            raise FileNotFoundError(f"no tokenizer at {path} to clip prompts with: run `make "
+                                    "model`, or pass --model-repository")  # fmt: skip
         self.tokenizer = Tokenizer.from_file(str(path))
 
     def offsets(self, text: str) -> list[tuple[int, int]]:
@@ -54,11 +52,8 @@ class Clipper:
 
     def __post_init__(self) -> None:
         if self.budget < 16:
-            raise ValueError(
-                f"a context of {self.context} tokens leaves {self.budget} for the prompt after "
-                f"{self.max_tokens} completion tokens and a margin of {MARGIN_TOKENS}: ask for "
-                "fewer tokens"
-            )
+            raise ValueError(f"a context of {self.context} tokens leaves {self.budget} for "
+                             f"the prompt after {self.max_tokens}: ask for fewer")  # fmt: skip
 
     @property
     def budget(self) -> int:
@@ -84,8 +79,6 @@ class Clipper:
 
     def _cut(self, text: str, tokens: int, head: bool) -> tuple[str, int]:
         """The longest start (``head``) or end of ``text`` within ``tokens``, cut between two."""
-        if tokens <= 0 or not text:
-            return "", 0
         chars = tokens * CHARS_PER_TOKEN_MAX
         text = text[:chars] if head else text[-chars:]
         if len(spans := self.encoder.offsets(text)) <= tokens:
