@@ -11,9 +11,8 @@ import pytest
 
 from contract.corpus import held_out_files, stdlib_root
 from loadtest.editor.drill import DrillOutcome, drill_figures, points
-from loadtest.editor.figures import evaluate, system_figures
 from loadtest.editor.protocols import Exchange, request_event
-from loadtest.editor.report import write_report
+from loadtest.editor.report import evaluate, system_figures, write_report
 from loadtest.editor.suffix import ProbeError, SuffixMode, probe
 from loadtest.editor.typist import TypingStyle, Typist, keystroke, line_starts, pauses
 from loadtest.editor.window import MARGIN_TOKENS, Clipper, Window

@@ -15,8 +15,8 @@ from loadtest.editor.drill import (
     drill_figures,
     points,
 )
-from loadtest.editor.figures import FAIL, NOT_MEASURED, PASS, evaluate, system_figures
 from loadtest.editor.protocols import Exchange, Sender, indent_at, request_event
+from loadtest.editor.report import FAIL, NOT_MEASURED, PASS, evaluate, system_figures
 from loadtest.editor.settings import mirrored, parse_args
 from loadtest.editor.systems import (
     LLAMA,

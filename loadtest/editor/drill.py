@@ -12,14 +12,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import median
 
-from loadtest.editor.figures import RESENT
 from loadtest.editor.protocols import Exchange, Sender
 from loadtest.editor.systems import System
 from loadtest.editor.typist import line_starts, read_text
 from reporting.events import EventLog
 
+RESENT = "resent"  # the resend probe's event name and window, apart from the typists'
 DRILL_TOKENS = 200  # long enough that no answer can arrive before its first piece is read
-DRILL_REQUESTS = 8
 
 
 @dataclass(frozen=True)
@@ -97,8 +96,8 @@ def run_resend(system: System, pairs: Sequence[tuple[str, str]], events: EventLo
             if not exchange.wait(time.monotonic() + 60.0):
                 exchange.abandon()
                 exchange.error = exchange.error or "no answer within 60 s"
-        first, latency = exchange.first_token_s, exchange.latency_s
-        latency = time.monotonic() - exchange.sent if latency is None else latency  # failed
+        first = exchange.first_token_s
+        latency = exchange.latency_s or time.monotonic() - exchange.sent  # failed: till now
         events.record(
             system=system.label, window=RESENT, kind=system.sender.protocol, name=RESENT,
             latency_ms=1000 * latency, first_token_ms=None if first is None else 1000 * first,

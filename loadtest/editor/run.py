@@ -26,9 +26,8 @@ from loadtest.editor.users import Windows
 from contract.corpus import held_out_files
 from loadtest import console
 from loadtest.editor.drill import DRILL_TOKENS, after_check, points, run_drill, run_resend
-from loadtest.editor.figures import PASS, evaluate, system_figures
 from loadtest.editor.protocols import SAMPLING
-from loadtest.editor.report import write_report
+from loadtest.editor.report import PASS, evaluate, system_figures, write_report
 from loadtest.editor.settings import mirrored, parse_args
 from loadtest.editor.suffix import ProbeError, probe
 from loadtest.editor.systems import T_MAX_PREDICT_MS, open_systems
@@ -89,9 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         for label, system in systems.items():
             run_resend(system, pairs, events)
             if args.drill:
-                drills[label] = run_drill(system, prompts)
-                log.info(f"abandonment drill, {label}: {drills[label]['unread_per_abandoned']} "
-                         "tokens per abandoned request after it was left (at most)")  # fmt: skip
+                drills[label] = d = run_drill(system, prompts)
+                log.info(f"abandonment drill, {label}: {d['unread_per_abandoned']} per request")
             afters[label] = after_check(system.sender)
     frame, table = events.frame(), pd.DataFrame(rows)
     frame = frame[~(pd.to_numeric(frame["window"], errors="coerce") < 0)]  # warm-ups: not counted

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from loadtest.editor.drill import DRILL_REQUESTS, DRILL_TOKENS
+from loadtest.editor.drill import DRILL_TOKENS
 from loadtest.editor.typist import TypingStyle
 from reporting.triton import Endpoints
 from serving.paths import MODEL_REPOSITORY
@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Endpo
     add("--max-tokens", type=int, default=32, help="tokens per completion")
     add("--anchor-chars", type=int, default=512, help="the prefix's cut moves in steps of this "
         "many characters, at a line start, so a prefix cache can reuse it; 0: the exact tail")
-    add("--drill", type=int, default=DRILL_REQUESTS, help=f"{DRILL_TOKENS}-token completions "
+    add("--drill", type=int, default=8, help=f"{DRILL_TOKENS}-token completions "
         "left at their first piece, per system")
     add("--resend", type=int, default=8, help="prompts read one at a time, each then resent 3 "
         "characters on, per system")

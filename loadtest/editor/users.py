@@ -49,8 +49,7 @@ class EditorTypist(User):
 
     def on_start(self) -> None:
         self.index = next(self.numbers)
-        self.walk = self.walks[self.index]
-        self.visit = next(self.walk.visits)
+        self.walk, self.visit = self.walks[self.index], next(self.walks[self.index].visits)
         gevent.sleep(self.visit.pause.typing_s)  # the first burst of keystrokes
 
     def wait_time(self) -> float:
