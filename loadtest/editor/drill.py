@@ -97,12 +97,11 @@ def run_resend(system: System, pairs: Sequence[tuple[str, str]], events: EventLo
                 exchange.abandon()
                 exchange.error = exchange.error or "no answer within 60 s"
         first = exchange.first_token_s
-        latency = exchange.latency_s or time.monotonic() - exchange.sent  # failed: till now
         events.record(
             system=system.label, window=RESENT, kind=system.sender.protocol, name=RESENT,
-            latency_ms=1000 * latency, first_token_ms=None if first is None else 1000 * first,
+            latency_ms=1000 * (exchange.latency_s or time.monotonic() - exchange.sent),  # failed
+            first_token_ms=None if first is None else 1000 * first, outcome=exchange.outcome,
             tokens=exchange.completion_tokens or exchange.tokens_read, error=exchange.error,
-            outcome="error" if exchange.error else "ok",
         )  # fmt: skip
 
 

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             run_resend(system, pairs, events)
             if args.drill:
                 drills[label] = d = run_drill(system, prompts)
-                log.info(f"abandonment drill, {label}: {d['unread_per_abandoned']} per request")
+                log.info(f"drill, {label}: {d['unread_per_abandoned']} tokens after leaving, each")
             afters[label] = after_check(system.sender)
     frame, table = events.frame(), pd.DataFrame(rows)
     frame = frame[~(pd.to_numeric(frame["window"], errors="coerce") < 0)]  # warm-ups: not counted

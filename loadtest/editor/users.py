@@ -109,10 +109,11 @@ class Windows:
         typed = time.monotonic() - began
         rows = self.events.frame().query("window == @number")
         n, first = rows["outcome"].value_counts(), rows.query("outcome == 'ok'").first_token_ms
-        first = first.dropna().astype(float)  # none answered: nan
+        first = first.dropna().astype(float)
         log.info(f"editor {system.label} window {number} {typed:.0f}s | {self.typists} typists | "
                  f"answered {n.get('ok', 0)} abandoned {n.get('abandoned', 0)} errors "
-                 f"{n.get('error', 0)} | first token p50 {first.median():.0f} ms"
+                 f"{n.get('error', 0)} | first token p50 "
+                 + (f"{first.median():.0f} ms" if len(first) else "-")
                  + ("" if self.with_suffix else " | PREFIX-ONLY"))  # fmt: skip
         if not system.drain(DRAIN_S):
             problems.append(f"{system.label} did not drain within {DRAIN_S:.0f} s")
