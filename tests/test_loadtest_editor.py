@@ -3,7 +3,6 @@ decision, the figures and the report."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 
@@ -11,24 +10,15 @@ import pandas as pd
 import pytest
 
 from contract.corpus import held_out_files, stdlib_root
-from loadtest.editor.compare import evaluate
-from loadtest.editor.drill import DrillOutcome, drill_figures, resend_points
-from loadtest.editor.figures import (
-    ABANDONED,
-    ANSWERED,
-    ERROR,
-    EditorRecord,
-    request_event,
-    system_figures,
-)
-from loadtest.editor.protocols import Exchange
-from loadtest.editor.report import write_report
-from loadtest.editor.suffix import ProbeError, decide, probe
+from loadtest.editor.drill import DrillOutcome, drill_figures, points
+from loadtest.editor.protocols import Exchange, request_event
+from loadtest.editor.report import evaluate, system_figures, write_report
+from loadtest.editor.suffix import ProbeError, SuffixMode, probe
 from loadtest.editor.typist import TypingStyle, Typist, keystroke, line_starts, pauses
-from loadtest.editor.window import MARGIN_TOKENS, Clipper
-from loadtest.results import MachineInfo
+from loadtest.editor.window import MARGIN_TOKENS, Clipper, Window
 from modelbuild.corpus import split
 from reporting.events import EventLog
+from reporting.machine import describe
 
 TEXT = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(60))
 
@@ -97,18 +87,11 @@ def test_typists_prefer_files_long_enough_for_long_prefixes(tmp_path):
     short, long = tmp_path / "short.py", tmp_path / "long.py"
     short.write_text("x = 1\ny = 2\n")
     long.write_text(TEXT * 3)
-    assert Typist(0, [short, long], 0, min_bytes=4096).files == [long]
-    assert Typist(0, [short], 0, min_bytes=4096).files == [short]  # better than nothing
+    assert Typist(0, [short, long], 0).files == [long]  # at least MIN_FILE_BYTES
+    assert Typist(0, [short], 0).files == [short]  # better than nothing
     # a visit starts in the file's second half: the prefix is at least half the file
     for visit, _ in zip(Typist(0, [long], 0).visits(), range(50), strict=False):
         assert visit.pause.cursor >= len(visit.text) // 2 - 40
-
-
-def test_bad_styles_are_refused():
-    with pytest.raises(ValueError, match="pause_s"):
-        TypingStyle(pause_s=(2.0, 1.0))
-    with pytest.raises(ValueError, match="a typist needs"):
-        Typist(0, [], 0)
 
 
 def test_a_typist_whose_files_give_no_pause_raises_instead_of_spinning(tmp_path):
@@ -116,6 +99,8 @@ def test_a_typist_whose_files_give_no_pause_raises_instead_of_spinning(tmp_path)
     empty.write_text("x = 1")
     with pytest.raises(RuntimeError, match="can be typed"):
         next(Typist(0, [empty], 0).visits())
+    with pytest.raises(RuntimeError, match="none of the 0 source files"):
+        next(Typist(0, [], 0).visits())
 
 
 # --- the window ------------------------------------------------------------------------------
@@ -148,7 +133,7 @@ def test_the_prefix_is_clipped_from_the_left_and_the_suffix_from_the_right():
 
 
 def test_a_context_too_small_for_the_completion_is_refused():
-    with pytest.raises(ValueError, match="ask for fewer tokens"):
+    with pytest.raises(ValueError, match="ask for fewer"):
         Clipper(CharEncoder(), context=40, max_tokens=32)
 
 
@@ -159,6 +144,10 @@ def _ended(finished: bool = False, error: str = "") -> Exchange:
     exchange = Exchange()
     exchange.finished, exchange.error = finished, error
     return exchange
+
+
+def decide(requested: bool, ended: Exchange) -> SuffixMode:
+    return probe(lambda *args: ended, requested)
 
 
 def test_an_answered_probe_keeps_the_suffix():
@@ -195,43 +184,30 @@ def test_no_suffix_sends_no_probe():
 # --- figures and report ----------------------------------------------------------------------
 
 
-def _record(outcome: str, ttft: float | None, **extra) -> EditorRecord:
-    values = dict(
-        typist=0,
-        t_s=1.0,
-        outcome=outcome,
-        pause_s=1.0,
-        prefix_tokens=900,
-        suffix_tokens=100,
-        first_token_ms=ttft,
-        latency_ms=None,
-        pieces=0,
-        tokens_read=0,
-        completion_tokens=None,
-    )
-    return EditorRecord(**{**values, **extra})
+def _record(ttft_ms: float | None = None, read: int = 0, **fields) -> Exchange:
+    """A request as a typist's exchange ended it (``finished``: answered; ``error``: failed;
+    neither: abandoned at the next keystroke)."""
+    first = None if ttft_ms is None else ttft_ms / 1000
+    return Exchange(first_token_s=first, pieces=read, tokens_read=read, **fields)
 
 
 RECORDS = [
-    *(
-        _record(
-            ANSWERED, 100.0 + i, latency_ms=400.0 + i, pieces=8, tokens_read=8, completion_tokens=10
-        )
-        for i in range(10)
-    ),
-    *(_record(ABANDONED, 150.0, pieces=3, tokens_read=3) for _ in range(20)),
-    *(_record(ABANDONED, None) for _ in range(10)),
-    _record(ERROR, None, error="HTTP 504: no answer within 12 s"),
-    _record(ERROR, None, error="HTTP 504: no answer within 7 s"),
-]
+    *(_record(100.0 + i, 8, latency_s=(400.0 + i) / 1000, completion_tokens=10, finished=True)
+      for i in range(10)),
+    *(_record(150.0, 3) for _ in range(20)),
+    *(_record() for _ in range(10)),
+    _record(error="HTTP 504: no answer within 12 s"),
+    _record(error="HTTP 504: no answer within 7 s"),
+]  # fmt: skip
 
 
 def _events(records, system: str = "cache-on", protocol: str = "openai") -> pd.DataFrame:
-    """The event table the Locust users would have written: each record through the same
+    """The event table the Locust users would have written: each exchange through the same
     event arguments (request_event) into the one schema's listener."""
-    log = EventLog(profile="editor", system=system, window=0)
+    log, window = EventLog(profile="editor", system=system, window=0), Window("", "", 900, 100)
     for i, record in enumerate(records):
-        log.on_request(**request_event(record, protocol, one_line=True, wall=log._t0_wall + i))
+        event = request_event(record, window, 1.0, 0, protocol, True, log._t0_wall + i)
+        log.on_request(**event)
     return log.frame()
 
 
@@ -270,25 +246,25 @@ def test_the_report_is_written_from_the_event_table_with_a_loud_prefix_only_bann
     events = pd.concat([_events(RECORDS), _events(RECORDS[:10], system="llama.cpp")])
     windows = pd.concat([_windows(generated=500.0), _windows("llama.cpp", generated=120.0)])
     figures = system_figures(events, windows)
-    drill = drill_figures([DrillOutcome(ABANDONED, 1, generated=g) for g in (2.0, 4.0)], 200, True)
+    drill = drill_figures([DrillOutcome("abandoned", 1, generated=g) for g in (2.0, 4.0)])
     run = dict(
         name="test", started="2026-01-01T00:00:00", seconds=10.0,
         command="python -m loadtest.editor --quick", protocol="openai",
         settings={
             "typists": 2, "window_s": 10.0, "windows": 1, "order": ["cache-on", "llama.cpp"],
             "max_tokens": 32, "one_line": True, "t_max_predict_ms": 1000, "prompt_tokens": 1000,
-            "context": 1024, "anchor_chars": 512, "drill": 0, "seed": 0,
-            "sampling": {"top_k": 40}, "pause_s": TypingStyle().pause_s,
+            "context": 1024, "anchor_chars": 512, "drill": 0, "seed": 0, "resend": 0,
+            "sampling": {"top_k": 40}, "pause": TypingStyle().pause_s, "warm_up": 0.0,
         },
         suffix={"requested": True, "send": False, "note": mode.note, "refused": True},
-        figures=figures, drills={"cache-on": dataclasses.asdict(drill)},
+        figures=figures, drills={"cache-on": drill},
         afters={"cache-on": "answered a plain request in 20 ms"},
         targets=evaluate(figures, {}, {"cache-on": "answered"}, one_line=True),
-        problems=[], machine=MachineInfo.here(), servers={"cache-on": "Triton"},
+        problems=[], machine=describe(), servers={"cache-on": "Triton"},
         load={"cache-on": (0.5, 1.0)},
     )  # fmt: skip
-    paths = write_report(tmp_path, run, events, windows)
-    assert {p.name for p in paths} >= {"summary.json", "windows.csv", "report.md"}
+    paths = write_report(tmp_path, events, windows, run)
+    assert {p.name for p in paths} >= {"summary.json", "events.csv", "windows.csv", "report.md"}
     report = (tmp_path / "report.md").read_text()
     assert "**SUFFIX REFUSED" in report and "PREFIX-ONLY" in report
     # side by side, one column per system and their ratio
@@ -319,5 +295,5 @@ def test_the_resend_probe_has_figures_of_its_own_apart_from_the_typists(tmp_path
     # the probe's points: a line start three quarters down each file that has lines enough
     (tmp_path / "a.py").write_text("".join(f"a{i}\n" for i in range(8)))
     (tmp_path / "short.py").write_text("x\ny\n")
-    points = resend_points([tmp_path / "short.py", tmp_path / "a.py"], 5)
-    assert points == [((tmp_path / "a.py").read_text(), 3 * 6)]
+    found = points([tmp_path / "short.py", tmp_path / "a.py"], 0.75, 2, min_lines=4)
+    assert found == [((tmp_path / "a.py").read_text(), 3 * 6)] * 2  # the files in turn

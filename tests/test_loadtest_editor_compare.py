@@ -4,30 +4,19 @@ verdicts (each PASS, FAIL or NOT MEASURED, never a pass by default) and the repo
 
 from __future__ import annotations
 
-import dataclasses
-
 import pandas as pd
 import pytest
 
 from contract import metrics as names
 from contract.tensors import ENGINE_MODEL
-from loadtest.editor.compare import FAIL, NOT_MEASURED, PASS, evaluate
 from loadtest.editor.drill import (
     DrillOutcome,
     abandon_at_first_piece,
     drill_figures,
-    drill_prompts,
+    points,
 )
-from loadtest.editor.drive import indent_at
-from loadtest.editor.figures import (
-    ABANDONED,
-    ANSWERED,
-    ERROR,
-    EditorRecord,
-    request_event,
-    system_figures,
-)
-from loadtest.editor.protocols import Exchange, Stops
+from loadtest.editor.protocols import Exchange, Sender, indent_at, request_event
+from loadtest.editor.report import FAIL, NOT_MEASURED, PASS, evaluate, system_figures
 from loadtest.editor.settings import mirrored, parse_args
 from loadtest.editor.systems import (
     LLAMA,
@@ -38,7 +27,7 @@ from loadtest.editor.systems import (
     check_caching,
     set_caching,
 )
-from loadtest.editor.window import Clipper
+from loadtest.editor.window import Clipper, Window
 from loadtest.metrics import reuse_line, reuse_share
 from reporting.events import EventLog
 from serving.paths import MODEL_REPOSITORY, checkpoint_dir
@@ -133,8 +122,6 @@ def test_an_anchored_prefix_keeps_its_start_while_the_cursor_moves_within_a_step
     assert anchored.clip(flat, 1000, with_suffix=False).prefix == flat[1000 - budget : 1000]
     # a prefix that fits whole is never cut
     assert anchored.clip(text, 100, with_suffix=False).prefix == text[:100]
-    with pytest.raises(ValueError, match="anchor_chars"):
-        Clipper(CharEncoder(), context=200, max_tokens=32, anchor_chars=-1)
 
 
 # --- the abandonment drill ---------------------------------------------------------------------
@@ -156,9 +143,9 @@ class ScriptedExchange(Exchange):
         if step == "end":
             self.finished, self.completion_tokens = True, self.tokens_read + 3
         elif step == "error":
-            self._fail("HTTP 500: boom")
+            self.error = "HTTP 500: boom"
         elif step:
-            self._piece(step)
+            self.first_token_s, self.tokens_read = 0.01, self.tokens_read + step
         return self.over
 
     def abandon(self) -> None:
@@ -168,49 +155,50 @@ class ScriptedExchange(Exchange):
 def test_the_drill_leaves_at_the_first_piece_and_counts_what_was_read():
     late = ScriptedExchange([0, 0, 2, 1, 1])
     outcome = abandon_at_first_piece(late)
-    assert outcome == DrillOutcome(ABANDONED, 2) and late.abandoned and late.polls == 3
+    assert outcome == DrillOutcome("abandoned", 2) and late.abandoned and late.polls == 3
     quick = ScriptedExchange(["end"])  # the model ended the text before any piece: answered
-    assert abandon_at_first_piece(quick) == DrillOutcome(ANSWERED, 3) and not quick.abandoned
+    assert abandon_at_first_piece(quick) == DrillOutcome("ok", 3) and not quick.abandoned
     failed = abandon_at_first_piece(ScriptedExchange(["error"]))
-    assert failed.outcome == ERROR and failed.error == "HTTP 500: boom"
+    assert failed.outcome == "error" and failed.error == "HTTP 500: boom"
     silent = ScriptedExchange([])
-    assert abandon_at_first_piece(silent, limit_s=0.0).outcome == ERROR and silent.abandoned
+    assert abandon_at_first_piece(silent, limit_s=0.0).outcome == "error" and silent.abandoned
 
 
 def test_drill_figures_are_unread_tokens_per_abandoned_request():
-    outcomes = [DrillOutcome(ABANDONED, 1, generated=g) for g in (2.0, 3.0, 3.0, 4.0)]
-    outcomes.append(DrillOutcome(ANSWERED, 10, generated=10.0))
-    d = drill_figures(outcomes, max_tokens=200, sse=True)
-    assert (d.requests, d.abandoned, d.answered, d.errors, d.tokens_read) == (5, 4, 1, 0, 14)
-    assert d.generated == 22.0 and d.unread_each == [1.0, 2.0, 2.0, 3.0]
-    assert d.unread_per_abandoned == pytest.approx((22 - 14) / 4) and "SSE" in d.bound
+    outcomes = [DrillOutcome("abandoned", 1, generated=g) for g in (2.0, 3.0, 3.0, 4.0)]
+    outcomes.append(DrillOutcome("ok", 10, generated=10.0))
+    d = drill_figures(outcomes)
+    counts = [d[k] for k in ("requests", "abandoned", "answered", "errors", "tokens_read")]
+    assert counts == [5, 4, 1, 0, 14] and d["max_tokens"] == 200
+    assert d["generated"] == 22.0 and d["unread_each"] == [1.0, 2.0, 2.0, 3.0]
+    assert d["unread_per_abandoned"] == pytest.approx((22 - 14) / 4)
+    assert d["spread"] == " (median 2.0, most 3)."
     # one request whose count was not read: no total, and it is left out of the list
-    unread = drill_figures([*outcomes, DrillOutcome(ABANDONED, 1)], 200, sse=False)
-    assert unread.unread_per_abandoned is None and unread.generated is None
-    assert unread.unread_each == [1.0, 2.0, 2.0, 3.0] and "SSE" not in unread.bound
-    none = drill_figures([DrillOutcome(ANSWERED, 5, generated=5.0)], 200, sse=False)
-    assert none.unread_per_abandoned is None and none.unread_each == []
+    unread = drill_figures([*outcomes, DrillOutcome("abandoned", 1)])
+    assert unread["unread_per_abandoned"] is None and unread["generated"] is None
+    assert unread["unread_each"] == [1.0, 2.0, 2.0, 3.0]
+    none = drill_figures([DrillOutcome("ok", 5, generated=5.0)])
+    assert none["unread_per_abandoned"] is None and none["unread_each"] == []
 
 
 def test_drill_prompts_take_the_files_in_turn_up_to_their_middle_line(tmp_path):
     a, b = tmp_path / "a.py", tmp_path / "b.py"
     a.write_text("".join(f"a{i}\n" for i in range(10)))
     b.write_text("".join(f"b{i}\n" for i in range(4)))
-    prompts = drill_prompts([a, b, tmp_path / "missing.py"], lambda text, at: text[:at], 3)
+    prompts = [text[:at] for text, at in points([a, b, tmp_path / "missing.py"], 0.5, 3)]
     assert prompts == ["a0\na1\na2\na3\na4\n", "b0\nb1\n", "a0\na1\na2\na3\na4\n"]
-    with pytest.raises(RuntimeError, match="no held-out file"):
-        drill_prompts([tmp_path / "missing.py"], lambda text, at: text, 1)
+    assert points([tmp_path / "missing.py"], 0.5, 1) == []  # nothing readable: no prompt
 
 
 # --- targets -----------------------------------------------------------------------------------
 
 
-def _record(outcome: str, ttft: float | None = None, read: int = 0) -> EditorRecord:
-    return EditorRecord(
-        typist=0, t_s=1.0, outcome=outcome, pause_s=1.0, prefix_tokens=900, suffix_tokens=100,
-        first_token_ms=ttft, latency_ms=None if ttft is None else ttft + 200, pieces=read,
-        tokens_read=read, completion_tokens=10 if outcome == ANSWERED else None,
-        error="HTTP 500: boom" if outcome == ERROR else "",
+def _record(outcome: str, ttft: float | None = None, read: int = 0) -> Exchange:
+    return Exchange(
+        first_token_s=None if ttft is None else ttft / 1000, pieces=read, tokens_read=read,
+        latency_s=None if ttft is None else (ttft + 200) / 1000, finished=outcome == "ok",
+        completion_tokens=10 if outcome == "ok" else None,
+        error="HTTP 500: boom" if outcome == "error" else "",
     )  # fmt: skip
 
 
@@ -224,12 +212,12 @@ def _figures(
 ) -> dict:
     """A system whose answered requests (ten of them) all took ``ttft`` to the first token and
     whose server generated ``wasted`` tokens no reader got (abandoned requests read 2 each)."""
-    records = [_record(ANSWERED, ttft) for _ in range(10 if ttft is not None else 0)]
-    records += [_record(ABANDONED, 50.0, read=2) for _ in range(abandoned)]
-    records += [_record(ERROR) for _ in range(errors)]
-    log = EventLog(profile="editor", system="s", window=0)
+    records = [_record("ok", ttft) for _ in range(10 if ttft is not None else 0)]
+    records += [_record("abandoned", 50.0, read=2) for _ in range(abandoned)]
+    records += [_record("error") for _ in range(errors)]
+    log, window = EventLog(profile="editor", system="s", window=0), Window("", "", 900, 100)
     for record in records:
-        log.on_request(**request_event(record, "grpc", one_line=True, wall=log._t0_wall))
+        log.on_request(**request_event(record, window, 1.0, 0, "grpc", True, log._t0_wall))
     delivered = 10 * (10 if ttft is not None else 0) + 2 * abandoned
     counters = {"generated": delivered + wasted, "editor_stops": 10.0, "past_stop": past_stop}
     windows = pd.DataFrame([{"system": "s", "window": 0, "seconds": 10.0, "cpu_s": 1.0,
@@ -238,8 +226,8 @@ def _figures(
 
 
 def _drill(abandoned: int, unread: float) -> dict:
-    outcomes = [DrillOutcome(ABANDONED, 1, generated=1 + unread / abandoned)] * abandoned
-    return dataclasses.asdict(drill_figures(outcomes, 200, False))
+    outcomes = [DrillOutcome("abandoned", 1, generated=1 + unread / abandoned)] * abandoned
+    return drill_figures(outcomes)
 
 
 AFTER = "answered a plain request in 20 ms"
@@ -338,7 +326,7 @@ def test_the_comparison_is_the_default_and_no_compare_is_the_single_run():
     assert parse_args([])[0].compare is True
     assert parse_args(["--no-compare"])[0].compare is False
     quick, _ = parse_args(["--quick"])
-    assert (quick.typists, quick.duration, quick.progress_every) == (2, 20.0, 5.0)
+    assert (quick.typists, quick.duration) == (2, 20.0)
     single, _ = parse_args(["--quick", "--no-compare", "--typists", "3"])
     assert (single.typists, single.duration) == (3, 25.0)  # a flag beats the preset
     with pytest.raises(SystemExit):
@@ -350,14 +338,13 @@ def test_the_comparison_is_the_default_and_no_compare_is_the_single_run():
 
 
 def test_the_stop_rules_go_to_each_server_under_its_own_names():
-    stops = Stops(one_line=True, t_max_predict_ms=1000)
-    assert stops.fields("openai", 4) == {
-        "single_line": True,
-        "n_indent": 4,
-        "t_max_predict_ms": 1000,
-    }
-    assert stops.fields("grpc", 0) == {"single_line": True, "t_max_predict_ms": 1000}
-    assert stops.fields("llama", 8) == {"stop": ["\n"], "n_indent": 8, "t_max_predict_ms": 1000}
-    assert Stops().fields("llama", 8) == {"n_indent": 8}  # off: nothing sent
+    def stops(protocol: str, n_indent: int, **rules) -> dict:
+        return Sender(protocol, "127.0.0.1:1", 8, **rules).stops(n_indent)
+
+    on = {"one_line": True, "t_max_predict_ms": 1000}
+    assert stops("grpc", 0, **on) == {"single_line": True, "t_max_predict_ms": 1000}
+    assert stops("openai", 4, **on) == {**stops("grpc", 0, **on), "n_indent": 4}
+    assert stops("llama", 8, **on) == {"stop": ["\n"], "n_indent": 8, "t_max_predict_ms": 1000}
+    assert stops("llama", 8) == {"n_indent": 8}  # off: nothing sent
     assert indent_at("def f():\n    if x:\n        ret", 30) == 8
     assert indent_at("x = 1", 3) == 0

@@ -1,50 +1,32 @@
-"""The abandonment drill: long completions, one at a time, each abandoned as soon as its first
-piece arrives (mid-generation by construction); the system's generated-token counter around
-each, less what the client read, is what it generated after the client left: an upper bound
-(tokens in transit count too; over SSE a piece counts as one token). And the resend probe: the
-warm path of a keystroke, one request at a time.
-"""
+"""The abandonment drill: long completions, one at a time, each abandoned at its first piece;
+the server's generated-token counter around each, less what the client read, is what it
+generated after the client left (an upper bound: tokens in transit count too). And the resend
+probe: the warm path of a keystroke, one request at a time; and the check after the run."""
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from statistics import median
 
-from loadtest.editor.figures import ABANDONED, ANSWERED, ERROR, RESENT
-from loadtest.editor.protocols import Exchange, Stops
-from loadtest.editor.systems import GENERATED, System
+from loadtest.editor.protocols import Exchange, Sender
+from loadtest.editor.systems import System
 from loadtest.editor.typist import line_starts, read_text
 from reporting.events import EventLog
 
+RESENT = "resent"  # the resend probe's event name and window, apart from the typists'
 DRILL_TOKENS = 200  # long enough that no answer can arrive before its first piece is read
-DRILL_REQUESTS = 8
-POLL_S = 0.001  # how often the drill looks for the first piece (the client's reaction time)
 
 
 @dataclass(frozen=True)
 class DrillOutcome:
-    outcome: str  # answered, abandoned, error
+    outcome: str  # ok (answered), abandoned, error
     tokens_read: int  # abandoned: read before leaving; answered: the whole completion
     error: str = ""
     generated: float | None = None  # the engine's tokens for this request; None: not read
-
-
-@dataclass(frozen=True)
-class DrillFigures:
-    requests: int
-    abandoned: int
-    answered: int
-    errors: int
-    max_tokens: int
-    tokens_read: int
-    generated: float | None  # the engine's counter over the drill; None: not read
-    unread_per_abandoned: float | None  # (generated - read) / abandoned: an upper bound
-    unread_each: list[float]  # the same for each abandoned request whose count was read
-    bound: str  # why it is an upper bound
-    error_messages: list[str]
 
 
 def abandon_at_first_piece(exchange: Exchange, limit_s: float = 60.0) -> DrillOutcome:
@@ -55,62 +37,43 @@ def abandon_at_first_piece(exchange: Exchange, limit_s: float = 60.0) -> DrillOu
     while exchange.first_token_s is None and not exchange.over:
         if time.monotonic() >= deadline:
             exchange.abandon()
-            return DrillOutcome(ERROR, 0, f"no first piece within {limit_s:.0f} s")
-        exchange.wait(time.monotonic() + POLL_S)
-    if exchange.error:
-        return DrillOutcome(ERROR, exchange.tokens_read, exchange.error)
-    if exchange.finished:
-        read = exchange.completion_tokens
-        return DrillOutcome(ANSWERED, exchange.tokens_read if read is None else read)
-    exchange.abandon()
-    return DrillOutcome(ABANDONED, exchange.tokens_read)
+            return DrillOutcome("error", 0, f"no first piece within {limit_s:.0f} s")
+        exchange.wait(time.monotonic() + 0.001)  # the client's reaction time
+    if not exchange.over:
+        exchange.abandon()
+    read = exchange.completion_tokens or exchange.tokens_read  # answered: the whole completion
+    return DrillOutcome(exchange.outcome, read, exchange.error)
 
 
-def _points(files: Sequence[Path], share: float, min_lines: int) -> Iterator[tuple[str, int]]:
-    """(text, cursor) in each readable file of more than ``min_lines`` line starts, at the
-    line start ``share`` of the way down."""
-    for text in filter(None, map(read_text, files)):
-        if len(starts := line_starts(text)) > min_lines:
-            yield text, starts[int(len(starts) * share)]
+def points(files: Sequence[Path], share: float, count: int, min_lines: int = 0) -> list:
+    """``count`` (text, cursor) at the line start ``share`` down each file, the files in turn."""
+    texts = filter(None, map(read_text, files))
+    found = ((text, starts[int(len(starts) * share)]) for text in texts
+             if len(starts := line_starts(text)) > min_lines)  # fmt: skip
+    return list(itertools.islice(itertools.cycle(found), count))
 
 
-def drill_prompts(files: Sequence[Path], clip: Callable[[str, int], str], count: int) -> list[str]:
-    """``count`` prompts: each file's text before its middle line, clipped by ``clip(text,
-    cursor)`` to leave room for the drill's completion; files taken in turn."""
-    points = list(_points(files, 0.5, 0))
-    if not points and count:
-        raise RuntimeError("no held-out file gives a drill prompt")
-    return [clip(*points[i % len(points)]) for i in range(count)]
-
-
-def resend_points(files: Sequence[Path], count: int) -> list[tuple[str, int]]:
-    """(text, cursor) of the first ``count`` files, each at the line start three quarters down."""
-    return list(itertools.islice(_points(files, 0.75, 4), count))
-
-
-def drill_figures(outcomes: Sequence[DrillOutcome], max_tokens: int, sse: bool) -> DrillFigures:
-    abandoned = [o for o in outcomes if o.outcome == ABANDONED]
+def drill_figures(outcomes: Sequence[DrillOutcome]) -> dict:
+    """``unread_per_abandoned``: (generated - read) / abandoned; None: a count went unread."""
+    gone = [o for o in outcomes if o.outcome == "abandoned"]
     read = sum(o.tokens_read for o in outcomes)
     counted = all(o.generated is not None for o in outcomes)
     generated = sum(o.generated or 0.0 for o in outcomes) if counted else None
-    bound = "tokens generated before the client left but not yet read count too" + (
-        "; over SSE a piece read counts as one token" if sse else ""
-    )
-    return DrillFigures(
-        requests=len(outcomes), abandoned=len(abandoned), max_tokens=max_tokens,
-        answered=sum(o.outcome == ANSWERED for o in outcomes),
-        errors=sum(o.outcome == ERROR for o in outcomes), tokens_read=read, generated=generated,
-        unread_per_abandoned=(generated - read) / len(abandoned)
-        if generated is not None and abandoned else None,
-        unread_each=[o.generated - o.tokens_read for o in abandoned if o.generated is not None],
-        bound=bound, error_messages=[o.error for o in outcomes if o.error],
-    )  # fmt: skip
+    each = [o.generated - o.tokens_read for o in gone if o.generated is not None]
+    return {
+        "requests": len(outcomes), "abandoned": len(gone), "max_tokens": DRILL_TOKENS,
+        "answered": sum(o.outcome == "ok" for o in outcomes),
+        "errors": sum(o.outcome == "error" for o in outcomes), "tokens_read": read,
+        "generated": generated, "unread_each": each,
+        "unread_per_abandoned": (generated - read) / len(gone) if counted and gone else None,
+        "spread": f" (median {median(each):.1f}, most {max(each):.0f})." if each else ".",
+        "error_messages": [o.error for o in outcomes if o.error],
+    }  # fmt: skip
 
 
-def run_drill(system: System, prompts: Sequence[str]) -> DrillFigures:
-    """The drill on ``system``: one request at a time, each between two readings of its
-    counters, the second once the server counted it (:meth:`System.settled`)."""
-    sender = replace(system.sender, max_tokens=DRILL_TOKENS, stops=Stops())
+def run_drill(system: System, prompts: Sequence[str]) -> dict:
+    """One request at a time, between two readings of the counters (:meth:`System.settled`)."""
+    sender = replace(system.sender, max_tokens=DRILL_TOKENS, one_line=False, t_max_predict_ms=0)
     outcomes = []
     for seed, prompt in enumerate(prompts):
         try:
@@ -118,31 +81,37 @@ def run_drill(system: System, prompts: Sequence[str]) -> DrillFigures:
         except OSError:
             before = None
         outcome = abandon_at_first_piece(sender.open(prompt, "", seed=seed))
-        generated = None
-        if before is not None:
-            after = system.settled(before, 5.0 if outcome.outcome == ERROR else 60.0)
-            generated = None if after is None else after[GENERATED] - before[GENERATED]
+        after = before and system.settled(before, 5.0 if outcome.outcome == "error" else 60.0)
+        generated = after["generated"] - before["generated"] if before and after else None
         outcomes.append(replace(outcome, generated=generated))
-    return drill_figures(outcomes, DRILL_TOKENS, sse=sender.protocol != "grpc")
+    return drill_figures(outcomes)
 
 
 def run_resend(system: System, pairs: Sequence[tuple[str, str]], events: EventLog) -> None:
-    """The resend probe: for each (prompt, the same prompt 3 characters on), one at a time, the
-    first sent and read to its end (it fills the cache), then the second, whose first token and
-    one-line latency are recorded (event name :data:`RESENT`): the warm path an editor's next
-    keystroke takes, without the other typists' load."""
+    """Each (prompt, the same prompt 3 characters on) one at a time: the first fills the cache,
+    the second is recorded (event :data:`RESENT`): a keystroke's warm path, without the load."""
     for seed, (cold, warm) in enumerate(pairs):
         for prompt in (cold, warm):
             exchange = system.sender.open(prompt, "", seed=seed)
             if not exchange.wait(time.monotonic() + 60.0):
                 exchange.abandon()
                 exchange.error = exchange.error or "no answer within 60 s"
-        first, latency = exchange.first_token_s, exchange.latency_s
-        latency = time.monotonic() - exchange.sent if latency is None else latency  # failed
+        first = exchange.first_token_s
         events.record(
             system=system.label, window=RESENT, kind=system.sender.protocol, name=RESENT,
-            latency_ms=1000 * latency,
-            first_token_ms=None if first is None else 1000 * first,
-            tokens=exchange.completion_tokens, error=exchange.error,
-            outcome="error" if exchange.error else "ok",
+            latency_ms=1000 * (exchange.latency_s or time.monotonic() - exchange.sent),  # failed
+            first_token_ms=None if first is None else 1000 * first, outcome=exchange.outcome,
+            tokens=exchange.completion_tokens or exchange.tokens_read, error=exchange.error,
         )  # fmt: skip
+
+
+def after_check(sender: Sender) -> str:
+    """One short prefix-only request, given 30 s: does the server answer normally now?"""
+    exchange = sender.open("import os\n", "", seed=0)
+    exchange.wait(time.monotonic() + 30.0)
+    if exchange.finished:
+        return f"answered a plain request in {1000 * (exchange.latency_s or 0):.0f} ms"
+    if not exchange.over:
+        exchange.abandon()
+        return "NO ANSWER to a plain request within 30 s"
+    return f"a plain request FAILED: {exchange.error}"

@@ -1,10 +1,8 @@
-"""How a typist's request travels, each an :class:`Exchange` read until a deadline and
-abandoned at a keystroke, over the client's transport (:mod:`client.transport`): ``openai``
-(``/v1/completions`` SSE; abandoning closes the connection), ``grpc`` (a stream to
-``ensemble_stream``; abandoning cancels it) or ``llama`` (llama-server's ``/v1/completions``
-with ``cache_prompt``, as llama.vim sends). Each carries the editor's stop rules where the
-server has them; the suffix goes as OpenAI's ``suffix`` field or ``ensemble_stream``'s input.
-"""
+"""How a typist's request travels (:class:`Exchange`, read until a deadline, abandoned at a
+keystroke) on :mod:`client.transport`: ``openai`` (SSE; abandoning closes the connection),
+``grpc`` (a stream to ``ensemble_stream``; abandoning cancels it) or ``llama`` (llama-server,
+``cache_prompt`` as llama.vim sends), each with the editor's stop rules where the server has
+them; and a typist's request at a pause (:func:`type_pause`) as a Locust event."""
 
 from __future__ import annotations
 
@@ -16,28 +14,11 @@ from client.request import CompletionRequest
 from client.results import CodegenError, resolve_target
 from client.transport import ResponseStream, Transport
 from contract.tensors import ENSEMBLE_MODEL
+from loadtest.editor.typist import Visit
+from loadtest.editor.window import Clipper, Window
 
 SUFFIX = "suffix"  # the OpenAI field and the ensemble_stream input
 SAMPLING: dict[str, Any] = {"top_k": 40, "top_p": 0.95, "temperature": 0.8}  # as the sweep's
-PROTOCOLS = ("openai", "grpc", "llama")
-
-
-@dataclass(frozen=True)
-class Stops:
-    """The editor stop rules a request carries (0 / False: off)."""
-
-    one_line: bool = False  # end at the answer's first newline
-    t_max_predict_ms: int = 0  # stop once this much time has passed and a newline was written
-
-    def fields(self, protocol: str, n_indent: int) -> dict[str, Any]:
-        """The request fields for ``protocol`` (``n_indent``: the cursor line's indentation)."""
-        rules: dict[str, Any] = {"n_indent": n_indent, "t_max_predict_ms": self.t_max_predict_ms}
-        if self.one_line:
-            rules |= {"stop": ["\n"]} if protocol == "llama" else {"single_line": True}
-        return {k: v for k, v in rules.items() if v}
-
-
-ERROR_CHARS = 300
 
 
 @dataclass
@@ -50,35 +31,36 @@ class Exchange:
     latency_s: float | None = None  # sent -> the end of the answer (answered only)
     pieces: int = 0  # pieces of text read
     tokens_read: int = 0  # tokens those pieces carried, where the wire says (else = pieces)
-    completion_tokens: int | None = None  # the server's count, for an answered request
+    completion_tokens: int | None = None  # the server's count, for an answered request (SSE)
     finished: bool = False
     error: str = ""
-    counts_tokens: bool = False  # gRPC: the token counts come from the pieces themselves
 
     @property
     def over(self) -> bool:
         return self.finished or bool(self.error)
 
+    @property
+    def outcome(self) -> str:
+        """``ok`` (answered), ``error``, or ``abandoned`` (the client left first)."""
+        return "error" if self.error else "ok" if self.finished else "abandoned"
+
     def wait(self, deadline: float) -> bool:
-        """Read until the answer ends, fails, or ``deadline`` (monotonic) passes; whether it
-        is over."""
+        """Read until the answer ends or fails (True), or ``deadline`` (monotonic) passes."""
         while not self.over and self.stream is not None:
             try:
                 piece = self.stream.read(deadline - time.monotonic())
             except CodegenError as exc:
-                self._fail(str(exc))
+                self.error = str(exc)[:300] or "unknown error"
                 break
             if piece is None:
                 return False
             if piece.text:
-                self._piece(piece.tokens)
+                self.first_token_s = self.first_token_s or time.monotonic() - self.sent
+                self.pieces, self.tokens_read = self.pieces + 1, self.tokens_read + piece.tokens
             if piece.usage:
                 self.completion_tokens = piece.usage.get("completion_tokens")
             if piece.final:
-                self.finished = True
-                self.latency_s = time.monotonic() - self.sent
-                if self.counts_tokens:
-                    self.completion_tokens = self.tokens_read
+                self.finished, self.latency_s = True, time.monotonic() - self.sent
         if self.stream is not None:
             self.stream.close()
         return True
@@ -88,50 +70,87 @@ class Exchange:
         if self.stream is not None:
             self.stream.abandon()
 
-    def _piece(self, tokens: int) -> None:
-        self.first_token_s = self.first_token_s or time.monotonic() - self.sent
-        self.pieces += 1
-        self.tokens_read += tokens
-
-    def _fail(self, message: str) -> None:
-        self.error = (message or "unknown error")[:ERROR_CHARS]
-
 
 @dataclass(frozen=True)
 class Sender:
-    """Opens exchanges over one protocol (:data:`PROTOCOLS`); every typist's through one
-    transport."""
+    """Opens every typist's exchanges on one transport, with the editor stop rules (0: off)."""
 
-    protocol: str
+    protocol: str  # openai, grpc or llama
     address: str  # host:port of the API or llama-server, or Triton's gRPC host:port
     max_tokens: int
-    stops: Stops = Stops()
+    one_line: bool = False  # end at the answer's first newline
+    t_max_predict_ms: int = 0  # stop once this much time has passed and a newline was written
     transport: Transport = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(f"unknown protocol {self.protocol!r}: {', '.join(PROTOCOLS)}")
         wire = "grpc" if self.protocol == "grpc" else "http"
         object.__setattr__(self, "transport", Transport(resolve_target(self.address, wire)))
 
+    def stops(self, n_indent: int) -> dict[str, Any]:
+        """The stop rules under this server's names (``n_indent``: the cursor line's indent)."""
+        rules: dict[str, Any] = {"n_indent": n_indent, "t_max_predict_ms": self.t_max_predict_ms}
+        if self.one_line:
+            rules |= {"stop": ["\n"]} if self.protocol == "llama" else {"single_line": True}
+        return {k: v for k, v in rules.items() if v}
+
     def open(self, prefix: str, suffix: str, seed: int, n_indent: int = 0) -> Exchange:
-        sent = time.monotonic()
-        transport, rules = self.transport, self.stops.fields(self.protocol, n_indent)
+        sent, rules = time.monotonic(), self.stops(n_indent)
         try:
             if self.protocol == "grpc":
                 request = CompletionRequest(prefix, self.max_tokens, seed=seed,
                                             suffix=suffix or None, **SAMPLING, **rules)  # fmt: skip
-                stream = transport.stream(request)
+                stream = self.transport.stream(request)
             else:
-                body: dict[str, Any] = {
-                    "model": ENSEMBLE_MODEL, "prompt": prefix, "max_tokens": self.max_tokens,
-                    "stream_options": {"include_usage": True}, "seed": seed, **SAMPLING, **rules,
-                }  # fmt: skip
-                if self.protocol == "llama":
-                    body["cache_prompt"] = True
-                stream = transport.openai_stream(body | ({SUFFIX: suffix} if suffix else {}))
+                body = {"model": ENSEMBLE_MODEL, "prompt": prefix, "max_tokens": self.max_tokens,
+                        "stream_options": {"include_usage": True}, "seed": seed, **SAMPLING,
+                        **rules, **({SUFFIX: suffix} if suffix else {}),
+                        **({"cache_prompt": True} if self.protocol == "llama" else {})}  # fmt: skip
+                stream = self.transport.openai_stream(body)
         except CodegenError as exc:
-            failed = Exchange(sent=sent)
-            failed._fail(f"cannot send to {self.address}: {exc}")
-            return failed
-        return Exchange(stream, sent, counts_tokens=self.protocol == "grpc")
+            return Exchange(sent=sent, error=f"cannot send to {self.address}: {exc}"[:300])
+        return Exchange(stream, sent)
+
+
+def indent_at(text: str, cursor: int) -> int:
+    """The cursor line's indentation in columns (llama.vim's ``n_indent``)."""
+    line = text[text.rfind("\n", 0, cursor) + 1 : cursor]
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def type_pause(sender: Sender, clipper: Clipper, with_suffix: bool, visit: Visit,
+               seed: int) -> tuple[Exchange, Window]:  # fmt: skip
+    """One pause's request: sent, read until answered or the next keystroke, then abandoned."""
+    pause, exchange = visit.pause, Exchange()
+    window = clipper.clip(visit.text, pause.cursor, with_suffix, pause.suffix_at)
+    try:
+        indent = indent_at(visit.text, pause.cursor)
+        exchange = sender.open(window.prefix, window.suffix, seed=seed, n_indent=indent)
+        if not exchange.wait(exchange.sent + pause.pause_s):
+            exchange.abandon()  # the next keystroke
+    except Exception as exc:
+        if not exchange.over:
+            exchange.abandon()
+        exchange.error = exchange.error or f"{type(exc).__name__}: {exc}"
+    return exchange, window
+
+
+def request_event(exchange: Exchange, window: Window, pause_s: float, typist: int,
+                  protocol: str, one_line: bool, wall: float) -> dict:  # fmt: skip
+    """Locust's ``request`` event, the editor's columns in ``context``; ``ok``: answered."""
+    outcome = exchange.outcome
+    first, latency = exchange.first_token_s, exchange.latency_s if outcome == "ok" else None
+    # answered: the server's count of the whole answer; abandoned: the pieces read before leaving
+    delivered = (outcome == "ok" and exchange.completion_tokens) or exchange.tokens_read
+    return dict(
+        request_type=protocol, name="one-line" if one_line else "completion",
+        response_time=pause_s * 1000 if latency is None else round(latency * 1000, 1),
+        response_length=exchange.tokens_read, start_time=wall,
+        exception=RuntimeError(exchange.error) if outcome == "error" else None,
+        context={
+            "outcome": outcome, "tokens": delivered, "typist": typist, "one_line": one_line,
+            "first_token_ms": None if first is None else round(first * 1000, 1),
+            "pause_s": round(pause_s, 3), "prefix_tokens": window.prefix_tokens,
+            "suffix_tokens": window.suffix_tokens, "pieces": exchange.pieces,
+            "tokens_read": exchange.tokens_read,
+        },
+    )  # fmt: skip

@@ -1,15 +1,7 @@
-"""The servers a run measures, each a :class:`System`: how its requests travel, its own
-counters, the CPU of its process tree, and when it is idle; and :func:`open_systems`, which
-starts them on free ports (or finds the one server of ``--no-compare``).
-
-- The project: Triton (and over ``openai`` the API in front), its counters the engine's
-  (:mod:`contract.metrics`). For the cache comparison each half runs from a copy of the model
-  repository whose engine config sets ``prefix_caching`` (:func:`cache_repository`), checked
-  against the engine's own log line (:func:`check_caching`): the torch backend has no prefix
-  cache, and is refused rather than compared.
-- llama.cpp's ``llama-server``: ``tokens_predicted_total`` (it counts a cancelled request's
-  tokens as it drops it), ``prompt_tokens_total`` (prefilled) and ``prompt_tokens_cached_total``.
-"""
+"""The servers a run measures (:class:`System`: sender, counters, CPU, idle) and
+:func:`open_systems`, which starts them on free ports, each half of the cache comparison from a
+repository copy whose engine config sets ``prefix_caching``, checked against the engine's own
+log line (the torch backend has no prefix cache: refused, not compared)."""
 
 from __future__ import annotations
 
@@ -26,7 +18,7 @@ from pathlib import Path
 
 from contract import metrics as names
 from contract.tensors import ENGINE_MODEL, STREAM_MODEL
-from loadtest.editor.protocols import Sender, Stops
+from loadtest.editor.protocols import Sender
 from loadtest.editor.window import MARGIN_TOKENS
 from loadtest.targets import TARGETS, OpenAITarget
 from reporting import llama_server as llama
@@ -34,33 +26,46 @@ from reporting.machine import tree_cpu_seconds
 from reporting.triton import Endpoints, read_snapshot, wait_for_drain
 from serving.paths import checkpoint_dir
 from serving.process import free_ports
+from serving.triton import Ports
 
 log = logging.getLogger("loadtest.editor")
+T_MAX_PREDICT_MS = 1000  # both servers' time-budget stop: llama.vim's follow-up budget
 ON, OFF, PROJECT, LLAMA, SINGLE = "cache-on", "cache-off", "project", "llama.cpp", "as configured"
-# the counters every system gives, by the same names (STOPS, PAST_STOP: the engine's alone)
-GENERATED, PROMPT, REUSED, SEQUENCES, CANCELLED, STOPS, PAST_STOP = COUNTERS = (
-    "generated", "prompt", "reused", "sequences", "cancelled", "editor_stops", "past_stop",
-)  # fmt: skip
-ENGINE_COUNTERS = dict(zip(COUNTERS, (
-    names.ENGINE_GENERATED_TOKENS, names.ENGINE_PROMPT_TOKENS, names.ENGINE_PROMPT_TOKENS_REUSED,
-    names.ENGINE_REQUESTS, names.ENGINE_CANCELLED, names.ENGINE_EDITOR_STOPS,
-    names.ENGINE_TOKENS_PAST_STOP,
-), strict=True))  # fmt: skip
-IDLE_POLL_S = 0.05
+# the counters every system gives, by the same names (the stops: the engine's alone)
+ENGINE_COUNTERS = {
+    "generated": names.ENGINE_GENERATED_TOKENS, "prompt": names.ENGINE_PROMPT_TOKENS,
+    "reused": names.ENGINE_PROMPT_TOKENS_REUSED, "sequences": names.ENGINE_REQUESTS,
+    "cancelled": names.ENGINE_CANCELLED, "editor_stops": names.ENGINE_EDITOR_STOPS,
+    "past_stop": names.ENGINE_TOKENS_PAST_STOP,
+}  # fmt: skip
 CACHING = re.compile(r'(key:\s*"prefix_caching"\s*value:\s*\{\s*string_value:\s*")([^"]*)(")')
-ENGINE_SAYS = re.compile(r"prefix cache (on|off)")
 
 
 @dataclass
 class System:
-    """One server under test: ``counters()`` so far, ``busy()`` requests held (None: unknown)."""
+    """One server under test: the project's engine, or llama-server (``engine`` False)."""
 
     label: str
     sender: Sender
-    counters: Callable[[], dict[str, float]]
-    busy: Callable[[], int | None]
+    metrics_url: str
     pids: list[int] = field(default_factory=list)
-    engine: bool = True  # the project's engine (its finished-sequences counter exists)
+    engine: bool = True
+
+    def counters(self) -> dict[str, float]:
+        """So far. llama-server counts a cancelled request's tokens as it drops it."""
+        snapshot = read_snapshot(self.metrics_url)
+        if self.engine:
+            return {k: snapshot.value(v, model=ENGINE_MODEL) for k, v in ENGINE_COUNTERS.items()}
+        prefilled, cached = snapshot.value(llama.PREFILLED), snapshot.value(llama.CACHED)
+        return {"generated": snapshot.value(llama.PREDICTED), "prompt": prefilled + cached,
+                "reused": cached}  # fmt: skip
+
+    def busy(self) -> int | None:
+        """Requests held; None: unknown."""
+        if not self.engine:
+            return int(read_snapshot(self.metrics_url).gauge(llama.PROCESSING) or 0)
+        state, _ = wait_for_drain(self.metrics_url, 0.0)
+        return None if state is None else state.running + state.pending
 
     def cpu_s(self) -> float:
         """CPU seconds so far; NaN for a server this run did not start."""
@@ -72,7 +77,7 @@ class System:
             with contextlib.suppress(OSError):
                 if (found := read()) is not None:
                     return found
-            time.sleep(IDLE_POLL_S)
+            time.sleep(0.05)
         return None
 
     def drain(self, timeout: float) -> bool:
@@ -80,57 +85,30 @@ class System:
         return self._poll(timeout, lambda: None if self.busy() else {}) is not None
 
     def settled(self, before: dict[str, float], limit_s: float) -> dict[str, float] | None:
-        """The counters once the request sent after ``before`` was counted: the engine counts
-        a sequence when it finishes it, llama.cpp when it frees the slot; None: not in time."""
+        """The counters once the last request was counted (its sequence, or its slot freed)."""
 
         def read() -> dict | None:
             now = self.counters()
-            done = now[SEQUENCES] > before[SEQUENCES] if self.engine else not self.busy()
+            done = now["sequences"] > before["sequences"] if self.engine else not self.busy()
             return now if done else None
 
         return self._poll(limit_s, read)
 
 
 def triton_system(label: str, sender: Sender, metrics_url: str, pids: list[int]) -> System:
-    def counters() -> dict[str, float]:
-        snapshot = read_snapshot(metrics_url)
-        return {k: snapshot.value(v, model=ENGINE_MODEL) for k, v in ENGINE_COUNTERS.items()}
-
-    def busy() -> int | None:
-        state, _ = wait_for_drain(metrics_url, 0.0)
-        return None if state is None else state.running + state.pending
-
-    return System(label, sender, counters, busy, pids)
-
-
-def llama_system(label: str, sender: Sender, metrics_url: str, pids: list[int]) -> System:
-    def counters() -> dict[str, float]:
-        snapshot = read_snapshot(metrics_url)
-        prefilled, cached = snapshot.value(llama.PREFILLED), snapshot.value(llama.CACHED)
-        return {GENERATED: snapshot.value(llama.PREDICTED), PROMPT: prefilled + cached,
-                REUSED: cached}  # fmt: skip
-
-    def busy() -> int | None:
-        return int(read_snapshot(metrics_url).gauge(llama.PROCESSING) or 0)
-
-    return System(label, sender, counters, busy, pids, engine=False)
+    return System(label, sender, metrics_url, pids)
 
 
 def set_caching(config: str, caching: bool) -> str:
-    """The engine's config.pbtxt text with ``prefix_caching`` set; refused unless the parameter
-    is there exactly once."""
-    found = CACHING.findall(config)
-    if len(found) != 1:
-        raise ValueError(
-            f"the engine config has {len(found)} prefix_caching parameters (expected one): "
-            "the comparison cannot turn the prefix cache on and off"
-        )
+    """The engine's config.pbtxt with its one ``prefix_caching`` parameter set."""
+    if (found := len(CACHING.findall(config))) != 1:
+        raise ValueError(f"the engine config has {found} prefix_caching parameters (expected one)"
+                         ": the comparison cannot turn the prefix cache on and off")  # fmt: skip
     return CACHING.sub(lambda m: m[1] + ("true" if caching else "false") + m[3], config)
 
 
 def cache_repository(source: Path, dest: Path, caching: bool) -> Path:
-    """A copy of the model repository at ``dest`` (replaced) with the engine's ``prefix_caching``
-    set; the checkpoint is a link to the original."""
+    """A copy of the model repository with ``prefix_caching`` set, the checkpoint linked."""
     checkpoint = checkpoint_dir(Path(source).resolve())
     if not (checkpoint / "config.json").exists():
         raise SystemExit(f"no model at {checkpoint}: run `make model` first")
@@ -144,36 +122,24 @@ def cache_repository(source: Path, dest: Path, caching: bool) -> Path:
 
 def check_caching(log_file: Path, expected: bool) -> None:
     """The engine logs "prefix cache on|off" as it loads: it must run the setting asked for."""
-    said = ENGINE_SAYS.findall(log_file.read_text(errors="replace")) if log_file.exists() else []
-    want = "on" if expected else "off"
-    if not said:
-        raise SystemExit(
-            f"the engine did not log whether its prefix cache is on ({log_file}): only the "
-            "openvino backend has one (backend auto on CPU); cannot compare cache on and off"
-        )
-    if said[-1] != want:
+    text = log_file.read_text(errors="replace") if log_file.exists() else ""
+    if not (said := re.findall(r"prefix cache (on|off)", text)):  # openvino's log says it
+        raise SystemExit(f"the engine did not log whether its prefix cache is on ({log_file}): "
+                         "only the openvino backend has one, to compare on and off")  # fmt: skip
+    if said[-1] != (want := "on" if expected else "off"):
         raise SystemExit(f"the engine says its prefix cache is {said[-1]}, expected {want}")
 
 
 def open_systems(
     args: argparse.Namespace, endpoints: Endpoints, out: Path, copies: Path, stack: ExitStack
 ) -> tuple[dict[str, System], dict[str, str]]:
-    """The systems this run measures, started (or found, for --no-compare) and ready, and
-    what each serves."""
-    stops = Stops(args.one_line, args.t_max_predict_ms)
+    """The systems, started (or found, for --no-compare) and ready, and what each serves."""
+    stops = {"one_line": args.one_line, "t_max_predict_ms": T_MAX_PREDICT_MS}
     plan = [(SINGLE, args.model_repository, endpoints, None)]
     if args.compare:
-        plan = []
-        for label, caching in [(ON, True)] if args.peer else [(ON, True), (OFF, False)]:
-            http, grpc, metrics = free_ports(3)
-            half = Endpoints(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}",
-                             f"http://127.0.0.1:{metrics}/metrics")  # fmt: skip
-            repository = cache_repository(args.model_repository, copies / label, caching)
-            label = PROJECT if args.peer else label
-            (out / label).mkdir(parents=True, exist_ok=True)
-            shutil.copy2(repository / ENGINE_MODEL / "config.pbtxt",
-                         out / label / "engine_config.pbtxt")  # fmt: skip
-            plan.append((label, repository, half, caching))
+        halves = [(PROJECT, True)] if args.peer else [(ON, True), (OFF, False)]
+        plan = [(label, cache_repository(args.model_repository, copies / label, on),
+                 Endpoints.local(Ports(*free_ports(3))), on) for label, on in halves]  # fmt: skip
     systems, servers = {}, {}
     for label, repository, where, caching in plan:
         log.info(f"--- {label}: starting the project's Triton ---")
@@ -183,30 +149,30 @@ def open_systems(
         if caching is not None:
             if not triton.started:
                 raise SystemExit(f"a server already answered at {where.host}: not one of ours")
+            shutil.copy2(repository / ENGINE_MODEL / "config.pbtxt",
+                         out / label / "engine_config.pbtxt")  # fmt: skip
             check_caching(out / label / "tritonserver.log", caching)
         if not server.model_ready(STREAM_MODEL):
             raise SystemExit(f"`{STREAM_MODEL}` is not ready at {where.host}")
-        processes = [triton.served.launcher if triton.started else None,
-                     getattr(server, "api", None)]  # fmt: skip
-        pids = [p.process.pid for p in processes if p is not None and p.process is not None]
+        pids = [p.process.pid for p in (triton.served.launcher if triton.started else None,
+                getattr(server, "api", None)) if getattr(p, "process", None)]  # fmt: skip
         address = where.grpc if args.protocol == "grpc" else server.users_url[len("http://") :]
-        sender = Sender(args.protocol, address, args.max_tokens, stops)
+        sender = Sender(args.protocol, address, args.max_tokens, **stops)
         systems[label] = triton_system(label, sender, where.metrics_url, pids)
-        model = server.describe()
-        servers[label] = f"the project's Triton at {where.host}, engine {model.stage_parameters}"
+        servers[label] = (f"the project's Triton at {where.host}, "
+                          f"engine {server.describe().stage_parameters}")  # fmt: skip
     if args.peer == "llama":
         gguf = llama.checkpoint_gguf(checkpoint_dir(args.model_repository))
-        # one slot per typist: at the engine's batch (64 slots) llama-server answered none of
-        # the typists' requests before their next keystroke (docs/editor-load.md)
+        # one slot per typist: at 64 it answered none in time (docs/editor-load.md)
         slots = args.peer_slots or args.typists
         ctx = slots * (args.prompt_tokens + args.max_tokens + MARGIN_TOKENS)
-        port = free_ports(1)[0]
-        server = llama.LlamaServer(gguf, port, out / LLAMA / "llama-server.log", parallel=slots,
-                                   ctx_size=ctx, threads=args.peer_threads)  # fmt: skip
+        server = llama.LlamaServer(gguf, free_ports(1)[0], out / LLAMA / "llama-server.log",
+                                   slots, ctx_size=ctx, threads=args.peer_threads)  # fmt: skip
         log.info(f"--- {LLAMA}: {gguf.name}, {slots} slots, context {ctx} ---")
         stack.callback(server.stop)
         server.start().wait_ready()
-        sender = Sender("llama", f"127.0.0.1:{port}", args.max_tokens, stops)
-        systems[LLAMA] = llama_system(LLAMA, sender, f"{server.url}/metrics", [server.process.pid])
+        sender = Sender("llama", server.url.removeprefix("http://"), args.max_tokens, **stops)
+        systems[LLAMA] = System(LLAMA, sender, f"{server.url}/metrics", [server.process.pid],
+                                False)  # fmt: skip
         servers[LLAMA] = f"llama-server {' '.join(server.command()[1:])}"
     return systems, servers

@@ -1,42 +1,32 @@
-"""Simulated typists: where in a real file a typist pauses, after how much typing, for how long.
-
-A typist opens a held-out source file at a line in its second half and writes the stretch that
-follows as if it were new: bursts of keystrokes (a newline takes the next line's indentation,
-as auto-indent does), each followed by a pause, one request each (sent with the text before the
-cursor and the file's text after the stretch, abandoned at the next keystroke). Seeded: the same
-seed gives the same schedule, which the tests check without a server.
-"""
+"""Simulated typists: a typist opens a held-out source file at a line in its second half and
+writes the stretch that follows as if it were new, in bursts of keystrokes (a newline takes the
+next line's indentation, as auto-indent does), each followed by a pause: one request, abandoned
+at the next keystroke. Seeded: the same seed gives the same schedule."""
 
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 MIN_FILE_BYTES = 4096  # a file shorter than this cannot give a long prefix
+NEWLINE = re.compile(r"\n[ \t]*")  # a newline keystroke: the next line's indentation comes too
 
 
 @dataclass(frozen=True)
 class TypingStyle:
-    """How fast and in what rhythm a typist types (seconds, keystrokes; each uniform)."""
+    """Seconds and keystrokes, each drawn uniformly between (low, high)."""
 
     keystroke_s: tuple[float, float] = (0.06, 0.25)  # between keystrokes
     burst: tuple[int, int] = (2, 12)  # keystrokes between pauses
     pause_s: tuple[float, float] = (0.4, 2.5)  # a pause: a request's whole chance
     pauses_per_file: int = 40  # then the typist opens another file
 
-    def __post_init__(self) -> None:
-        for name in ("keystroke_s", "burst", "pause_s"):
-            low, high = getattr(self, name)
-            if not 0 < low <= high:
-                raise ValueError(f"{name} must be (low, high), 0 < low <= high: {low, high}")
-        if self.pauses_per_file < 1:
-            raise ValueError(f"pauses_per_file must be >= 1, got {self.pauses_per_file}")
-
     @property
     def longest_step_s(self) -> float:
-        """The longest a typist can take between two requests it sends (typing + pause)."""
+        """The longest a typist takes between two requests (typing + pause)."""
         return self.burst[1] * self.keystroke_s[1] + self.pause_s[1]
 
 
@@ -53,8 +43,6 @@ class Pause:
 
 @dataclass(frozen=True)
 class Visit:
-    """One pause of one typist, with the file it is in."""
-
     path: Path
     text: str
     pause: Pause
@@ -62,22 +50,15 @@ class Visit:
 
 def keystroke(text: str, cursor: int) -> int:
     """The cursor after one keystroke: one character, or a newline and its indentation."""
-    if text[cursor] != "\n":
-        return cursor + 1
-    cursor += 1
-    while cursor < len(text) and text[cursor] in " \t":
-        cursor += 1
-    return cursor
+    return newline.end() if (newline := NEWLINE.match(text, cursor)) else cursor + 1
 
 
 def line_starts(text: str) -> list[int]:
-    """Offsets where a line after the first starts (never 0: a prefix is never empty), and
-    that are not the file's end."""
+    """Where a line after the first starts (never 0: a prefix is never empty), not at the end."""
     return [i + 1 for i, c in enumerate(text) if c == "\n" and i + 1 < len(text)]
 
 
 def read_text(path: Path) -> str | None:
-    """A source file's text; None when it cannot be read as UTF-8."""
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
@@ -85,10 +66,8 @@ def read_text(path: Path) -> str | None:
 
 
 def pauses(text: str, rng: random.Random, style: TypingStyle) -> list[Pause]:
-    """The pauses of one visit to ``text``: from a random line start in its second half (a long
-    prefix, as in a file being worked on), bursts and pauses until the file ends or
-    ``style.pauses_per_file``; every suffix starts at the last pause's cursor (the stretch
-    typed is new code)."""
+    """One visit, from a random line start in the second half (a long prefix); every suffix
+    starts at the last pause's cursor (the stretch typed is new code)."""
     starts, typed = line_starts(text), []
     cursor = rng.choice(starts[len(starts) // 2 :]) if starts else len(text)
     for _ in range(style.pauses_per_file if starts else 0):
@@ -106,27 +85,17 @@ def pauses(text: str, rng: random.Random, style: TypingStyle) -> list[Pause]:
 
 
 class Typist:
-    """One typist's endless walk through ``files``: a seeded order (each typist its own), a
-    random line in each, :func:`pauses` there; files of ``min_bytes`` or more when any."""
+    """A seeded walk through ``files`` (:data:`MIN_FILE_BYTES` or more when any)."""
 
-    def __init__(
-        self,
-        index: int,
-        files: Sequence[Path],
-        seed: int,
-        style: TypingStyle | None = None,
-        min_bytes: int = MIN_FILE_BYTES,
-    ) -> None:
-        if not files:
-            raise ValueError("a typist needs at least one source file")
-        self.style = style or TypingStyle()
-        self.rng = random.Random(seed * 1_000_003 + index)
-        long = [p for p in files if p.is_file() and p.stat().st_size >= min_bytes]
+    def __init__(self, index: int, files: Sequence[Path], seed: int,
+                 style: TypingStyle = TypingStyle()) -> None:  # fmt: skip
+        self.style, self.rng = style, random.Random(seed * 1_000_003 + index)
+        long = [p for p in files if p.is_file() and p.stat().st_size >= MIN_FILE_BYTES]
         self.files = long or list(files)
         self.rng.shuffle(self.files)
 
     def visits(self) -> Iterator[Visit]:
-        """Pauses forever, file after file; raises when no file gives a single pause."""
+        """Pauses forever, file after file; raises when no file (or none at all) gives one."""
         while True:
             typed = False
             for path in self.files:

@@ -1,15 +1,7 @@
-"""The typists as Locust users, run in windows, one system per window.
-
-A typist's keystrokes between two pauses are its ``wait_time``; each pause is one task, a
-request read until answered or until the pause ends, then abandoned
-(:func:`loadtest.editor.drive.type_pause`), and one Locust ``request`` event with the editor's
-columns in its context, which :class:`reporting.events.EventLog` records. Each system keeps its
-own typists' walks from window to window (the same seed: the same prompts in the same order on
-every system), and its counters and CPU are read around each window, after it drained.
-
-Importing this module imports Locust, which monkey-patches the process with gevent: the command
-line imports it first, the tests run it in a subprocess.
-"""
+"""The typists as Locust users (keystrokes: ``wait_time``; a pause: one task), in windows of one
+system each; each system keeps its typists' walks from window to window (the same seed, the
+same prompts), its counters and CPU read around each window, once drained. Imports Locust,
+which monkey-patches the process with gevent: the tests run it in a subprocess."""
 
 from __future__ import annotations
 
@@ -26,8 +18,7 @@ from locust import User, task
 from locust.env import Environment
 from locust.exception import StopUser
 
-from loadtest.editor.drive import type_pause
-from loadtest.editor.figures import request_event
+from loadtest.editor.protocols import request_event, type_pause
 from loadtest.editor.systems import System
 from loadtest.editor.typist import TypingStyle, Typist, Visit
 from loadtest.editor.window import Clipper
@@ -54,13 +45,11 @@ class EditorTypist(User):
     windows: Windows
     walks: dict[int, Walk]
     until: float  # monotonic: no request is sent after it
-    origin: float
     numbers: Iterator[int]
 
     def on_start(self) -> None:
         self.index = next(self.numbers)
-        self.walk = self.walks[self.index]
-        self.visit = next(self.walk.visits)
+        self.walk, self.visit = self.walks[self.index], next(self.walks[self.index].visits)
         gevent.sleep(self.visit.pause.typing_s)  # the first burst of keystrokes
 
     def wait_time(self) -> float:
@@ -74,11 +63,11 @@ class EditorTypist(User):
             raise StopUser()
         wall, seed = time.time(), self.index * 1_000_003 + self.walk.sent
         self.walk.sent += 1
-        w = self.windows
-        record = type_pause(self.system.sender, w.clipper, w.with_suffix, self.index,
-                            self.origin, self.visit, seed)  # fmt: skip
-        event = request_event(record, self.system.sender.protocol, w.one_line, wall)
-        self.environment.events.request.fire(**event)
+        w, sender = self.windows, self.system.sender
+        exchange, window = type_pause(sender, w.clipper, w.with_suffix, self.visit, seed)
+        self.environment.events.request.fire(**request_event(
+            exchange, window, self.visit.pause.pause_s, self.index, sender.protocol, w.one_line,
+            wall))  # fmt: skip
 
 
 @dataclass
@@ -93,7 +82,6 @@ class Windows:
     seed: int
     one_line: bool
     events: EventLog
-    progress_every: float
     walks: dict[str, dict[int, Walk]] = field(default_factory=dict)
 
     def run(self, system: System, number: int, seconds: float, problems: list[str]) -> dict:
@@ -106,7 +94,7 @@ class Windows:
             i: Walk(Typist(i, self.files, self.seed, self.style).visits())
             for i in range(self.typists)})  # fmt: skip
         typist = type("Typist", (EditorTypist,), dict(system=system, windows=self, walks=walks,
-                      until=began + seconds, origin=began, numbers=itertools.count()))  # fmt: skip
+                      until=began + seconds, numbers=itertools.count()))  # fmt: skip
         environment = Environment(user_classes=[typist])
         self.events.attach(environment)
         runner = environment.create_local_runner()
@@ -114,28 +102,22 @@ class Windows:
         hard_end = began + seconds + self.style.longest_step_s + 30
         gevent.sleep(0.1)
         while runner.user_count and time.monotonic() < hard_end:
-            gevent.sleep(min(self.progress_every, max(0.1, hard_end - time.monotonic())))
-            log.info(self.progress(system.label, number, time.monotonic() - began, seconds))
+            gevent.sleep(0.1)
         if runner.user_count:
             problems.append(f"{runner.user_count} typist(s) still busy after window {number}")
         runner.quit()
         typed = time.monotonic() - began
+        rows = self.events.frame().query("window == @number")
+        n, first = rows["outcome"].value_counts(), rows.query("outcome == 'ok'").first_token_ms
+        first = first.dropna().astype(float)
+        log.info(f"editor {system.label} window {number} {typed:.0f}s | {self.typists} typists | "
+                 f"answered {n.get('ok', 0)} abandoned {n.get('abandoned', 0)} errors "
+                 f"{n.get('error', 0)} | first token p50 "
+                 + (f"{first.median():.0f} ms" if len(first) else "-")
+                 + ("" if self.with_suffix else " | PREFIX-ONLY"))  # fmt: skip
         if not system.drain(DRAIN_S):
             problems.append(f"{system.label} did not drain within {DRAIN_S:.0f} s")
         after = system.counters()
         return {"system": system.label, "window": number, "seconds": round(typed, 1),
                 "cpu_s": system.cpu_s() - cpu,
                 **{k: after[k] - before.get(k, 0.0) for k in after}}  # fmt: skip
-
-    def progress(self, label: str, number: int, elapsed: float, seconds: float) -> str:
-        frame = self.events.frame()
-        rows = frame[frame["window"] == number]
-        counts = rows["outcome"].value_counts()
-        first = rows.loc[rows["outcome"] == "ok", "first_token_ms"].tail(100)
-        p50 = f"{first.median():.0f} ms" if len(first) else "-"
-        return (
-            f"editor {label} window {number} {elapsed:4.0f}/{seconds:.0f}s | {self.typists} "
-            f"typists | answered {counts.get('ok', 0)} abandoned {counts.get('abandoned', 0)} "
-            f"errors {counts.get('error', 0)} | first token p50 {p50}"
-            + ("" if self.with_suffix else " | PREFIX-ONLY")
-        )

@@ -1,19 +1,16 @@
 """What an editor sends of a file: the text before the cursor, clipped from the left to fit the
-model's context (counted with the served checkpoint's own tokenizer: a prompt over the context
-would be refused, and a load test of refusals measures nothing), and the text after it, clipped
-from the right to a share of that budget.
-
-A prefix clipped to exactly the longest tail that fits starts one character later at every
-keystroke, so a prefix cache could reuse nothing. With ``anchor_chars`` the cut moves in steps,
-as a cache-aware editor keeps it: at the first line start at or after the next multiple of
-``anchor_chars`` past the exact cut. ``anchor_chars=0`` is the exact tail.
-"""
+served checkpoint's context (counted with its own tokenizer: a load test of refusals measures
+nothing), and the text after it, clipped from the right to a share of that budget. The prefix's
+cut moves in steps of ``anchor_chars`` (at a line start), as a cache-aware editor keeps it, so
+that a prefix cache can reuse it; 0: the exact tail, which moves at every keystroke."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
+
+from tokenizers import Tokenizer
 
 MARGIN_TOKENS = 8  # a cut string re-encoded may merge differently; FIM adds a few tokens
 CHARS_PER_TOKEN_MAX = 16  # read this many characters per budgeted token before counting
@@ -27,24 +24,16 @@ class CheckpointTokenizer:
     """The checkpoint's ``tokenizer.json`` through the ``tokenizers`` library."""
 
     def __init__(self, checkpoint: Path) -> None:
-        from tokenizers import Tokenizer
-
-        path = Path(checkpoint) / "tokenizer.json"
-        if not path.exists():
-            raise FileNotFoundError(
-                f"no tokenizer at {path}: the editor profile clips prompts to the context with "
-                "the served checkpoint's tokenizer (run `make model`, or pass --model-repository)"
-            )
+        if not (path := Path(checkpoint) / "tokenizer.json").exists():
+            raise FileNotFoundError(f"no tokenizer at {path} to clip prompts with: run `make "
+                                    "model`, or pass --model-repository")  # fmt: skip
         self.tokenizer = Tokenizer.from_file(str(path))
 
     def offsets(self, text: str) -> list[tuple[int, int]]:
         return list(self.tokenizer.encode(text, add_special_tokens=False).offsets)
 
 
-@dataclass(frozen=True)
-class Window:
-    """One request's text."""
-
+class Window(NamedTuple):
     prefix: str
     suffix: str
     prefix_tokens: int
@@ -63,31 +52,22 @@ class Clipper:
 
     def __post_init__(self) -> None:
         if self.budget < 16:
-            raise ValueError(
-                f"a context of {self.context} tokens leaves {self.budget} for the prompt after "
-                f"{self.max_tokens} completion tokens and a margin of {MARGIN_TOKENS}: ask for "
-                "fewer tokens"
-            )
-        if not 0 <= self.suffix_share < 1:
-            raise ValueError(f"suffix_share must be in [0, 1), got {self.suffix_share}")
-        if self.anchor_chars < 0:
-            raise ValueError(f"anchor_chars must be >= 0, got {self.anchor_chars}")
+            raise ValueError(f"a context of {self.context} tokens leaves {self.budget} for "
+                             f"the prompt after {self.max_tokens}: ask for fewer")  # fmt: skip
 
     @property
     def budget(self) -> int:
         """Prompt tokens (prefix + suffix) a request may carry."""
         return self.context - self.max_tokens - MARGIN_TOKENS
 
-    def clip(
-        self, text: str, cursor: int, with_suffix: bool, suffix_at: int | None = None
-    ) -> Window:
-        """The window at ``cursor``; the suffix (the text from ``suffix_at``, by default the
-        cursor) takes at most ``suffix_share`` of the budget and the prefix the rest."""
+    def clip(self, text: str, cursor: int, with_suffix: bool,
+             suffix_at: int | None = None) -> Window:  # fmt: skip
+        """The suffix (from ``suffix_at``) takes up to ``suffix_share``, the prefix the rest."""
         suffix, suffix_tokens = "", 0
         if with_suffix:
             after = text[cursor if suffix_at is None else suffix_at :]
-            suffix, suffix_tokens = self._head(after, int(self.budget * self.suffix_share))
-        prefix, prefix_tokens = self._tail(text[:cursor], self.budget - suffix_tokens)
+            suffix, suffix_tokens = self._cut(after, int(self.budget * self.suffix_share), True)
+        prefix, prefix_tokens = self._cut(text[:cursor], self.budget - suffix_tokens, False)
         cut = cursor - len(prefix)
         if self.anchor_chars and cut > 0:
             step = -(-cut // self.anchor_chars) * self.anchor_chars  # the next multiple
@@ -97,20 +77,10 @@ class Clipper:
                 prefix_tokens = len(self.encoder.offsets(prefix))
         return Window(prefix, suffix, prefix_tokens, suffix_tokens)
 
-    def _tail(self, text: str, tokens: int) -> tuple[str, int]:
-        """The longest end of ``text`` of at most ``tokens`` tokens, cut at a token start."""
-        text = text[-tokens * CHARS_PER_TOKEN_MAX :]
-        spans = self.encoder.offsets(text)
-        if len(spans) <= tokens:
+    def _cut(self, text: str, tokens: int, head: bool) -> tuple[str, int]:
+        """The longest start (``head``) or end of ``text`` within ``tokens``, cut between two."""
+        chars = tokens * CHARS_PER_TOKEN_MAX
+        text = text[:chars] if head else text[-chars:]
+        if len(spans := self.encoder.offsets(text)) <= tokens:
             return text, len(spans)
-        return text[spans[-tokens][0] :], tokens
-
-    def _head(self, text: str, tokens: int) -> tuple[str, int]:
-        """The longest start of ``text`` of at most ``tokens`` tokens, cut at a token end."""
-        if tokens <= 0 or not text:
-            return "", 0
-        text = text[: tokens * CHARS_PER_TOKEN_MAX]
-        spans = self.encoder.offsets(text)
-        if len(spans) <= tokens:
-            return text, len(spans)
-        return text[: spans[tokens - 1][1]], tokens
+        return (text[: spans[tokens - 1][1]] if head else text[spans[-tokens][0] :]), tokens
