@@ -1,11 +1,6 @@
 """The soak's figures and checks, drawn from the request-event table (one row per request, as
-:class:`reporting.events.EventLog` keeps it, labelled by :func:`soak_rows`). Pure:
-``tests/test_soak.py`` checks them on tables built by hand.
-
-The stall check: the longest time with requests in flight and none progressing (answered in
-full, or a stream's first text), within ``--max-stall`` or :data:`STALL_FACTOR` times one
-request alone on this machine, whichever is longer (why: docs/soak.md).
-"""
+:class:`reporting.events.EventLog` keeps it, labelled by :func:`soak_rows`). Pure: the tests
+check them on tables built by hand. Why the stall bound is what it is: docs/soak.md."""
 
 from __future__ import annotations
 
@@ -39,6 +34,9 @@ from reporting.triton import EngineState
 
 PASS, FAIL, WARN, SKIP = "PASS", "FAIL", "WARN", "SKIP"
 STALL_FACTOR = 8
+MEASURED = ("soak", "editor")  # the phases the accounting covers
+TYPISTS = "openai"  # the kind the editor profile's typists fire (loadtest.editor.figures)
+RSS_CHECK = "RSS flat after warm-up"
 
 
 @dataclass(frozen=True)
@@ -46,12 +44,6 @@ class Check:
     name: str
     status: str  # PASS, FAIL, WARN, SKIP
     detail: str
-
-
-# --- the accounting ------------------------------------------------------------------------
-
-MEASURED = ("soak", "editor")  # the phases the accounting covers
-TYPISTS = "openai"  # the kind the editor profile's typists fire (loadtest.editor.figures)
 
 
 def soak_rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -72,13 +64,12 @@ def soak_rows(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def measured(frame: pd.DataFrame) -> pd.DataFrame:
-    """The labelled rows (:func:`soak_rows`) of the phases the accounting covers."""
     return soak_rows(frame[frame["window"].isin(MEASURED)])
 
 
 def kinds(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per kind of client, then ``all``: sent, ok, rejected by category, abandoned,
-    unanswered, unexpected (ended otherwise than it must), p50/p99 latency of the ok ones."""
+    """One row per kind of client, then ``all``: sent, each end, rejections by category,
+    unexpected ends, p50/p99 latency of the ok ones."""
     order = {kind: i for i, kind in enumerate(ALL_KINDS)}
     groups = sorted(frame.groupby("kind"), key=lambda g: order.get(g[0], len(order)))
     rows = []
@@ -90,11 +81,9 @@ def kinds(frame: pd.DataFrame) -> pd.DataFrame:
         rows.append({
             "kind": kind, "sent": len(group), "ok": int(status.get(OK, 0)),
             "rejected": ", ".join(f"{c} {rejected[c]}" for c in CATEGORIES if c in rejected)
-            or "0",
-            "rejected_n": int(status.get(REJECTED, 0)),
+            or "0", "rejected_n": int(status.get(REJECTED, 0)),
             "abandoned": int(status.get(ABANDONED, 0)),
-            "unanswered": int(status.get(UNANSWERED, 0)),
-            "unclear": int(rejected.get(UNCLEAR, 0)),
+            "unanswered": int(status.get(UNANSWERED, 0)), "unclear": int(rejected.get(UNCLEAR, 0)),
             "unexpected": int((~group["expected"].astype(bool)).sum()), "p50 s": p50, "p99 s": p99,
         })  # fmt: skip
     return pd.DataFrame(rows)
@@ -118,14 +107,13 @@ def cases(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def error_messages(frame: pd.DataFrame, limit: int = 30) -> pd.DataFrame:
-    """The distinct error texts (numbers blurred, so one message with different values counts
-    once), most frequent first, with their category."""
+    """The distinct error texts (numbers blurred: one message with other values counts once),
+    most frequent first, with their category."""
     failed = frame[frame["status"].isin((REJECTED, UNANSWERED)) & (frame["error"] != "")]
     counts: Counter[tuple[str, str]] = Counter()
     example: dict[tuple[str, str], str] = {}
-    for status, category, message in zip(
-        failed["status"], failed["category"], failed["error"], strict=True
-    ):
+    for status, category, message in zip(*(failed[c] for c in ("status", "category", "error")),
+                                         strict=True):  # fmt: skip
         key = (category or status, re.sub(r"\d+", "N", message[:160]))
         counts[key] += 1
         example.setdefault(key, message[:200])
@@ -134,8 +122,8 @@ def error_messages(frame: pd.DataFrame, limit: int = 30) -> pd.DataFrame:
 
 
 def accounting_checks(table: pd.DataFrame, sent: int, ended: int) -> list[Check]:
-    """The checks every soak makes on its own books (``table``: :func:`kinds` of the measured
-    phases; ``sent``: how many requests the clients began, ``ended``: rows they left)."""
+    """The soak's books (``table``: :func:`kinds` of the measured phases; ``sent``: requests
+    the clients began, ``ended``: rows they left)."""
     total, valid = table.iloc[-1], table[table["kind"].isin(VALID_KINDS)]
     ends = total["ok"] + total["rejected_n"] + total["abandoned"] + total["unanswered"]
     return [
@@ -219,9 +207,6 @@ def editor_check(phase: dict[str, Any]) -> Check:
                  + suffix + ("; " + "; ".join(problems) if problems else ""))  # fmt: skip
 
 
-# --- stalls --------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Stall:
     """The longest stretch of a phase with requests in flight and none progressing."""
@@ -243,10 +228,9 @@ def stall_bound(max_stall_s: float, reference_s: float | None) -> float:
 
 def longest_stall(phase: str, rows: pd.DataFrame, begin: float, end: float,
                   max_stall_s: float = 5.0, reference_s: float | None = None) -> Stall:  # fmt: skip
-    """The longest interval in [begin, end] between two progress events (or a phase edge),
-    counting only the time during which at least one request was in flight: a pause with
-    nothing sent (typists typing) is no stall, a server that answers nothing while requests
-    wait is. An unanswered request is in flight to the phase's end."""
+    """The longest interval in [begin, end] between two progress events (an answer in full, a
+    stream's first text) or a phase edge, counting only time with a request in flight: typists
+    all typing is no stall. An unanswered request is in flight to the phase's end."""
     bound = round(stall_bound(max_stall_s, reference_s), 2)
     reference = None if reference_s is None else round(reference_s, 3)
     if rows.empty:
@@ -254,7 +238,7 @@ def longest_stall(phase: str, rows: pd.DataFrame, begin: float, end: float,
     started = pd.to_numeric(rows["started_s"])
     ended = started + pd.to_numeric(rows["latency_ms"]) / 1000
     ended[rows["status"] == UNANSWERED] = end
-    first = started + pd.to_numeric(rows["first_token_ms"]) / 1000  # a stream's first text
+    first = started + pd.to_numeric(rows["first_token_ms"]) / 1000
     progress = ended.where(rows["status"] == OK, first).dropna()
     merged: list[list[float]] = []
     for lo, hi in sorted(zip(started, ended, strict=True)):
@@ -292,38 +276,20 @@ def stall_check(stalls: Sequence[Stall], max_stall_s: float) -> Check:
                  + "; ".join(stall_line(s) for s in stalls))  # fmt: skip
 
 
-# --- memory --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Flatness:
-    """Is the server's memory flat after warm-up? The largest RSS of the last third of the
-    samples against the largest of the first third (max, not mean: a leak raises the peaks)."""
-
-    samples: int
-    growth: float | None  # last / first - 1
-    flat: bool | None  # None: too few samples to say
-    note: str
-
-
-def rss_flatness(samples: Sequence[int], tolerance: float, minimum: int = 6) -> Flatness:
-    """Flatness of the RSS values of the measured phase after warm-up, in time order."""
-    if len(samples) < minimum:
-        note = f"too few samples after warm-up ({len(samples)} < {minimum}): run longer"
-        return Flatness(len(samples), None, None, note)
+def rss_check(samples: Sequence[int] | None, tolerance: float, strict: bool) -> Check:
+    """Is the server's memory flat after warm-up (``samples``: the RSS values in time order;
+    None: tritonserver's process not found)? The largest of the last third against the largest
+    of the first (max, not mean: a leak raises the peaks). Growth warns, or fails if
+    ``strict``."""
+    if samples is None or len(samples) < 6:
+        return Check(RSS_CHECK, SKIP, "RSS not measured: tritonserver's process not found on "
+                     "this machine" if samples is None else f"too few samples after warm-up "
+                     f"({len(samples)} < 6): run longer")  # fmt: skip
     third = len(samples) // 3
     first, last = max(samples[:third]), max(samples[-third:])
     growth = last / first - 1
-    note = (f"{'flat' if growth <= tolerance else 'growing'}: last third max "
-            f"{last / 2**20:,.0f} MiB vs first third max {first / 2**20:,.0f} MiB "
-            f"({growth:+.1%}, tolerance {tolerance:.0%})")  # fmt: skip
-    return Flatness(len(samples), growth, growth <= tolerance, note)
-
-
-def rss_check(flatness: Flatness | None, strict: bool) -> Check:
-    """Warns on growth (fails with ``strict``); skipped without the server's process."""
-    if flatness is None:
-        return Check("RSS flat after warm-up", SKIP, "server process not found")
-    growing = FAIL if strict else WARN
-    status = SKIP if flatness.flat is None else PASS if flatness.flat else growing
-    return Check("RSS flat after warm-up", status, flatness.note)
+    flat = growth <= tolerance
+    return Check(RSS_CHECK, PASS if flat else FAIL if strict else WARN,
+                 f"{'flat' if flat else 'growing'}: last third max {last / 2**20:,.0f} MiB vs "
+                 f"first third max {first / 2**20:,.0f} MiB ({growth:+.1%}, tolerance "
+                 f"{tolerance:.0%})")  # fmt: skip

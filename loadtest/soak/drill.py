@@ -16,35 +16,33 @@ from loadtest.soak.cases import OK, STREAM, UNARY_GRPC, UNARY_HTTP
 from loadtest.soak.checks import PASS, SKIP, WARN, Check
 from loadtest.soak.send import Client, ClientParams, Requests
 from loadtest.soak.server import find_stub, http_status, tritonserver
-from loadtest.soak.settings import Settings
 from reporting.triton import ServedTriton
 
 log = logging.getLogger("soak")
-DRILL_WINDOW_S = 60.0
-DRILL_DEADLINE_S = 30.0  # a drill request with no answer by then is unanswered
+WINDOW_S = 60.0
+DEADLINE_S = 30.0  # a drill request with no answer by then is unanswered
 PROBES = ((UNARY_GRPC, "grpc"), (UNARY_HTTP, "http"), (STREAM, "stream-grpc"))
 
 
 def stub_kill_drill(
-    s: Settings, handle: ServedTriton, params: ClientParams, requests: Requests
+    s: Any, handle: ServedTriton, params: ClientParams, requests: Requests
 ) -> dict[str, Any]:
-    """SIGKILL the stub of the engine model (the server's one engine) of a server this soak
-    started, with three requests in flight, and watch for 60 s: readiness, a fresh request
-    every 3 s, the launcher and tritonserver. Its requests are events of ``requests``."""
+    """SIGKILL the engine model's stub (the server's one engine) with three long requests in
+    flight, then for 60 s poll readiness, the launcher and tritonserver, and send a fresh
+    request every 3 s. Never on a server the soak did not start."""
     if not s.drill:
         return {"done": False, "note": "skipped (--no-drill)"}
-    if not handle.started or handle.launcher is None or handle.launcher.process is None:
+    if not handle.started or handle.launcher.process is None:
         return {"done": False, "note": "skipped: the server was found running, not started by "
                 "the soak (the drill never kills a server it did not start)"}  # fmt: skip
     server = tritonserver(handle)
-    stub = find_stub(server) if server else None
-    if stub is None:
+    if (stub := find_stub(server) if server else None) is None:
         return {"done": False, "note": f"skipped: no {ENGINE_MODEL} python-backend stub found"}
     launcher, http = handle.launcher.process, s.endpoints.http_url
     urls = {"live": f"{http}/v2/health/live", "ready": f"{http}/v2/health/ready",
             **{f"{m} ready": f"{http}/v2/models/{m}/ready"
                for m in (ENGINE_MODEL, ENSEMBLE_MODEL, STREAM_MODEL)}}  # fmt: skip
-    params = replace(params, deadline_s=min(params.deadline_s, DRILL_DEADLINE_S))
+    params = replace(params, deadline_s=min(params.deadline_s, DEADLINE_S))
     long = replace(params, max_tokens=params.long_tokens)  # still running at the kill
     sent: list[gevent.Greenlet] = []
 
@@ -52,8 +50,8 @@ def stub_kill_drill(
         client = Client(100 + len(sent), long if len(sent) < 3 else params, requests, s.seed)
         sent.append(gevent.spawn(lambda: (client.run(kind, "", transport), client.close())))
 
-    stub_info = {"pid": stub.pid, "cmdline": " ".join(stub.cmdline())[:300]}
     log.info(f"drill: requests in flight, then SIGKILL to the {ENGINE_MODEL} stub pid {stub.pid}")
+    stub_info = {"pid": stub.pid, "cmdline": " ".join(stub.cmdline())[:300]}
     for probe in PROBES:
         send(*probe)
     gevent.sleep(1.0)
@@ -69,7 +67,7 @@ def stub_kill_drill(
             log.info(f"drill +{t:5.1f}s  {what}: {value}")
 
     next_probe, launcher_gone = killed + 2.0, None
-    while time.monotonic() - killed < DRILL_WINDOW_S:
+    while time.monotonic() - killed < WINDOW_S:
         for what, url in urls.items():
             note(what, http_status(url, timeout=1.0))
         code = launcher.poll()
@@ -85,11 +83,8 @@ def stub_kill_drill(
             send(*PROBES[(len(sent) - 3) % len(PROBES)])
             next_probe += 3.0
         gevent.sleep(0.5)
-    gevent.joinall(sent, timeout=DRILL_DEADLINE_S + 5.0)  # the last probe's deadline at most
-    requests.close(f"no answer within {DRILL_DEADLINE_S:.0f} s")
-    # the first three started before the kill; probes start 2 s and more after it
-    in_flight = [r for r in requests.ended if r["started"] < killed_wall]
-    probes = [r for r in requests.ended if r["started"] >= killed_wall]
+    gevent.joinall(sent, timeout=DEADLINE_S + 5.0)  # the last probe's deadline at most
+    requests.close(f"no answer within {DEADLINE_S:.0f} s")
 
     def changed(what: str, healthy: str) -> float | None:
         """When ``what`` first stopped being ``healthy`` after the kill (None: never)."""
@@ -100,26 +95,20 @@ def stub_kill_drill(
     stubs = {e["value"] for e in timeline if e["what"] == f"{ENGINE_MODEL} stub"}
     failed = [r for r in requests.ended if r["status"] != OK]
     return {
-        "done": True,
+        "done": True, "stub": stub_info, "killed_at": killed_at.isoformat(timespec="seconds"),
         "note": f"SIGKILL to the {ENGINE_MODEL} stub of the server this soak started; watched "
-        f"{min(DRILL_WINDOW_S, time.monotonic() - killed):.0f} s",
-        "stub": stub_info,
-        "killed_at": killed_at.isoformat(timespec="seconds"),
+        f"{min(WINDOW_S, time.monotonic() - killed):.0f} s",
         "server_ready_turned_false_after_s": changed("ready", "200"),
         "stage_ready_turned_false_after_s": changed(f"{ENGINE_MODEL} ready", "200"),
-        "launcher_exit": f"code {code} after {exited_at:.1f} s"
-        if code is not None and exited_at is not None
-        else f"still running after {DRILL_WINDOW_S:.0f} s",
-        "launcher_exit_code": code,
-        "tritonserver_exit": last.get("tritonserver"),
+        "launcher_exit": f"code {code} after {exited_at:.1f} s" if code is not None
+        and exited_at is not None else f"still running after {WINDOW_S:.0f} s",
+        "launcher_exit_code": code, "tritonserver_exit": last.get("tritonserver"),
         "stub_restarted": bool(stubs - {"none", f"pid {stub.pid}"}),
-        "requests": len(requests.ended),
-        "requests_failed": len(failed),
+        "requests": len(requests.ended), "requests_failed": len(failed),
         "requests_failed_clearly": sum(r["category"] not in ("", "unclear") for r in failed),
-        "timeline": timeline,
-        "in_flight": in_flight,
-        "probes": probes,
-    }
+        "timeline": timeline,  # the first three started before the kill, the probes after it
+        "in_flight": [r for r in requests.ended if r["started"] < killed_wall],
+    }  # fmt: skip
 
 
 def drill_check(drill: dict[str, Any]) -> Check:
@@ -128,8 +117,7 @@ def drill_check(drill: dict[str, Any]) -> Check:
         return Check("stub-kill drill", SKIP, str(drill.get("note")))
 
     def turned(key: str) -> str:
-        after = drill[key]
-        return "200 throughout" if after is None else f"not 200 after {after:.1f} s"
+        return "200 throughout" if drill[key] is None else f"not 200 after {drill[key]:.1f} s"
 
     detail = (
         f"/v2/health/ready {turned('server_ready_turned_false_after_s')}, "

@@ -11,7 +11,6 @@ from typing import Any
 
 RAMP_LEVELS = (1, 2, 4, 8, 16, 32, 64)
 RAMP, SOAK, EDITOR, DRAIN = "ramp", "soak", "editor", "drain"
-RUN_DRIVEN = (EDITOR, DRAIN)  # stages with no soak users, ended by the run (:meth:`finish`)
 
 
 @dataclass
@@ -60,8 +59,7 @@ class SoakPlan:
         if name:
             self.stages.append((name, now, None))
 
-    def finish(self, name: str, now: float) -> None:
-        """The run ended a stage it drives (the editor phase, the drain)."""
+    def finish(self, name: str, now: float) -> None:  # the run ended the editor phase, the drain
         self.ended.add(name)
         self.tick(now)
 
@@ -130,6 +128,5 @@ class SoakPlan:
         return False
 
     def summary(self) -> dict[str, Any]:
-        """The saturation as the report gives it."""
         steps = [{k: v for k, v in s.items() if k != "closed"} for s in self.steps]
         return {"clients": self.saturation, "steps": steps, "note": self.note}

@@ -1,12 +1,8 @@
-"""``make soak``: a bounded load and fault test of the served ensemble on this machine, on Locust
-(``python -m loadtest.soak --host 127.0.0.1:8000 --duration 120``; docs/soak.md).
-
-Finds or starts Triton (traffic only ever goes to 127.0.0.1), runs the phases as the stages of
-a Locust load shape (:mod:`loadtest.soak.plan`: ramp, soak, editor phase, drain), then the
-stub-kill drill on a server it started; every request is a row of the event table
+"""``make soak`` (docs/soak.md): finds or starts Triton (traffic only ever goes to 127.0.0.1),
+runs the phases as the stages of a Locust load shape (:mod:`loadtest.soak.plan`), then the
+stub-kill drill on a server it started. Every request is a row of the event table
 (``events.csv``) the checks and the run folder are built from. Exits 1 when a check fails, 2
-when it could not run.
-"""
+when it could not run."""
 
 from __future__ import annotations
 
@@ -15,7 +11,6 @@ import logging
 import time
 from dataclasses import asdict, replace
 from datetime import datetime
-from types import SimpleNamespace
 from typing import Any
 
 import gevent
@@ -28,7 +23,7 @@ from locust.env import Environment
 from contract import metrics as names
 from contract.prompts import code_prompts
 from contract.tensors import ENGINE_MODEL
-from loadtest.soak import checks
+from loadtest.soak import checks, users
 from loadtest.soak.cases import EDITOR, HOSTILE, INVALID, OK, UNARY_GRPC
 from loadtest.soak.drill import drill_check, stub_kill_drill
 from loadtest.soak.plan import DRAIN, SOAK, SoakPlan
@@ -36,32 +31,19 @@ from loadtest.soak.report import console_table, failed, write_run
 from loadtest.soak.send import Client, ClientParams, Requests
 from loadtest.soak.server import Sampler, http_status
 from loadtest.soak.settings import Settings, parse_args
-from loadtest.soak.users import (
-    Mix,
-    SoakShape,
-    SoakTypist,
-    SoakUser,
-    editor_phase,
-    write_locust_reports,
-)
+from reporting import triton
 from reporting.events import EventLog
 from reporting.machine import describe
-from reporting.triton import (
-    engine_state,
-    model_context,
-    open_triton,
-    read_snapshot,
-    wait_for_drain,
-)
+from reporting.triton import engine_state, model_context, open_triton, read_snapshot
 
 log = logging.getLogger("soak")
+DRAIN_S = 120.0  # the drain's longest wait for the engine to be idle
 
 
 def lone_request_s(params: ClientParams, seed: int) -> float | None:
     """One valid unary request alone on the idle server (no row of the table): the machine's
     speed, which the stall check scales its bound to."""
-    silent = Requests(SimpleNamespace(request=SimpleNamespace(fire=lambda **_: None)))
-    client, began = Client(10_000, params, silent, seed), time.perf_counter()
+    client, began = Client(10_000, params, Requests(None), seed), time.perf_counter()
     try:
         outcome = client.run(UNARY_GRPC)
     finally:
@@ -80,7 +62,8 @@ class Soak:
         prompts = tuple(code_prompts(300, s.seed, max_chars=s.prompt_chars))
         self.params = ClientParams(s.endpoints, prompts, s.max_tokens, s.long_tokens, s.deadline,
                                    model_context(s.model_repository))  # fmt: skip
-        self.env = Environment(user_classes=[SoakUser, SoakTypist], stop_timeout=s.deadline + 10)
+        self.env = Environment(user_classes=[users.SoakUser, users.SoakTypist],
+                               stop_timeout=s.deadline + 10)  # fmt: skip
         self.events.attach(self.env)
         self.answered: list[float] = []  # when each request was answered: the ramp's measure
         self.env.events.request.add_listener(self._answered)
@@ -100,34 +83,34 @@ class Soak:
         return None
 
     def run_shape(self) -> SoakPlan:
-        """The shape's stages in turn: ramp, soak, editor and drain."""
+        """The shape's stages in turn (ramp, soak, editor and drain), a progress line each."""
         s, runner = self.s, self.env.create_local_runner()
         plan = SoakPlan(s.duration, lambda t: sum(e >= t for e in self.answered), self._tokens,
                         s.saturation, s.clients, s.ramp_step, s.ramp_gain, s.ramp_patience,
                         s.max_clients)  # fmt: skip
         self.requests.window = lambda: plan.stage or ""
-        SoakUser.mix = Mix(self.params, self.requests, plan, s.mix, s.seed)
-        self.env.shape_class = SoakShape(plan, time.time)
+        users.SoakUser.mix = users.Mix(self.params, self.requests, plan, s.mix, s.seed)
+        self.env.shape_class = users.SoakShape(plan, time.time)
         runner.start_shape()
-        stage, next_line = "", time.monotonic() + s.progress_every
+        stage = ""
         while not (plan.stages and plan.stage is None):
             if plan.stage != stage and plan.stage:
                 stage = self.sampler.phase = plan.stage
                 self.events.stamp(window=stage)  # the typists' rows; the mix names its own
-                log.info(f"stage: {stage} ({runner.user_count} users now)")
+                ends = self.events.frame()["outcome"].value_counts().to_dict()
+                log.info(f"stage: {stage} ({runner.user_count} users now); so far: sent "
+                         f"{self.requests.sent}, in flight {len(self.requests.in_flight)}, "
+                         f"ended {ends}")  # fmt: skip
             if stage == EDITOR and EDITOR not in plan.ended:
                 self._editor(runner)
                 plan.finish(EDITOR, time.time())
             elif stage == DRAIN and DRAIN not in plan.ended:
                 self.found["ready_after"] = http_status(f"{s.endpoints.http_url}/v2/health/ready")
-                self.found["drain"] = wait_for_drain(s.endpoints.metrics_url, s.drain_timeout)
+                self.found["drain"] = triton.wait_for_drain(s.endpoints.metrics_url, DRAIN_S)
                 plan.finish(DRAIN, time.time())
-            elif time.monotonic() >= next_line:
-                log.info(f"{stage} {self.progress(runner.user_count)}")
-                next_line += s.progress_every
             gevent.sleep(0.5)
         runner.quit()
-        self.locust_files = write_locust_reports(self.env, s.out)
+        self.locust_files = users.write_locust_reports(self.env, s.out)
         return plan
 
     def _editor(self, runner: Any) -> None:
@@ -138,16 +121,9 @@ class Soak:
             gevent.sleep(0.5)
         self.found["stuck_users"] = runner.user_count
         left = self.requests.close(f"still in flight {self.s.deadline:.0f}s after the soak ended")
-        editor = editor_phase(self.s, runner, lambda: self.progress(runner.user_count))
+        editor = users.editor_phase(self.s, runner)
         left += self.requests.close("still in flight after the editor phase ended")
         self.found.update(editor=editor, unanswered_at_close=left)
-
-    def progress(self, users: int) -> str:
-        status = checks.soak_rows(self.events.frame())["status"].value_counts()
-        counts = "  ".join(f"{k} {status.get(k, 0)}" for k in ("ok", "rejected", "abandoned",
-                                                                "unanswered"))  # fmt: skip
-        return (f"users {users}  sent {self.requests.sent}  {counts}  in flight "
-                f"{len(self.requests.in_flight)}  RSS {self.sampler.latest_rss()}")  # fmt: skip
 
     def stalls(self, plan: SoakPlan, frame: Any, lone_s: float | None) -> list[checks.Stall]:
         windows = {name: (b - self.origin, e - self.origin) for name, b, e in plan.stages}
@@ -164,14 +140,14 @@ class Soak:
                 if st.at_s is not None and st.until_s is not None else st
                 for st in found]  # fmt: skip
 
-    def flatness(self, plan: SoakPlan) -> checks.Flatness | None:
+    def rss_samples(self, plan: SoakPlan) -> list[int] | None:
+        """The server's RSS through the soak phase after the warm-up (None: not found)."""
         if self.sampler.root is None:
             return None
         soak = next(((b, e) for n, b, e in plan.stages if n == SOAK), (0.0, 0.0))
         first, last = soak[0] - self.origin + self.s.warmup, soak[1] - self.origin
-        return checks.rss_flatness([x.rss_bytes for x in self.sampler.samples if x.phase == SOAK
-                                    and x.rss_bytes and first <= x.t_s <= last],
-                                   self.s.rss_tolerance)  # fmt: skip
+        return [x["rss_bytes"] for x in self.sampler.samples if x["phase"] == SOAK
+                and x["rss_bytes"] and first <= x["t_s"] <= last]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,11 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         log.error(f"soak cannot run: {exc}")
         return 2
     log.info(f"server {handle.description}")
-    soak = Soak(s, handle)
+    soak, drill, idle = Soak(s, handle), {}, None
     soak.sampler.start()
-    drill: dict[str, Any] = {}
     try:
-        idle = None
         with contextlib.suppress(OSError, ValueError):
             idle = engine_state(s.endpoints.metrics_url)
         lone_s = lone_request_s(soak.params, s.seed)
@@ -210,14 +184,15 @@ def main(argv: list[str] | None = None) -> int:
     table, cases, editor = checks.kinds(rows), checks.cases(rows), soak.found["editor"]
     if editor.get("done"):
         editor["figures"] = checks.editor_figures(rows[rows["kind"] == EDITOR])
-    stalls, flatness = soak.stalls(plan, rows, lone_s), soak.flatness(plan)
     ready = soak.found.get("ready_after", "not measured")
     mixed = int(((frame["window"] != "drill") & (frame["kind"] != EDITOR)).sum())  # the mix's
+    stalls = soak.stalls(plan, rows, lone_s)
     found = [
         *checks.accounting_checks(table, soak.requests.sent, mixed),
         checks.case_check(cases, INVALID), checks.case_check(cases, HOSTILE),
         *checks.server_checks(ready, idle, after, drain_s), checks.editor_check(editor),
-        checks.stall_check(stalls, s.max_stall), checks.rss_check(flatness, s.strict_rss),
+        checks.stall_check(stalls, s.max_stall),
+        checks.rss_check(soak.rss_samples(plan), s.rss_tolerance, s.strict_rss),
         drill_check(drill),
     ]  # fmt: skip
     total, m = table.iloc[-1], describe()
@@ -237,23 +212,21 @@ def main(argv: list[str] | None = None) -> int:
         "total": {"sent": int(total["sent"]), "ok": int(total["ok"]),
                   "rejected": int(total["rejected_n"]), "abandoned": int(total["abandoned"]),
                   "unanswered": int(total["unanswered"])},
-        "rss": flatness,
-        "rss_note": "RSS not measured: tritonserver's process not found on this machine",
         "drain": {"ready_after_soak": ready, "drain_s": round(drain_s, 1),
                   "running_sequences_after": after.running if after else None,
-                  "pending_requests_after": after.pending if after else None},
-        "engine": {"idle_before": idle and asdict(idle), "after_drain": after and asdict(after),
-                   "kv_cache_bytes": "not exported"
-                   if not after or after.kv_cache_bytes is None else after.kv_cache_bytes,
-                   "engine_cancelled_during_soak": cancelled,
-                   "clients_abandoned_during_soak": int(total["abandoned"])},
+                  "pending_requests_after": after.pending if after else None,
+                  "idle_before": idle and asdict(idle), "after_drain": after and asdict(after),
+                  "kv_cache_bytes": "not exported"
+                  if not after or after.kv_cache_bytes is None else after.kv_cache_bytes,
+                  "engine_cancelled_during_soak": cancelled,
+                  "clients_abandoned_during_soak": int(total["abandoned"])},
         "drill": drill, "editor": editor, "stalls": stalls, "checks": found,
     }  # fmt: skip
     phases = [(n, b - soak.origin, e - soak.origin) for n, b, e in plan.stages if e is not None]
     paths = write_run(s.out, result, frame, soak.sampler.samples, phases)
     print(console_table(result, frame), flush=True)
-    names_ = ", ".join(p.name for p in [s.out / "events.csv", *soak.locust_files, *paths])
-    print(f"\nwritten: {names_} in {s.out}", flush=True)
+    written = ", ".join(p.name for p in [s.out / "events.csv", *soak.locust_files, *paths])
+    print(f"\nwritten: {written} in {s.out}", flush=True)
     if failed(result):
         print(f"SOAK FAILED ({', '.join(failed(result))}): see {s.out / 'report.md'} for the "
               "requests and error texts behind it", flush=True)  # fmt: skip

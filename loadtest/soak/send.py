@@ -1,11 +1,7 @@
-"""One soak request of any kind, sent through the client's transport (:mod:`client.transport`)
-and reported as one Locust ``request`` event (:class:`Requests`), the row
-:class:`reporting.events.EventLog` keeps.
-
-Valid requests are built by ``CompletionRequest``; invalid and hostile ones are raw tensors, so
-nothing on the client side refuses them first. Every call has a deadline, so a request that
-gets no answer is counted, never waited for forever. Importing this module imports no Locust.
-"""
+"""One soak request of any kind on the client's transport (:mod:`client.transport`), reported
+as one Locust ``request`` event (:class:`Requests`), the row :class:`reporting.events.EventLog`
+keeps. Every call has a deadline, so a request with no answer is counted, never waited for
+forever. Importing this module imports no Locust."""
 
 from __future__ import annotations
 
@@ -40,22 +36,20 @@ from loadtest.soak.cases import (
 )
 from reporting.triton import Endpoints
 
-# Which event outcome (reporting.events.OUTCOMES) each end is: overload refusals are shed.
-SHED = ("queue_full", "timeout")
+SHED = ("queue_full", "timeout")  # the refusals the event table's outcome calls shed
+VANISH_AFTER_S = (0.2, 1.0)  # a vanishing unary client's timeout
+VANISH_PIECES = (1, 4)  # pieces a vanishing stream reads before it is closed
+STREAMS = ("stream-grpc", "stream-http")
 
 
 @dataclass(frozen=True)
 class ClientParams:
-    """What every client needs: where to send, how much, and how long to wait."""
-
     endpoints: Endpoints
     prompts: tuple[str, ...]
     max_tokens: int  # of a valid request
     long_tokens: int  # of a request a client abandons (long enough to be running then)
     deadline_s: float  # no answer within this: unanswered
     context: int  # the model's context in tokens
-    vanish_after_s: tuple[float, float] = (0.2, 1.0)  # a vanishing unary client's timeout
-    vanish_pieces: tuple[int, int] = (1, 4)  # pieces a vanishing stream reads first
 
 
 @dataclass
@@ -71,12 +65,12 @@ def rejected(message: str) -> Outcome:
 
 
 class Requests:
-    """Fires one Locust ``request`` event per request as it ends (the soak's own columns in its
-    context: how it ended, the phase it was sent in), and keeps those still in flight, so that
-    what never ends is reported unanswered (:meth:`close`)."""
+    """Fires one ``request`` event on ``events`` (None: none) per request as it ends, with the
+    soak's columns in its context, and keeps those in flight, so that what never ends is
+    reported unanswered (:meth:`close`). ``window``: the phase, or what names it."""
 
     def __init__(self, events: Any, window: str | Callable[[], str] = "") -> None:
-        self.events, self.window = events, window  # the phase, or what names it
+        self.events, self.window = events, window
         self.lock = threading.Lock()
         self.in_flight: dict[int, tuple[str, str, str, float, str]] = {}
         self.ended: list[dict[str, Any]] = []  # every end, for the drill's own summary
@@ -91,13 +85,14 @@ class Requests:
 
     def end(self, ticket: int, outcome: Outcome) -> None:
         with self.lock:
-            entry = self.in_flight.pop(ticket, None)
-            if entry is None:
+            if (entry := self.in_flight.pop(ticket, None)) is None:
                 return
             kind, case, transport, started, window = entry
             self.ended.append({"transport": transport, "started": started,
                                "status": outcome.status, "category": outcome.category,
                                "message": outcome.message[:400]})  # fmt: skip
+        if self.events is None:
+            return
         first, failed = outcome.first_token_s, outcome.status in (REJECTED, UNANSWERED)
         self.events.request.fire(
             request_type=kind, name=case or kind, response_time=(time.time() - started) * 1000,
@@ -125,10 +120,10 @@ class Client:
     def __init__(self, index: int, params: ClientParams, requests: Requests, seed: int = 0):
         self.params, self.requests = params, requests
         self.rng = random.Random(seed * 1_000_003 + index)
-        endpoints, deadline = params.endpoints, params.deadline_s
+        address, deadline = params.endpoints, params.deadline_s
         self.transports = {
-            "grpc": Transport(resolve_target(endpoints.grpc, "grpc"), deadline),
-            "http": Transport(resolve_target(endpoints.host, "http"), deadline),
+            "grpc": Transport(resolve_target(address.grpc, "grpc"), deadline),
+            "http": Transport(resolve_target(address.host, "http"), deadline),
         }
 
     def close(self) -> None:
@@ -136,22 +131,18 @@ class Client:
             transport.close()
 
     def valid_request(self, max_tokens: int | None = None) -> CompletionRequest:
-        prompts = self.params.prompts
-        i = self.rng.randrange(len(prompts))
-        return CompletionRequest(  # the seed is the prompt's index
-            prompts[i], max_tokens=max_tokens or self.params.max_tokens, seed=i, **SAMPLING
-        )
+        i = self.rng.randrange(len(self.params.prompts))  # the seed is the prompt's index
+        return CompletionRequest(self.params.prompts[i],
+                                 max_tokens=max_tokens or self.params.max_tokens, seed=i,
+                                 **SAMPLING)  # fmt: skip
 
     def run(self, kind: str, case: str = "", transport: str = "") -> Outcome:
         """Send one request of ``kind`` and report how it ended."""
-        streams = ("stream-grpc", "stream-http")
         transport = transport or {
-            UNARY_GRPC: "grpc",
-            UNARY_HTTP: "http",
-            STREAM: self.rng.choice(streams),
-            VANISH_STREAM: self.rng.choice(streams),
+            UNARY_GRPC: "grpc", UNARY_HTTP: "http", STREAM: self.rng.choice(STREAMS),
+            VANISH_STREAM: self.rng.choice(STREAMS),
             VANISH_UNARY: self.rng.choice(("grpc", "raw-http")),
-        }.get(kind, "grpc")
+        }[kind]  # fmt: skip
         ticket = self.requests.begin(kind, case, transport)
         try:
             outcome = self._send(kind, case, transport)
@@ -173,21 +164,18 @@ class Client:
         if kind == STREAM:
             return self.stream(transport, self.valid_request(), None)
         if kind == VANISH_STREAM:
-            pieces = self.rng.randint(*p.vanish_pieces)
+            pieces = self.rng.randint(*VANISH_PIECES)
             return self.stream(transport, self.valid_request(p.long_tokens), pieces)
-        if kind == VANISH_UNARY:
-            after = self.rng.uniform(*p.vanish_after_s)
-            request = self.valid_request(p.long_tokens)
-            if transport == "raw-http":
-                return self.http_drop(request, after)
-            return self.unary("grpc", request.tensors(), after, vanishing=True)
-        raise ValueError(f"unknown kind {kind!r}")
+        after, request = self.rng.uniform(*VANISH_AFTER_S), self.valid_request(p.long_tokens)
+        if transport == "raw-http":
+            return self.http_drop(request, after)
+        return self.unary("grpc", request.tensors(), after, vanishing=True)
 
     def unary(
         self, transport: str, tensors: Tensors, timeout: float, vanishing: bool = False
     ) -> Outcome:
-        """The unary ensemble over gRPC or HTTP; ``vanishing``: the client timeout is the
-        client leaving on purpose (abandoned), else the soak's deadline (unanswered)."""
+        """The unary ensemble; ``vanishing``: the client timeout is the client leaving on
+        purpose (abandoned), else the soak's deadline (unanswered)."""
         wire = self.transports[transport]
         kwargs = {"client_timeout": timeout} if transport == "grpc" else {}
         try:
@@ -208,14 +196,13 @@ class Client:
         self, transport: str, request: CompletionRequest, leave_after: int | None,
         inputs: list | None = None,
     ) -> Outcome:  # fmt: skip
-        """A stream to its final answer; ``leave_after``: closed after that many pieces (the
-        client vanishing mid-stream: abandoning is closing the stream); ``inputs``: raw
-        tensors in the request's place."""
+        """A stream to its final answer, or closed after ``leave_after`` pieces (abandoning is
+        closing the stream); ``inputs``: raw tensors in the request's place."""
         wire = self.transports["grpc" if transport in ("stream-grpc", "stream") else "http"]
         pieces, sent, first = 0, time.perf_counter(), None
         try:
             stream = wire.stream(request, inputs)
-            for piece in stream.pieces():
+            for piece in stream.pieces():  # closed when they end, fail or the loop leaves
                 if piece.text and first is None:
                     first = piece.arrived - sent
                 pieces += bool(piece.text)
@@ -230,8 +217,7 @@ class Client:
         return Outcome(OK, first_token_s=first)
 
     def http_drop(self, request: CompletionRequest, after: float) -> Outcome:
-        """POST to the ensemble's ``generate`` and drop the connection after ``after``
-        seconds without an answer: a client that vanishes mid-request over HTTP."""
+        """POST to ``generate`` and drop the connection unread after ``after`` seconds."""
         url = f"{self.params.endpoints.http_url}/v2/models/{ENSEMBLE_MODEL}/generate"
         try:
             response = httpx.post(url, json=generate_body(request),

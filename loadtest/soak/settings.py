@@ -1,5 +1,5 @@
-"""The soak's command line, plain argparse: :func:`parse_args` gives the namespace every phase
-reads, with the endpoints, the warm-up's default, the mix and the run folder filled in."""
+"""The soak's command line: :func:`parse_args` gives the namespace every phase reads, with the
+endpoints, the warm-up's default, the mix and the run folder filled in."""
 
 import argparse
 from collections.abc import Callable
@@ -10,39 +10,28 @@ from loadtest.soak.cases import DEFAULT_MIX, KINDS, parse_mix
 from reporting.triton import Endpoints
 from serving.paths import MODEL_REPOSITORY, REPO_ROOT
 
-RESULTS = REPO_ROOT / "loadtest" / "results"
 Settings = argparse.Namespace
 
 
-def _number(kind: type, zero: bool = False) -> Callable[[str], float]:
+def _above(kind: type, zero: bool = False) -> Callable[[str], float]:
     """An argparse type: a ``kind`` above 0 (or 0 and above, with ``zero``)."""
 
     def parse(text: str) -> float:
-        value = kind(text)
-        if value < 0 or (value == 0 and not zero):
+        if (value := kind(text)) < 0 or (value == 0 and not zero):
             raise argparse.ArgumentTypeError(f"must be {'>= 0' if zero else '> 0'}, got {text}")
         return value
 
     return parse
 
 
-SECONDS, COUNT, ZERO_OK = _number(float), _number(int), _number(float, zero=True)
+SECONDS, COUNT, ZERO_OK = _above(float), _above(int), _above(float, zero=True)
 
 
-class _Help(argparse.ArgumentDefaultsHelpFormatter):
-    """Every default in the help, but for flags and options whose help says it in words."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or isinstance(action.default, bool):
-            return action.help
-        return super()._get_help_string(action)
-
-
-def parser() -> argparse.ArgumentParser:
+def parse_args(argv: list[str] | None = None) -> Settings:
     p = argparse.ArgumentParser(
-        prog="python -m loadtest.soak", formatter_class=_Help,
+        prog="python -m loadtest.soak", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="make soak: a bounded load and fault test of the served ensemble on this "
-        "machine.",
+        "machine (docs/soak.md).",
     )  # fmt: skip
     add = p.add_argument
     # fmt: off
@@ -66,28 +55,20 @@ def parser() -> argparse.ArgumentParser:
     add("--warmup", type=ZERO_OK, help="soak seconds before RSS counts (default: duration/6)")
     add("--rss-every", type=SECONDS, default=2.0, help="seconds between RSS and engine samples")
     add("--rss-tolerance", type=ZERO_OK, default=0.10, help="RSS growth still called flat")
-    add("--drain-timeout", type=ZERO_OK, default=120.0, help="seconds to wait for idle")
     add("--editor-duration", type=ZERO_OK, default=60.0, help="seconds of the editor phase: "
         "typists streaming through the OpenAI API, each request abandoned at the next "
         "keystroke (0 skips it)")
-    add("--editor-typists", type=COUNT, default=4, help="typists of the editor phase")
+    add("--editor-typists", type=COUNT, default=4)
     add("--editor-max-tokens", type=COUNT, default=64, help="tokens per editor completion")
     add("--max-stall", type=SECONDS, default=5.0, help="longest seconds with requests in flight "
-        "and none answered or streaming before the stall check fails (loadtest/soak/checks.py)")
-    add("--progress-every", type=SECONDS, default=10.0, help="seconds between progress lines")
+        "and none answered or streaming before the stall check fails")
     add("--mix", default=",".join(f"{k}={w}" for k, w in DEFAULT_MIX.items()),
         help="kind=weight,... over " + ", ".join(KINDS))
     add("--strict-rss", action="store_true", help="fail (not warn) on RSS growth")
     add("--no-drill", dest="drill", action="store_false", help="skip the stub-kill drill")
-    add("--seed", type=int, default=0)
     add("--out", type=Path, help="run folder (default: loadtest/results/soak-<time>)")
     add("--model-repository", type=Path, default=MODEL_REPOSITORY)
     # fmt: on
-    return p
-
-
-def parse_args(argv: list[str] | None = None) -> Settings:
-    p = parser()
     s = p.parse_args(argv)
     try:
         s.endpoints = Endpoints.from_host(s.host, s.grpc_url, s.metrics_url)
@@ -97,5 +78,6 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     if not s.endpoints.is_local:
         p.error(f"--host must be on this machine (127.0.0.1 or localhost), got {s.host}")
     s.warmup = s.duration / 6 if s.warmup is None else s.warmup
-    s.out = s.out or RESULTS / f"soak-{datetime.now():%Y%m%d-%H%M%S}"
+    s.out = s.out or REPO_ROOT / "loadtest" / "results" / f"soak-{datetime.now():%Y%m%d-%H%M%S}"
+    s.seed = 0  # the prompts, the mix's choices and the typists' walks: the same every run
     return s
