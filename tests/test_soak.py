@@ -16,11 +16,11 @@ from client.request import CompletionRequest
 from contract.options import MAX_PROMPT_BYTES, MAX_WORDS_PER_LIST
 from loadtest.soak import cases as c
 from loadtest.soak import checks
+from loadtest.soak.drill import SAMPLE_COLUMNS, Sampler
 from loadtest.soak.plan import DRAIN, RAMP, SOAK, SoakPlan
 from loadtest.soak.plan import EDITOR as EDITOR_STAGE
 from loadtest.soak.report import write_run
 from loadtest.soak.send import Outcome, Requests
-from loadtest.soak.server import SAMPLE_COLUMNS, Sampler
 from reporting.events import EventLog
 
 # Error texts as this Triton (2.51, python backend) and tritonclient really produce them.

@@ -13,22 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from loadtest.soak.cases import (
-    ABANDONED,
-    ALL_KINDS,
-    CASES,
-    CATEGORIES,
-    EDITOR,
-    INVALID,
-    OK,
-    REJECTED,
-    UNANSWERED,
-    UNCLEAR,
-    VALID_KINDS,
-    classify_error,
-    judge,
-    must_get,
-)
+from loadtest.soak import cases as c
 from reporting.events import summarize
 from reporting.triton import EngineState
 
@@ -49,17 +34,17 @@ class Check:
 def soak_rows(frame: pd.DataFrame) -> pd.DataFrame:
     """The event table with the soak's columns on every row: the typists' rows as kind
     ``editor`` (answered, abandoned, or rejected with their error's category), and whether
-    each request ended as it must (``expected``, :func:`judge`)."""
+    each request ended as it must (``expected``, :func:`~loadtest.soak.cases.judge`)."""
     own = ("status", "category", "case", "transport", "error")
-    f = frame.assign(**{c: "" for c in own if c not in frame}).fillna(dict.fromkeys(own, ""))
+    f = frame.assign(**{col: "" for col in own if col not in frame}).fillna(dict.fromkeys(own, ""))
     typed = f["kind"] == TYPISTS
-    f.loc[typed, "kind"], f.loc[typed, "transport"] = EDITOR, "openai-sse"
-    f.loc[typed, "status"] = f.loc[typed, "outcome"].map({"ok": OK, "abandoned": ABANDONED})
-    f.loc[typed & (f["outcome"] == "error"), "status"] = REJECTED
-    failed = typed & (f["status"] == REJECTED)
-    f.loc[failed, "category"] = f.loc[failed, "error"].map(classify_error)
+    f.loc[typed, "kind"], f.loc[typed, "transport"] = c.EDITOR, "openai-sse"
+    f.loc[typed, "status"] = f.loc[typed, "outcome"].map({"ok": c.OK, "abandoned": c.ABANDONED})
+    f.loc[typed & (f["outcome"] == "error"), "status"] = c.REJECTED
+    failed = typed & (f["status"] == c.REJECTED)
+    f.loc[failed, "category"] = f.loc[failed, "error"].map(c.classify_error)
     columns = ("kind", "case", "status", "category", "error")
-    f["expected"] = [judge(*row) for row in zip(*(f[c] for c in columns), strict=True)]
+    f["expected"] = [c.judge(*row) for row in zip(*(f[col] for col in columns), strict=True)]
     return f
 
 
@@ -70,20 +55,21 @@ def measured(frame: pd.DataFrame) -> pd.DataFrame:
 def kinds(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per kind of client, then ``all``: sent, each end, rejections by category,
     unexpected ends, p50/p99 latency of the ok ones."""
-    order = {kind: i for i, kind in enumerate(ALL_KINDS)}
+    order = {kind: i for i, kind in enumerate(c.ALL_KINDS)}
     groups = sorted(frame.groupby("kind"), key=lambda g: order.get(g[0], len(order)))
     rows = []
     for kind, group in [*groups, ("all", frame)]:
         status = group["status"].value_counts()
-        rejected = group.loc[group["status"] == REJECTED, "category"].value_counts()
-        ok = pd.to_numeric(group.loc[group["status"] == OK, "latency_ms"]) / 1000
+        rejected = group.loc[group["status"] == c.REJECTED, "category"].value_counts()
+        ok = pd.to_numeric(group.loc[group["status"] == c.OK, "latency_ms"]) / 1000
         p50, p99 = ok.quantile([0.5, 0.99]) if len(ok) and kind != "all" else (None, None)
         rows.append({
-            "kind": kind, "sent": len(group), "ok": int(status.get(OK, 0)),
-            "rejected": ", ".join(f"{c} {rejected[c]}" for c in CATEGORIES if c in rejected)
-            or "0", "rejected_n": int(status.get(REJECTED, 0)),
-            "abandoned": int(status.get(ABANDONED, 0)),
-            "unanswered": int(status.get(UNANSWERED, 0)), "unclear": int(rejected.get(UNCLEAR, 0)),
+            "kind": kind, "sent": len(group), "ok": int(status.get(c.OK, 0)),
+            "rejected": ", ".join(f"{k} {rejected[k]}" for k in c.CATEGORIES if k in rejected)
+            or "0", "rejected_n": int(status.get(c.REJECTED, 0)),
+            "abandoned": int(status.get(c.ABANDONED, 0)),
+            "unanswered": int(status.get(c.UNANSWERED, 0)),
+            "unclear": int(rejected.get(c.UNCLEAR, 0)),
             "unexpected": int((~group["expected"].astype(bool)).sum()), "p50 s": p50, "p99 s": p99,
         })  # fmt: skip
     return pd.DataFrame(rows)
@@ -93,13 +79,14 @@ def cases(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per invalid or hostile case sent: what it must get, what it got, one message
     (a wrong end's first)."""
     rows, sent = [], frame[frame["case"] != ""]
-    for name in (n for n in CASES if n in set(sent["case"])):
+    for name in (n for n in c.CASES if n in set(sent["case"])):
         group = sent[sent["case"] == name]
         ends = zip(group["status"], group["category"], strict=True)
-        outcomes = Counter(s if s != REJECTED else f"{s}/{c}" for s, c in ends)
+        outcomes = Counter(s if s != c.REJECTED else f"{s}/{k}" for s, k in ends)
         messages = [m for m in pd.concat([group[~group["expected"]], group])["error"] if m]
         rows.append({"case": name, "kind": group["kind"].iloc[0], "sent": len(group),
-                     "must be": must_get(CASES[name]), "as expected": int(group["expected"].sum()),
+                     "must be": c.must_get(c.CASES[name]),
+                     "as expected": int(group["expected"].sum()),
                      "outcomes": ", ".join(f"{k} {v}" for k, v in outcomes.items()),
                      "message": messages[0][:160] if messages else ""})  # fmt: skip
     return pd.DataFrame(rows, columns=["case", "kind", "sent", "must be", "as expected",
@@ -109,10 +96,10 @@ def cases(frame: pd.DataFrame) -> pd.DataFrame:
 def error_messages(frame: pd.DataFrame, limit: int = 30) -> pd.DataFrame:
     """The distinct error texts (numbers blurred: one message with other values counts once),
     most frequent first, with their category."""
-    failed = frame[frame["status"].isin((REJECTED, UNANSWERED)) & (frame["error"] != "")]
+    failed = frame[frame["status"].isin((c.REJECTED, c.UNANSWERED)) & (frame["error"] != "")]
     counts: Counter[tuple[str, str]] = Counter()
     example: dict[tuple[str, str], str] = {}
-    for status, category, message in zip(*(failed[c] for c in ("status", "category", "error")),
+    for status, category, message in zip(*(failed[k] for k in ("status", "category", "error")),
                                          strict=True):  # fmt: skip
         key = (category or status, re.sub(r"\d+", "N", message[:160]))
         counts[key] += 1
@@ -124,7 +111,7 @@ def error_messages(frame: pd.DataFrame, limit: int = 30) -> pd.DataFrame:
 def accounting_checks(table: pd.DataFrame, sent: int, ended: int) -> list[Check]:
     """The soak's books (``table``: :func:`kinds` of the measured phases; ``sent``: requests
     the clients began, ``ended``: rows they left)."""
-    total, valid = table.iloc[-1], table[table["kind"].isin(VALID_KINDS)]
+    total, valid = table.iloc[-1], table[table["kind"].isin(c.VALID_KINDS)]
     ends = total["ok"] + total["rejected_n"] + total["abandoned"] + total["unanswered"]
     return [
         Check("every request accounted for", PASS if sent == ended and total["sent"] == ends
@@ -146,7 +133,7 @@ def case_check(table: pd.DataFrame, kind: str) -> Check:
     if group.empty:
         return Check(f"{kind} requests", SKIP, "none sent (the mix gives them no weight)")
     wrong = list(group.loc[group["as expected"] != group["sent"], "case"])
-    what = "" if kind == INVALID else ", or answered when legal"
+    what = "" if kind == c.INVALID else ", or answered when legal"
     return Check(f"{kind} requests rejected naming the option{what}", FAIL if wrong else PASS,
                  f"{group['sent'].sum()} sent over {len(group)} cases"
                  + (f"; wrong: {', '.join(wrong)}" if wrong else ""))  # fmt: skip
@@ -181,7 +168,7 @@ def editor_figures(rows: pd.DataFrame) -> dict[str, Any]:
     found = summarize(rows, by=["kind"]).iloc[0] if len(rows) else pd.Series(dtype=float)
     prompt = rows.reindex(columns=["prefix_tokens", "suffix_tokens"]).apply(pd.to_numeric)
     status = rows["status"].value_counts()
-    answered, abandoned = int(status.get(OK, 0)), int(status.get(ABANDONED, 0))
+    answered, abandoned = int(status.get(c.OK, 0)), int(status.get(c.ABANDONED, 0))
     return {
         "requests": len(rows), "answered": answered, "abandoned": abandoned,
         "errors": len(rows) - answered - abandoned,
@@ -237,9 +224,9 @@ def longest_stall(phase: str, rows: pd.DataFrame, begin: float, end: float,
         return Stall(phase, 0.0, None, 0, reference, bound)
     started = pd.to_numeric(rows["started_s"])
     ended = started + pd.to_numeric(rows["latency_ms"]) / 1000
-    ended[rows["status"] == UNANSWERED] = end
+    ended[rows["status"] == c.UNANSWERED] = end
     first = started + pd.to_numeric(rows["first_token_ms"]) / 1000
-    progress = ended.where(rows["status"] == OK, first).dropna()
+    progress = ended.where(rows["status"] == c.OK, first).dropna()
     merged: list[list[float]] = []
     for lo, hi in sorted(zip(started, ended, strict=True)):
         if merged and lo <= merged[-1][1]:

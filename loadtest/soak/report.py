@@ -13,9 +13,9 @@ from typing import Any
 import pandas as pd
 
 from loadtest.soak import checks
-from loadtest.soak.cases import ALL_KINDS, OK
+from loadtest.soak.cases import OK
 from loadtest.soak.checks import FAIL
-from loadtest.soak.server import SAMPLE_COLUMNS
+from loadtest.soak.drill import SAMPLE_COLUMNS
 from reporting.charts import plt, save_figure, shade_phases
 from reporting.events import markdown
 from reporting.tables import templates
@@ -27,14 +27,13 @@ COLORS = {"ramp": "#fff2cc", "soak": "#e2f0d9", "editor": "#e4dff2", "drain": "#
           "drill": "#f8cbad"}  # fmt: skip
 
 
-def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """A table's rows as JSON can hold them (missing figures as null)."""
-    return frame.astype(object).where(frame.notna(), None).to_dict("records")
+def _plain(frame: pd.DataFrame) -> pd.DataFrame:
+    """Missing figures as None: null in JSON, "-" in Markdown, whole numbers kept whole."""
+    return frame.astype(object).where(frame.notna(), None)
 
 
 def table(frame: pd.DataFrame, digits: int = 1) -> str:
-    """A Markdown table, whole numbers kept whole and missing figures as "-"."""
-    return markdown(frame.astype(object).where(frame.notna(), None), digits=digits)
+    return markdown(_plain(frame), digits=digits)
 
 
 def failed(result: dict[str, Any]) -> list[str]:
@@ -117,17 +116,14 @@ def draw_chart(path: Path, samples: Sequence[dict[str, Any]], frame: pd.DataFram
     if rss:
         top.plot(*zip(*rss, strict=True), "-", lw=1.5)
     top.set_ylabel("server RSS (MiB)\ntritonserver + stubs")
-    ok = frame[frame["status"] == OK]
-    for kind in ALL_KINDS:
-        rows = ok[ok["kind"] == kind]
-        if len(rows):
-            latency = pd.to_numeric(rows["latency_ms"]) / 1000
-            ended = pd.to_numeric(rows["started_s"]) + latency
-            bottom.scatter(ended, latency, s=6, alpha=0.6, label=kind)
+    for kind, rows in frame[frame["status"] == OK].groupby("kind", sort=False):
+        latency = pd.to_numeric(rows["latency_ms"]) / 1000
+        ended = pd.to_numeric(rows["started_s"]) + latency
+        bottom.scatter(ended, latency, s=6, alpha=0.6, label=kind)
     bottom.set_ylabel("latency of accepted\nrequests (s)")
     bottom.set_xlabel("seconds since the start of the run")
-    for ax in (top, bottom):
-        ax.grid(True, alpha=0.3)
+    top.grid(True, alpha=0.3)
+    bottom.grid(True, alpha=0.3)
     if bottom.get_legend_handles_labels()[0]:
         bottom.legend(fontsize=8, markerscale=2, loc="upper left")
     shade_phases((top, bottom), phases, COLORS, label_axis=top)
@@ -136,14 +132,13 @@ def draw_chart(path: Path, samples: Sequence[dict[str, Any]], frame: pd.DataFram
 
 def write_run(out: Path, result: dict[str, Any], frame: pd.DataFrame, samples: Sequence[dict],
               phases: Sequence[tuple[str, float, float]]) -> list[Path]:  # fmt: skip
-    """summary.json, report.md, soak.png and samples.csv into ``out`` (events.csv is the
-    run's own, written as it ends)."""
+    """summary.json, report.md, soak.png and samples.csv (events.csv: the run's own)."""
     out.mkdir(parents=True, exist_ok=True)
     frame, rows = checks.soak_rows(frame), checks.measured(frame)
     summary = {**result, "failed": bool(failed(result)), "phases": phases,
-               "kinds": records(checks.kinds(rows).drop(columns="rejected")),
-               "cases": records(checks.cases(rows)),
-               "errors": records(checks.error_messages(rows))}  # fmt: skip
+               "kinds": _plain(checks.kinds(rows).drop(columns="rejected")).to_dict("records"),
+               **{k: _plain(f(rows)).to_dict("records") for k, f in (
+                   ("cases", checks.cases), ("errors", checks.error_messages))}}  # fmt: skip
     paths = [out / "summary.json", out / "report.md", out / "samples.csv"]
     paths[0].write_text(json.dumps(summary, indent=2, default=_json) + "\n")
     paths[1].write_text(render_report(result, frame))
@@ -153,8 +148,7 @@ def write_run(out: Path, result: dict[str, Any], frame: pd.DataFrame, samples: S
 
 
 def _json(value: Any) -> Any:
-    """What json cannot write itself: dataclasses as dicts, numpy numbers as numbers, paths
-    as text."""
+    """Dataclasses as dicts, numpy numbers as numbers, paths as text."""
     if is_dataclass(value) and not isinstance(value, type):
         return asdict(value)
     return value.item() if hasattr(value, "item") else str(value)

@@ -25,11 +25,10 @@ from contract.prompts import code_prompts
 from contract.tensors import ENGINE_MODEL
 from loadtest.soak import checks, users
 from loadtest.soak.cases import EDITOR, HOSTILE, INVALID, OK, UNARY_GRPC
-from loadtest.soak.drill import drill_check, stub_kill_drill
+from loadtest.soak.drill import Sampler, drill_check, http_status, stub_kill_drill
 from loadtest.soak.plan import DRAIN, SOAK, SoakPlan
 from loadtest.soak.report import console_table, failed, write_run
 from loadtest.soak.send import Client, ClientParams, Requests
-from loadtest.soak.server import Sampler, http_status
 from loadtest.soak.settings import Settings, parse_args
 from reporting import triton
 from reporting.events import EventLog

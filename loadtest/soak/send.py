@@ -1,12 +1,10 @@
-"""One soak request of any kind on the client's transport (:mod:`client.transport`), reported
-as one Locust ``request`` event (:class:`Requests`), the row :class:`reporting.events.EventLog`
-keeps. Every call has a deadline, so a request with no answer is counted, never waited for
-forever. Importing this module imports no Locust."""
+"""One soak request of any kind on the client's transport, reported as one Locust ``request``
+event (:class:`Requests`). Every call has a deadline: a request with no answer is counted, never
+waited for forever. Importing this module imports no Locust."""
 
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,21 +17,7 @@ from client.results import CodegenError, TimedOutError, error_message, resolve_t
 from client.transport import Transport
 from contract.tensors import ENSEMBLE_MODEL
 from loadtest.editor.protocols import SAMPLING  # as a completion service samples
-from loadtest.soak.cases import (
-    ABANDONED,
-    CASES,
-    OK,
-    REJECTED,
-    STREAM,
-    UNANSWERED,
-    UNARY_GRPC,
-    UNARY_HTTP,
-    VANISH_STREAM,
-    VANISH_UNARY,
-    Tensors,
-    classify_error,
-    raw_tensors,
-)
+from loadtest.soak import cases as c
 from reporting.triton import Endpoints
 
 SHED = ("queue_full", "timeout")  # the refusals the event table's outcome calls shed
@@ -61,7 +45,7 @@ class Outcome:
 
 
 def rejected(message: str) -> Outcome:
-    return Outcome(REJECTED, classify_error(message), message)
+    return Outcome(c.REJECTED, c.classify_error(message), message)
 
 
 class Requests:
@@ -70,35 +54,32 @@ class Requests:
     reported unanswered (:meth:`close`). ``window``: the phase, or what names it."""
 
     def __init__(self, events: Any, window: str | Callable[[], str] = "") -> None:
-        self.events, self.window = events, window
-        self.lock = threading.Lock()
+        self.events, self.window = events, window  # greenlets: none runs inside another's call
         self.in_flight: dict[int, tuple[str, str, str, float, str]] = {}
         self.ended: list[dict[str, Any]] = []  # every end, for the drill's own summary
         self.sent = 0
 
     def begin(self, kind: str, case: str, transport: str) -> int:
-        with self.lock:
-            ticket, self.sent = self.sent, self.sent + 1
-            window = self.window() if callable(self.window) else self.window
-            self.in_flight[ticket] = (kind, case, transport, time.time(), window)
+        ticket, self.sent = self.sent, self.sent + 1
+        window = self.window() if callable(self.window) else self.window
+        self.in_flight[ticket] = (kind, case, transport, time.time(), window)
         return ticket
 
     def end(self, ticket: int, outcome: Outcome) -> None:
-        with self.lock:
-            if (entry := self.in_flight.pop(ticket, None)) is None:
-                return
-            kind, case, transport, started, window = entry
-            self.ended.append({"transport": transport, "started": started,
-                               "status": outcome.status, "category": outcome.category,
-                               "message": outcome.message[:400]})  # fmt: skip
+        if (entry := self.in_flight.pop(ticket, None)) is None:
+            return
+        kind, case, transport, started, window = entry
+        self.ended.append({"transport": transport, "started": started,
+                           "status": outcome.status, "category": outcome.category,
+                           "message": outcome.message[:400]})  # fmt: skip
         if self.events is None:
             return
-        first, failed = outcome.first_token_s, outcome.status in (REJECTED, UNANSWERED)
+        first, failed = outcome.first_token_s, outcome.status in (c.REJECTED, c.UNANSWERED)
         self.events.request.fire(
             request_type=kind, name=case or kind, response_time=(time.time() - started) * 1000,
             response_length=0, exception=CodegenError(outcome.message) if failed else None,
             start_time=started,
-            context={"outcome": {OK: "ok", ABANDONED: "abandoned"}.get(outcome.status)
+            context={"outcome": {c.OK: "ok", c.ABANDONED: "abandoned"}.get(outcome.status)
                      or ("shed" if outcome.category in SHED else "error"),
                      "first_token_ms": None if first is None else first * 1000, "tokens": 0,
                      "window": window, "status": outcome.status, "category": outcome.category,
@@ -107,10 +88,9 @@ class Requests:
 
     def close(self, reason: str) -> int:
         """End everything still in flight as unanswered; how many there were."""
-        with self.lock:
-            tickets = list(self.in_flight)
+        tickets = list(self.in_flight)
         for ticket in tickets:
-            self.end(ticket, Outcome(UNANSWERED, "", reason))
+            self.end(ticket, Outcome(c.UNANSWERED, "", reason))
         return len(tickets)
 
 
@@ -139,9 +119,9 @@ class Client:
     def run(self, kind: str, case: str = "", transport: str = "") -> Outcome:
         """Send one request of ``kind`` and report how it ended."""
         transport = transport or {
-            UNARY_GRPC: "grpc", UNARY_HTTP: "http", STREAM: self.rng.choice(STREAMS),
-            VANISH_STREAM: self.rng.choice(STREAMS),
-            VANISH_UNARY: self.rng.choice(("grpc", "raw-http")),
+            c.UNARY_GRPC: "grpc", c.UNARY_HTTP: "http", c.STREAM: self.rng.choice(STREAMS),
+            c.VANISH_STREAM: self.rng.choice(STREAMS),
+            c.VANISH_UNARY: self.rng.choice(("grpc", "raw-http")),
         }[kind]  # fmt: skip
         ticket = self.requests.begin(kind, case, transport)
         try:
@@ -154,16 +134,16 @@ class Client:
     def _send(self, kind: str, case: str, transport: str) -> Outcome:
         p = self.params
         if case:
-            tensors = raw_tensors(CASES[case], self.valid_request(), p.context)
+            tensors = c.raw_tensors(c.CASES[case], self.valid_request(), p.context)
             if transport == "stream":
                 inputs = to_infer_inputs(tensors, self.transports["grpc"].module)
                 return self.stream(transport, self.valid_request(), None, inputs)
             return self.unary(transport, tensors, p.deadline_s)
-        if kind in (UNARY_GRPC, UNARY_HTTP):
+        if kind in (c.UNARY_GRPC, c.UNARY_HTTP):
             return self.unary(transport, self.valid_request().tensors(), p.deadline_s)
-        if kind == STREAM:
+        if kind == c.STREAM:
             return self.stream(transport, self.valid_request(), None)
-        if kind == VANISH_STREAM:
+        if kind == c.VANISH_STREAM:
             pieces = self.rng.randint(*VANISH_PIECES)
             return self.stream(transport, self.valid_request(p.long_tokens), pieces)
         after, request = self.rng.uniform(*VANISH_AFTER_S), self.valid_request(p.long_tokens)
@@ -172,7 +152,7 @@ class Client:
         return self.unary("grpc", request.tensors(), after, vanishing=True)
 
     def unary(
-        self, transport: str, tensors: Tensors, timeout: float, vanishing: bool = False
+        self, transport: str, tensors: c.Tensors, timeout: float, vanishing: bool = False
     ) -> Outcome:
         """The unary ensemble; ``vanishing``: the client timeout is the client leaving on
         purpose (abandoned), else the soak's deadline (unanswered)."""
@@ -184,13 +164,13 @@ class Client:
         except TimedOutError:
             wire.close()  # a connection given up on is not reused
             if vanishing:
-                return Outcome(ABANDONED, "", "client timeout passed (on purpose)")
-            return Outcome(UNANSWERED, "", f"no answer within {timeout:g} s")
+                return Outcome(c.ABANDONED, "", "client timeout passed (on purpose)")
+            return Outcome(c.UNANSWERED, "", f"no answer within {timeout:g} s")
         except CodegenError as exc:
             if transport == "http":
                 wire.close()  # a refused connection may leave the pool broken
             return rejected(str(exc))
-        return Outcome(OK)
+        return Outcome(c.OK)
 
     def stream(
         self, transport: str, request: CompletionRequest, leave_after: int | None,
@@ -208,13 +188,13 @@ class Client:
                 pieces += bool(piece.text)
                 if leave_after is not None and pieces >= leave_after:
                     stream.close()
-                    return Outcome(ABANDONED, "", f"left after {pieces} piece(s) (on purpose)",
+                    return Outcome(c.ABANDONED, "", f"left after {pieces} piece(s) (on purpose)",
                                    first)  # fmt: skip
         except TimedOutError as exc:
-            return Outcome(UNANSWERED, "", str(exc), first)
+            return Outcome(c.UNANSWERED, "", str(exc), first)
         except CodegenError as exc:
-            return Outcome(REJECTED, classify_error(str(exc)), str(exc), first)
-        return Outcome(OK, first_token_s=first)
+            return Outcome(c.REJECTED, c.classify_error(str(exc)), str(exc), first)
+        return Outcome(c.OK, first_token_s=first)
 
     def http_drop(self, request: CompletionRequest, after: float) -> Outcome:
         """POST to ``generate`` and drop the connection unread after ``after`` seconds."""
@@ -223,7 +203,7 @@ class Client:
             response = httpx.post(url, json=generate_body(request),
                                   timeout=httpx.Timeout(after, connect=10.0))  # fmt: skip
         except httpx.ReadTimeout:
-            return Outcome(ABANDONED, "", f"connection dropped after {after:.2f} s (on purpose)")
+            return Outcome(c.ABANDONED, "", f"connection dropped after {after:.2f} s (on purpose)")
         if response.status_code == 200:
-            return Outcome(OK)
+            return Outcome(c.OK)
         return rejected(error_message(response.content, response.status_code))
