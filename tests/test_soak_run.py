@@ -21,7 +21,7 @@ def test_an_editor_phase_that_cannot_start_is_a_failed_check_not_a_crash(tmp_pat
     """Without the checkpoint's tokenizer the phase reports why (in a process of its own: the
     phase's module imports Locust, which patches the process with gevent)."""
     code = (
-        "import json, sys; from loadtest.soak.settings import parse_args; "
+        "import json, sys; from loadtest.soak.run import parse_args; "
         "from loadtest.soak.users import editor_phase; "
         "print(json.dumps(editor_phase(parse_args(sys.argv[1:]), None)))"
     )

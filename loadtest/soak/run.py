@@ -6,11 +6,14 @@ when it could not run."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import gevent
@@ -23,20 +26,99 @@ from locust.env import Environment
 from contract import metrics as names
 from contract.prompts import code_prompts
 from contract.tensors import ENGINE_MODEL
+from loadtest.soak import cases as c
 from loadtest.soak import checks, users
-from loadtest.soak.cases import EDITOR, HOSTILE, INVALID, OK, UNARY_GRPC
 from loadtest.soak.drill import Sampler, drill_check, http_status, stub_kill_drill
 from loadtest.soak.plan import DRAIN, SOAK, SoakPlan
 from loadtest.soak.report import console_table, failed, write_run
 from loadtest.soak.send import Client, ClientParams, Requests
-from loadtest.soak.settings import Settings, parse_args
 from reporting import triton
 from reporting.events import EventLog
 from reporting.machine import describe
-from reporting.triton import engine_state, model_context, open_triton, read_snapshot
+from reporting.triton import Endpoints, engine_state, model_context, open_triton, read_snapshot
+from serving.paths import MODEL_REPOSITORY, REPO_ROOT
 
 log = logging.getLogger("soak")
+Settings = argparse.Namespace
 DRAIN_S = 120.0  # the drain's longest wait for the engine to be idle
+
+
+def _above(kind: type, zero: bool = False) -> Callable[[str], float]:
+    """An argparse type: a ``kind`` above 0 (or 0 and above, with ``zero``)."""
+
+    def parse(text: str) -> float:
+        if (value := kind(text)) < 0 or (value == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"must be {'>= 0' if zero else '> 0'}, got {text}")
+        return value
+
+    return parse
+
+
+SECONDS, COUNT, ZERO_OK = _above(float), _above(int), _above(float, zero=True)
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Every default in the help, but for flags and options whose help says it in words."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        plain = action.default is None or isinstance(action.default, bool)
+        return action.help if plain else super()._get_help_string(action)
+
+
+def parse_args(argv: list[str] | None = None) -> Settings:
+    p = argparse.ArgumentParser(
+        prog="python -m loadtest.soak", formatter_class=_Help,
+        description="make soak: a bounded load and fault test of the served ensemble on this "
+        "machine (docs/soak.md).",
+    )  # fmt: skip
+    add = p.add_argument
+    # fmt: off
+    add("--host", default="127.0.0.1:8000", help="Triton's HTTP host:port (local)")
+    add("--grpc-url", help="Triton's gRPC host:port (default: HTTP port + 1)")
+    add("--metrics-url", help="Triton's metrics URL (default: HTTP port + 2)")
+    add("--duration", type=SECONDS, default=120.0, help="soak seconds at 2x saturation")
+    add("--saturation", type=COUNT, help="clients at saturation (skips the ramp)")
+    add("--clients", type=COUNT, help="soak clients (default: 2 x saturation)")
+    add("--ramp-step", type=SECONDS, default=8.0, help="seconds per ramp level")
+    add("--ramp-gain", type=ZERO_OK, default=0.10,
+        help="throughput must rise by this fraction for the ramp to go on")
+    add("--ramp-patience", type=COUNT, default=2, help="levels in a row without that rise "
+        "before the ramp stops (2: one noisy level on a shared machine does not end it)")
+    add("--max-clients", type=COUNT, default=32, help="the ramp's last level")
+    add("--max-tokens", type=COUNT, default=32, help="tokens per valid request")
+    add("--long-tokens", type=COUNT, default=256, help="tokens asked by clients that then vanish")
+    add("--prompt-chars", type=COUNT, default=600, help="longest code prompt")
+    add("--deadline", type=SECONDS, default=180.0, help="seconds after which a request with no "
+        "answer counts as unanswered (Triton's queue policy rejects at 120)")
+    add("--warmup", type=ZERO_OK, help="soak seconds before RSS counts (default: duration/6)")
+    add("--rss-every", type=SECONDS, default=2.0, help="seconds between RSS and engine samples")
+    add("--rss-tolerance", type=ZERO_OK, default=0.10, help="RSS growth still called flat")
+    add("--editor-duration", type=ZERO_OK, default=60.0, help="seconds of the editor phase: "
+        "typists streaming through the OpenAI API, each request abandoned at the next "
+        "keystroke (0 skips it)")
+    add("--editor-typists", type=COUNT, default=4, help="typists of the editor phase")
+    add("--editor-max-tokens", type=COUNT, default=64, help="tokens per editor completion")
+    add("--max-stall", type=SECONDS, default=5.0, help="longest seconds with requests in flight "
+        "and none answered or streaming before the stall check fails")
+    add("--mix", default=",".join(f"{k}={w}" for k, w in c.DEFAULT_MIX.items()),
+        help="kind=weight,... over " + ", ".join(c.KINDS))
+    add("--strict-rss", action="store_true", help="fail (not warn) on RSS growth")
+    add("--no-drill", dest="drill", action="store_false", help="skip the stub-kill drill")
+    add("--out", type=Path, help="run folder (default: loadtest/results/soak-<time>)")
+    add("--model-repository", type=Path, default=MODEL_REPOSITORY)
+    # fmt: on
+    s = p.parse_args(argv)
+    try:
+        s.endpoints = Endpoints.from_host(s.host, s.grpc_url, s.metrics_url)
+        s.mix = c.parse_mix(s.mix)
+    except ValueError as exc:
+        p.error(str(exc))
+    if not s.endpoints.is_local:
+        p.error(f"--host must be on this machine (127.0.0.1 or localhost), got {s.host}")
+    s.warmup = s.duration / 6 if s.warmup is None else s.warmup
+    s.out = s.out or REPO_ROOT / "loadtest" / "results" / f"soak-{datetime.now():%Y%m%d-%H%M%S}"
+    s.seed = 0  # the prompts, the mix's choices and the typists' walks: the same every run
+    return s
 
 
 def lone_request_s(params: ClientParams, seed: int) -> float | None:
@@ -44,10 +126,10 @@ def lone_request_s(params: ClientParams, seed: int) -> float | None:
     speed, which the stall check scales its bound to."""
     client, began = Client(10_000, params, Requests(None), seed), time.perf_counter()
     try:
-        outcome = client.run(UNARY_GRPC)
+        outcome = client.run(c.UNARY_GRPC)
     finally:
         client.close()
-    return time.perf_counter() - began if outcome.status == OK else None
+    return time.perf_counter() - began if outcome.status == c.OK else None
 
 
 class Soak:
@@ -71,7 +153,7 @@ class Soak:
                                       "unanswered_at_close": 0}  # fmt: skip
 
     def _answered(self, context: dict[str, Any] | None = None, **_: Any) -> None:
-        if context and context.get("status") == OK:
+        if context and context.get("status") == c.OK:
             self.answered.append(time.time())
 
     def _tokens(self) -> float | None:
@@ -100,9 +182,9 @@ class Soak:
                 log.info(f"stage: {stage} ({runner.user_count} users now); so far: sent "
                          f"{self.requests.sent}, in flight {len(self.requests.in_flight)}, "
                          f"ended {ends}")  # fmt: skip
-            if stage == EDITOR and EDITOR not in plan.ended:
+            if stage == c.EDITOR and c.EDITOR not in plan.ended:
                 self._editor(runner)
-                plan.finish(EDITOR, time.time())
+                plan.finish(c.EDITOR, time.time())
             elif stage == DRAIN and DRAIN not in plan.ended:
                 self.found["ready_after"] = http_status(f"{s.endpoints.http_url}/v2/health/ready")
                 self.found["drain"] = triton.wait_for_drain(s.endpoints.metrics_url, DRAIN_S)
@@ -131,7 +213,7 @@ class Soak:
         phases = [(SOAK, windows[SOAK], lone_s)]
         if (editor := self.found["editor"]).get("done"):
             window = tuple(t - self.origin for t in editor["window"])
-            phases.append((EDITOR, window, editor.get("lone_first_token_s")))
+            phases.append((c.EDITOR, window, editor.get("lone_first_token_s")))
         found = [checks.longest_stall(name, frame[frame["window"] == name], *window,
                                       self.s.max_stall, lone)
                  for name, window, lone in phases]  # fmt: skip
@@ -182,13 +264,13 @@ def main(argv: list[str] | None = None) -> int:
     after, drain_s = soak.found.get("drain", (None, 0.0))
     table, cases, editor = checks.kinds(rows), checks.cases(rows), soak.found["editor"]
     if editor.get("done"):
-        editor["figures"] = checks.editor_figures(rows[rows["kind"] == EDITOR])
+        editor["figures"] = checks.editor_figures(rows[rows["kind"] == c.EDITOR])
     ready = soak.found.get("ready_after", "not measured")
-    mixed = int(((frame["window"] != "drill") & (frame["kind"] != EDITOR)).sum())  # the mix's
+    mixed = int(((frame["window"] != "drill") & (frame["kind"] != c.EDITOR)).sum())  # the mix's
     stalls = soak.stalls(plan, rows, lone_s)
     found = [
         *checks.accounting_checks(table, soak.requests.sent, mixed),
-        checks.case_check(cases, INVALID), checks.case_check(cases, HOSTILE),
+        checks.case_check(cases, c.INVALID), checks.case_check(cases, c.HOSTILE),
         *checks.server_checks(ready, idle, after, drain_s), checks.editor_check(editor),
         checks.stall_check(stalls, s.max_stall),
         checks.rss_check(soak.rss_samples(plan), s.rss_tolerance, s.strict_rss),

@@ -31,7 +31,6 @@ from loadtest.editor.window import CheckpointTokenizer, Clipper
 from loadtest.soak.cases import HOSTILE, INVALID, UNARY_GRPC, rotation, schedule
 from loadtest.soak.plan import RAMP, SoakPlan
 from loadtest.soak.send import Client, ClientParams, Requests
-from loadtest.soak.settings import Settings
 from reporting.triton import model_context
 from serving.paths import checkpoint_dir
 
@@ -105,7 +104,7 @@ def lone_first_token_s(
     return exchange.first_token_s
 
 
-def editor_phase(s: Settings, runner: Any) -> dict[str, Any]:
+def editor_phase(s: Any, runner: Any) -> dict[str, Any]:
     """The OpenAI API started in front of the soak's Triton, the suffix probed, one
     full-context request alone (the stall check's reference), then the typists on ``runner``;
     what the report says of the phase besides their rows."""
