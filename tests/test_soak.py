@@ -221,8 +221,9 @@ def test_the_stall_check_fails_over_its_bound():
 
 
 def test_the_stall_bound_scales_to_a_machine_too_slow_for_it():
-    assert checks.stall_bound(5.0, None) == 5.0 and checks.stall_bound(5.0, 0.2) == 5.0
-    assert checks.stall_bound(5.0, 2.0) == 8 * 2.0  # one request alone takes 2 s here
+    bound = {ref: checks.longest_stall("soak", _rows(), 0, 1, 5.0, ref).bound_s
+             for ref in (None, 0.2, 2.0)}  # fmt: skip
+    assert bound == {None: 5.0, 0.2: 5.0, 2.0: 8 * 2.0}  # one request alone takes 2 s here
     rows = _rows((0.0, 1.0, c.OK), (1.0, 12.0, c.OK), (13.0, 1.0, c.OK))  # a 12 s gap at 1..13
     slow = checks.longest_stall("soak", rows, 0.0, 14.0, 5.0, reference_s=2.0)
     assert slow.seconds == pytest.approx(12.0) and slow.bound_s == 16.0
@@ -331,7 +332,7 @@ def test_the_report_is_written(tmp_path):
                      "machine": "test", "max_stall": 5.0},
         "server": {"description": "test"},
         "saturation": {"clients": 2, "steps": [], "note": "given"},
-        "drain": {"ready_after_soak": "200", "kv_cache_bytes": "not exported"},
+        "drain": {"ready_after_soak": "200", "drain_s": 0.5},
         "drill": {"done": False, "note": "skipped"},
         "editor": {"done": False, "note": "skipped"},
         "stalls": [checks.Stall("soak", 1.2, 3.0, 50, bound_s=5.0)],
@@ -347,7 +348,7 @@ def test_the_report_is_written(tmp_path):
     assert "runtime_top_p must be" in report
     assert "soak: 1.2 s from t=3 s (50 progress events; bound 5 s)" in report
     assert "## Memory\n\nflat: last third max 518 MiB vs first third max 504 MiB (+2.8%" in report
-    assert "- kv_cache_bytes: not exported" in report
+    assert "## Drain and engine\n\n- ready_after_soak: 200\n- drain_s: 0.5\n" in report
     assert (tmp_path / "soak.png").stat().st_size > 10_000
     assert len((tmp_path / "samples.csv").read_text().splitlines()) == 11
 

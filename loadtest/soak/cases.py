@@ -44,10 +44,8 @@ _PATTERNS = {category: re.compile(pattern, re.IGNORECASE) for category, pattern 
 
 def classify_error(message: str) -> str:
     """The category of a rejection's error text (one of :data:`CATEGORIES`)."""
-    for category, pattern in _PATTERNS.items():
-        if pattern.search(message):
-            return category
-    return VALIDATION if named_option(message) else UNCLEAR
+    found = next((k for k, pattern in _PATTERNS.items() if pattern.search(message)), None)
+    return found or (VALIDATION if named_option(message) else UNCLEAR)
 
 
 def named_option(message: str) -> str | None:
@@ -55,10 +53,6 @@ def named_option(message: str) -> str | None:
     return next((name for name in OPTION_NAMES
                  if re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message)),
                 None)  # fmt: skip
-
-
-def names_any(message: str, keywords: tuple[str, ...]) -> bool:
-    return any(k.lower() in message.lower() for k in keywords)
 
 
 UNARY_GRPC, UNARY_HTTP, STREAM = "unary_grpc", "unary_http", "stream"
@@ -117,17 +111,13 @@ _LINE, _FILLER = b"value = compute(value, index) + offset\n", b"x = 1  # filler\
 _nan, _inf = float("nan"), float("inf")
 
 
-def _words(words: Iterator[str]) -> bytes:
-    return ",".join(words).encode()
-
-
 INVALID_CASES = tuple(Case(*row) for row in (
     ("top_p_1.5", "runtime_top_p", 1.5, ("runtime_top_p",)),
     ("empty_prompt", "INPUT_0", b"", ("INPUT_0",)),
     ("prompt_over_context", "INPUT_0", OVER_CONTEXT, ("context",)),
     ("invalid_utf8", "INPUT_0", b"def f(\xff\xfe):\n", ("INPUT_0",)),
-    ("too_many_stop_words", "INPUT_3", _words(f"w{i}" for i in range(MAX_WORDS_PER_LIST + 1)),
-     ("INPUT_3",)),
+    ("too_many_stop_words", "INPUT_3",
+     ",".join(f"w{i}" for i in range(MAX_WORDS_PER_LIST + 1)).encode(), ("INPUT_3",)),
     ("stop_word_too_long", "INPUT_3",  # one word of twice the tokens a word may have
      " ".join(f"tok{i}" for i in range(MAX_TOKENS_PER_WORD * 2)).encode(), ("INPUT_3",)),
     ("max_tokens_0", "INPUT_1", 0, ("request_output_len", "INPUT_1")),
@@ -140,8 +130,8 @@ HOSTILE_CASES = tuple(Case(*row) for row in (
      (_FILLER * (MAX_PROMPT_BYTES // len(_FILLER) + 1))[:MAX_PROMPT_BYTES], ("context",)),
     ("prompt_over_byte_cap", "INPUT_0", b"y" * (MAX_PROMPT_BYTES + 1), ("INPUT_0",)),
     ("huge_max_tokens", "INPUT_1", 2**32 - 1, ("request_output_len", "INPUT_1", "context")),
-    ("many_bad_words", "INPUT_2", _words(f"zq{i}" for i in range(MAX_WORDS_PER_LIST)), (),
-     ("bad_words",)),
+    ("many_bad_words", "INPUT_2", ",".join(f"zq{i}" for i in range(MAX_WORDS_PER_LIST)).encode(),
+     (), ("bad_words",)),
     ("tiny_temperature", "temperature", 1e-30, ("temperature",)),  # overflows the logits
     ("temperature_nan", "temperature", _nan, ("temperature",)),
     ("temperature_inf", "temperature", _inf, ("temperature",)),
@@ -174,11 +164,11 @@ def judge(kind: str, case: str, status: str, category: str, message: str) -> boo
     if kind == EDITOR:
         return status in (OK, ABANDONED)
     if case:
-        spec = CASES[case]
+        spec, text = CASES[case], message.lower()
         named = status == REJECTED and category == VALIDATION
         if spec.expect:
-            return named and names_any(message, spec.expect)
-        return status == OK or bool(named and names_any(message, spec.may_refuse))
+            return named and any(k.lower() in text for k in spec.expect)
+        return status == OK or (named and any(k.lower() in text for k in spec.may_refuse))
     if kind in VANISH_KINDS:
         return status in (OK, ABANDONED) or category in (CANCELLED, TIMEOUT)
     return status == OK or category in (QUEUE_FULL, TIMEOUT)

@@ -19,7 +19,7 @@ from reporting.triton import EngineState
 
 PASS, FAIL, WARN, SKIP = "PASS", "FAIL", "WARN", "SKIP"
 STALL_FACTOR = 8
-MEASURED = ("soak", "editor")  # the phases the accounting covers
+MEASURED = ("soak", "editor")
 TYPISTS = "openai"  # the kind the editor profile's typists fire (loadtest.editor.figures)
 RSS_CHECK = "RSS flat after warm-up"
 
@@ -48,7 +48,7 @@ def soak_rows(frame: pd.DataFrame) -> pd.DataFrame:
     return f
 
 
-def measured(frame: pd.DataFrame) -> pd.DataFrame:
+def measured(frame: pd.DataFrame) -> pd.DataFrame:  # the rows of the soak and editor phases
     return soak_rows(frame[frame["window"].isin(MEASURED)])
 
 
@@ -104,7 +104,7 @@ def error_messages(frame: pd.DataFrame, limit: int = 30) -> pd.DataFrame:
         key = (category or status, re.sub(r"\d+", "N", message[:160]))
         counts[key] += 1
         example.setdefault(key, message[:200])
-    rows = [(c, n, example[(c, s)]) for (c, s), n in counts.most_common(limit)]
+    rows = [(k, n, example[(k, m)]) for (k, m), n in counts.most_common(limit)]
     return pd.DataFrame(rows, columns=["category", "count", "message"])
 
 
@@ -203,22 +203,18 @@ class Stall:
     at_s: float | None  # where it began (run time); None when the phase had no requests
     progress_events: int
     reference_s: float | None = None  # one request alone, just before the phase
-    bound_s: float = 5.0  # see stall_bound
+    bound_s: float = 5.0
     until_s: float | None = None  # the progress event (or phase end) that ended it
     engine: str = ""  # what the engine did meanwhile, to tell why
-
-
-def stall_bound(max_stall_s: float, reference_s: float | None) -> float:
-    """``max_stall_s``, or STALL_FACTOR lone-request times where that is longer."""
-    return max_stall_s if reference_s is None else max(max_stall_s, STALL_FACTOR * reference_s)
 
 
 def longest_stall(phase: str, rows: pd.DataFrame, begin: float, end: float,
                   max_stall_s: float = 5.0, reference_s: float | None = None) -> Stall:  # fmt: skip
     """The longest interval in [begin, end] between two progress events (an answer in full, a
     stream's first text) or a phase edge, counting only time with a request in flight: typists
-    all typing is no stall. An unanswered request is in flight to the phase's end."""
-    bound = round(stall_bound(max_stall_s, reference_s), 2)
+    all typing is no stall. An unanswered request is in flight to the phase's end. The bound:
+    ``max_stall_s``, or STALL_FACTOR lone-request times where that is longer."""
+    bound = round(max(max_stall_s, STALL_FACTOR * (reference_s or 0)), 2)
     reference = None if reference_s is None else round(reference_s, 3)
     if rows.empty:
         return Stall(phase, 0.0, None, 0, reference, bound)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -69,15 +68,15 @@ class Sampler:
         self.samples: list[dict[str, Any]] = []
         self.phase = "start"
         self.root: psutil.Process | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
 
     def start(self) -> None:
-        self.root = tritonserver(self.served)
-        self._thread.start()
+        self.root, self.greenlet = tritonserver(self.served), gevent.spawn(self._run)
+
+    def stop(self) -> None:
+        self.greenlet.kill()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while True:
             rss, count = None, 0
             with contextlib.suppress(psutil.Error):
                 tree = [self.root, *self.root.children(recursive=True)] if self.root else []
@@ -88,11 +87,7 @@ class Sampler:
                 engine = [snapshot.value(n) for n in ENGINE_GAUGES]
             values = (round(self.clock(), 2), self.phase, rss, count, *engine)
             self.samples.append(dict(zip(SAMPLE_COLUMNS, values, strict=True)))
-            self._stop.wait(self.every)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+            gevent.sleep(self.every)
 
     def during(self, begin: float, end: float) -> str:
         """What the engine did between ``begin`` and ``end`` (run time), in a phrase."""

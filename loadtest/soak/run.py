@@ -137,7 +137,7 @@ class Soak:
     found (``found``: the drain, the editor phase, what was left unanswered)."""
 
     def __init__(self, s: Settings, handle: Any) -> None:
-        self.s, self.handle, self.origin = s, handle, time.time()
+        self.s, self.origin = s, time.time()
         self.events = EventLog(profile="soak", system=handle.description)
         self.sampler = Sampler(handle, lambda: time.time() - self.origin, s.rss_every)
         prompts = tuple(code_prompts(300, s.seed, max_chars=s.prompt_chars))
@@ -290,15 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         "server": {"description": handle.description, "started_by_soak": handle.started,
                    "launcher_exit_code_at_stop": launcher_code, **handle.info()},
         "saturation": plan.summary(),
-        "total": {"sent": int(total["sent"]), "ok": int(total["ok"]),
-                  "rejected": int(total["rejected_n"]), "abandoned": int(total["abandoned"]),
-                  "unanswered": int(total["unanswered"])},
+        "total": {"rejected": int(total["rejected_n"]),
+                  **{k: int(total[k]) for k in ("sent", "ok", "abandoned", "unanswered")}},
         "drain": {"ready_after_soak": ready, "drain_s": round(drain_s, 1),
-                  "running_sequences_after": after.running if after else None,
-                  "pending_requests_after": after.pending if after else None,
                   "idle_before": idle and asdict(idle), "after_drain": after and asdict(after),
-                  "kv_cache_bytes": "not exported"
-                  if not after or after.kv_cache_bytes is None else after.kv_cache_bytes,
                   "engine_cancelled_during_soak": cancelled,
                   "clients_abandoned_during_soak": int(total["abandoned"])},
         "drill": drill, "editor": editor, "stalls": stalls, "checks": found,

@@ -91,26 +91,13 @@ class SoakShape(LoadTestShape):
         return None if step is None else (step[0], 100, [SoakUser])  # all at once, up or down
 
 
-def lone_first_token_s(
-    sender: Sender, clipper: Clipper, with_suffix: bool, seed: int
-) -> float | None:
-    """First token of one full-context request alone on the idle server: the machine's speed,
-    which the stall check scales its bound to (loadtest.soak.checks)."""
-    visit = next(Typist(0, held_out_files(), seed).visits())
-    window = clipper.clip(visit.text, visit.pause.cursor, with_suffix, visit.pause.suffix_at)
-    exchange = sender.open(window.prefix, window.suffix, seed)
-    if not exchange.wait(time.monotonic() + 120.0):
-        exchange.abandon()
-    return exchange.first_token_s
-
-
 def editor_phase(s: Any, runner: Any) -> dict[str, Any]:
     """The OpenAI API started in front of the soak's Triton, the suffix probed, one
     full-context request alone (the stall check's reference), then the typists on ``runner``;
     what the report says of the phase besides their rows."""
     if s.editor_duration <= 0:
         return {"done": False, "note": "skipped (--editor-duration 0)"}
-    api = ApiProcess(s.endpoints.grpc, s.out / "openai_api.log")
+    api, files = ApiProcess(s.endpoints.grpc, s.out / "openai_api.log"), held_out_files()
     try:
         try:
             clipper = Clipper(CheckpointTokenizer(checkpoint_dir(s.model_repository)),
@@ -121,13 +108,18 @@ def editor_phase(s: Any, runner: Any) -> dict[str, Any]:
         except (OSError, TimeoutError, RuntimeError, ValueError) as exc:  # a failed check
             return {"done": False, "error": f"{type(exc).__name__}: {exc}"}
         (log.warning if mode.refused else log.info)(f"editor phase: {mode.note}")
-        lone = lone_first_token_s(sender, clipper, mode.send, s.seed)
-        log.info(f"editor phase: a full-context request alone: first token {lone or 0:.2f} s")
+        visit = next(Typist(0, files, s.seed).visits())  # alone: the stall bound's reference
+        w = clipper.clip(visit.text, visit.pause.cursor, mode.send, visit.pause.suffix_at)
+        alone = sender.open(w.prefix, w.suffix, s.seed)
+        if not alone.wait(time.monotonic() + 120.0):
+            alone.abandon()
+        log.info(f"editor phase: a full-context request alone: first token "
+                 f"{alone.first_token_s or 0:.2f} s")  # fmt: skip
         failures: list[str] = []
         runner.environment.events.user_error.add_listener(lambda user_instance, exception, tb:
             failures.append(f"typist {getattr(user_instance, 'index', '?')}: {exception!r}")
         )  # fmt: skip
-        files, began, begin = held_out_files(), time.monotonic(), time.time()
+        began, begin = time.monotonic(), time.time()
         walks = {i: Walk(Typist(i, files, s.seed, SOAK_STYLE).visits())
                  for i in range(s.editor_typists)}  # fmt: skip
         system = triton_system("soak", sender, s.endpoints.metrics_url, [])
@@ -145,7 +137,8 @@ def editor_phase(s: Any, runner: Any) -> dict[str, Any]:
         api.stop()
     return {"done": True, "typists": s.editor_typists, "duration_s": s.editor_duration,
             "max_tokens": s.editor_max_tokens, "prompt_budget_tokens": clipper.budget,
-            "lone_first_token_s": lone, "suffix": asdict(mode), "stuck_typists": runner.user_count,
+            "lone_first_token_s": alone.first_token_s, "suffix": asdict(mode),
+            "stuck_typists": runner.user_count,
             "typist_failures": failures, "window": (begin, time.time())}  # fmt: skip
 
 
