@@ -1,8 +1,6 @@
-"""The server under the soak (found or started by :func:`reporting.triton.open_triton`): its RSS
-and the engine's gauges, sampled through the run (:class:`Sampler`), and the stub-kill drill:
-SIGKILL the engine model's stub of a server the soak started, with requests in flight, and
-watch readiness, fresh requests and the launcher for a minute. The drill's requests are
-greenlets of the soak's Locust process, each a Locust request event."""
+"""The server under the soak: its RSS and the engine's gauges, sampled through the run
+(:class:`Sampler`), and the stub-kill drill, whose requests are greenlets of the soak's Locust
+process, each a Locust request event."""
 
 from __future__ import annotations
 
@@ -58,10 +56,9 @@ def find_stub(server: psutil.Process) -> psutil.Process | None:
 
 
 class Sampler:
-    """Every ``every`` seconds, a sample (:data:`SAMPLE_COLUMNS`): the RSS of tritonserver and
-    its stubs, summed, and the engine's step counter and queues, labelled with the soak's phase:
-    RSS for the flatness check, the engine to tell a stall apart (stepping with sequences
-    running: busy; not stepping with requests pending: wedged)."""
+    """Every ``every`` seconds, the RSS of tritonserver and its stubs, summed, for the flatness
+    check, and the engine's steps and queues, to tell a stall apart (stepping with sequences
+    running: busy; not stepping with requests pending: wedged), labelled with the phase."""
 
     def __init__(self, served: ServedTriton, clock: Callable[[], float], every: float) -> None:
         self.served, self.clock, self.every = served, clock, every
@@ -172,21 +169,19 @@ def stub_kill_drill(
         gevent.sleep(0.5)
     gevent.joinall(sent, timeout=DEADLINE_S + 5.0)  # the last probe's deadline at most
     requests.close(f"no answer within {DEADLINE_S:.0f} s")
-
-    def changed(what: str, healthy: str) -> float | None:
-        """When ``what`` first stopped being ``healthy`` after the kill (None: never)."""
-        return next((e["t_s"] for e in timeline if e["what"] == what and e["value"] != healthy),
-                    None)  # fmt: skip
-
-    code, exited_at = launcher.poll(), changed("launcher", "running")
+    unwell: dict[str, float] = {}  # when each thing first stopped being 200 or running
+    for e in timeline:
+        if e["value"] not in ("200", "running"):
+            unwell.setdefault(e["what"], e["t_s"])
+    code, exited_at = launcher.poll(), unwell.get("launcher")
     stubs = {e["value"] for e in timeline if e["what"] == f"{ENGINE_MODEL} stub"}
     failed = [r for r in requests.ended if r["status"] != OK]
     return {
         "done": True, "stub": stub_info, "killed_at": killed_at.isoformat(timespec="seconds"),
         "note": f"SIGKILL to the {ENGINE_MODEL} stub of the server this soak started; watched "
         f"{min(WINDOW_S, time.monotonic() - killed):.0f} s",
-        "server_ready_turned_false_after_s": changed("ready", "200"),
-        "stage_ready_turned_false_after_s": changed(f"{ENGINE_MODEL} ready", "200"),
+        "server_ready_turned_false_after_s": unwell.get("ready"),
+        "stage_ready_turned_false_after_s": unwell.get(f"{ENGINE_MODEL} ready"),
         "launcher_exit": f"code {code} after {exited_at:.1f} s" if code is not None
         and exited_at is not None else f"still running after {WINDOW_S:.0f} s",
         "launcher_exit_code": code, "tritonserver_exit": last.get("tritonserver"),

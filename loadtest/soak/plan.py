@@ -1,7 +1,6 @@
-"""The soak's phases as the stages of a Locust load shape (:class:`SoakPlan`, which
-:class:`loadtest.soak.users.SoakShape` ticks): the ramp to saturation, the soak at twice it,
-then the editor phase and the drain, which the run drives with no soak users and ends itself.
-Pure: the clock and the counts come in as arguments, so the tests tick it by hand."""
+"""The soak's phases as the stages of a Locust load shape: the ramp to saturation, the soak at
+twice it, then the editor phase and the drain, which the run drives and ends itself. Pure: the
+tests tick it by hand."""
 
 from __future__ import annotations
 
@@ -16,12 +15,11 @@ NEXT = {RAMP: SOAK, SOAK: EDITOR, EDITOR: DRAIN, DRAIN: ""}
 
 @dataclass
 class SoakPlan:
-    """Ramp levels (1, 2, 4, ... clients), each measured over at least ``ramp_step_s`` after a
-    quarter step to settle, longer (up to 4x) until ``level`` requests completed in it (a
-    request counts when it ends); the ramp stops after ``ramp_patience`` levels in a row that
-    do not beat the best by ``ramp_gain``. Then ``clients`` (default 2 x saturation) for
-    ``duration_s``. ``completed(t)``: requests answered since ``t``; ``tokens()``: the
-    engine's generated-token counter (None: not exported)."""
+    """Ramp levels (1, 2, 4, ... clients), each measured over ``ramp_step_s`` after a quarter
+    step to settle, longer (up to 4x) until ``level`` requests were answered in it; the ramp
+    stops after ``ramp_patience`` levels in a row that do not beat the best by ``ramp_gain``.
+    Then ``clients`` (2 x saturation) for ``duration_s``. ``completed(t)``: requests answered
+    since ``t``; ``tokens()``: the engine's generated-token counter (None: not exported)."""
 
     duration_s: float
     completed: Callable[[float], int]

@@ -1,8 +1,6 @@
-"""``make soak`` (docs/soak.md): finds or starts Triton (traffic only ever goes to 127.0.0.1),
-runs the phases as the stages of a Locust load shape (:mod:`loadtest.soak.plan`), then the
-stub-kill drill on a server it started. Every request is a row of the event table
-(``events.csv``) the checks and the run folder are built from. Exits 1 when a check fails, 2
-when it could not run."""
+"""``make soak`` (docs/soak.md): Triton found or started on 127.0.0.1, the phases as the stages
+of a Locust load shape, the stub-kill drill on a server it started; every request a row of the
+event table the checks are drawn from. Exits 1 when a check fails, 2 when it could not run."""
 
 from __future__ import annotations
 
@@ -170,7 +168,7 @@ class Soak:
                         s.saturation, s.clients, s.ramp_step, s.ramp_gain, s.ramp_patience,
                         s.max_clients)  # fmt: skip
         self.requests.window = lambda: plan.stage or ""
-        users.SoakUser.mix = users.Mix(self.params, self.requests, plan, s.mix, s.seed)
+        users.SoakUser.prepare(self.params, self.requests, plan, s.mix, s.seed)
         self.env.shape_class = users.SoakShape(plan, time.time)
         runner.start_shape()
         stage = ""

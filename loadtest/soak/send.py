@@ -1,6 +1,5 @@
 """One soak request of any kind on the client's transport, reported as one Locust ``request``
-event (:class:`Requests`). Every call has a deadline: a request with no answer is counted, never
-waited for forever. Importing this module imports no Locust."""
+event (:class:`Requests`); every call has a deadline. It imports no Locust."""
 
 from __future__ import annotations
 

@@ -40,39 +40,30 @@ log = logging.getLogger("soak")
 SOAK_STYLE = TypingStyle(pause_s=(0.1, 1.0))
 
 
-class Mix:
-    """What the users share: where and how to send, the ledger, and the order of the kinds."""
-
-    def __init__(self, params: ClientParams, requests: Requests, plan: SoakPlan,
-                 mix: dict[str, int], seed: int = 0) -> None:  # fmt: skip
-        self.params, self.requests, self.plan, self.seed = params, requests, plan, seed
-        self.kinds, self.index = schedule(mix), itertools.count()
-        self.rotations = {kind: rotation(kind) for kind in (INVALID, HOSTILE)}
-
-    def choose(self) -> tuple[str, str, str]:
-        """The ramp sends valid unary gRPC requests; the soak, the mix in its proportions."""
-        if self.plan.stage == RAMP:
-            return UNARY_GRPC, "", ""
-        kind = next(self.kinds)
-        return (kind, *next(self.rotations[kind])) if kind in self.rotations else (kind, "", "")
-
-
 class SoakUser(User):
-    """A closed-loop client: one request after another, no pause."""
+    """A closed-loop client, one request after another: in the ramp valid unary gRPC requests,
+    in the soak the mix in its proportions. :meth:`prepare` sets what the users share."""
 
     wait_time = constant(0)
-    mix: Mix  # set by the run before it starts
+
+    @classmethod
+    def prepare(cls, params: ClientParams, requests: Requests, plan: SoakPlan,
+                mix: dict[str, int], seed: int) -> None:  # fmt: skip
+        cls.params, cls.requests, cls.plan, cls.seed = params, requests, plan, seed
+        cls.kinds, cls.numbers = schedule(mix), itertools.count()
+        cls.rotations = {kind: rotation(kind) for kind in (INVALID, HOSTILE)}
 
     def on_start(self) -> None:
-        self.client = Client(next(self.mix.index), self.mix.params, self.mix.requests,
-                             self.mix.seed)  # fmt: skip
+        self.client = Client(next(self.numbers), self.params, self.requests, self.seed)
 
     def on_stop(self) -> None:
         self.client.close()
 
     @task
     def send(self) -> None:
-        self.client.run(*self.mix.choose())
+        kind = UNARY_GRPC if self.plan.stage == RAMP else next(self.kinds)
+        raw = next(self.rotations[kind]) if kind in self.rotations else ()
+        self.client.run(kind, *raw)
 
 
 class SoakTypist(EditorTypist):
