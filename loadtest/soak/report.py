@@ -140,15 +140,10 @@ def write_run(out: Path, result: dict[str, Any], frame: pd.DataFrame, samples: S
                **{k: _plain(f(rows)).to_dict("records") for k, f in (
                    ("cases", checks.cases), ("errors", checks.error_messages))}}  # fmt: skip
     paths = [out / "summary.json", out / "report.md", out / "samples.csv"]
-    paths[0].write_text(json.dumps(summary, indent=2, default=_json) + "\n")
+    text = json.dumps(summary, indent=2, default=lambda v: asdict(v) if is_dataclass(v)
+                      else getattr(v, "item", v.__str__)())  # fmt: skip
+    paths[0].write_text(text + "\n")
     paths[1].write_text(render_report(result, frame))
     pd.DataFrame(samples, columns=SAMPLE_COLUMNS).to_csv(paths[2], index=False)
     title = f"Soak {result['started_at']}: {result['settings']['clients']} clients"
     return [*paths, draw_chart(out / "soak.png", samples, frame, phases, title)]
-
-
-def _json(value: Any) -> Any:
-    """Dataclasses as dicts, numpy numbers as numbers, paths as text."""
-    if is_dataclass(value) and not isinstance(value, type):
-        return asdict(value)
-    return value.item() if hasattr(value, "item") else str(value)

@@ -64,11 +64,9 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def parse_args(argv: list[str] | None = None) -> Settings:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtest.soak", formatter_class=_Help,
-        description="make soak: a bounded load and fault test of the served ensemble on this "
-        "machine (docs/soak.md).",
-    )  # fmt: skip
+    p = argparse.ArgumentParser(prog="python -m loadtest.soak", formatter_class=_Help,
+                                description="make soak: a bounded load and fault test of the "
+                                "served ensemble on this machine (docs/soak.md).")  # fmt: skip
     add = p.add_argument
     # fmt: off
     add("--host", default="127.0.0.1:8000", help="Triton's HTTP host:port (local)")
@@ -78,22 +76,20 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     add("--saturation", type=COUNT, help="clients at saturation (skips the ramp)")
     add("--clients", type=COUNT, help="soak clients (default: 2 x saturation)")
     add("--ramp-step", type=SECONDS, default=8.0, help="seconds per ramp level")
-    add("--ramp-gain", type=ZERO_OK, default=0.10,
-        help="throughput must rise by this fraction for the ramp to go on")
-    add("--ramp-patience", type=COUNT, default=2, help="levels in a row without that rise "
-        "before the ramp stops (2: one noisy level on a shared machine does not end it)")
+    add("--ramp-gain", type=ZERO_OK, default=0.10, help="rise in throughput that goes on ramping")
+    add("--ramp-patience", type=COUNT, default=2, help="levels in a row without that rise that "
+        "stop the ramp (2: one noisy level on a shared machine does not)")
     add("--max-clients", type=COUNT, default=32, help="the ramp's last level")
     add("--max-tokens", type=COUNT, default=32, help="tokens per valid request")
     add("--long-tokens", type=COUNT, default=256, help="tokens asked by clients that then vanish")
     add("--prompt-chars", type=COUNT, default=600, help="longest code prompt")
-    add("--deadline", type=SECONDS, default=180.0, help="seconds after which a request with no "
-        "answer counts as unanswered (Triton's queue policy rejects at 120)")
+    add("--deadline", type=SECONDS, default=180.0, help="seconds without an answer that make a "
+        "request unanswered (Triton's queue policy rejects at 120)")
     add("--warmup", type=ZERO_OK, help="soak seconds before RSS counts (default: duration/6)")
     add("--rss-every", type=SECONDS, default=2.0, help="seconds between RSS and engine samples")
     add("--rss-tolerance", type=ZERO_OK, default=0.10, help="RSS growth still called flat")
-    add("--editor-duration", type=ZERO_OK, default=60.0, help="seconds of the editor phase: "
-        "typists streaming through the OpenAI API, each request abandoned at the next "
-        "keystroke (0 skips it)")
+    add("--editor-duration", type=ZERO_OK, default=60.0, help="seconds of typists through the "
+        "OpenAI API, each request abandoned at the next keystroke (0 skips it)")
     add("--editor-typists", type=COUNT, default=4, help="typists of the editor phase")
     add("--editor-max-tokens", type=COUNT, default=64, help="tokens per editor completion")
     add("--max-stall", type=SECONDS, default=5.0, help="longest seconds with requests in flight "
@@ -119,17 +115,6 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     return s
 
 
-def lone_request_s(params: ClientParams, seed: int) -> float | None:
-    """One valid unary request alone on the idle server (no row of the table): the machine's
-    speed, which the stall check scales its bound to."""
-    client, began = Client(10_000, params, Requests(None), seed), time.perf_counter()
-    try:
-        outcome = client.run(c.UNARY_GRPC)
-    finally:
-        client.close()
-    return time.perf_counter() - began if outcome.status == c.OK else None
-
-
 class Soak:
     """One run: the server, the event table, the Locust environment, and what each phase
     found (``found``: the drain, the editor phase, what was left unanswered)."""
@@ -144,15 +129,9 @@ class Soak:
         self.env = Environment(user_classes=[users.SoakUser, users.SoakTypist],
                                stop_timeout=s.deadline + 10)  # fmt: skip
         self.events.attach(self.env)
-        self.answered: list[float] = []  # when each request was answered: the ramp's measure
-        self.env.events.request.add_listener(self._answered)
         self.requests = Requests(self.env.events)
         self.found: dict[str, Any] = {"editor": {"done": False, "note": "not reached"},
                                       "unanswered_at_close": 0}  # fmt: skip
-
-    def _answered(self, context: dict[str, Any] | None = None, **_: Any) -> None:
-        if context and context.get("status") == c.OK:
-            self.answered.append(time.time())
 
     def _tokens(self) -> float | None:
         """The engine's generated-token counter (None: not exported): the ramp's measure."""
@@ -164,7 +143,9 @@ class Soak:
     def run_shape(self) -> SoakPlan:
         """The shape's stages in turn (ramp, soak, editor and drain), a progress line each."""
         s, runner = self.s, self.env.create_local_runner()
-        plan = SoakPlan(s.duration, lambda t: sum(e >= t for e in self.answered), self._tokens,
+        answered = self.requests.ended  # the ramp's measure: requests answered since t
+        plan = SoakPlan(s.duration, lambda t: sum(r["status"] == c.OK and r["ended"] >= t
+                                                  for r in answered), self._tokens,
                         s.saturation, s.clients, s.ramp_step, s.ramp_gain, s.ramp_patience,
                         s.max_clients)  # fmt: skip
         self.requests.window = lambda: plan.stage or ""
@@ -247,7 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with contextlib.suppress(OSError, ValueError):
             idle = engine_state(s.endpoints.metrics_url)
-        lone_s = lone_request_s(soak.params, s.seed)
+        # one valid request alone on the idle server: the speed the stall bound scales to
+        client, began = Client(10_000, soak.params, Requests(None), s.seed), time.perf_counter()
+        lone_s = time.perf_counter() - began if client.run(c.UNARY_GRPC).status == c.OK else None
+        client.close()
         log.info(f"one valid request alone takes {lone_s or 0:.2f} s on this machine now")
         plan = soak.run_shape()
         soak.sampler.phase = "drill"

@@ -55,7 +55,7 @@ class Requests:
     def __init__(self, events: Any, window: str | Callable[[], str] = "") -> None:
         self.events, self.window = events, window  # greenlets: none runs inside another's call
         self.in_flight: dict[int, tuple[str, str, str, float, str]] = {}
-        self.ended: list[dict[str, Any]] = []  # every end, for the drill's own summary
+        self.ended: list[dict[str, Any]] = []  # every end: the ramp's measure, the drill's summary
         self.sent = 0
 
     def begin(self, kind: str, case: str, transport: str) -> int:
@@ -68,7 +68,7 @@ class Requests:
         if (entry := self.in_flight.pop(ticket, None)) is None:
             return
         kind, case, transport, started, window = entry
-        self.ended.append({"transport": transport, "started": started,
+        self.ended.append({"transport": transport, "started": started, "ended": time.time(),
                            "status": outcome.status, "category": outcome.category,
                            "message": outcome.message[:400]})  # fmt: skip
         if self.events is None:
