@@ -41,6 +41,22 @@ REASONS = ("bad_words", "beam_diversity", "beam_stop_words", "log_probs", "other
 FALLBACK_MAX_BATCH_SIZE = 8
 
 
+class CountedFallback:
+    """Where :meth:`FallbackBackend.route` sends a request the primary cannot honour: the
+    secondary, with the reason counted when the request is submitted there. A request routed
+    and then dropped (a later row of the same call refused, say) is no fallback."""
+
+    def __init__(self, engine: GenerationBackend, reason: str, count: Callable[[str], None]):
+        self.engine, self.reason, self._count = engine, reason, count
+
+    def submit(
+        self, request: GenerationRequest, listener: Listener, checked: bool = False
+    ) -> Handle:
+        handle = self.engine.submit(request, listener, checked=checked)
+        self._count(self.reason)
+        return handle
+
+
 class FallbackBackend:
     """A GenerationBackend on two engines: the primary, and a secondary (made by ``make`` when a
     request first needs it) for the requests the primary refuses with NotHonouredError.
@@ -113,20 +129,23 @@ class FallbackBackend:
         if refusal is not None:
             self._started_secondary(refusal).validate(request)
 
-    def route(self, request: GenerationRequest) -> GenerationBackend:
+    def route(self, request: GenerationRequest) -> GenerationBackend | CountedFallback:
         """The primary when it can honour ``request``; else the secondary (made and started
-        once), the request checked against its own limits and counted as a fallback."""
+        once), the request checked against its own limits, counted as a fallback once it is
+        submitted there."""
         refusal = self._refusal(request)
         if refusal is None:
             return self.primary
         secondary = self._started_secondary(refusal)
         secondary.validate(request)
         reason = refusal.reason if refusal.reason in REASONS else "other"
+        return CountedFallback(secondary, reason, self._count)
+
+    def _count(self, reason: str) -> None:
         with self._lock:
             self._counts[reason] += 1
         if self._on_fallback is not None:
             self._on_fallback(reason)
-        return secondary
 
     def submit(
         self, request: GenerationRequest, listener: Listener, checked: bool = False

@@ -217,6 +217,15 @@ def generate(
     return box[0]
 
 
+class Target(Protocol):
+    """Where :meth:`GenerationBackend.route` sends a checked request: a backend, or a fallback
+    that counts the request when it is submitted."""
+
+    def submit(
+        self, request: GenerationRequest, listener: Listener, checked: bool = False
+    ) -> Handle: ...
+
+
 @runtime_checkable
 class GenerationBackend(Protocol):
     """One continuous batch on one copy of the weights, fed from any thread.
@@ -230,9 +239,9 @@ class GenerationBackend(Protocol):
         backend cannot run (or cannot honour exactly)."""
         ...
 
-    def route(self, request: GenerationRequest) -> GenerationBackend:
-        """Check ``request`` once, as ``validate`` does, and return the backend that runs it
-        (this one, or a fallback's second engine), to ``submit`` it to with ``checked=True``."""
+    def route(self, request: GenerationRequest) -> Target:
+        """Check ``request`` once, as ``validate`` does, and return where it runs (this
+        backend, or a fallback's second engine), to ``submit`` it to with ``checked=True``."""
         ...
 
     def submit(

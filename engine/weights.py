@@ -29,6 +29,16 @@ def check_quantize(quantize: str | None, dtype: torch.dtype, device: str) -> Non
         raise ValueError("quantize='int8' runs on the CPU with dtype float32")
 
 
+def choose_attention(device: torch.device) -> None:
+    """On a GPU, turn cuDNN's attention off for the process. It is torch's first choice for
+    bfloat16 on Hopper, and it builds a plan for each new shape, while a decode step's keys grow
+    by one position every step: on an H100 it made bfloat16 decode 3-4x slower than float32
+    (docs/performance.md, "The torch engine on a GPU"). Flash, memory-efficient and math
+    attention take any shape at no set-up cost."""
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def placed(
     model: nn.Module,
     state: dict[str, torch.Tensor],
@@ -37,12 +47,14 @@ def placed(
     quantize: str | None,
 ) -> nn.Module:
     """``model`` with ``state`` loaded (every key), in ``dtype`` on ``device`` for inference,
-    its rotary angles kept in float32; ``quantize="int8"``: every linear layer replaced by
-    torch's dynamically quantized one (weights int8, activations quantized per call)."""
+    its rotary angles kept in float32 (on a GPU, without cuDNN's attention); ``quantize="int8"``:
+    every linear layer replaced by torch's dynamically quantized one (weights int8, activations
+    quantized per call)."""
     model.load_state_dict(state, strict=True)
     model = model.to(dtype)
     model.cos, model.sin = model.cos.float(), model.sin.float()  # angles stay float32
     model = model.to(device).eval()
+    choose_attention(torch.device(device))
     if quantize == "int8":
         model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
     return model

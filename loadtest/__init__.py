@@ -1,7 +1,5 @@
-"""Load tests of the served ensemble, one subpackage per profile (docs/tooling.md has the map):
-:mod:`loadtest.sweep` (``make loadtest``), :mod:`loadtest.editor` (typists), :mod:`loadtest.soak`
-(load and faults) and :mod:`loadtest.stress` (clients leaving at every point). What they share sits
-here; importing this package imports nothing else (Locust patches the process with gevent)."""
+"""Load tests of the served ensemble, one subpackage per profile (docs/tooling.md has the map).
+Importing this package imports nothing else: Locust patches the process with gevent."""
 
 import logging
 import sys

@@ -1,8 +1,7 @@
-"""Triton's counters over a measured window and the figures derived from them. Every figure is
-an increase over the window, from one source: two readings of ``/metrics`` or a Prometheus'
-first and last scrape inside it (:mod:`loadtest.prom`), both through :func:`snapshot_deltas`.
-The model stage's time is the engine's busy time, not Triton's ``compute_infer`` for ``gptj``
-(:mod:`contract.metrics` says why)."""
+"""Triton's counters over a measured window and the figures derived from them: increases from
+one source, two readings of ``/metrics`` or a Prometheus' first and last scrape inside it, both
+through :func:`snapshot_deltas`. The model stage's time is the engine's busy time, not Triton's
+``compute_infer`` for ``gptj`` (:mod:`contract.metrics` says why)."""
 
 from __future__ import annotations
 
@@ -51,15 +50,12 @@ class Deltas:
 
 def snapshot_deltas(start: Snapshot, end: Snapshot) -> Deltas:
     """Per-series increases from ``start`` to ``end``, summed by model; gauges skipped."""
-    gauges = {names.PENDING_REQUEST_COUNT, names.ENGINE_RUNNING}
     totals: dict[tuple[str, str], float] = {}
-    for key, value in end.series.items():
-        name, labels = key
-        if name in gauges or not name.endswith("_total"):
-            continue
-        model = dict(labels).get("model", "")
-        increase = counter_increase(start.series.get(key), value)
-        totals[(name, model)] = totals.get((name, model), 0.0) + increase
+    for (name, labels), value in end.series.items():
+        if name.endswith("_total"):  # counters only: gauges have no _total
+            key = (name, dict(labels).get("model", ""))
+            increase = counter_increase(start.series.get((name, labels)), value)
+            totals[key] = totals.get(key, 0.0) + increase
     return Deltas(totals, end.taken_at - start.taken_at)
 
 
@@ -134,9 +130,7 @@ def window_figures(d: Deltas) -> dict[str, float | None]:
 def reuse_share(received: float, reused: float | None) -> float | None:
     """Prompt tokens the prefix cache held over those the engine received; an upper bound (the
     backend's own index of blocks, which the pipeline may have evicted meanwhile)."""
-    if reused is None or not received:
-        return None
-    return reused / received
+    return None if reused is None or not received else reused / received
 
 
 def reuse_line(received: float, reused: float) -> str:

@@ -1,12 +1,6 @@
 """Triton's counters over a window from a Prometheus that scrapes it (prometheus-api-client), as
-the same :class:`loadtest.metrics.Deltas` two ``/metrics`` readings give, through the same
-:func:`loadtest.metrics.snapshot_deltas`.
-
-Prometheus knows the values at its scrape times only, so the window runs from its first scrape
-inside the sweep's window to its last: the raw samples there, nothing extrapolated as
-``increase()`` would. The sweep opens and closes its window just around two scrapes
-(:meth:`PromSource.next_scrape`), so the two windows differ by a fraction of a second at each end.
-"""
+the same :class:`loadtest.metrics.Deltas` two ``/metrics`` readings give: the raw samples at its
+first and last scrape inside the window (docs/loadtest.md, "Prometheus")."""
 
 from __future__ import annotations
 
@@ -15,20 +9,19 @@ import math
 import os
 import statistics
 import time
-import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
-import requests
 from prometheus_api_client import PrometheusConnect
+from urllib3.util.retry import Retry
 
 from contract import metrics as names
 from contract.tensors import ENSEMBLE_MODEL
 from loadtest.metrics import Deltas, snapshot_deltas
 from loadtest.run_prometheus import INSTALL_HINT, PrometheusServer, find_binary
-from reporting.triton import Endpoints, Snapshot, sample_name
+from reporting.triton import LOCAL_HOSTS, Endpoints, Snapshot, sample_name
 from serving.process import free_port
 
 # The counters the report reads (Prometheus stores them under their exposed names).
@@ -41,8 +34,11 @@ COUNTERS = (
 )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class AlignedWindow:
+def _times(series: list[dict], start: float, end: float) -> list[float]:
+    return sorted({float(t) for s in series for t, _ in s["values"] if start <= float(t) <= end})
+
+
+class AlignedWindow(NamedTuple):
     start: float  # Unix seconds of the first scrape in the window
     end: float  # ... and of the last
     scrapes: int
@@ -55,44 +51,37 @@ class AlignedWindow:
 class PromSource:
     """Queries one Prometheus about one scrape target (``instance`` label)."""
 
-    def __init__(self, url: str, instance: str | None = None, timeout: float = 10.0) -> None:
-        self.url, self.instance, self.timeout = url.rstrip("/"), instance, timeout
-        self.client = PrometheusConnect(url=self.url, disable_ssl=True)
+    def __init__(self, url: str, instance: str | None = None) -> None:
+        self.url, self.instance = url.rstrip("/"), instance
+        # one retry, at once: a Prometheus that is not there is found out in milliseconds
+        self.client = PrometheusConnect(url=self.url, disable_ssl=True, retry=Retry(1), timeout=10)
 
-    def reachable(self) -> bool:
-        """A quick readiness probe (the client's own check retries with back-off)."""
+    def find_instance(self, target: str) -> str | None:
+        """The ``instance`` that scrapes ``target`` (host:port; local names taken as one), or
+        None, also when no Prometheus answers."""
+        host, _, port = target.rpartition(":")
         try:
-            return requests.get(f"{self.url}/-/ready", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
-
-    def find_instance(self, metrics_url: str) -> str | None:
-        """The ``instance`` label of the active target that scrapes ``metrics_url`` (matched on
-        port, localhost and 127.0.0.1 taken as the same host)."""
-        response = requests.get(f"{self.url}/api/v1/targets", timeout=self.timeout)
-        response.raise_for_status()
-        wanted, local = urllib.parse.urlsplit(metrics_url), {"localhost", "127.0.0.1", "::1"}
-        for target in response.json()["data"]["activeTargets"]:
-            scrape = urllib.parse.urlsplit(target.get("scrapeUrl", ""))
-            hosts = {scrape.hostname, wanted.hostname}
-            if (len(hosts) == 1 or hosts <= local) and scrape.port == wanted.port:
-                return target["labels"].get("instance")
+            instances = {s["metric"].get("instance", "") for s in self.client.custom_query("up")}
+        except Exception:
+            return None
+        for instance in sorted(instances):
+            other, _, other_port = instance.rpartition(":")
+            if other_port == port and (other == host or {other, host} <= LOCAL_HOSTS):
+                return instance
         return None
 
     def _samples(self, names_: str, start: float, end: float, **labels: str) -> list[dict]:
         """The raw samples of the metrics matching ``names_`` (a regex) in [start, end]."""
         labels = {"instance": self.instance, **labels} if self.instance else labels
         matchers = "".join(f',{key}="{value}"' for key, value in labels.items())
-        span_ms = int((end - start) * 1000) + 1000
-        query = f'{{__name__=~"{names_}"{matchers}}}[{span_ms}ms]'
+        query = f'{{__name__=~"{names_}"{matchers}}}[{int((end - start) * 1000) + 1000}ms]'
         return self.client.custom_query(query, params={"time": f"{end:.3f}"})
 
     def scrape_times(self, start: float, end: float) -> list[float]:
         """The target's scrapes within [start, end], from the ensemble's request counter (so a
         scrape that failed is not taken as a window edge)."""
         series = self._samples(names.INFERENCE_COUNT, start, end, model=ENSEMBLE_MODEL)
-        times = {float(t) for s in series for t, _ in s.get("values", [])}
-        return sorted(t for t in times if start <= t <= end)
+        return _times(series, start, end)
 
     def wait_for_scrapes(self, count: int, timeout: float = 30.0) -> None:
         """Until the target has ``count`` scrapes in the last 30 s: windows are aligned to them."""
@@ -105,8 +94,7 @@ class PromSource:
     def next_scrape(self, after: float, history_s: float = 30.0) -> tuple[float, float]:
         """(the first scrape at or after ``after``, the scrape interval), predicted from the
         recent scrapes: Prometheus scrapes a target at a fixed phase."""
-        now = time.time()
-        times = self.scrape_times(now - history_s, now)
+        times = self.scrape_times(time.time() - history_s, time.time())
         if len(times) < 3:
             raise RuntimeError(f"only {len(times)} recent scrapes of {self.instance}")
         interval = statistics.median(b - a for a, b in itertools.pairwise(times))
@@ -115,8 +103,7 @@ class PromSource:
     def window_deltas(self, start: float, end: float) -> tuple[Deltas, AlignedWindow]:
         """Every counter's increase from the first scrape in [start, end] to the last."""
         series = self._samples("|".join(COUNTERS), start, end)
-        stamps = {float(t) for s in series for t, _ in s["values"]}
-        times = sorted(t for t in stamps if start <= t <= end)
+        times = _times(series, start, end)
         if len(times) < 2:
             raise RuntimeError(
                 f"Prometheus has {len(times)} scrape(s) of {self.instance or 'the target'} in the "
@@ -130,12 +117,11 @@ class PromSource:
             for edge, at in zip(edges, (times[0], times[-1]), strict=True):
                 if at in values:
                     edge[key] = values[at]
-        window = AlignedWindow(times[0], times[-1], len(times))
-        return snapshot_deltas(Snapshot(times[0], edges[0]), Snapshot(times[-1], edges[1])), window
+        deltas = snapshot_deltas(Snapshot(times[0], edges[0]), Snapshot(times[-1], edges[1]))
+        return deltas, AlignedWindow(times[0], times[-1], len(times))
 
 
-@dataclass(frozen=True)
-class PrometheusChoice:
+class PrometheusChoice(NamedTuple):
     source: PromSource | None  # None: Triton's metrics port, read at both ends of a window
     note: str  # which one, in a sentence for the log and the report
 
@@ -144,18 +130,15 @@ class PrometheusChoice:
 def prometheus_for(
     choice: str, endpoints: Endpoints, folder: Path | None = None
 ) -> Iterator[PrometheusChoice]:
-    """The Prometheus Triton's figures come from. ``off``: none (the metrics port). A URL: that
-    one, which must scrape this Triton. ``auto``: ``$PROMETHEUS_URL`` or http://127.0.0.1:9090
-    when one runs there scraping this Triton (``make prometheus``); else, given a ``folder`` and a
-    ``prometheus`` on PATH, one started for this run (scraping every second, its data in
-    ``folder``, stopped on the way out); else none."""
+    """The Prometheus Triton's figures come from (``--prometheus``: off, a URL, or auto: one
+    that scrapes this Triton, else one started for the run in ``folder``, else none)."""
     if choice == "off":
         yield PrometheusChoice(None, "Prometheus: off (--prometheus off)")
         return
     default = os.environ.get("PROMETHEUS_URL") or "http://127.0.0.1:9090"
     url = default if choice == "auto" else choice
-    source = PromSource(url)
-    source.instance = source.find_instance(endpoints.metrics_url) if source.reachable() else None
+    target, source = endpoints.metrics_target, PromSource(url)
+    source.instance = source.find_instance(target)
     if source.instance:
         yield PrometheusChoice(source, f"Prometheus at {url} (target {source.instance})")
         return
@@ -165,7 +148,6 @@ def prometheus_for(
     if folder is None or find_binary() is None:
         yield PrometheusChoice(None, f"{note}: Triton's metrics port instead ({INSTALL_HINT})")
         return
-    target = endpoints.metrics_target
     with PrometheusServer(target, free_port(), folder / "prometheus", interval="1s") as server:
         own = PromSource(server.url, instance=target)
         own.wait_for_scrapes(3)  # the windows are aligned to its scrapes

@@ -1,13 +1,17 @@
 """The machine and the served model as a load report's header has them
-(:func:`loadtest.targets.served_lines`)."""
+(:func:`loadtest.targets.served_lines`); the checkpoint is a dict (:func:`checkpoint_info`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from reporting.machine import describe
+from serving.paths import checkpoint_dir
 
 
 @dataclass(frozen=True)
@@ -25,25 +29,8 @@ class MachineInfo:
 
     @classmethod
     def here(cls) -> MachineInfo:
-        """This machine now (:func:`reporting.machine.describe`)."""
         info = describe()
         return cls(**{f.name: info[f.name] for f in dataclasses.fields(cls)})
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """From the served checkpoint's build.json, or its config.json (loadtest/targets.py)."""
-
-    path: str
-    name: str | None = None
-    parameters: int | None = None
-    layers: int | None = None
-    width: int | None = None
-    heads: int | None = None
-    context: int | None = None
-    vocab: int | None = None
-    held_out_loss: float | None = None
-    family: str | None = None  # config.json's model_type: gptj, llama, ...
 
 
 @dataclass(frozen=True)
@@ -55,10 +42,57 @@ class ModelInfo:
     dynamic_batching: dict[str, Any] | None = None
     instances: list[Any] | None = None
     error: str | None = None
-    checkpoint: CheckpointInfo | None = None
+    checkpoint: dict[str, Any] | None = None  # checkpoint_info's
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModelInfo:
-        """Back from ``dataclasses.asdict`` (a run folder's JSON)."""
-        checkpoint = data.get("checkpoint")
-        return cls(**{**data, "checkpoint": checkpoint and CheckpointInfo(**checkpoint)})
+
+# the same figure under GPT-J's config.json names, then the Llama family's
+CONFIG_KEYS = {
+    "layers": ("n_layer", "num_hidden_layers"),
+    "width": ("n_embd", "hidden_size"),
+    "heads": ("n_head", "num_attention_heads"),
+    "context": ("n_positions", "max_position_embeddings"),
+    "vocab": ("vocab_size",),
+}
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _safetensors_parameters(folder: Path) -> int | None:
+    """Parameters counted from the safetensors headers (no weight is read)."""
+    total = 0
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with file.open("rb") as handle:
+                header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
+        except (OSError, ValueError):
+            return None
+        buffers = ("__metadata__", ".attn.bias", ".masked_bias")  # not parameters
+        total += sum(math.prod(e["shape"]) for n, e in header.items() if not n.endswith(buffers))
+    return total or None
+
+
+def checkpoint_info(model_repository: Path) -> dict[str, Any] | None:
+    """The served checkpoint: the build.json that `make model` writes for a trained GPT-J, else
+    (a pretrained model of any family) its config.json, pretrained.json and safetensors headers."""
+    folder = checkpoint_dir(model_repository)
+    data, config = _read_json(folder / "build.json"), _read_json(folder / "config.json")
+    if not data and not config:
+        return None
+    sources = (data.get("build", {}), config)
+    figures = {name: next((s[k] for s in sources for k in keys if s.get(k) is not None), None)
+               for name, keys in CONFIG_KEYS.items()}  # fmt: skip
+    name = data.get("name") or _read_json(folder / "pretrained.json").get("name")
+    return {
+        "path": str(folder),
+        "name": name or config.get("_model_name_or_path"),
+        "parameters": data.get("parameters") or _safetensors_parameters(folder),
+        **figures,
+        "held_out_loss": data.get("held_out_loss"),
+        "family": config.get("model_type", "gptj") if config else "gptj",
+    }

@@ -1,9 +1,6 @@
-"""``make prometheus``: a Prometheus that scrapes Triton's metrics port, on 127.0.0.1 only.
-
-The binary is the one ``scripts/install-prometheus.sh`` installs (Debian's ``prometheus``). Its
-configuration is ``loadtest/prometheus.yml`` filled in, written with its time series into the data
-folder (``.prometheus/``, ignored by git). The sweep runs a private one through
-:class:`PrometheusServer` (:func:`loadtest.prom.prometheus_for`).
+"""``make prometheus``: a Prometheus on 127.0.0.1 that scrapes Triton's metrics port, with the
+binary ``scripts/install-prometheus.sh`` installs and ``loadtest/prometheus.yml`` filled in; its
+configuration and time series go to ``.prometheus/`` (the sweep runs a private one).
 
     python -m loadtest.run_prometheus --metrics-port 8002 --port 9090 --interval 2s
 """
@@ -46,17 +43,14 @@ class PrometheusServer(ChildServer):
     stop_timeout = 20.0
     ready_path = "/-/ready"
 
-    def __init__(
-        self, target: str, port: int = 9090, directory: Path | None = None, interval: str = "2s"
-    ) -> None:
-        self.directory = Path(directory or REPO_ROOT / ".prometheus").resolve()
+    def __init__(self, target: str, port: int, directory: Path, interval: str = "2s") -> None:
+        self.directory = Path(directory).resolve()
         super().__init__(port, self.directory / "prometheus.log")
         self.target, self.interval = target, interval
         self.config_file = self.directory / "prometheus.yml"
 
     def start(self) -> PrometheusServer:
-        binary = find_binary()
-        if binary is None:
+        if (binary := find_binary()) is None:
             raise FileNotFoundError(f"no `prometheus` on PATH: {INSTALL_HINT}")
         self.directory.mkdir(parents=True, exist_ok=True)
         self.config_file.write_text(render_config(self.target, self.interval))
@@ -69,7 +63,7 @@ class PrometheusServer(ChildServer):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--metrics-host", default="127.0.0.1", help="Triton's metrics host")
+    parser.add_argument("--metrics-host", default="127.0.0.1")
     parser.add_argument("--metrics-port", type=int, default=8002, help="Triton's metrics port")
     parser.add_argument("--port", type=int, default=9090, help="Prometheus' own port")
     parser.add_argument("--interval", default="2s", help="scrape interval, e.g. 1s, 2s")
@@ -92,13 +86,9 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, shutdown)
     signal.signal(signal.SIGTERM, shutdown)
-    print(
-        f"Prometheus is ready (Ctrl-C stops it): {server.url}\n"
-        f"  scraping http://{target}/metrics every {args.interval}\n"
-        f"  config {server.config_file}, data {server.directory / 'data'}\n"
-        f"  the load test finds it there (or set PROMETHEUS_URL={server.url})",
-        flush=True,
-    )
+    print(f"Prometheus is ready (Ctrl-C stops it): {server.url}, scraping http://{target}/metrics "
+          f"every {args.interval}; data in {server.directory}; the load test finds it there (or "
+          f"set PROMETHEUS_URL={server.url})", flush=True)  # fmt: skip
     code = server.process.wait() if server.process else 1
     return 0 if code in (0, -signal.SIGTERM) else code
 

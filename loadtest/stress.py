@@ -1,17 +1,9 @@
-"""Stress the server with the ways editor clients leave requests, and check it survives.
+"""Stress the server with every way an editor client leaves a request, and check it survives
+(docs/operations.md, "The stress test"): one Locust user class per way of leaving, every request
+a row of the event table. FAIL (exit 1): an unexpected error, a stall, a request not answered
+afterwards, or a model still holding requests, engine rows or calls. Local traffic only.
 
     python -m loadtest.stress --grpc 127.0.0.1:8001 --http 127.0.0.1:8000 --duration 120
-    python -m loadtest.stress ... --api http://127.0.0.1:8080   # also through the OpenAI API
-
-One Locust user class per way of leaving, each looping until the run ends (bounded in time and
-count): ``grpc-cancel`` (a gRPC stream read for 0-8 pieces, then cancelled as the project's client
-does), ``grpc-full`` (read to its end), ``http-abandon`` (HTTP ``generate_stream`` closed after 0-8
-events), ``unary`` (half given up by a client deadline), ``api-abandon`` (with ``--api``: a
-streamed ``/v1/completions`` closed after 0-8 events, or a non-streamed one given up by a short
-timeout). Every request is a row of the event table (``--out``/events.csv, beside Locust's own
-reports). FAIL (exit 1): an unexpected error, a stall (nothing completed for ``--stall`` seconds
-while requests were in flight), a new stream or unary request not answered afterwards, or a model
-still holding requests, engine rows or calls. Traffic goes to this machine only.
 """
 
 from __future__ import annotations
@@ -49,7 +41,6 @@ from reporting.triton import read_snapshot
 LOCAL = ("127.0.0.1", "localhost", "[::1]")
 STALL_S = 120.0  # a stream with no answer for this long is stalled
 DEADLINE_ERRORS = ("Deadline", "deadline", "timeout", "Timeout", "cancelled", "Cancelled")
-PROMPT_CHARS = (800, 1600)  # long file prefixes that fit the default model's 1,024 tokens
 
 
 @functools.cache
@@ -83,14 +74,15 @@ class StressUser(User):
         self.rng = random.Random(self.args.seed * 1000 + next(StressUser.index))
         self.sent = 0
 
+    def prompt(self) -> str:
+        return code_prompt(self.rng, self.rng.randint(*self.args.prompt_chars))
+
     def request(self, max_tokens: int) -> CompletionRequest:
-        low, high = self.args.prompt_chars
-        prompt = code_prompt(self.rng, self.rng.randint(low, high))
         seed = self.rng.randint(0, 9999)
-        return CompletionRequest((prompt,), max_tokens=max_tokens, top_k=5, seed=seed)
+        return CompletionRequest((self.prompt(),), max_tokens=max_tokens, top_k=5, seed=seed)
 
     def measure(self, name: str, send: Callable[[], tuple[str, bool, str]]) -> None:
-        """Run ``send`` as one request event: it returns (how it ended, completed, error)."""
+        """``send`` as one request event; it returns (how it ended, completed, error)."""
         if self.sent >= self.args.max_requests:
             raise StopUser()
         self.sent += 1
@@ -111,57 +103,58 @@ class StressUser(User):
             start_time=wall, context={"outcome": outcome, "ended": ended},
         )  # fmt: skip
 
-    def read_then_leave(self, open_stream: Callable[[], ResponseStream], keep: int | None):
-        """Read ``keep`` answers of a stream (None: to its end), then drop it as an editor does."""
-        stream = open_stream()
-        try:
-            pieces = 0
-            while keep is None or pieces < keep:
-                piece = stream.read(STALL_S)
-                if piece is None:
-                    return "error", False, f"no answer within {STALL_S:g} s (a stalled stream)"
-                pieces += 1
-                if piece.final:
-                    return "finished", True, ""
-            return "left", False, ""
-        finally:
-            stream.abandon()
+    def leave(
+        self, name: str, target: Any, keep: int | None, open_: Callable[[Transport], ResponseStream]
+    ) -> None:
+        """A stream read for ``keep`` answers (None: to its end), then dropped as an editor does."""
+
+        def send() -> tuple[str, bool, str]:
+            with Transport(target, STALL_S) as transport:
+                stream, pieces = open_(transport), 0
+                try:
+                    while keep is None or pieces < keep:
+                        if (piece := stream.read(STALL_S)) is None:
+                            return "error", False, f"no answer within {STALL_S:g} s (stalled)"
+                        pieces += 1
+                        if piece.final:
+                            return "finished", True, ""
+                    return "left", False, ""
+                finally:
+                    stream.abandon()
+
+        self.measure(name, send)
 
 
 class GrpcCancel(StressUser):
-    pattern = "grpc-cancel"
-    read_all = False
+    """A gRPC stream read for 0-8 pieces, then cancelled as the project's client does."""
+
+    pattern, read_all = "grpc-cancel", False
 
     @task
     def stream(self) -> None:
-        full = self.read_all
-        request = self.request(self.rng.choice((8, 16, 32)) if full else 64)
-        keep = None if full else self.rng.randint(0, 8)
-        transport = Transport(self.args.grpc, STALL_S)
-        self.measure(
-            "stream", lambda: self.read_then_leave(lambda: transport.stream(request), keep)
-        )
+        request = self.request(self.rng.choice((8, 16, 32)) if self.read_all else 64)
+        keep = None if self.read_all else self.rng.randint(0, 8)
+        self.leave("stream", self.args.grpc, keep, lambda t: t.stream(request))
 
 
 class GrpcFull(GrpcCancel):
-    pattern = "grpc-full"
-    read_all = True
+    pattern, read_all = "grpc-full", True
 
 
 class HttpAbandon(StressUser):
+    """Triton's HTTP ``generate_stream`` closed after 0-8 events."""
+
     pattern = "http-abandon"
 
     @task
     def abandon(self) -> None:
-        request, keep = self.request(64), self.rng.randint(0, 8)
-        with Transport(resolve_target(self.args.http, "http"), STALL_S) as transport:
-            self.measure(
-                "generate_stream",
-                lambda: self.read_then_leave(lambda: transport.stream(request), keep),
-            )
+        request, target = self.request(64), resolve_target(self.args.http, "http")
+        self.leave("generate_stream", target, self.rng.randint(0, 8), lambda t: t.stream(request))
 
 
 class Unary(StressUser):
+    """Unary gRPC requests, half of them given up by a client deadline."""
+
     pattern = "unary"
 
     @task
@@ -174,31 +167,28 @@ class Unary(StressUser):
                 try:
                     transport.infer(request, f"stress-{self.rng.getrandbits(64):x}")
                 except CodegenError as exc:
+                    text = str(exc)
                     gave_up = isinstance(exc, TimedOutError) or any(
-                        w in str(exc) for w in DEADLINE_ERRORS
+                        w in text for w in DEADLINE_ERRORS
                     )
-                    return "given up", False, "" if deadline and gave_up else str(exc)
+                    return "given up", False, "" if deadline and gave_up else text
             return "answered", True, ""
 
         self.measure("infer", send)
 
 
 class ApiAbandon(StressUser):
+    """With ``--api``: a streamed ``/v1/completions`` closed after 0-8 events, or a plain one
+    given up by a short timeout."""
+
     pattern = "api-abandon"
 
     @task
     def abandon(self) -> None:
-        low, high = self.args.prompt_chars
-        body = {"prompt": code_prompt(self.rng, self.rng.randint(low, high)), "max_tokens": 48,
-                "temperature": 0.2}  # fmt: skip
-        api = self.args.api
+        body, api = {"prompt": self.prompt(), "max_tokens": 48, "temperature": 0.2}, self.args.api
         if self.rng.random() < 0.7:
             keep = self.rng.randint(0, 8)
-            with Transport(resolve_target(api, "http"), STALL_S) as transport:
-                self.measure(
-                    "stream",
-                    lambda: self.read_then_leave(lambda: transport.openai_stream(body), keep),
-                )
+            self.leave("stream", resolve_target(api, "http"), keep, lambda t: t.openai_stream(body))
             return
         timeout = self.rng.uniform(0.05, 1.0)
         import httpx
@@ -235,27 +225,28 @@ def answers_at_once(grpc: str, timeout: float = 30.0) -> list[str]:
     request = CompletionRequest(("def answer():\n",), max_tokens=8)
     with Transport(grpc, timeout) as transport:
         inputs = []
-        for name, value in (("input_ids", [[5, 6, 7, 8]]), ("input_lengths", [[4]]),
-                            ("request_output_len", [[4]])):  # fmt: skip
-            inputs.append(transport.module.InferInput(name, [1, len(value[0])], "UINT32"))
-            inputs[-1].set_data_from_numpy(np.array(value, dtype=np.uint32))
-        try:
-            transport.infer(request, "stress-after")
-            transport.call("infer", MODEL_STAGE, inputs, client_timeout=timeout)
-        except CodegenError as exc:
-            problems.append(f"a unary request after the run failed: {exc}")
-        try:
-            list(transport.stream(request).pieces())
-        except CodegenError as exc:
-            problems.append(f"a stream after the run failed: {exc}")
+        for name, value in (("input_ids", [5, 6, 7, 8]), ("input_lengths", [4]),
+                            ("request_output_len", [4])):  # fmt: skip
+            inputs.append(transport.module.InferInput(name, [1, len(value)], "UINT32"))
+            inputs[-1].set_data_from_numpy(np.array([value], dtype=np.uint32))
+        for what, ask in (
+            ("a unary request", lambda: transport.infer(request, "stress-after")),
+            ("a model-stage call", lambda: transport.call("infer", MODEL_STAGE, inputs,
+                                                           client_timeout=timeout)),
+            ("a stream", lambda: list(transport.stream(request).pieces())),
+        ):  # fmt: skip
+            try:
+                ask()
+            except CodegenError as exc:
+                problems.append(f"{what} after the run failed: {exc}")
     return problems
 
 
-def longest_gap(frame: Any, began: float) -> float:
+def longest_gap(frame: Any) -> float:
     """The longest interval without a completion, from the run's start (table time)."""
     ok = frame[frame["outcome"] == "ok"]
     ends = sorted(ok["started_s"] + ok["latency_ms"] / 1e3)
-    return max((b - a for a, b in zip([began, *ends], ends, strict=False)), default=0.0)
+    return max((b - a for a, b in zip([0.0, *ends], ends, strict=False)), default=0.0)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -270,12 +261,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-requests", type=int, default=5000, help="per user")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, help="a folder for events.csv and Locust's reports")
-    parser.add_argument(
-        "--prompt-chars", default=",".join(map(str, PROMPT_CHARS)),
-        help="the range of prompt lengths in characters, MIN,MAX (they must fit the context)",
-    )  # fmt: skip
+    parser.add_argument("--prompt-chars", type=lambda text: tuple(map(int, text.split(","))),
+                        default=(800, 1600), help="MIN,MAX, within the context")  # fmt: skip
     args = parser.parse_args(argv)
-    args.prompt_chars = tuple(int(x) for x in args.prompt_chars.split(","))
     for address in (args.grpc, args.http, args.metrics, *([args.api] if args.api else [])):
         if address.split("://")[-1].rsplit(":", 1)[0] not in LOCAL:
             raise SystemExit(f"{address}: the stress test sends traffic to this machine only")
@@ -299,31 +287,22 @@ def main(argv: list[str] | None = None) -> int:
     runner.start(users, spawn_rate=users)
     runner.spawning_greenlet.join()  # every user started (each stops after --max-requests)
     stalled = False
-    while time.monotonic() - began < args.duration and runner.user_count:
+    while time.monotonic() - began < args.duration and runner.user_count and not stalled:
         gevent.sleep(min(5.0, max(0.1, args.duration - (time.monotonic() - began))))
         gap = time.monotonic() - StressUser.last_completion if StressUser.in_flight else 0.0
-        frame = events.frame()
-        errors = int((frame["outcome"] == "error").sum()) if len(frame) else 0
-        print(f"  {len(frame)} requests done, {StressUser.in_flight} in flight, {errors} "
-              f"errors, {gap:.1f} s since the last completion", flush=True)  # fmt: skip
-        if gap > args.stall:
-            stalled = True
+        if stalled := gap > args.stall:
             print(f"STALL: nothing completed for {gap:.0f} s", flush=True)
-            break
     env.stop_timeout = 1.0 if stalled else 150.0  # users end the request they are in
     runner.quit()
     frame = events.frame().assign(ended=lambda f: f.get("ended", ""))
     if args.out:
         events.save(args.out / "events.csv")
         write_locust_reports(env, args.out)
-    outcomes = (frame["kind"] + " " + frame["ended"]).value_counts().sort_index()
-    print("outcomes:", dict(outcomes))
-    print(f"longest interval without a completion: {longest_gap(frame, 0.0):.1f} s")
+    print("outcomes:", dict((frame["kind"] + " " + frame["ended"]).value_counts().sort_index()))
+    print(f"longest interval without a completion: {longest_gap(frame):.1f} s")
     failed = frame[frame["outcome"] == "error"]
     problems = [f"{k}: {e}" for k, e in zip(failed["kind"], failed["error"], strict=True)][:50]
-    if stalled:
-        problems.append("stalled")
-    problems += answers_at_once(args.grpc)
+    problems += ["stalled"] * stalled + answers_at_once(args.grpc)
     problems += [f"still held: {what}" for what in released(args.metrics)]
     for problem in problems:
         print("PROBLEM:", problem)

@@ -1,12 +1,7 @@
 """llama.cpp's ``llama-server``, the peer the bench and the editor profile measure the project
 against, started one way for every tool: on the GGUF the default model was made from, on
-127.0.0.1, with the prompt cache, Prometheus metrics and a slot per client the project's batch
-serves.
-
-The binary is built by ``make llama-server`` (scripts/build-llama-server.sh) into
-``build/llama.cpp/bin``; a tool that needs it and finds none says so and stops, it never
-builds it (that takes minutes of CPU time a measurement must not pay).
-"""
+127.0.0.1, with the prompt cache, Prometheus metrics and a slot per client. ``make llama-server``
+builds it; a tool that finds none says so and stops (a build takes minutes of CPU)."""
 
 from __future__ import annotations
 

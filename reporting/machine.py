@@ -20,30 +20,24 @@ VERSIONS = ("torch", "transformers", "ctranslate2", "tritonclient", "nvidia-pytr
 
 
 def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
+    return Path(path).read_text() if Path(path).is_file() else ""
+
+
+def _field(cpuinfo: str, *keys: str) -> str:
+    """The first non-empty value of one of ``keys`` in /proc/cpuinfo's text ("" if none)."""
+    pairs = (line.partition(":")[::2] for line in cpuinfo.splitlines())
+    return next((v.strip() for k, v in pairs if k.strip() in keys and v.strip()), "")
 
 
 def cpu_model(cpuinfo: str) -> str:
     """The ``model name`` of /proc/cpuinfo's first processor ("unknown CPU" if none)."""
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("model name", "Model name") and value.strip():
-            return value.strip()
-    return "unknown CPU"
+    return _field(cpuinfo, "model name", "Model name") or "unknown CPU"
 
 
 def cpu_flags(cpuinfo: str | None = None) -> list[str]:
     """Which of :data:`CPU_FLAGS` this CPU has (/proc/cpuinfo's ``flags``)."""
-    text = _read("/proc/cpuinfo") if cpuinfo is None else cpuinfo
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            present = set(value.split())
-            return [flag for flag in CPU_FLAGS if flag in present]
-    return []
+    present = _field(_read("/proc/cpuinfo") if cpuinfo is None else cpuinfo, "flags").split()
+    return [flag for flag in CPU_FLAGS if flag in present]
 
 
 def bf16_native(flags: list[str] | None = None) -> bool:
@@ -58,24 +52,24 @@ def load_average() -> str:
 
 
 def version(package: str) -> str | None:
-    try:
+    with contextlib.suppress(metadata.PackageNotFoundError):
         return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
+    return None
 
 
 def describe() -> dict[str, Any]:
     """This machine now: CPU, flags, cores, memory, load average, OS, library versions."""
     cpuinfo = _read("/proc/cpuinfo")
-    memory_gib = None
-    for line in _read("/proc/meminfo").splitlines():
-        if line.startswith("MemTotal"):
-            memory_gib = round(int(line.split()[1]) / 2**20, 1)
+    memory = [
+        line.split()[1]
+        for line in _read("/proc/meminfo").splitlines()
+        if line.startswith("MemTotal")
+    ]
     flags = cpu_flags(cpuinfo)
     return {
         "cpu": cpu_model(cpuinfo) if cpuinfo else platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
-        "memory_gib": memory_gib,
+        "memory_gib": round(int(memory[0]) / 2**20, 1) if memory else None,
         "cpu_flags": flags,
         "bf16_native": bf16_native(flags),
         "gpu": "none" if shutil.which("nvidia-smi") is None else "present",
@@ -108,6 +102,5 @@ def tree_cpu_seconds(pids: list[int]) -> float:
             root = psutil.Process(pid)
             for process in [root, *root.children(recursive=True)]:
                 with contextlib.suppress(psutil.Error):
-                    times = process.cpu_times()
-                    total += times.user + times.system
+                    total += sum(process.cpu_times()[:2])  # user + system
     return total

@@ -50,11 +50,8 @@ class Endpoints:
         hostname, _, port = host.rpartition(":")
         if not hostname or not port.isdigit():
             raise ValueError(f"--host must be host:port, got {host!r}")
-        return cls(
-            host=host,
-            grpc=grpc or f"{hostname}:{int(port) + 1}",
-            metrics_url=metrics_url or f"http://{hostname}:{int(port) + 2}/metrics",
-        )
+        return cls(host, grpc or f"{hostname}:{int(port) + 1}",
+                   metrics_url or f"http://{hostname}:{int(port) + 2}/metrics")  # fmt: skip
 
     @classmethod
     def local(cls, ports: Ports) -> Endpoints:
@@ -71,10 +68,8 @@ class Endpoints:
 
     @property
     def ports(self) -> Ports:
-        metrics = urllib.parse.urlsplit(self.metrics_url).port
-        return Ports(
-            int(self.host.rpartition(":")[2]), int(self.grpc.rpartition(":")[2]), metrics or 80
-        )
+        metrics = urllib.parse.urlsplit(self.metrics_url).port or 80
+        return Ports(int(self.host.rpartition(":")[2]), int(self.grpc.rpartition(":")[2]), metrics)
 
     @property
     def metrics_target(self) -> str:
@@ -136,13 +131,10 @@ class LauncherServer(ChildServer):
 
     def start(self) -> LauncherServer:
         ports = self.endpoints.ports
-        return self.spawn(
-            [sys.executable, "-m", "serving.triton", "--model-repository",
-             str(self.model_repository), "--address", "127.0.0.1", "--http-port",
-             str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port",
-             str(ports.metrics)],
-            cwd=REPO_ROOT,
-        )  # fmt: skip
+        return self.spawn([sys.executable, "-m", "serving.triton", "--model-repository",
+                           str(self.model_repository), "--address", "127.0.0.1", "--http-port",
+                           str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port",
+                           str(ports.metrics)], cwd=REPO_ROOT)  # fmt: skip
 
 
 @dataclass
@@ -169,14 +161,14 @@ class ServedTriton:
         if not self.facts:
             url = self.endpoints.http_url
             try:
-                self.facts["triton_version"] = get_json(f"{url}/v2")["version"]
                 config = get_json(f"{url}/v2/models/{ENGINE_MODEL}/config")
-                parameters = config.get("parameters", {})
-                self.facts["stage_parameters"] = {
-                    k: v.get("string_value") for k, v in parameters.items()
-                }
-                self.facts["dynamic_batching"] = config.get("dynamic_batching")
-                self.facts["instances"] = config.get("instance_group")
+                self.facts.update(
+                    triton_version=get_json(f"{url}/v2")["version"],
+                    stage_parameters={k: v.get("string_value")
+                                      for k, v in config.get("parameters", {}).items()},
+                    dynamic_batching=config.get("dynamic_batching"),
+                    instances=config.get("instance_group"),
+                )  # fmt: skip
             except Exception as exc:
                 self.facts = {"error": str(exc)}
         return self.facts
@@ -246,11 +238,6 @@ def model_context(model_repository: Path, default: int = 2048) -> int:
     return default
 
 
-# --- metrics -------------------------------------------------------------------------------
-
-SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
-
-
 def sample_name(metric: str) -> str:
     """A counter's name once parsed: prometheus_client (OpenMetrics) adds ``_total`` to Triton's
     ``nv_inference_count``; the engine's counters already end so."""
@@ -263,7 +250,7 @@ class Snapshot:
     """Every sample of one ``/metrics`` reading, and when it was taken (Unix seconds)."""
 
     taken_at: float
-    series: Mapping[SeriesKey, float]
+    series: Mapping[tuple[str, tuple[tuple[str, str], ...]], float]  # (name, labels): value
     text: str = field(default="", repr=False)
 
     def value(self, metric: str, **labels: str) -> float:
@@ -283,13 +270,10 @@ class Snapshot:
 
 def parse_metrics(text: str, taken_at: float = 0.0) -> Snapshot:
     """Parse Prometheus text exposition (Triton's ``/metrics``) into a :class:`Snapshot`."""
-    series: dict[SeriesKey, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            # OpenMetrics' *_created companions are timestamps, not counts.
-            if sample.name.endswith("_created"):
-                continue
-            series[(sample.name, tuple(sorted(sample.labels.items())))] = float(sample.value)
+    # OpenMetrics' *_created companions are timestamps, not counts
+    series = {(sample.name, tuple(sorted(sample.labels.items()))): float(sample.value)
+              for family in text_string_to_metric_families(text) for sample in family.samples
+              if not sample.name.endswith("_created")}  # fmt: skip
     return Snapshot(taken_at, series, text)
 
 
@@ -314,24 +298,18 @@ class EngineState:
 
 
 def engine_state(metrics_url: str) -> EngineState:
-    snapshot = read_snapshot(metrics_url)
-    return EngineState(
-        running=snapshot.gauge(names.ENGINE_RUNNING),
-        pending=snapshot.gauge(names.PENDING_REQUEST_COUNT),
-        kv_cache_bytes=snapshot.gauge(names.ENGINE_KV_CACHE_BYTES),
-        cancelled=snapshot.gauge(names.ENGINE_CANCELLED),
-    )
+    gauges = (names.ENGINE_RUNNING, names.PENDING_REQUEST_COUNT, names.ENGINE_KV_CACHE_BYTES,
+              names.ENGINE_CANCELLED)  # fmt: skip
+    return EngineState(*map(read_snapshot(metrics_url).gauge, gauges))
 
 
 def wait_for_drain(metrics_url: str, timeout: float) -> tuple[EngineState | None, float]:
     """Poll the metrics until nothing runs or waits (or ``timeout``): the last state read and
     how long it took."""
-    began = time.monotonic()
-    state: EngineState | None = None
+    began, state = time.monotonic(), None
     while True:
         with contextlib.suppress(OSError, ValueError):
             state = engine_state(metrics_url)
-        elapsed = time.monotonic() - began
-        if (state is not None and state.idle) or elapsed > timeout:
-            return state, elapsed
+        if (state is not None and state.idle) or time.monotonic() - began > timeout:
+            return state, time.monotonic() - began
         time.sleep(0.5)

@@ -20,6 +20,7 @@ from engine.gptj import GPTJ, GPTJConfig
 from engine.interface import GenerationRequest, GenerationResult, Handle, NullListener
 from engine.scheduler import EngineConfig, RequestQueue, Scheduler
 from engine.torch_engine import TorchEngine
+from engine.weights import choose_attention
 
 CONFIG = GPTJConfig(vocab_size=50, n_positions=64, n_embd=8, n_layer=2, n_head=2)
 
@@ -176,3 +177,15 @@ def test_the_engine_takes_its_config_whole_or_by_field_never_both():
         TorchEngine(model, EngineConfig(), max_batch_size=2)
     with pytest.raises(TypeError, match="max_batch"):
         TorchEngine(model, max_batch=2)  # a misspelt limit is refused, not ignored
+
+
+def test_a_model_placed_on_a_gpu_turns_cudnn_attention_off_and_the_cpu_leaves_it():
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        choose_attention(torch.device("cpu"))
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        choose_attention(torch.device("cuda", 0))
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)

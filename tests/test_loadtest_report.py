@@ -14,7 +14,7 @@ import pytest
 
 from loadtest.metrics import Deltas, snapshot_deltas, window_figures
 from loadtest.prom import COUNTERS
-from loadtest.results import CheckpointInfo, MachineInfo, ModelInfo
+from loadtest.results import MachineInfo, ModelInfo
 from loadtest.sweep import ITL_NAME, STREAM_NAME
 from loadtest.sweep.report import EVENTS, RUN, length_row, load_run, metric_listing, write_report
 from loadtest.sweep.report import main as redraw
@@ -63,7 +63,16 @@ def folder(tmp_path):
     model = ModelInfo(
         triton_version="2.59.0",
         stage_parameters={"engine_batch_size": "16", "checkpoint_path": "x"},
-        checkpoint=CheckpointInfo("/ckpt", "tiny-test-gptj", 5_250_000, 4, 256, 8, 1024, 4096),
+        checkpoint={
+            "path": "/ckpt",
+            "name": "tiny-test-gptj",
+            "parameters": 5_250_000,
+            "layers": 4,
+            "width": 256,
+            "heads": 8,
+            "context": 1024,
+            "vocab": 4096,
+        },
     )
     machine = MachineInfo("a CPU", 2, 7.7, "none", "Linux", "3.12", "2.13.0", "2.47", "2.73")
     settings = {"lengths": list(LENGTHS), "users": 4, "duration_s": 6.0, "warmup_s": 3.0,

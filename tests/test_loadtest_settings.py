@@ -19,7 +19,7 @@ def test_defaults_and_the_quick_preset():
     assert (full.users, full.duration, full.warmup) == (16, 100.0, 12.0)
     quick = parse_args(["--quick"])
     assert (quick.lengths, quick.users, quick.duration) == ((8, 32), 4, 6.0)
-    assert quick.progress_every == QUICK["progress_every"]
+    assert quick.stream_duration == QUICK["stream_duration"]
     # a flag given explicitly wins over the preset
     mixed = parse_args(["--quick", "--users", "2", "--lengths", "4,8,16"])
     assert (mixed.users, mixed.lengths, mixed.warmup) == (2, (4, 8, 16), QUICK["warmup"])

@@ -51,40 +51,37 @@ def _length_axis(ax: Any, lengths: list[int]) -> None:
 def chart_rps_latency(table: pd.DataFrame, path: Path, title: str) -> Path:
     lengths = [int(n) for n in table["output_len"]]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
-    rps, tokens_per_s = table["rps"].fillna(0), table["tokens_per_s"].fillna(0)
-    left.plot(lengths, rps, "o-", color="#1f77b4", lw=2)
-    for x, y in zip(lengths, rps, strict=True):
+    tokens = left.twinx()
+    for ax, column, style, color, label in (
+        (left, "rps", "o-", "#1f77b4", "requests/s"),
+        (tokens, "tokens_per_s", "s--", "#9467bd", "generated tokens/s"),
+    ):
+        values = table[column].fillna(0)
+        ax.plot(lengths, values, style, color=color, lw=2, label=label)
+        ax.set_ylabel(label, color=color)
+        ax.set_ylim(0, max(values.max(), 0) * 1.35 or 1)
+    for x, y in zip(lengths, table["rps"].fillna(0), strict=True):
         left.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 7),
                       ha="center", fontsize=9, color="#1f77b4")  # fmt: skip
-    left.set_ylabel("requests/s", color="#1f77b4")
-    left.set_ylim(0, max(rps.max(), 0) * 1.35 or 1)
     _length_axis(left, lengths)
-    tokens = left.twinx()
-    tokens.plot(lengths, tokens_per_s, "s--", color="#9467bd")
-    tokens.set_ylabel("generated tokens/s", color="#9467bd")
-    tokens.set_ylim(0, max(tokens_per_s.max(), 0) * 1.35 or 1)
     left.set_title("Throughput")
-    handles = left.get_lines()[:1] + tokens.get_lines()[:1]
-    left.legend(handles, ["requests/s", "generated tokens/s"], loc="upper right", fontsize=9)
+    left.legend(handles=left.get_lines() + tokens.get_lines(), loc="upper right", fontsize=9)
     for key in ("mean", "p50", "p90", "p95", "p99"):
         right.plot(lengths, table[f"latency_{key}_ms"], "-", marker=MARKERS[key], label=key,
                    color=COLORS[key], lw=2 if key in ("mean", "p50") else 1.3)  # fmt: skip
-    right.set_yscale("log")
-    right.set_ylabel("response time (ms, log scale)")
-    right.set_title("Latency (client side, the event table)")
+    right.set(yscale="log", ylabel="response time (ms, log scale)",
+              title="Latency (client side, the event table)")  # fmt: skip
     right.legend(fontsize=9)
     _length_axis(right, lengths)
     return save_figure(fig, path, title)
 
 
-def _bars(ax: Any, labels: list[str], series: list[tuple[str, Any, str]], fmt: str) -> None:
-    x, width = np.arange(len(labels)), 0.8 / len(series)
-    for i, (label, heights, color) in enumerate(series):
-        bars = ax.bar(x + (i - (len(series) - 1) / 2) * width, heights, width, label=label,
-                      color=color)  # fmt: skip
-        ax.bar_label(bars, [fmt.format(h) for h in heights], fontsize=7, padding=2)
-    ax.set_xticks(x, labels)
-    ax.set_xlabel("output length (tokens)")
+def _bars(ax: Any, frame: pd.DataFrame, colors: list[str], fmt: str, title: str, ylabel: str):
+    """One group of bars per output length (the frame's index), labelled with their heights."""
+    frame.plot.bar(ax=ax, color=colors, width=0.8, rot=0, legend=len(frame.columns) > 1)
+    for bars in ax.containers:
+        ax.bar_label(bars, [fmt.format(h) for h in bars.datavalues], fontsize=7, padding=2)
+    ax.set(xlabel="output length (tokens)", ylabel=ylabel, title=title)
     ax.grid(True, axis="y", alpha=0.3)
     ax.margins(y=0.15)
 
@@ -92,28 +89,22 @@ def _bars(ax: Any, labels: list[str], series: list[tuple[str, Any, str]], fmt: s
 def chart_shares(table: pd.DataFrame, path: Path, title: str) -> Path:
     """Stage shares, queueing and batching per output length: three panels, because the stage
     shares are a few tenths of a percent where queueing can be tens of percent."""
-    labels = [str(int(n)) for n in table["output_len"]]
+    t = table.set_index(table["output_len"].astype(int).rename(None))
     fig, (shares, queue, batch) = plt.subplots(
         1, 3, figsize=(15, 4.6), gridspec_kw={"width_ratios": [1.2, 0.8, 1.4]}
     )
-    _bars(shares, labels, [("preprocessing", 100 * table[f"share_{PRE}"], "#1f77b4"),
-                           ("postprocessing", 100 * table[f"share_{POST}"], "#2ca02c")],
-          "{:.2f}%")  # fmt: skip
-    shares.set_ylabel("% of the model stage's compute time")
-    shares.set_title("Stage compute vs the model stage")
-    shares.legend(fontsize=9)
-    _bars(queue, labels, [("queue", 100 * table["queue_share"], "#d62728")], "{:.1f}%")
-    queue.set_ylabel("% of the request time")
-    queue.set_title("Time spent queued")
-    _bars(batch, labels, [
-        ("preprocessing", table[f"batch_{PRE}"], "#1f77b4"),
-        ("gptj (Triton batcher)", table[f"batch_{MODEL_STAGE}"], "#7f7f7f"),
-        ("postprocessing", table[f"batch_{POST}"], "#2ca02c"),
-        ("engine running batch", table["engine_batch"], "#ff7f0e"),
-    ], "{:.1f}")  # fmt: skip
-    batch.set_ylabel("mean batch size")
-    batch.set_title("Batching (count / exec_count; engine rows / steps)")
-    batch.legend(fontsize=8)
+    percent = 100 * t[[f"share_{PRE}", f"share_{POST}"]].set_axis(
+        ["preprocessing", "postprocessing"], axis=1
+    )
+    _bars(shares, percent, ["#1f77b4", "#2ca02c"], "{:.2f}%", "Stage compute vs the model stage",
+          "% of the model stage's compute time")  # fmt: skip
+    _bars(queue, 100 * t[["queue_share"]].set_axis(["queue"], axis=1), ["#d62728"], "{:.1f}%",
+          "Time spent queued", "% of the request time")  # fmt: skip
+    batches = t[[f"batch_{PRE}", f"batch_{MODEL_STAGE}", f"batch_{POST}", "engine_batch"]]
+    batches.columns = ["preprocessing", "gptj (Triton batcher)", "postprocessing",
+                       "engine running batch"]  # fmt: skip
+    _bars(batch, batches, ["#1f77b4", "#7f7f7f", "#2ca02c", "#ff7f0e"], "{:.1f}",
+          "Batching (count / exec_count; engine rows / steps)", "mean batch size")  # fmt: skip
     return save_figure(fig, path, title)
 
 

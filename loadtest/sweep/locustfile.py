@@ -1,25 +1,16 @@
-"""The sweep's Locust users, every request a :class:`client.request.CompletionRequest` on a real
-code prompt (:mod:`contract.prompts`) at the output length being measured, with fixed sampling
-(:data:`SAMPLING`), so that only the length changes between runs. Each fires Locust's request
-event, a row of the sweep's event table. Unary over HTTP (the KServe v2 binary body tritonclient
-builds), through the OpenAI API, or over gRPC on the client's transport; streaming over gRPC.
-
-Standalone (the sweep runs Locust in-process instead)::
-
-    LOADTEST_OUTPUT_LEN=32 locust -f loadtest/sweep/locustfile.py --host http://localhost:8000 \\
-        --headless -u 16 -t 60s HttpEnsembleUser
-"""
+"""The sweep's Locust users: every request a contract request on a real code prompt at the
+length being measured, with fixed sampling (:data:`SAMPLING`), so that only the length changes
+between runs. Unary over HTTP (tritonclient's binary body), through the OpenAI API or over gRPC;
+streaming over gRPC. Standalone with ``locust -f`` too (docs/loadtest.md)."""
 
 from __future__ import annotations
 
 import itertools
 import json
-import os
 import time
 from collections.abc import Iterator
-from dataclasses import Field, dataclass, fields
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc.experimental.gevent as grpc_gevent
 import tritonclient.http as httpclient
@@ -39,9 +30,8 @@ SAMPLING: dict[str, Any] = {"top_k": 40, "top_p": 0.95, "temperature": 0.8}
 REQUEST_TIMEOUT_S = 600.0  # a 512-token request at full load takes tens of seconds on 2 cores
 
 
-@dataclass(frozen=True)
-class LoadSettings:
-    """Locust's options, else ``LOADTEST_<NAME>`` variables."""
+class LoadSettings(NamedTuple):
+    """Locust's options, or ``LOADTEST_<NAME>`` variables, when run by ``locust -f``."""
 
     output_len: int = 32  # tokens to generate per request
     prompts: int = 300  # distinct code prompts to cycle through
@@ -50,22 +40,14 @@ class LoadSettings:
 
 
 def load_settings(environment: Any) -> LoadSettings:
-    options = getattr(environment, "parsed_options", None)
-
-    def pick(f: Field) -> Any:
-        value = getattr(options, f.name, None)
-        variable = f"LOADTEST_{f.name.upper()}"
-        return type(f.default)(os.environ.get(variable, f.default) if value is None else value)
-
-    return LoadSettings(**{f.name: pick(f) for f in fields(LoadSettings)})
+    return LoadSettings(*(getattr(environment.parsed_options, f) for f in LoadSettings._fields))
 
 
 @events.init_command_line_parser.add_listener
 def _arguments(parser: Any) -> None:
-    """The same settings as options of ``locust -f loadtest/sweep/locustfile.py``."""
-    for f in fields(LoadSettings):
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default),
-                            env_var=f"LOADTEST_{f.name.upper()}", default=f.default)  # fmt: skip
+    for name, default in LoadSettings._field_defaults.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default),
+                            env_var=f"LOADTEST_{name.upper()}", default=default)  # fmt: skip
 
 
 @lru_cache(maxsize=8)
@@ -207,14 +189,6 @@ class StreamingUser(_TransportUser):
 
     request_type = "grpc-stream"
 
-    def on_start(self) -> None:
-        super().on_start()
-        self.client = self.transport.module.InferenceServerClient(self.transport.target.address)
-
-    def on_stop(self) -> None:
-        self.client.close()
-        super().on_stop()
-
     @task
     def stream(self) -> None:
         request = next(self._requests)
@@ -222,7 +196,7 @@ class StreamingUser(_TransportUser):
         first: float | None = None
         last, pieces, error = started, 0, None
         try:
-            for piece in self.transport.stream(request, client=self.client).pieces():
+            for piece in self.transport.stream(request, client=self.transport.triton).pieces():
                 if piece.text:
                     if first is None:
                         first = (piece.arrived - started) * 1000

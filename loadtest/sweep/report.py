@@ -1,11 +1,7 @@
-"""The sweep's report.md and charts from its run folder: ``events.csv`` (every request, the one
-result schema of :mod:`reporting.events`) and ``run.json`` (the run's settings, machine and model,
-and each length's window from :mod:`loadtest.sweep.run`: its times, Triton's counter increases
-and their source). :func:`length_row` joins them into one row per output length. The prose is
-``loadtest/templates/report.md`` (format strings, one per piece).
-
-Redrawn without rerunning the load: ``python -m loadtest.sweep.report <run>``.
-"""
+"""The sweep's report.md and charts, redrawn from its run folder alone (``python -m
+loadtest.sweep.report <run>``): ``events.csv`` (every request) and ``run.json`` (the run, and each
+length's window with Triton's counter increases), joined by :func:`length_row` into one row per
+output length. The prose is ``loadtest/templates/report.md``, format strings."""
 
 from __future__ import annotations
 
@@ -45,8 +41,11 @@ SUMMARY = (
 )  # fmt: skip
 
 
-def _numbers(frame: pd.DataFrame, column: str) -> pd.Series:
-    return pd.to_numeric(frame[column], errors="coerce").dropna()
+def _figures(values: pd.Series, prefix: str, keys: tuple[str, ...]) -> dict[str, float | None]:
+    """``{prefix}_{key}_ms`` for each of mean, p50, p90, p95, p99, max asked (None: no value)."""
+    d = pd.to_numeric(values, errors="coerce").dropna().describe(percentiles=[0.5, 0.9, 0.95, 0.99])
+    d = d.rename(lambda k: f"p{k[:-1]}" if k.endswith("%") else k)
+    return {f"{prefix}_{key}_ms": None if pd.isna(d[key]) else float(d[key]) for key in keys}
 
 
 def length_row(frame: pd.DataFrame, window: dict[str, Any]) -> dict[str, Any]:
@@ -55,33 +54,24 @@ def length_row(frame: pd.DataFrame, window: dict[str, Any]) -> dict[str, Any]:
     frame = frame.assign(**{c: pd.NA for c in ("window", "phase") if c not in frame})
     rows = frame[frame["window"] == window["output_len"]]
     measured = rows[(rows["phase"] == "measure") & (rows["name"] == ENSEMBLE_MODEL)]
-    summary = events.summarize(measured, by=["window"])
-    first = summary.iloc[0] if len(summary) else pd.Series(dtype=object)
-    ok = _numbers(measured[measured["outcome"] == "ok"], "latency_ms")
-    seconds = window["client_window_s"]
-    failed = measured[measured["outcome"] != "ok"]
+    failed, seconds = measured[measured["outcome"] != "ok"], window["client_window_s"]
     stream = rows[rows["phase"] == "stream"]
-    ttft = _numbers(stream[stream["name"] == STREAM_NAME], "first_token_ms")
-    gaps = _numbers(stream[stream["name"] == ITL_NAME], "latency_ms")
-    row = {
+    first, gaps = stream[stream["name"] == STREAM_NAME], stream[stream["name"] == ITL_NAME]
+    latency = measured[measured["outcome"] == "ok"]["latency_ms"]
+    return {
         **{key: window[key] for key in ("output_len", "source", "client_window_s", "drained")},
         "requests": len(measured),
         "failures": len(failed),
         "rps": len(measured) / seconds if seconds > 0 else None,
         "errors": failed["error"].value_counts().to_dict(),
-        "latency_mean_ms": ok.mean() if len(ok) else None,
-        "latency_p90_ms": ok.quantile(0.9) if len(ok) else None,
-        "latency_max_ms": ok.max() if len(ok) else None,
-        **{f"latency_p{q}_ms": first.get(f"latency_p{q}_ms") for q in (50, 95, 99)},
-        "stream_requests": int((stream["name"] == STREAM_NAME).sum()),
-        "ttft_mean_ms": ttft.mean() if len(ttft) else None,
-        "ttft_p95_ms": ttft.quantile(0.95) if len(ttft) else None,
-        "itl_mean_ms": gaps.mean() if len(gaps) else None,
-        "itl_p95_ms": gaps.quantile(0.95) if len(gaps) else None,
+        **_figures(latency, "latency", ("mean", "p50", "p90", "p95", "p99", "max")),
+        "stream_requests": len(first),
+        **_figures(first["first_token_ms"], "ttft", ("mean", "p95")),
+        **_figures(gaps["latency_ms"], "itl", ("mean", "p95")),
         "gaps": len(gaps),
+        **{f"busy_{stage}": share for stage, share in window["busy_share"].items()},
+        **window_figures(Deltas.from_dict(window["deltas"], window["window_s"])),
     }
-    row |= {f"busy_{stage}": share for stage, share in window["busy_share"].items()}
-    return row | window_figures(Deltas.from_dict(window["deltas"], window["window_s"]))
 
 
 def load_run(out: Path) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]:
@@ -126,24 +116,15 @@ def summary_table(table: pd.DataFrame) -> str:
 def render(run: dict[str, Any], table: pd.DataFrame) -> str:
     """report.md in the seed's format."""
     info, s = run["run"], run["run"]["settings"]
-    machine = served_lines(MachineInfo(**info["machine"]), ModelInfo.from_dict(info["model"]))
-    stream_setup = (
-        _fill("stream_setup", users=s["stream_users"], seconds=f"{s['stream_duration_s']:.0f}")
-        if s["stream_users"]
-        else _fill("no_stream_setup")
-    )
+    machine = served_lines(MachineInfo(**info["machine"]), ModelInfo(**info["model"]))
     windows = zip(table.iterrows(), run["windows"], strict=True)
     sections = [_length_section(row, window, s["stream_users"]) for (_, row), window in windows]
     return _fill(
-        "report",
-        name=info["name"], started=info["started"], seconds=f"{info['seconds']:.0f}",
-        command=info["command"], machine="\n".join(machine),
-        users=s["users"], protocol=s["protocol"].upper(), warmup=f"{s['warmup_s']:.0f}",
-        duration=f"{s['duration_s']:.0f}", prompts=s["prompts"], prompt_seed=s["prompt_seed"],
-        sampling=s["sampling"], stream_setup=stream_setup, prometheus=info["prometheus"],
-        lengths=" vs ".join(str(n) for n in s["lengths"]), summary_table=summary_table(table),
+        "report", run=info, settings=s, machine="\n".join(machine),
+        protocol=s["protocol"].upper(), lengths=" vs ".join(str(n) for n in s["lengths"]),
+        stream_setup=_fill("stream_setup" if s["stream_users"] else "no_stream_setup", settings=s),
+        summary_table=summary_table(table), length_sections="\n".join(sections),
         rps_latency_chart=charts.RPS_LATENCY_CHART, stage_shares_chart=charts.STAGE_SHARES_CHART,
-        length_sections="\n".join(sections),
     ) + "\n"  # fmt: skip
 
 

@@ -1,16 +1,7 @@
-"""``make loadtest``: a Locust sweep over output lengths, Locust driven through its Python API in
-this process (one Environment per length), which lets the measured window open and close exactly.
-
-Per length: start the users and warm up; then read Triton's metrics and open the window in the
-event table at the same moment (rows are stamped ``phase=measure`` from then on), run for the
-duration and read the metrics again as the window closes. Locust fires its request event when a
-request completes and Triton counts it then too, so the window's rows and Triton's count agree.
-Then an optional streaming phase (time to first token and inter-token gaps under the same load),
-stop, and let the server drain. Triton's figures come from one source per window: a Prometheus
-that scrapes it when there is one, else the two readings of ``/metrics``. The run folder gets
-``events.csv``, ``run.json`` (the run and each length's window) and the report drawn from them
-(:mod:`loadtest.sweep.report`).
-"""
+"""``make loadtest``: the Locust sweep over output lengths, Locust driven through its Python API
+in this process (one Environment per length), so that the measured window opens and closes right
+at the metric readings (docs/loadtest.md, "What a run does"). The run folder gets ``events.csv``,
+``run.json`` and the report drawn from them (:mod:`loadtest.sweep.report`)."""
 
 from __future__ import annotations
 
@@ -48,6 +39,11 @@ EDGE_S = 0.15  # the window brackets Prometheus' scrapes by this much at each en
 DRAIN_TIMEOUT_S = 180.0
 
 
+def wait_until(deadline: float) -> None:
+    """Sleep cooperatively (the users run meanwhile) until ``deadline``, Unix time."""
+    gevent.sleep(max(0.0, deadline - time.time()))
+
+
 def format_duration(seconds: float) -> str:
     seconds = max(0, round(seconds))
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
@@ -62,26 +58,14 @@ class Sweep:
         self.s, self.server, self.prom, self.stream = s, server, prom, stream
         self.events = EventLog(profile="sweep", system=s.protocol)
         self.origin = time.time()  # the event table's clock: started_s counts from here
-        self.per_length = s.warmup + s.duration + stream * s.stream_duration
 
-    def plan(self) -> str:
-        s = self.s
-        return (
-            f"lengths {list(s.lengths)}, {s.users} {s.protocol} users, "
-            f"{s.duration:.0f}s measured + {s.warmup:.0f}s warm-up"
-            + (f" + {s.stream_duration:.0f}s streaming" if self.stream else "")
-            + f" per length: ~{format_duration(len(s.lengths) * self.per_length)} plus draining"
-        )
-
-    def run_length(self, index: int, length: int) -> dict[str, Any]:
+    def run_length(self, length: int) -> dict[str, Any]:
         """One length's window record: its times, Triton's counter increases and their source,
         each stage's execution time counted once, whether the server drained."""
         s, metrics_url = self.s, self.s.endpoints.metrics_url
         base = str(s.out / f"len_{length:04d}")  # Locust's own CSVs and HTML
-        grpc_url = s.endpoints.grpc
-        options = argparse.Namespace(output_len=length, prompts=s.prompts, grpc_url=grpc_url,
-                                     prompt_seed=s.prompt_seed)  # fmt: skip
-        load = locustfile.load_settings(argparse.Namespace(parsed_options=options))
+        load = locustfile.LoadSettings(length, s.prompts, s.prompt_seed, s.endpoints.grpc)
+        options = argparse.Namespace(**load._asdict())
         locustfile.requests_for(load)  # build the requests before the clock starts
         if s.protocol == "http":
             locustfile.http_bodies(load)
@@ -93,12 +77,9 @@ class Sweep:
         log.info(f"length {length}: {s.users} {s.protocol} users, warm-up {s.warmup:.0f}s")
         env.runner.start(s.users, spawn_rate=s.users)
 
-        def wait_until(deadline: float, phase: str) -> None:
-            self._wait_until(deadline, phase, env, index, started)
-
-        wait_until(started + s.warmup, "warm-up")
+        wait_until(started + s.warmup)
         opening, closing = self._window_times()
-        wait_until(opening, "warm-up")
+        wait_until(opening)
         # the window opens and closes right at the metric readings (Triton's statistics API,
         # slow on a loaded machine, is read after them)
         start = read_snapshot(metrics_url)
@@ -106,7 +87,8 @@ class Sweep:
         opened = time.time()
         env.stats.reset_all()  # Locust's own CSV and HTML tables cover the window
         start_busy = self._execution_busy()
-        wait_until(closing, "measure")
+        log.info(f"length {length}: measuring {closing - opened:.0f}s")
+        wait_until(closing)
         end = read_snapshot(metrics_url)
         self.events.stamp(phase="stream" if self.stream else "after")
         closed = time.time()
@@ -118,7 +100,8 @@ class Sweep:
             # stopping lets each stream finish: its row (first token, tokens) is fired at its end
             streaming.stop_timeout = locustfile.REQUEST_TIMEOUT_S
             streaming.runner.start(s.stream_users, spawn_rate=s.stream_users)
-            wait_until(time.time() + s.stream_duration, "stream")
+            log.info(f"length {length}: {s.stream_users} streaming users, {s.stream_duration:.0f}s")
+            wait_until(time.time() + s.stream_duration)
             streaming.runner.quit()
         self.events.stamp(phase="after")
         env.runner.quit()
@@ -162,28 +145,6 @@ class Sweep:
         self.events.attach(env)
         env.create_local_runner()
         return env
-
-    def _wait_until(
-        self, deadline: float, phase: str, env: Environment, index: int, started: float
-    ) -> None:
-        """Sleep until ``deadline`` (Unix time), with a progress line every few seconds: the
-        length and phase, the sweep's time left, Locust's current rate and median."""
-        s, phase_started = self.s, time.time()
-        while (now := time.time()) < deadline:
-            gevent.sleep(min(s.progress_every, deadline - now))
-            now = time.time()
-            if deadline - now < 0.05:
-                break  # the phase is over: no progress line for the last few milliseconds
-            left = max(0.0, self.per_length - (now - started))
-            left += (len(s.lengths) - index - 1) * self.per_length
-            total = env.stats.total
-            median = total.median_response_time if total.num_requests else None
-            log.info(
-                f"length {s.lengths[index]} ({index + 1}/{len(s.lengths)}) {phase:<7} "
-                f"{now - phase_started:4.0f}/{deadline - phase_started:.0f}s | sweep ~"
-                f"{format_duration(left)} left | {total.current_rps:6.2f} req/s now | median "
-                f"{'-' if median is None else f'{median:.0f}'} ms | {total.num_failures} failures"
-            )
 
     def _execution_busy(self) -> dict[str, float]:
         """Execution time per model from Triton's statistics API (see execution_busy_us)."""
@@ -233,15 +194,16 @@ def main(argv: list[str] | None = None) -> int:
         if not server.model_ready(ENSEMBLE_MODEL):
             raise SystemExit(f"the `{ENSEMBLE_MODEL}` model is not ready at {s.endpoints.host}")
         stream = s.stream_users > 0 and s.stream_duration > 0
-        if stream and not server.model_ready(STREAM_MODEL):
+        if stream and not (stream := server.model_ready(STREAM_MODEL)):
             log.info(f"`{STREAM_MODEL}` is not served: no streaming phase")
-            stream = False
         prometheus = stack.enter_context(prometheus_for(s.prometheus, s.endpoints, s.out))
         log.info(prometheus.note)
         sweep = Sweep(s, server, prometheus.source, stream)
-        log.info(sweep.plan())
+        per_length = s.warmup + s.duration + stream * s.stream_duration
+        log.info(f"lengths {list(s.lengths)}, {s.users} {s.protocol} users: ~"
+                 f"{format_duration(len(s.lengths) * per_length)} plus draining")  # fmt: skip
         started = time.time()
-        windows = [sweep.run_length(i, length) for i, length in enumerate(s.lengths)]
+        windows = [sweep.run_length(length) for length in s.lengths]
         sweep.events.save(s.out / EVENTS)
         settings = {
             "lengths": list(s.lengths), "users": s.users, "duration_s": s.duration,

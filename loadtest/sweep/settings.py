@@ -22,13 +22,7 @@ SIZES = {
     "warmup": ("warm-up seconds per length", 12.0, 3.0),
     "stream_users": ("streaming users, 0 = none", 2, 1),
     "stream_duration": ("streaming phase seconds", 10.0, 3.0),
-    "progress_every": ("seconds between progress lines", 10.0, 2.0),
 }
-PROMETHEUS_HELP = (
-    "where Triton's figures come from: auto, $PROMETHEUS_URL or http://127.0.0.1:9090 if one "
-    "runs there scraping this Triton (make prometheus), else one started for the run (when "
-    "`prometheus` is on PATH), else its metrics port; off: the metrics port; or a Prometheus URL"
-)
 DEFAULTS = {name: full for name, (_, full, _) in SIZES.items()}
 QUICK = {name: quick for name, (_, _, quick) in SIZES.items()}
 
@@ -64,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=300, help="distinct code prompts")
     p.add_argument("--prompt-seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="run folder (loadtest/results/<time>-<protocol>)")
-    p.add_argument("--prometheus", default="auto", help=PROMETHEUS_HELP)
+    p.add_argument("--prometheus", default="auto", help="auto, off or a URL (docs/loadtest.md)")
     p.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
     quick = ", ".join(f"{name} {_shown(value)}" for name, value in QUICK.items())
     p.add_argument("--quick", action="store_true", help=f"a short run: {quick}")
