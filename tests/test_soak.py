@@ -22,6 +22,7 @@ from loadtest.soak.plan import EDITOR as EDITOR_STAGE
 from loadtest.soak.report import write_run
 from loadtest.soak.send import Outcome, Requests
 from reporting.events import EventLog
+from reporting.triton import EngineState
 
 # Error texts as this Triton (2.51, python backend) and tritonclient really produce them.
 E = "in ensemble 'ensemble', "
@@ -303,6 +304,33 @@ def test_the_typists_rows_are_labelled_and_summed_as_the_editor_phase():
         checks.editor_check(phase).status == checks.FAIL
         and "1 failed" in checks.editor_check(phase).detail
     )
+
+
+def test_the_server_checks_read_the_engine_after_the_drain():
+    idle = EngineState(0.0, 0.0, 0.0, 0.0)
+    found = {
+        k.name: k
+        for k in checks.server_checks("200", idle, EngineState(9.0, 0.0, 3 * 2**30, 45.0), 120.0)
+    }
+    assert found["server ready after the soak"].status == checks.PASS
+    busy, kv = found["engine idle after the drain"], found["KV cache back to idle"]
+    assert (
+        busy.status == checks.FAIL and "running sequences 9.0, pending requests 0.0" in busy.detail
+    )
+    assert kv.status == checks.WARN and kv.detail == "3072.0 MiB after the drain vs 0.0 MiB idle"
+    drained = checks.server_checks("200", idle, EngineState(0.0, 0.0, 2**19, 45.0), 3.0)
+    assert [k.status for k in drained] == [checks.PASS] * 3
+    assert [k.status for k in checks.server_checks("no answer", None, None, 120.0)] == [
+        checks.FAIL,
+        checks.FAIL,
+        checks.SKIP,
+    ]
+    unknown = EngineState(None, 0.0, None, None)  # not exported: not idle, no KV figure
+    assert [k.status for k in checks.server_checks("200", idle, unknown, 1.0)] == [
+        checks.PASS,
+        checks.FAIL,
+        checks.SKIP,
+    ]
 
 
 def test_flatness_check():

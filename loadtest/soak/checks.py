@@ -64,11 +64,10 @@ def kinds(frame: pd.DataFrame) -> pd.DataFrame:
         ok = pd.to_numeric(group.loc[group["status"] == c.OK, "latency_ms"]) / 1000
         p50, p99 = ok.quantile([0.5, 0.99]) if len(ok) and kind != "all" else (None, None)
         rows.append({
-            "kind": kind, "sent": len(group), "ok": int(status.get(c.OK, 0)),
+            "kind": kind, "sent": len(group), c.OK: int(status.get(c.OK, 0)),
             "rejected": ", ".join(f"{k} {rejected[k]}" for k in c.CATEGORIES if k in rejected)
             or "0", "rejected_n": int(status.get(c.REJECTED, 0)),
-            "abandoned": int(status.get(c.ABANDONED, 0)),
-            "unanswered": int(status.get(c.UNANSWERED, 0)),
+            **{k: int(status.get(k, 0)) for k in (c.ABANDONED, c.UNANSWERED)},
             "unclear": int(rejected.get(c.UNCLEAR, 0)),
             "unexpected": int((~group["expected"].astype(bool)).sum()), "p50 s": p50, "p99 s": p99,
         })  # fmt: skip
@@ -150,14 +149,12 @@ def server_checks(ready: str, idle: EngineState | None, after: EngineState | Non
               and not after.pending else FAIL,
               f"running sequences {running}, pending requests {pending} after {drain_s:.1f}s"),
     ]  # fmt: skip
-    if after is None or after.kv_cache_bytes is None:
-        kv = Check("KV cache back to idle", SKIP, "not exported (codegen_engine_kv_cache_bytes)")
-    else:
-        base = idle.kv_cache_bytes if idle and idle.kv_cache_bytes is not None else 0.0
-        kv = Check("KV cache back to idle", PASS if after.kv_cache_bytes <= base * 1.01 + 2**20
-                   else WARN, f"{after.kv_cache_bytes / 2**20:.1f} MiB after the drain vs "
-                   f"{base / 2**20:.1f} MiB idle")  # fmt: skip
-    return [*found, kv]
+    kv, base = after and after.kv_cache_bytes, (idle and idle.kv_cache_bytes) or 0.0
+    return [*found, Check("KV cache back to idle", SKIP, "not exported "
+                          "(codegen_engine_kv_cache_bytes)") if kv is None else
+            Check("KV cache back to idle", PASS if kv <= base * 1.01 + 2**20 else WARN,
+                  f"{kv / 2**20:.1f} MiB after the drain vs {base / 2**20:.1f} MiB "
+                  "idle")]  # fmt: skip
 
 
 EDITOR_FIGURES = ("first_token_p50_ms", "first_token_p95_ms", "latency_p50_ms", "latency_p95_ms")
