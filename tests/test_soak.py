@@ -5,6 +5,7 @@ the run itself is tests/test_soak_run.py's."""
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,12 +16,13 @@ from client.request import CompletionRequest
 from contract.options import MAX_PROMPT_BYTES, MAX_WORDS_PER_LIST
 from loadtest.soak import cases as c
 from loadtest.soak import checks
+from loadtest.soak.drill import SAMPLE_COLUMNS, Sampler
 from loadtest.soak.plan import DRAIN, RAMP, SOAK, SoakPlan
 from loadtest.soak.plan import EDITOR as EDITOR_STAGE
 from loadtest.soak.report import write_run
 from loadtest.soak.send import Outcome, Requests
-from loadtest.soak.server import Sample, Sampler
 from reporting.events import EventLog
+from reporting.triton import EngineState
 
 # Error texts as this Triton (2.51, python backend) and tritonclient really produce them.
 E = "in ensemble 'ensemble', "
@@ -102,24 +104,18 @@ def test_every_raw_case_builds_tensors_that_skip_the_client_check():
     assert np.isnan(c.raw_tensors(c.CASES["temperature_nan"], base, 512)["temperature"][0, 0])
     too_many = c.raw_tensors(c.CASES["too_many_stop_words"], base, 512)["INPUT_3"][0, 0]
     assert len(too_many.split(b",")) == MAX_WORDS_PER_LIST + 1
-    assert all(case.must_reject for case in c.INVALID_CASES)
+    assert all(case.expect for case in c.INVALID_CASES)
 
 
 def test_schedule_keeps_the_mix_and_rotation_covers_every_case_and_transport():
-    mix = c.parse_mix("unary_grpc=5,invalid=3,hostile=2")
-    schedule = c.Schedule(mix)
-    picked = [schedule.next() for _ in range(100)]
+    schedule = c.schedule(c.parse_mix("unary_grpc=5,invalid=3,hostile=2"))
+    picked = [next(schedule) for _ in range(100)]
     assert picked.count(c.UNARY_GRPC) == 50 and picked.count(c.INVALID) == 30
     assert set(picked[:10]) == {c.UNARY_GRPC, c.INVALID, c.HOSTILE}  # all within one cycle
-    rotation = c.Rotation()
-    sent = {
-        rotation.next(c.INVALID) for _ in range(len(c.INVALID_CASES) * len(c.INVALID_TRANSPORTS))
-    }
-    assert len(sent) == len(c.INVALID_CASES) * len(c.INVALID_TRANSPORTS)
-    sent = {
-        rotation.next(c.HOSTILE) for _ in range(len(c.HOSTILE_CASES) * len(c.HOSTILE_TRANSPORTS))
-    }
-    assert len(sent) == len(c.HOSTILE_CASES) * len(c.HOSTILE_TRANSPORTS)
+    assert all(set(picked[i : i + 3]) != {c.UNARY_GRPC} for i in range(97))  # smooth: no 3 in a row
+    for kind, cases in ((c.INVALID, c.INVALID_CASES), (c.HOSTILE, c.HOSTILE_CASES)):
+        rotation, every = c.rotation(kind), len(cases) * len(c.TRANSPORTS[kind])
+        assert len({next(rotation) for _ in range(every)}) == every
     with pytest.raises(ValueError, match="unknown kind"):
         c.parse_mix("bogus=1")
     with pytest.raises(ValueError, match="nothing to send"):
@@ -226,8 +222,9 @@ def test_the_stall_check_fails_over_its_bound():
 
 
 def test_the_stall_bound_scales_to_a_machine_too_slow_for_it():
-    assert checks.stall_bound(5.0, None) == 5.0 and checks.stall_bound(5.0, 0.2) == 5.0
-    assert checks.stall_bound(5.0, 2.0) == 8 * 2.0  # one request alone takes 2 s here
+    bound = {ref: checks.longest_stall("soak", _rows(), 0, 1, 5.0, ref).bound_s
+             for ref in (None, 0.2, 2.0)}  # fmt: skip
+    assert bound == {None: 5.0, 0.2: 5.0, 2.0: 8 * 2.0}  # one request alone takes 2 s here
     rows = _rows((0.0, 1.0, c.OK), (1.0, 12.0, c.OK), (13.0, 1.0, c.OK))  # a 12 s gap at 1..13
     slow = checks.longest_stall("soak", rows, 0.0, 14.0, 5.0, reference_s=2.0)
     assert slow.seconds == pytest.approx(12.0) and slow.bound_s == 16.0
@@ -309,23 +306,53 @@ def test_the_typists_rows_are_labelled_and_summed_as_the_editor_phase():
     )
 
 
+def test_the_server_checks_read_the_engine_after_the_drain():
+    idle = EngineState(0.0, 0.0, 0.0, 0.0)
+    found = {
+        k.name: k
+        for k in checks.server_checks("200", idle, EngineState(9.0, 0.0, 3 * 2**30, 45.0), 120.0)
+    }
+    assert found["server ready after the soak"].status == checks.PASS
+    busy, kv = found["engine idle after the drain"], found["KV cache back to idle"]
+    assert (
+        busy.status == checks.FAIL and "running sequences 9.0, pending requests 0.0" in busy.detail
+    )
+    assert kv.status == checks.WARN and kv.detail == "3072.0 MiB after the drain vs 0.0 MiB idle"
+    drained = checks.server_checks("200", idle, EngineState(0.0, 0.0, 2**19, 45.0), 3.0)
+    assert [k.status for k in drained] == [checks.PASS] * 3
+    assert [k.status for k in checks.server_checks("no answer", None, None, 120.0)] == [
+        checks.FAIL,
+        checks.FAIL,
+        checks.SKIP,
+    ]
+    unknown = EngineState(None, 0.0, None, None)  # not exported: not idle, no KV figure
+    assert [k.status for k in checks.server_checks("200", idle, unknown, 1.0)] == [
+        checks.PASS,
+        checks.FAIL,
+        checks.SKIP,
+    ]
+
+
 def test_flatness_check():
     mib = 2**20
-    flat = checks.rss_flatness(
-        [1000 * mib, 1010 * mib, 990 * mib, 1005 * mib, 1000 * mib, 1020 * mib], 0.1
-    )
-    assert flat.flat and abs(flat.growth) < 0.02
-    leak = checks.rss_flatness([1000 * mib + i * 50 * mib for i in range(9)], 0.1)
-    assert leak.flat is False and leak.growth > 0.1 and "growing" in leak.note
-    assert checks.rss_flatness([mib] * 3, 0.1).flat is None
+    flat = checks.rss_check([1000 * mib, 1010 * mib, 990 * mib, 1005 * mib, 1000 * mib,
+                             1020 * mib], 0.1, strict=False)  # fmt: skip
+    assert flat.status == checks.PASS and "(+1.0%, tolerance 10%)" in flat.detail
+    leak = [1000 * mib + i * 50 * mib for i in range(9)]  # first third max 1100, last 1400
+    assert checks.rss_check(leak, 0.1, strict=False).status == checks.WARN
+    assert checks.rss_check(leak, 0.1, strict=True).status == checks.FAIL
+    assert "growing" in checks.rss_check(leak, 0.1, strict=True).detail
+    assert "(+27.3%" in checks.rss_check(leak, 0.1, strict=True).detail
+    assert checks.rss_check([mib] * 3, 0.1, strict=False).status == checks.SKIP
+    assert checks.rss_check(None, 0.1, strict=True).status == checks.SKIP
 
 
 def test_the_report_is_written(tmp_path):
     log, requests = events_of_a_run()
     requests.close("still in flight")
     frame = log.frame()  # write_run labels it
-    samples = [Sample(float(t), "soak", (500 + t) * 2**20, 4, None, None, None)
-               for t in range(0, 20, 2)]  # fmt: skip
+    samples = [dict(zip(SAMPLE_COLUMNS, (t, "soak", (500 + t) * 2**20, 4, None, None, None),
+                        strict=True)) for t in range(0, 20, 2)]  # fmt: skip
     result = {
         "started_at": "2026-01-01T00:00:00",
         "wall_s": 20.0,
@@ -333,33 +360,34 @@ def test_the_report_is_written(tmp_path):
                      "machine": "test", "max_stall": 5.0},
         "server": {"description": "test"},
         "saturation": {"clients": 2, "steps": [], "note": "given"},
-        "rss": checks.rss_flatness([s.rss_bytes for s in samples], 0.1),
-        "rss_note": "",
-        "drain": {"ready_after_soak": "200"},
-        "engine": {"kv_cache_bytes": "not exported"},
+        "drain": {"ready_after_soak": "200", "drain_s": 0.5},
         "drill": {"done": False, "note": "skipped"},
         "editor": {"done": False, "note": "skipped"},
         "stalls": [checks.Stall("soak", 1.2, 3.0, 50, bound_s=5.0)],
-        "checks": [checks.Check("nothing unanswered", checks.FAIL, "1 request(s)")],
+        "checks": [checks.Check("nothing unanswered", checks.FAIL, "1 request(s)"),
+                   checks.rss_check([s["rss_bytes"] for s in samples], 0.1, strict=False)],
     }  # fmt: skip
     paths = write_run(tmp_path, result, frame, samples, [("soak", 0.0, 20.0)])
     assert {p.name for p in paths} >= {"summary.json", "report.md", "soak.png", "samples.csv"}
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["failed"] is True and summary["kinds"][-1]["sent"] == 7
     report = (tmp_path / "report.md").read_text()
-    assert "| nothing unanswered | FAIL " in report and "runtime_top_p must be" in report
+    assert re.search(r"\| nothing unanswered +\| FAIL ", report)
+    assert "runtime_top_p must be" in report
     assert "soak: 1.2 s from t=3 s (50 progress events; bound 5 s)" in report
+    assert "## Memory\n\nflat: last third max 518 MiB vs first third max 504 MiB (+2.8%" in report
+    assert "## Drain and engine\n\n- ready_after_soak: 200\n- drain_s: 0.5\n" in report
     assert (tmp_path / "soak.png").stat().st_size > 10_000
     assert len((tmp_path / "samples.csv").read_text().splitlines()) == 11
 
 
 def test_the_sampler_says_what_the_engine_did_during_a_stall():
     sampler = Sampler(SimpleNamespace(), clock=lambda: 0.0, every=1.0)
-    sampler.samples = [
-        Sample(10.0, "editor", None, 0, 100.0, 0.0, 0.0),
-        Sample(11.0, "editor", None, 0, 100.0, 0.0, 37.0),  # requests pending, no steps
-        Sample(20.0, "editor", None, 0, 100.0, 0.0, 37.0),
-    ]
+    sampler.samples = [dict(zip(SAMPLE_COLUMNS, row, strict=True)) for row in (
+        (10.0, "editor", None, 0, 100.0, 0.0, 0.0),
+        (11.0, "editor", None, 0, 100.0, 0.0, 37.0),  # requests pending, no steps
+        (20.0, "editor", None, 0, 100.0, 0.0, 37.0),
+    )]  # fmt: skip
     assert sampler.during(10.0, 20.0) == (
         "0 steps in 10 s, up to 0 sequences running and 37 requests pending in Triton"
     )

@@ -21,9 +21,9 @@ def test_an_editor_phase_that_cannot_start_is_a_failed_check_not_a_crash(tmp_pat
     """Without the checkpoint's tokenizer the phase reports why (in a process of its own: the
     phase's module imports Locust, which patches the process with gevent)."""
     code = (
-        "import json, sys; from loadtest.soak.settings import parse_args; "
+        "import json, sys; from loadtest.soak.run import parse_args; "
         "from loadtest.soak.users import editor_phase; "
-        "print(json.dumps(editor_phase(parse_args(sys.argv[1:]), None, str)))"
+        "print(json.dumps(editor_phase(parse_args(sys.argv[1:]), None)))"
     )
     argv = ["--model-repository", str(tmp_path), "--out", str(tmp_path / "out")]
     run = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
@@ -45,7 +45,7 @@ def test_a_short_real_soak_accounts_for_everything(server, model_repository, tmp
         server.grpc_url, "--metrics-url", server.metrics_url, "--model-repository",
         str(model_repository), "--saturation", "2", "--duration", "20", "--mix", mix,
         "--max-tokens", "8", "--long-tokens", "96", "--prompt-chars", "150", "--rss-every", "1",
-        "--progress-every", "5", "--editor-duration", "8", "--editor-typists", "2",
+        "--editor-duration", "8", "--editor-typists", "2",
         # the bound real runs use is 5 s; a test may not depend on the machine's speed, so
         # it checks that the stall is measured, with a bound no healthy run comes near
         "--max-stall", "120", "--out", str(out),

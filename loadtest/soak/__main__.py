@@ -1,4 +1,4 @@
-"""``python -m loadtest.soak``: one soak run (:func:`loadtest.soak.run.main`)."""
+"""``python -m loadtest.soak``: one soak run."""
 
 import sys
 

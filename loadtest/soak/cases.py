@@ -1,19 +1,13 @@
-"""What the soak sends: the kinds of client in its mix, the invalid and hostile cases, and how
-each answer (or error text) is classified.
-
-Invalid and hostile requests are built as raw tensors (a valid :class:`CompletionRequest`'s
-tensors with one entry replaced), so they bypass the client's own validation and reach the
-server exactly as a careless or malicious client would send them. The classification works on
-the error text alone, so it is tested on real Triton strings without a server
-(``tests/test_soak.py``).
-"""
+"""What the soak sends: the kinds of client in its mix, the invalid and hostile cases (raw
+tensors, so the client's own validation never refuses them first), and how each end is
+classified and judged, on the error text alone (tests/test_soak.py uses real Triton texts)."""
 
 from __future__ import annotations
 
+import itertools
 import re
-from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -23,21 +17,17 @@ from contract.tensors import INPUT_SPECS
 
 Tensors = dict[str, np.ndarray]
 
-# --- outcomes ------------------------------------------------------------------------------
-
 OK, REJECTED, ABANDONED, UNANSWERED = "ok", "rejected", "abandoned", "unanswered"
-# Error categories; classify_error tries them in _PATTERNS' order, most specific first.
 CANCELLED, QUEUE_FULL, TIMEOUT = "cancelled", "queue_full", "timeout"
 UNAVAILABLE, VALIDATION, UNCLEAR = "unavailable", "validation", "unclear"
 CATEGORIES = (VALIDATION, QUEUE_FULL, TIMEOUT, CANCELLED, UNAVAILABLE, UNCLEAR)
 
-# Option and input names a validation message may name (longest first: "runtime_top_p" before
-# "top_p"); the model-stage names appear in the engine's own messages.
+# Names a validation message may name, longest first ("runtime_top_p" before "top_p").
 OPTION_NAMES = tuple(sorted({*INPUT_SPECS, "request_output_len", "input_lengths", "max_tokens",
                              "prompt"}, key=len, reverse=True))  # fmt: skip
 
+# Tried in this order, most specific first: a dead stub is never taken for a bad option.
 _PATTERNS = {category: re.compile(pattern, re.IGNORECASE) for category, pattern in (
-    # A python-backend stub that died, a model or server that is gone: the drill's answers.
     (UNAVAILABLE, r"stub process|not healthy|unavailable|connection refused|failed to connect|"
      r"socket closed|connection reset|broken pipe|is not ready|unknown model|"
      r"no available version|server is (shutting down|stopping)|remotedisconnected|"
@@ -53,30 +43,17 @@ _PATTERNS = {category: re.compile(pattern, re.IGNORECASE) for category, pattern 
 
 
 def classify_error(message: str) -> str:
-    """The category of a rejection's error text (one of :data:`CATEGORIES`).
-
-    Validation wins only when nothing says the server or the request's lifetime was the cause,
-    so that "Stub process 'gptj_0_0' is not healthy" is never mistaken for a bad option.
-    """
-    for category, pattern in _PATTERNS.items():
-        if pattern.search(message):
-            return category
-    return VALIDATION if named_option(message) else UNCLEAR
+    """The category of a rejection's error text (one of :data:`CATEGORIES`)."""
+    found = next((k for k, pattern in _PATTERNS.items() if pattern.search(message)), None)
+    return found or (VALIDATION if named_option(message) else UNCLEAR)
 
 
 def named_option(message: str) -> str | None:
-    """The first option or input name the message mentions (None when it names none)."""
+    """The first option or input name the message mentions."""
     return next((name for name in OPTION_NAMES
                  if re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message)),
                 None)  # fmt: skip
 
-
-def names_any(message: str, keywords: tuple[str, ...]) -> bool:
-    """Whether a rejection names one of what the case expects (case-insensitive)."""
-    return any(k.lower() in message.lower() for k in keywords)
-
-
-# --- the mix -------------------------------------------------------------------------------
 
 UNARY_GRPC, UNARY_HTTP, STREAM = "unary_grpc", "unary_http", "stream"
 VANISH_STREAM, VANISH_UNARY = "vanish_stream", "vanish_unary"
@@ -84,16 +61,13 @@ INVALID, HOSTILE = "invalid", "hostile"
 KINDS = (UNARY_GRPC, UNARY_HTTP, STREAM, VANISH_STREAM, VANISH_UNARY, INVALID, HOSTILE)
 VALID_KINDS = (UNARY_GRPC, UNARY_HTTP, STREAM)
 VANISH_KINDS = (VANISH_STREAM, VANISH_UNARY)
-# Not in the mix: the editor phase's typists (loadtest.soak.users), which stream through the
-# OpenAI API and abandon each request at their next keystroke.
-EDITOR = "editor"
+EDITOR = "editor"  # not in the mix: the editor phase's typists (loadtest.soak.users)
 ALL_KINDS = (*KINDS, EDITOR)
 DEFAULT_MIX = dict(zip(KINDS, (25, 20, 15, 10, 10, 12, 8), strict=True))
 
 
 def parse_mix(text: str) -> dict[str, int]:
-    """``kind=weight,...`` (kinds left out get weight 0); raises ValueError naming the bad
-    part."""
+    """``kind=weight,...`` (kinds left out get weight 0); ValueError names the bad part."""
     mix = dict.fromkeys(KINDS, 0)
     for part in (p.strip() for p in text.split(",") if p.strip()):
         kind, _, weight = part.partition("=")
@@ -107,162 +81,94 @@ def parse_mix(text: str) -> dict[str, int]:
     return mix
 
 
-class Schedule:
-    """The order kinds are sent in: smooth weighted round robin, so any stretch of requests
-    has the mix's proportions and every kind with a weight comes up within one cycle, even in
-    a run of a few seconds. Not thread-safe: Locust's greenlets call it, which never preempt
-    one another inside it."""
-
-    def __init__(self, mix: dict[str, int]) -> None:
-        self.weights = {k: w for k, w in mix.items() if w > 0}
-        self.total = sum(self.weights.values())
-        self.current = dict.fromkeys(self.weights, 0)
-
-    def next(self) -> str:
-        for kind, weight in self.weights.items():
-            self.current[kind] += weight
-        chosen = max(self.current, key=lambda k: self.current[k])
-        self.current[chosen] -= self.total
-        return chosen
+def schedule(mix: dict[str, int]) -> Iterator[str]:
+    """The kinds in smooth weighted round robin: any stretch of requests has the mix's
+    proportions and every kind with a weight comes up within one cycle, even in a short run."""
+    weights = {k: w for k, w in mix.items() if w > 0}
+    total, current, cycle = sum(weights.values()), dict.fromkeys(weights, 0), []
+    for _ in range(total):  # the round robin is back where it began after `total` picks
+        for kind, weight in weights.items():
+            current[kind] += weight
+        cycle.append(max(current, key=current.__getitem__))
+        current[cycle[-1]] -= total
+    return itertools.cycle(cycle)
 
 
-# --- invalid and hostile cases -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Case:
-    """One raw request: how it changes a valid request's tensors, and what must come back.
-
-    ``expect`` empty: it is legal and must be answered; otherwise it must be rejected with a
-    message that names one of these (the option at fault)."""
+class Case(NamedTuple):
+    """A valid request's tensors with ``tensor`` set to ``value``. ``expect`` empty: legal, it
+    must be answered (or refused naming one of ``may_refuse``: the OpenVINO backend refuses a
+    bad-words list rather than ignore it); otherwise rejected naming one of ``expect``."""
 
     name: str
-    build: Callable[[Tensors, int], Tensors]  # (valid tensors, model context) -> raw tensors
+    tensor: str
+    value: object
     expect: tuple[str, ...]
-    description: str
-    # a legal case an engine backend may refuse instead, with a message naming one of these
-    # (the OpenVINO backend has no bad-words list: it refuses them rather than ignore them)
     may_refuse: tuple[str, ...] = ()
 
-    @property
-    def must_reject(self) -> bool:
-        return bool(self.expect)
+
+OVER_CONTEXT = "a prompt of about twice the model's context in tokens, far below the byte cap"
+_LINE, _FILLER = b"value = compute(value, index) + offset\n", b"x = 1  # filler\n"
+_nan, _inf = float("nan"), float("inf")
 
 
-def _set(name: str, value: object, dtype: type) -> Callable[[Tensors, int], Tensors]:
-    def build(tensors: Tensors, context: int) -> Tensors:
-        return {**tensors, name: np.array([[value]], dtype=dtype)}
-
-    return build
-
-
-def _prompt(data: bytes) -> Callable[[Tensors, int], Tensors]:
-    return _set("INPUT_0", data, np.object_)
-
-
-def _words(name: str, words: list[str]) -> Callable[[Tensors, int], Tensors]:
-    return _set(name, ",".join(words).encode(), np.object_)
-
-
-def _over_context(tensors: Tensors, context: int) -> Tensors:
-    """A prompt of about twice the context in tokens, far below the byte cap."""
-    line = "value = compute(value, index) + offset\n"
-    return {**tensors, "INPUT_0": np.array([[(line * (context // 2 + 8)).encode()]], np.object_)}
-
-
-def _at_byte_cap(tensors: Tensors, context: int) -> Tensors:
-    """A prompt of exactly the byte cap: legal bytes, far over any context."""
-    line = b"x = 1  # filler\n"
-    data = (line * (MAX_PROMPT_BYTES // len(line) + 1))[:MAX_PROMPT_BYTES]
-    return {**tensors, "INPUT_0": np.array([[data]], np.object_)}
-
-
-def _over_byte_cap(tensors: Tensors, context: int) -> Tensors:
-    return {**tensors, "INPUT_0": np.array([[b"y" * (MAX_PROMPT_BYTES + 1)]], np.object_)}
-
-
-_F32, _U32 = np.float32, np.uint32
-_TOO_MANY = [f"w{i}" for i in range(MAX_WORDS_PER_LIST + 1)]
-_LONG_WORD = " ".join(f"tok{i}" for i in range(MAX_TOKENS_PER_WORD * 2))  # > 32 tokens
-_LEGAL_BAD = [f"zq{i}" for i in range(MAX_WORDS_PER_LIST)]
-
-INVALID_CASES: tuple[Case, ...] = (
-    Case("top_p_1.5", _set("runtime_top_p", 1.5, _F32), ("runtime_top_p",), "runtime_top_p 1.5"),
-    Case("empty_prompt", _prompt(b""), ("INPUT_0",), "INPUT_0 empty"),
-    Case("prompt_over_context", _over_context, ("context",), "prompt of ~2x the context"),
-    Case("invalid_utf8", _prompt(b"def f(\xff\xfe):\n"), ("INPUT_0",), "INPUT_0 not UTF-8"),
-    Case("too_many_stop_words", _words("INPUT_3", _TOO_MANY), ("INPUT_3",),
-         f"{len(_TOO_MANY)} stop words (limit {MAX_WORDS_PER_LIST})"),
-    Case("stop_word_too_long", _words("INPUT_3", [_LONG_WORD]), ("INPUT_3",),
-         f"a stop word over {MAX_TOKENS_PER_WORD} tokens"),
-    Case("max_tokens_0", _set("INPUT_1", 0, _U32), ("request_output_len", "INPUT_1"), "INPUT_1 0"),
-    Case("temperature_-1", _set("temperature", -1.0, _F32), ("temperature",), "temperature -1"),
-    Case("repetition_penalty_0", _set("repetition_penalty", 0.0, _F32), ("repetition_penalty",),
-         "repetition_penalty 0"),
-    Case("beam_width_64", _set("beam_width", 64, _U32), ("beam_width",), "beam_width 64"),
-)  # fmt: skip
-
-HOSTILE_CASES: tuple[Case, ...] = (
-    Case("prompt_at_byte_cap", _at_byte_cap, ("context",), f"{MAX_PROMPT_BYTES:,}-byte prompt"),
-    Case("prompt_over_byte_cap", _over_byte_cap, ("INPUT_0",), "byte cap + 1 prompt"),
-    Case("huge_max_tokens", _set("INPUT_1", 2**32 - 1, _U32),
-         ("request_output_len", "INPUT_1", "context"), "INPUT_1 2**32-1"),
-    Case("many_bad_words", _words("INPUT_2", _LEGAL_BAD), (),
-         f"{MAX_WORDS_PER_LIST} bad words (the limit: legal)", may_refuse=("bad_words",)),
-    Case("tiny_temperature", _set("temperature", 1e-30, _F32), ("temperature",),
-         "temperature 1e-30 (overflows the logits: refused)"),
-    Case("temperature_nan", _set("temperature", np.nan, _F32), ("temperature",), "raw NaN"),
-    Case("temperature_inf", _set("temperature", np.inf, _F32), ("temperature",), "raw +inf"),
-    Case("top_p_nan", _set("runtime_top_p", np.nan, _F32), ("runtime_top_p",), "raw NaN"),
-    Case("repetition_penalty_inf", _set("repetition_penalty", np.inf, _F32),
-         ("repetition_penalty",), "raw +inf"),
-)  # fmt: skip
-
+INVALID_CASES = tuple(Case(*row) for row in (
+    ("top_p_1.5", "runtime_top_p", 1.5, ("runtime_top_p",)),
+    ("empty_prompt", "INPUT_0", b"", ("INPUT_0",)),
+    ("prompt_over_context", "INPUT_0", OVER_CONTEXT, ("context",)),
+    ("invalid_utf8", "INPUT_0", b"def f(\xff\xfe):\n", ("INPUT_0",)),
+    ("too_many_stop_words", "INPUT_3",
+     ",".join(f"w{i}" for i in range(MAX_WORDS_PER_LIST + 1)).encode(), ("INPUT_3",)),
+    ("stop_word_too_long", "INPUT_3",  # one word of twice the tokens a word may have
+     " ".join(f"tok{i}" for i in range(MAX_TOKENS_PER_WORD * 2)).encode(), ("INPUT_3",)),
+    ("max_tokens_0", "INPUT_1", 0, ("request_output_len", "INPUT_1")),
+    ("temperature_-1", "temperature", -1.0, ("temperature",)),
+    ("repetition_penalty_0", "repetition_penalty", 0.0, ("repetition_penalty",)),
+    ("beam_width_64", "beam_width", 64, ("beam_width",)),
+))  # fmt: skip
+HOSTILE_CASES = tuple(Case(*row) for row in (
+    ("prompt_at_byte_cap", "INPUT_0",
+     (_FILLER * (MAX_PROMPT_BYTES // len(_FILLER) + 1))[:MAX_PROMPT_BYTES], ("context",)),
+    ("prompt_over_byte_cap", "INPUT_0", b"y" * (MAX_PROMPT_BYTES + 1), ("INPUT_0",)),
+    ("huge_max_tokens", "INPUT_1", 2**32 - 1, ("request_output_len", "INPUT_1", "context")),
+    ("many_bad_words", "INPUT_2", ",".join(f"zq{i}" for i in range(MAX_WORDS_PER_LIST)).encode(),
+     (), ("bad_words",)),
+    ("tiny_temperature", "temperature", 1e-30, ("temperature",)),  # overflows the logits
+    ("temperature_nan", "temperature", _nan, ("temperature",)),
+    ("temperature_inf", "temperature", _inf, ("temperature",)),
+    ("top_p_nan", "runtime_top_p", _nan, ("runtime_top_p",)),
+    ("repetition_penalty_inf", "repetition_penalty", _inf, ("repetition_penalty",)),
+))  # fmt: skip
 CASES = {case.name: case for case in (*INVALID_CASES, *HOSTILE_CASES)}
-
-# Transports the raw cases rotate through: each case goes over each of them in turn.
-INVALID_TRANSPORTS = ("grpc", "http", "stream")
-HOSTILE_TRANSPORTS = ("grpc", "http")
+TRANSPORTS = {INVALID: ("grpc", "http", "stream"), HOSTILE: ("grpc", "http")}
 
 
 def raw_tensors(case: Case, base: CompletionRequest, context: int) -> Tensors:
-    """The case's tensors: ``base``'s (valid) with the case's change; nothing is validated."""
-    return case.build(base.tensors(), context)
+    """``base``'s (valid) tensors with the case's change; nothing is validated."""
+    tensors = base.tensors()
+    value = _LINE * (context // 2 + 8) if case.value is OVER_CONTEXT else case.value
+    return {**tensors, case.tensor: np.array([[value]], dtype=tensors[case.tensor].dtype)}
 
 
-class Rotation:
-    """Which case, over which transport, a raw kind sends next: every case over every
-    transport in turn."""
-
-    def __init__(self) -> None:
-        self.count: Counter[str] = Counter()
-
-    def next(self, kind: str) -> tuple[str, str]:
-        cases = INVALID_CASES if kind == INVALID else HOSTILE_CASES
-        transports = INVALID_TRANSPORTS if kind == INVALID else HOSTILE_TRANSPORTS
-        n, self.count[kind] = self.count[kind], self.count[kind] + 1
-        return cases[n % len(cases)].name, transports[(n // len(cases)) % len(transports)]
+def rotation(kind: str) -> Iterator[tuple[str, str]]:
+    """(case, transport) a raw kind sends next: every case over every transport in turn."""
+    cases = INVALID_CASES if kind == INVALID else HOSTILE_CASES
+    return ((case.name, wire) for wire in itertools.cycle(TRANSPORTS[kind]) for case in cases)
 
 
 def judge(kind: str, case: str, status: str, category: str, message: str) -> bool:
-    """Whether a request ended as it must.
-
-    Valid requests must be answered, or turned away for overload (queue full, queue timeout).
-    Vanishing clients may finish or leave. An invalid case, and a hostile case that expects a
-    rejection, must be rejected by a validation error naming the option; a legal hostile case
-    must be answered. An editor's request is answered or abandoned at the next keystroke.
-    Nothing may go unanswered.
-    """
+    """Whether a request ended as it must: valid ones answered or turned away for overload;
+    vanishing clients and editors answered or gone; a case rejected by a validation error
+    naming the option, or answered when legal. Nothing may go unanswered."""
     if status == UNANSWERED:
         return False
     if kind == EDITOR:
         return status in (OK, ABANDONED)
     if case:
-        spec = CASES[case]
-        if spec.must_reject:
-            return status == REJECTED and category == VALIDATION and names_any(message, spec.expect)
-        refused_by_name = status == REJECTED and category == VALIDATION and spec.may_refuse
-        return status == OK or bool(refused_by_name and names_any(message, spec.may_refuse))
+        spec, text = CASES[case], message.lower()
+        named = status == REJECTED and category == VALIDATION
+        if spec.expect:
+            return named and any(k.lower() in text for k in spec.expect)
+        return status == OK or (named and any(k.lower() in text for k in spec.may_refuse))
     if kind in VANISH_KINDS:
         return status in (OK, ABANDONED) or category in (CANCELLED, TIMEOUT)
     return status == OK or category in (QUEUE_FULL, TIMEOUT)

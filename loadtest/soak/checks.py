@@ -1,11 +1,6 @@
 """The soak's figures and checks, drawn from the request-event table (one row per request, as
-:class:`reporting.events.EventLog` keeps it, labelled by :func:`soak_rows`). Pure:
-``tests/test_soak.py`` checks them on tables built by hand.
-
-The stall check: the longest time with requests in flight and none progressing (answered in
-full, or a stream's first text), within ``--max-stall`` or :data:`STALL_FACTOR` times one
-request alone on this machine, whichever is longer (why: docs/soak.md).
-"""
+:class:`reporting.events.EventLog` keeps it, labelled by :func:`soak_rows`). Pure: the tests
+check them on tables built by hand. Why the stall bound is what it is: docs/soak.md."""
 
 from __future__ import annotations
 
@@ -18,27 +13,15 @@ from typing import Any
 
 import pandas as pd
 
-from loadtest.soak.cases import (
-    ABANDONED,
-    ALL_KINDS,
-    CASES,
-    CATEGORIES,
-    EDITOR,
-    INVALID,
-    OK,
-    REJECTED,
-    UNANSWERED,
-    UNCLEAR,
-    VALID_KINDS,
-    classify_error,
-    judge,
-    must_get,
-)
+from loadtest.soak import cases as c
 from reporting.events import summarize
 from reporting.triton import EngineState
 
 PASS, FAIL, WARN, SKIP = "PASS", "FAIL", "WARN", "SKIP"
 STALL_FACTOR = 8
+MEASURED = ("soak", "editor")
+TYPISTS = "openai"  # the kind the editor profile's typists fire (loadtest.editor.figures)
+RSS_CHECK = "RSS flat after warm-up"
 
 
 @dataclass(frozen=True)
@@ -48,53 +31,44 @@ class Check:
     detail: str
 
 
-# --- the accounting ------------------------------------------------------------------------
-
-MEASURED = ("soak", "editor")  # the phases the accounting covers
-TYPISTS = "openai"  # the kind the editor profile's typists fire (loadtest.editor.figures)
-
-
 def soak_rows(frame: pd.DataFrame) -> pd.DataFrame:
     """The event table with the soak's columns on every row: the typists' rows as kind
     ``editor`` (answered, abandoned, or rejected with their error's category), and whether
-    each request ended as it must (``expected``, :func:`judge`)."""
+    each request ended as it must (``expected``, :func:`~loadtest.soak.cases.judge`)."""
     own = ("status", "category", "case", "transport", "error")
-    f = frame.assign(**{c: "" for c in own if c not in frame}).fillna(dict.fromkeys(own, ""))
+    f = frame.assign(**{col: "" for col in own if col not in frame}).fillna(dict.fromkeys(own, ""))
     typed = f["kind"] == TYPISTS
-    f.loc[typed, "kind"], f.loc[typed, "transport"] = EDITOR, "openai-sse"
-    f.loc[typed, "status"] = f.loc[typed, "outcome"].map({"ok": OK, "abandoned": ABANDONED})
-    f.loc[typed & (f["outcome"] == "error"), "status"] = REJECTED
-    failed = typed & (f["status"] == REJECTED)
-    f.loc[failed, "category"] = f.loc[failed, "error"].map(classify_error)
+    f.loc[typed, "kind"], f.loc[typed, "transport"] = c.EDITOR, "openai-sse"
+    f.loc[typed, "status"] = f.loc[typed, "outcome"].map({"ok": c.OK, "abandoned": c.ABANDONED})
+    f.loc[typed & (f["outcome"] == "error"), "status"] = c.REJECTED
+    failed = typed & (f["status"] == c.REJECTED)
+    f.loc[failed, "category"] = f.loc[failed, "error"].map(c.classify_error)
     columns = ("kind", "case", "status", "category", "error")
-    f["expected"] = [judge(*row) for row in zip(*(f[c] for c in columns), strict=True)]
+    f["expected"] = [c.judge(*row) for row in zip(*(f[col] for col in columns), strict=True)]
     return f
 
 
-def measured(frame: pd.DataFrame) -> pd.DataFrame:
-    """The labelled rows (:func:`soak_rows`) of the phases the accounting covers."""
+def measured(frame: pd.DataFrame) -> pd.DataFrame:  # the rows of the soak and editor phases
     return soak_rows(frame[frame["window"].isin(MEASURED)])
 
 
 def kinds(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per kind of client, then ``all``: sent, ok, rejected by category, abandoned,
-    unanswered, unexpected (ended otherwise than it must), p50/p99 latency of the ok ones."""
-    order = {kind: i for i, kind in enumerate(ALL_KINDS)}
+    """One row per kind of client, then ``all``: sent, each end, rejections by category,
+    unexpected ends, p50/p99 latency of the ok ones."""
+    order = {kind: i for i, kind in enumerate(c.ALL_KINDS)}
     groups = sorted(frame.groupby("kind"), key=lambda g: order.get(g[0], len(order)))
     rows = []
     for kind, group in [*groups, ("all", frame)]:
         status = group["status"].value_counts()
-        rejected = group.loc[group["status"] == REJECTED, "category"].value_counts()
-        ok = pd.to_numeric(group.loc[group["status"] == OK, "latency_ms"]) / 1000
+        rejected = group.loc[group["status"] == c.REJECTED, "category"].value_counts()
+        ok = pd.to_numeric(group.loc[group["status"] == c.OK, "latency_ms"]) / 1000
         p50, p99 = ok.quantile([0.5, 0.99]) if len(ok) and kind != "all" else (None, None)
         rows.append({
-            "kind": kind, "sent": len(group), "ok": int(status.get(OK, 0)),
-            "rejected": ", ".join(f"{c} {rejected[c]}" for c in CATEGORIES if c in rejected)
-            or "0",
-            "rejected_n": int(status.get(REJECTED, 0)),
-            "abandoned": int(status.get(ABANDONED, 0)),
-            "unanswered": int(status.get(UNANSWERED, 0)),
-            "unclear": int(rejected.get(UNCLEAR, 0)),
+            "kind": kind, "sent": len(group), c.OK: int(status.get(c.OK, 0)),
+            "rejected": ", ".join(f"{k} {rejected[k]}" for k in c.CATEGORIES if k in rejected)
+            or "0", "rejected_n": int(status.get(c.REJECTED, 0)),
+            **{k: int(status.get(k, 0)) for k in (c.ABANDONED, c.UNANSWERED)},
+            "unclear": int(rejected.get(c.UNCLEAR, 0)),
             "unexpected": int((~group["expected"].astype(bool)).sum()), "p50 s": p50, "p99 s": p99,
         })  # fmt: skip
     return pd.DataFrame(rows)
@@ -104,13 +78,14 @@ def cases(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per invalid or hostile case sent: what it must get, what it got, one message
     (a wrong end's first)."""
     rows, sent = [], frame[frame["case"] != ""]
-    for name in (n for n in CASES if n in set(sent["case"])):
+    for name in (n for n in c.CASES if n in set(sent["case"])):
         group = sent[sent["case"] == name]
         ends = zip(group["status"], group["category"], strict=True)
-        outcomes = Counter(s if s != REJECTED else f"{s}/{c}" for s, c in ends)
+        outcomes = Counter(s if s != c.REJECTED else f"{s}/{k}" for s, k in ends)
         messages = [m for m in pd.concat([group[~group["expected"]], group])["error"] if m]
         rows.append({"case": name, "kind": group["kind"].iloc[0], "sent": len(group),
-                     "must be": must_get(CASES[name]), "as expected": int(group["expected"].sum()),
+                     "must be": c.must_get(c.CASES[name]),
+                     "as expected": int(group["expected"].sum()),
                      "outcomes": ", ".join(f"{k} {v}" for k, v in outcomes.items()),
                      "message": messages[0][:160] if messages else ""})  # fmt: skip
     return pd.DataFrame(rows, columns=["case", "kind", "sent", "must be", "as expected",
@@ -118,25 +93,24 @@ def cases(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def error_messages(frame: pd.DataFrame, limit: int = 30) -> pd.DataFrame:
-    """The distinct error texts (numbers blurred, so one message with different values counts
-    once), most frequent first, with their category."""
-    failed = frame[frame["status"].isin((REJECTED, UNANSWERED)) & (frame["error"] != "")]
+    """The distinct error texts (numbers blurred: one message with other values counts once),
+    most frequent first, with their category."""
+    failed = frame[frame["status"].isin((c.REJECTED, c.UNANSWERED)) & (frame["error"] != "")]
     counts: Counter[tuple[str, str]] = Counter()
     example: dict[tuple[str, str], str] = {}
-    for status, category, message in zip(
-        failed["status"], failed["category"], failed["error"], strict=True
-    ):
+    for status, category, message in zip(*(failed[k] for k in ("status", "category", "error")),
+                                         strict=True):  # fmt: skip
         key = (category or status, re.sub(r"\d+", "N", message[:160]))
         counts[key] += 1
         example.setdefault(key, message[:200])
-    rows = [(c, n, example[(c, s)]) for (c, s), n in counts.most_common(limit)]
+    rows = [(k, n, example[(k, m)]) for (k, m), n in counts.most_common(limit)]
     return pd.DataFrame(rows, columns=["category", "count", "message"])
 
 
 def accounting_checks(table: pd.DataFrame, sent: int, ended: int) -> list[Check]:
-    """The checks every soak makes on its own books (``table``: :func:`kinds` of the measured
-    phases; ``sent``: how many requests the clients began, ``ended``: rows they left)."""
-    total, valid = table.iloc[-1], table[table["kind"].isin(VALID_KINDS)]
+    """The soak's books (``table``: :func:`kinds` of the measured phases; ``sent``: requests
+    the clients began, ``ended``: rows they left)."""
+    total, valid = table.iloc[-1], table[table["kind"].isin(c.VALID_KINDS)]
     ends = total["ok"] + total["rejected_n"] + total["abandoned"] + total["unanswered"]
     return [
         Check("every request accounted for", PASS if sent == ended and total["sent"] == ends
@@ -158,7 +132,7 @@ def case_check(table: pd.DataFrame, kind: str) -> Check:
     if group.empty:
         return Check(f"{kind} requests", SKIP, "none sent (the mix gives them no weight)")
     wrong = list(group.loc[group["as expected"] != group["sent"], "case"])
-    what = "" if kind == INVALID else ", or answered when legal"
+    what = "" if kind == c.INVALID else ", or answered when legal"
     return Check(f"{kind} requests rejected naming the option{what}", FAIL if wrong else PASS,
                  f"{group['sent'].sum()} sent over {len(group)} cases"
                  + (f"; wrong: {', '.join(wrong)}" if wrong else ""))  # fmt: skip
@@ -175,14 +149,12 @@ def server_checks(ready: str, idle: EngineState | None, after: EngineState | Non
               and not after.pending else FAIL,
               f"running sequences {running}, pending requests {pending} after {drain_s:.1f}s"),
     ]  # fmt: skip
-    if after is None or after.kv_cache_bytes is None:
-        kv = Check("KV cache back to idle", SKIP, "not exported (codegen_engine_kv_cache_bytes)")
-    else:
-        base = idle.kv_cache_bytes if idle and idle.kv_cache_bytes is not None else 0.0
-        kv = Check("KV cache back to idle", PASS if after.kv_cache_bytes <= base * 1.01 + 2**20
-                   else WARN, f"{after.kv_cache_bytes / 2**20:.1f} MiB after the drain vs "
-                   f"{base / 2**20:.1f} MiB idle")  # fmt: skip
-    return [*found, kv]
+    kv, base = after and after.kv_cache_bytes, (idle and idle.kv_cache_bytes) or 0.0
+    return [*found, Check("KV cache back to idle", SKIP, "not exported "
+                          "(codegen_engine_kv_cache_bytes)") if kv is None else
+            Check("KV cache back to idle", PASS if kv <= base * 1.01 + 2**20 else WARN,
+                  f"{kv / 2**20:.1f} MiB after the drain vs {base / 2**20:.1f} MiB "
+                  "idle")]  # fmt: skip
 
 
 EDITOR_FIGURES = ("first_token_p50_ms", "first_token_p95_ms", "latency_p50_ms", "latency_p95_ms")
@@ -193,7 +165,7 @@ def editor_figures(rows: pd.DataFrame) -> dict[str, Any]:
     found = summarize(rows, by=["kind"]).iloc[0] if len(rows) else pd.Series(dtype=float)
     prompt = rows.reindex(columns=["prefix_tokens", "suffix_tokens"]).apply(pd.to_numeric)
     status = rows["status"].value_counts()
-    answered, abandoned = int(status.get(OK, 0)), int(status.get(ABANDONED, 0))
+    answered, abandoned = int(status.get(c.OK, 0)), int(status.get(c.ABANDONED, 0))
     return {
         "requests": len(rows), "answered": answered, "abandoned": abandoned,
         "errors": len(rows) - answered - abandoned,
@@ -219,9 +191,6 @@ def editor_check(phase: dict[str, Any]) -> Check:
                  + suffix + ("; " + "; ".join(problems) if problems else ""))  # fmt: skip
 
 
-# --- stalls --------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Stall:
     """The longest stretch of a phase with requests in flight and none progressing."""
@@ -231,31 +200,26 @@ class Stall:
     at_s: float | None  # where it began (run time); None when the phase had no requests
     progress_events: int
     reference_s: float | None = None  # one request alone, just before the phase
-    bound_s: float = 5.0  # see stall_bound
+    bound_s: float = 5.0
     until_s: float | None = None  # the progress event (or phase end) that ended it
     engine: str = ""  # what the engine did meanwhile, to tell why
 
 
-def stall_bound(max_stall_s: float, reference_s: float | None) -> float:
-    """``max_stall_s``, or STALL_FACTOR lone-request times where that is longer."""
-    return max_stall_s if reference_s is None else max(max_stall_s, STALL_FACTOR * reference_s)
-
-
 def longest_stall(phase: str, rows: pd.DataFrame, begin: float, end: float,
                   max_stall_s: float = 5.0, reference_s: float | None = None) -> Stall:  # fmt: skip
-    """The longest interval in [begin, end] between two progress events (or a phase edge),
-    counting only the time during which at least one request was in flight: a pause with
-    nothing sent (typists typing) is no stall, a server that answers nothing while requests
-    wait is. An unanswered request is in flight to the phase's end."""
-    bound = round(stall_bound(max_stall_s, reference_s), 2)
+    """The longest interval in [begin, end] between two progress events (an answer in full, a
+    stream's first text) or a phase edge, counting only time with a request in flight: typists
+    all typing is no stall. An unanswered request is in flight to the phase's end. The bound:
+    ``max_stall_s``, or STALL_FACTOR lone-request times where that is longer."""
+    bound = round(max(max_stall_s, STALL_FACTOR * (reference_s or 0)), 2)
     reference = None if reference_s is None else round(reference_s, 3)
     if rows.empty:
         return Stall(phase, 0.0, None, 0, reference, bound)
     started = pd.to_numeric(rows["started_s"])
     ended = started + pd.to_numeric(rows["latency_ms"]) / 1000
-    ended[rows["status"] == UNANSWERED] = end
-    first = started + pd.to_numeric(rows["first_token_ms"]) / 1000  # a stream's first text
-    progress = ended.where(rows["status"] == OK, first).dropna()
+    ended[rows["status"] == c.UNANSWERED] = end
+    first = started + pd.to_numeric(rows["first_token_ms"]) / 1000
+    progress = ended.where(rows["status"] == c.OK, first).dropna()
     merged: list[list[float]] = []
     for lo, hi in sorted(zip(started, ended, strict=True)):
         if merged and lo <= merged[-1][1]:
@@ -292,38 +256,20 @@ def stall_check(stalls: Sequence[Stall], max_stall_s: float) -> Check:
                  + "; ".join(stall_line(s) for s in stalls))  # fmt: skip
 
 
-# --- memory --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Flatness:
-    """Is the server's memory flat after warm-up? The largest RSS of the last third of the
-    samples against the largest of the first third (max, not mean: a leak raises the peaks)."""
-
-    samples: int
-    growth: float | None  # last / first - 1
-    flat: bool | None  # None: too few samples to say
-    note: str
-
-
-def rss_flatness(samples: Sequence[int], tolerance: float, minimum: int = 6) -> Flatness:
-    """Flatness of the RSS values of the measured phase after warm-up, in time order."""
-    if len(samples) < minimum:
-        note = f"too few samples after warm-up ({len(samples)} < {minimum}): run longer"
-        return Flatness(len(samples), None, None, note)
+def rss_check(samples: Sequence[int] | None, tolerance: float, strict: bool) -> Check:
+    """Is the server's memory flat after warm-up (``samples``: the RSS values in time order;
+    None: tritonserver's process not found)? The largest of the last third against the largest
+    of the first (max, not mean: a leak raises the peaks). Growth warns, or fails if
+    ``strict``."""
+    if samples is None or len(samples) < 6:
+        return Check(RSS_CHECK, SKIP, "RSS not measured: tritonserver's process not found on "
+                     "this machine" if samples is None else f"too few samples after warm-up "
+                     f"({len(samples)} < 6): run longer")  # fmt: skip
     third = len(samples) // 3
     first, last = max(samples[:third]), max(samples[-third:])
     growth = last / first - 1
-    note = (f"{'flat' if growth <= tolerance else 'growing'}: last third max "
-            f"{last / 2**20:,.0f} MiB vs first third max {first / 2**20:,.0f} MiB "
-            f"({growth:+.1%}, tolerance {tolerance:.0%})")  # fmt: skip
-    return Flatness(len(samples), growth, growth <= tolerance, note)
-
-
-def rss_check(flatness: Flatness | None, strict: bool) -> Check:
-    """Warns on growth (fails with ``strict``); skipped without the server's process."""
-    if flatness is None:
-        return Check("RSS flat after warm-up", SKIP, "server process not found")
-    growing = FAIL if strict else WARN
-    status = SKIP if flatness.flat is None else PASS if flatness.flat else growing
-    return Check("RSS flat after warm-up", status, flatness.note)
+    flat = growth <= tolerance
+    return Check(RSS_CHECK, PASS if flat else FAIL if strict else WARN,
+                 f"{'flat' if flat else 'growing'}: last third max {last / 2**20:,.0f} MiB vs "
+                 f"first third max {first / 2**20:,.0f} MiB ({growth:+.1%}, tolerance "
+                 f"{tolerance:.0%})")  # fmt: skip

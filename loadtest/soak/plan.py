@@ -1,7 +1,6 @@
-"""The soak's phases as the stages of a Locust load shape (:class:`SoakPlan`, which
-:class:`loadtest.soak.users.SoakShape` ticks): the ramp to saturation, the soak at twice it,
-then the editor phase and the drain, which the run drives with no soak users and ends itself.
-Pure: the clock and the counts come in as arguments, so the tests tick it by hand."""
+"""The soak's phases as the stages of a Locust load shape: the ramp to saturation, the soak at
+twice it, then the editor phase and the drain, which the run drives and ends itself. Pure: the
+tests tick it by hand."""
 
 from __future__ import annotations
 
@@ -11,17 +10,16 @@ from typing import Any
 
 RAMP_LEVELS = (1, 2, 4, 8, 16, 32, 64)
 RAMP, SOAK, EDITOR, DRAIN = "ramp", "soak", "editor", "drain"
-RUN_DRIVEN = (EDITOR, DRAIN)  # stages with no soak users, ended by the run (:meth:`finish`)
+NEXT = {RAMP: SOAK, SOAK: EDITOR, EDITOR: DRAIN, DRAIN: ""}
 
 
 @dataclass
 class SoakPlan:
-    """Ramp levels (1, 2, 4, ... clients), each measured over at least ``ramp_step_s`` after a
-    quarter step to settle, longer (up to 4x) until ``level`` requests completed in it (a
-    request counts when it ends); the ramp stops after ``ramp_patience`` levels in a row that
-    do not beat the best by ``ramp_gain``. Then ``clients`` (default 2 x saturation) for
-    ``duration_s``. ``completed(t)``: requests answered since ``t``; ``tokens()``: the
-    engine's generated-token counter (None: not exported)."""
+    """Ramp levels (1, 2, 4, ... clients), each measured over ``ramp_step_s`` after a quarter
+    step to settle, longer (up to 4x) until ``level`` requests were answered in it; the ramp
+    stops after ``ramp_patience`` levels in a row that do not beat the best by ``ramp_gain``.
+    Then ``clients`` (2 x saturation) for ``duration_s``. ``completed(t)``: requests answered
+    since ``t``; ``tokens()``: the engine's generated-token counter (None: not exported)."""
 
     duration_s: float
     completed: Callable[[float], int]
@@ -54,35 +52,25 @@ class SoakPlan:
     def soak_clients(self) -> int:
         return self.clients or 2 * (self.saturation or 1)
 
-    def _enter(self, name: str, now: float) -> None:
-        if self.stages and self.stages[-1][2] is None:
-            self.stages[-1] = (*self.stages[-1][:2], now)
-        if name:
-            self.stages.append((name, now, None))
-
-    def finish(self, name: str, now: float) -> None:
-        """The run ended a stage it drives (the editor phase, the drain)."""
+    def finish(self, name: str, now: float) -> None:  # the run ended the editor phase, the drain
         self.ended.add(name)
         self.tick(now)
 
     def tick(self, now: float) -> tuple[int, str] | None:
         """(users, stage) at ``now``; None once every stage is over."""
         if not self.stages:
-            self._enter(SOAK if self.saturation else RAMP, now)
-        stage, began, _ = self.stages[-1]
-        if stage == RAMP:
-            if self._ramp(now, began):
+            self.stages.append((SOAK if self.saturation else RAMP, now, None))
+        while name := self.stage:
+            began = self.stages[-1][1]
+            if name == RAMP and self._ramp(now, began):
                 return self.levels[self.level], RAMP
-            self._enter(SOAK, now)
-        if self.stage == SOAK:
-            if now < self.stages[-1][1] + self.duration_s:
+            if name == SOAK and now < began + self.duration_s:
                 return self.soak_clients, SOAK
-            self._enter(EDITOR, now)
-        for name, following in ((EDITOR, DRAIN), (DRAIN, "")):
-            if self.stage == name:
-                if name not in self.ended:
-                    return 0, name
-                self._enter(following, now)
+            if name in (EDITOR, DRAIN) and name not in self.ended:
+                return 0, name
+            self.stages[-1] = (name, began, now)
+            if following := NEXT[name]:
+                self.stages.append((following, now, None))
         return None
 
     def _ramp(self, now: float, began: float) -> bool:
@@ -93,43 +81,34 @@ class SoakPlan:
             if now >= settled:
                 self.window = (now, self.tokens())
             return True
-        opened, tokens0 = self.window
-        done = self.completed(opened)
+        (opened, tokens0), done = self.window, self.completed(self.window[0])
         span = now - opened
-        if not (
-            span >= 4 * self.ramp_step_s or (span >= self.ramp_step_s and done >= max(2, level))
-        ):
+        if span < 4 * self.ramp_step_s and (span < self.ramp_step_s or done < max(2, level)):
             return True
-        tokens1 = self.tokens()
+        tokens1, self.window = self.tokens(), None
         rate = (tokens1 - tokens0) / span if tokens0 is not None and tokens1 is not None else 0.0
         step = {"clients": level, "rps": done / span, "tokens_per_s": rate,
                 "window_s": round(span, 1), "done": done, "closed": now}  # fmt: skip
         self.steps.append(step)
-        self.window = None
         measure = "tokens_per_s" if rate else "rps"
         if self.best is None or step[measure] > self.best[measure] * (1 + self.ramp_gain):
             self.best, self.flat = step, 0
         else:
             self.flat += 1
         if self.flat >= self.ramp_patience:
-            self.note = (
-                f"throughput stopped rising at {self.best['clients']} clients: {level} gave "
-                f"{step[measure]:.1f} {measure.replace('_', ' ')} vs {self.best[measure]:.1f} "
-                f"(needs +{self.ramp_gain:.0%})"
-            )
+            self.note = (f"throughput stopped rising at {self.best['clients']} clients: {level} "
+                         f"gave {step[measure]:.1f} {measure.replace('_', ' ')} vs "
+                         f"{self.best[measure]:.1f} (needs +{self.ramp_gain:.0%})")  # fmt: skip
         elif self.level + 1 < len(self.levels):
             self.level += 1
             return True
         else:
-            self.note = (
-                f"throughput still rising at the last level ({level}, --max-clients)"
-                if self.flat == 0
-                else f"the ramp ended at --max-clients {level}; best at {self.best['clients']}"
-            )
+            self.note = (f"throughput still rising at the last level ({level}, --max-clients)"
+                         if self.flat == 0 else f"the ramp ended at --max-clients {level}; best "
+                         f"at {self.best['clients']}")  # fmt: skip
         self.saturation = self.best["clients"]
         return False
 
     def summary(self) -> dict[str, Any]:
-        """The saturation as the report gives it."""
         steps = [{k: v for k, v in s.items() if k != "closed"} for s in self.steps]
         return {"clients": self.saturation, "steps": steps, "note": self.note}

@@ -1,6 +1,5 @@
-"""The soak's run folder, built from the request-event table (``events.csv``) and the run's
-other findings: summary.json, report.md, soak.png and samples.csv, and the table it prints at
-the end."""
+"""The soak's run folder from the request-event table and the run's other findings:
+summary.json, report.md, soak.png and samples.csv, and the table it prints at the end."""
 
 from __future__ import annotations
 
@@ -14,9 +13,9 @@ from typing import Any
 import pandas as pd
 
 from loadtest.soak import checks
-from loadtest.soak.cases import ALL_KINDS, OK
+from loadtest.soak.cases import OK
 from loadtest.soak.checks import FAIL
-from loadtest.soak.server import Sample
+from loadtest.soak.drill import SAMPLE_COLUMNS
 from reporting.charts import plt, save_figure, shade_phases
 from reporting.events import markdown
 from reporting.tables import templates
@@ -28,14 +27,13 @@ COLORS = {"ramp": "#fff2cc", "soak": "#e2f0d9", "editor": "#e4dff2", "drain": "#
           "drill": "#f8cbad"}  # fmt: skip
 
 
-def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """A table's rows as JSON can hold them (missing figures as null)."""
-    return frame.astype(object).where(frame.notna(), None).to_dict("records")
+def _plain(frame: pd.DataFrame) -> pd.DataFrame:
+    """Missing figures as None: null in JSON, "-" in Markdown, whole numbers kept whole."""
+    return frame.astype(object).where(frame.notna(), None)
 
 
 def table(frame: pd.DataFrame, digits: int = 1) -> str:
-    """A Markdown table, whole numbers kept whole and missing figures as "-"."""
-    return markdown(frame.astype(object).where(frame.notna(), None), digits=digits)
+    return markdown(_plain(frame), digits=digits)
 
 
 def failed(result: dict[str, Any]) -> list[str]:
@@ -45,9 +43,9 @@ def failed(result: dict[str, Any]) -> list[str]:
 def render_report(result: dict[str, Any], frame: pd.DataFrame) -> str:
     """report.md: the checks first, then the tables that back them (prose: report.md here)."""
     s, sat, rows = result["settings"], result["saturation"], checks.measured(frame)
-    case_table, errors, rss = checks.cases(rows), checks.error_messages(rows), result["rss"]
+    case_table, errors = checks.cases(rows), checks.error_messages(rows)
     check_table = pd.DataFrame([asdict(c) for c in result["checks"]])
-    drain = {**result["drain"], **result["engine"]}
+    memory = next((c.detail for c in result["checks"] if c.name == checks.RSS_CHECK), "")
     return Template(templates(TEMPLATES)["report"]).substitute(
         started_at=result["started_at"], server=result["server"].get("description", "?"),
         machine=s["machine"], wall=f"{result['wall_s']:.0f}", clients=s["clients"],
@@ -59,9 +57,9 @@ def render_report(result: dict[str, Any], frame: pd.DataFrame) -> str:
         cases="" if case_table.empty else f"## Invalid and hostile cases\n\n{table(case_table)}"
         "\n\n",
         errors=table(errors) if not errors.empty else "None.",
-        memory=rss.note if rss else result["rss_note"], editor=_editor(result["editor"]),
+        memory=memory, editor=_editor(result["editor"]),
         stalls="\n".join(f"- {checks.stall_line(stall)}" for stall in result["stalls"]),
-        drain="\n".join(f"- {k}: {v}" for k, v in drain.items()),
+        drain="\n".join(f"- {k}: {v}" for k, v in result["drain"].items()),
         drill="\n".join(_drill(result["drill"])),
     ) + "\n"  # fmt: skip
 
@@ -75,7 +73,6 @@ def _saturation(sat: dict[str, Any]) -> str:
 
 
 def _editor(editor: dict[str, Any]) -> str:
-    """The editor phase: what the typists did (loadtest.soak.users.editor_phase)."""
     if not editor.get("done"):
         return str(editor.get("error") or editor.get("note") or "not run")
     f, suffix = editor["figures"], editor["suffix"]
@@ -111,53 +108,42 @@ def console_table(result: dict[str, Any], frame: pd.DataFrame) -> str:
                                       for c in result["checks"])])  # fmt: skip
 
 
-def draw_chart(path: Path, samples: Sequence[Sample], frame: pd.DataFrame,
+def draw_chart(path: Path, samples: Sequence[dict[str, Any]], frame: pd.DataFrame,
                phases: Sequence[tuple[str, float, float]], title: str) -> Path:  # fmt: skip
     """RSS over time above the latency of the accepted requests over time, phases shaded."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
-    rss = [(s.t_s, s.rss_bytes / 2**20) for s in samples if s.rss_bytes]
+    rss = [(s["t_s"], s["rss_bytes"] / 2**20) for s in samples if s["rss_bytes"]]
     if rss:
         top.plot(*zip(*rss, strict=True), "-", lw=1.5)
     top.set_ylabel("server RSS (MiB)\ntritonserver + stubs")
-    ok = frame[frame["status"] == OK]
-    for kind in ALL_KINDS:
-        rows = ok[ok["kind"] == kind]
-        if len(rows):
-            latency = pd.to_numeric(rows["latency_ms"]) / 1000
-            ended = pd.to_numeric(rows["started_s"]) + latency
-            bottom.scatter(ended, latency, s=6, alpha=0.6, label=kind)
+    for kind, rows in frame[frame["status"] == OK].groupby("kind", sort=False):
+        latency = pd.to_numeric(rows["latency_ms"]) / 1000
+        ended = pd.to_numeric(rows["started_s"]) + latency
+        bottom.scatter(ended, latency, s=6, alpha=0.6, label=kind)
     bottom.set_ylabel("latency of accepted\nrequests (s)")
     bottom.set_xlabel("seconds since the start of the run")
-    for ax in (top, bottom):
-        ax.grid(True, alpha=0.3)
+    top.grid(True, alpha=0.3)
+    bottom.grid(True, alpha=0.3)
     if bottom.get_legend_handles_labels()[0]:
         bottom.legend(fontsize=8, markerscale=2, loc="upper left")
     shade_phases((top, bottom), phases, COLORS, label_axis=top)
     return save_figure(fig, path, title)
 
 
-def write_run(out: Path, result: dict[str, Any], frame: pd.DataFrame, samples: Sequence[Sample],
+def write_run(out: Path, result: dict[str, Any], frame: pd.DataFrame, samples: Sequence[dict],
               phases: Sequence[tuple[str, float, float]]) -> list[Path]:  # fmt: skip
-    """summary.json, report.md, soak.png and samples.csv into ``out`` (events.csv is the
-    run's own, written as it ends)."""
+    """summary.json, report.md, soak.png and samples.csv (events.csv: the run's own)."""
     out.mkdir(parents=True, exist_ok=True)
     frame, rows = checks.soak_rows(frame), checks.measured(frame)
     summary = {**result, "failed": bool(failed(result)), "phases": phases,
-               "kinds": records(checks.kinds(rows).drop(columns="rejected")),
-               "cases": records(checks.cases(rows)),
-               "errors": records(checks.error_messages(rows))}  # fmt: skip
+               "kinds": _plain(checks.kinds(rows).drop(columns="rejected")).to_dict("records"),
+               **{k: _plain(f(rows)).to_dict("records") for k, f in (
+                   ("cases", checks.cases), ("errors", checks.error_messages))}}  # fmt: skip
     paths = [out / "summary.json", out / "report.md", out / "samples.csv"]
-    paths[0].write_text(json.dumps(summary, indent=2, default=_json) + "\n")
+    text = json.dumps(summary, indent=2, default=lambda v: asdict(v) if is_dataclass(v)
+                      else getattr(v, "item", v.__str__)())  # fmt: skip
+    paths[0].write_text(text + "\n")
     paths[1].write_text(render_report(result, frame))
-    columns = list(Sample.__dataclass_fields__)
-    pd.DataFrame(map(asdict, samples), columns=columns).to_csv(paths[2], index=False)
+    pd.DataFrame(samples, columns=SAMPLE_COLUMNS).to_csv(paths[2], index=False)
     title = f"Soak {result['started_at']}: {result['settings']['clients']} clients"
     return [*paths, draw_chart(out / "soak.png", samples, frame, phases, title)]
-
-
-def _json(value: Any) -> Any:
-    """What json cannot write itself: dataclasses as dicts, numpy numbers as numbers, paths
-    as text."""
-    if is_dataclass(value) and not isinstance(value, type):
-        return asdict(value)
-    return value.item() if hasattr(value, "item") else str(value)

@@ -1,16 +1,9 @@
-"""One soak request of any kind, sent through the client's transport (:mod:`client.transport`)
-and reported as one Locust ``request`` event (:class:`Requests`), the row
-:class:`reporting.events.EventLog` keeps.
-
-Valid requests are built by ``CompletionRequest``; invalid and hostile ones are raw tensors, so
-nothing on the client side refuses them first. Every call has a deadline, so a request that
-gets no answer is counted, never waited for forever. Importing this module imports no Locust.
-"""
+"""One soak request of any kind on the client's transport, reported as one Locust ``request``
+event (:class:`Requests`); every call has a deadline. It imports no Locust."""
 
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,39 +16,23 @@ from client.results import CodegenError, TimedOutError, error_message, resolve_t
 from client.transport import Transport
 from contract.tensors import ENSEMBLE_MODEL
 from loadtest.editor.protocols import SAMPLING  # as a completion service samples
-from loadtest.soak.cases import (
-    ABANDONED,
-    CASES,
-    OK,
-    REJECTED,
-    STREAM,
-    UNANSWERED,
-    UNARY_GRPC,
-    UNARY_HTTP,
-    VANISH_STREAM,
-    VANISH_UNARY,
-    Tensors,
-    classify_error,
-    raw_tensors,
-)
+from loadtest.soak import cases as c
 from reporting.triton import Endpoints
 
-# Which event outcome (reporting.events.OUTCOMES) each end is: overload refusals are shed.
-SHED = ("queue_full", "timeout")
+SHED = ("queue_full", "timeout")  # the refusals the event table's outcome calls shed
+VANISH_AFTER_S = (0.2, 1.0)  # a vanishing unary client's timeout
+VANISH_PIECES = (1, 4)  # pieces a vanishing stream reads before it is closed
+STREAMS = ("stream-grpc", "stream-http")
 
 
 @dataclass(frozen=True)
 class ClientParams:
-    """What every client needs: where to send, how much, and how long to wait."""
-
     endpoints: Endpoints
     prompts: tuple[str, ...]
     max_tokens: int  # of a valid request
     long_tokens: int  # of a request a client abandons (long enough to be running then)
     deadline_s: float  # no answer within this: unanswered
     context: int  # the model's context in tokens
-    vanish_after_s: tuple[float, float] = (0.2, 1.0)  # a vanishing unary client's timeout
-    vanish_pieces: tuple[int, int] = (1, 4)  # pieces a vanishing stream reads first
 
 
 @dataclass
@@ -67,43 +44,41 @@ class Outcome:
 
 
 def rejected(message: str) -> Outcome:
-    return Outcome(REJECTED, classify_error(message), message)
+    return Outcome(c.REJECTED, c.classify_error(message), message)
 
 
 class Requests:
-    """Fires one Locust ``request`` event per request as it ends (the soak's own columns in its
-    context: how it ended, the phase it was sent in), and keeps those still in flight, so that
-    what never ends is reported unanswered (:meth:`close`)."""
+    """Fires one ``request`` event on ``events`` (None: none) per request as it ends, with the
+    soak's columns in its context, and keeps those in flight, so that what never ends is
+    reported unanswered (:meth:`close`). ``window``: the phase, or what names it."""
 
     def __init__(self, events: Any, window: str | Callable[[], str] = "") -> None:
-        self.events, self.window = events, window  # the phase, or what names it
-        self.lock = threading.Lock()
+        self.events, self.window = events, window  # greenlets: none runs inside another's call
         self.in_flight: dict[int, tuple[str, str, str, float, str]] = {}
-        self.ended: list[dict[str, Any]] = []  # every end, for the drill's own summary
+        self.ended: list[dict[str, Any]] = []  # every end: the ramp's measure, the drill's summary
         self.sent = 0
 
     def begin(self, kind: str, case: str, transport: str) -> int:
-        with self.lock:
-            ticket, self.sent = self.sent, self.sent + 1
-            window = self.window() if callable(self.window) else self.window
-            self.in_flight[ticket] = (kind, case, transport, time.time(), window)
+        ticket, self.sent = self.sent, self.sent + 1
+        window = self.window() if callable(self.window) else self.window
+        self.in_flight[ticket] = (kind, case, transport, time.time(), window)
         return ticket
 
     def end(self, ticket: int, outcome: Outcome) -> None:
-        with self.lock:
-            entry = self.in_flight.pop(ticket, None)
-            if entry is None:
-                return
-            kind, case, transport, started, window = entry
-            self.ended.append({"transport": transport, "started": started,
-                               "status": outcome.status, "category": outcome.category,
-                               "message": outcome.message[:400]})  # fmt: skip
-        first, failed = outcome.first_token_s, outcome.status in (REJECTED, UNANSWERED)
+        if (entry := self.in_flight.pop(ticket, None)) is None:
+            return
+        kind, case, transport, started, window = entry
+        self.ended.append({"transport": transport, "started": started, "ended": time.time(),
+                           "status": outcome.status, "category": outcome.category,
+                           "message": outcome.message[:400]})  # fmt: skip
+        if self.events is None:
+            return
+        first, failed = outcome.first_token_s, outcome.status in (c.REJECTED, c.UNANSWERED)
         self.events.request.fire(
             request_type=kind, name=case or kind, response_time=(time.time() - started) * 1000,
             response_length=0, exception=CodegenError(outcome.message) if failed else None,
             start_time=started,
-            context={"outcome": {OK: "ok", ABANDONED: "abandoned"}.get(outcome.status)
+            context={"outcome": {c.OK: "ok", c.ABANDONED: "abandoned"}.get(outcome.status)
                      or ("shed" if outcome.category in SHED else "error"),
                      "first_token_ms": None if first is None else first * 1000, "tokens": 0,
                      "window": window, "status": outcome.status, "category": outcome.category,
@@ -112,10 +87,9 @@ class Requests:
 
     def close(self, reason: str) -> int:
         """End everything still in flight as unanswered; how many there were."""
-        with self.lock:
-            tickets = list(self.in_flight)
+        tickets = list(self.in_flight)
         for ticket in tickets:
-            self.end(ticket, Outcome(UNANSWERED, "", reason))
+            self.end(ticket, Outcome(c.UNANSWERED, "", reason))
         return len(tickets)
 
 
@@ -125,10 +99,10 @@ class Client:
     def __init__(self, index: int, params: ClientParams, requests: Requests, seed: int = 0):
         self.params, self.requests = params, requests
         self.rng = random.Random(seed * 1_000_003 + index)
-        endpoints, deadline = params.endpoints, params.deadline_s
+        address, deadline = params.endpoints, params.deadline_s
         self.transports = {
-            "grpc": Transport(resolve_target(endpoints.grpc, "grpc"), deadline),
-            "http": Transport(resolve_target(endpoints.host, "http"), deadline),
+            "grpc": Transport(resolve_target(address.grpc, "grpc"), deadline),
+            "http": Transport(resolve_target(address.host, "http"), deadline),
         }
 
     def close(self) -> None:
@@ -136,22 +110,18 @@ class Client:
             transport.close()
 
     def valid_request(self, max_tokens: int | None = None) -> CompletionRequest:
-        prompts = self.params.prompts
-        i = self.rng.randrange(len(prompts))
-        return CompletionRequest(  # the seed is the prompt's index
-            prompts[i], max_tokens=max_tokens or self.params.max_tokens, seed=i, **SAMPLING
-        )
+        i = self.rng.randrange(len(self.params.prompts))  # the seed is the prompt's index
+        return CompletionRequest(self.params.prompts[i],
+                                 max_tokens=max_tokens or self.params.max_tokens, seed=i,
+                                 **SAMPLING)  # fmt: skip
 
     def run(self, kind: str, case: str = "", transport: str = "") -> Outcome:
         """Send one request of ``kind`` and report how it ended."""
-        streams = ("stream-grpc", "stream-http")
         transport = transport or {
-            UNARY_GRPC: "grpc",
-            UNARY_HTTP: "http",
-            STREAM: self.rng.choice(streams),
-            VANISH_STREAM: self.rng.choice(streams),
-            VANISH_UNARY: self.rng.choice(("grpc", "raw-http")),
-        }.get(kind, "grpc")
+            c.UNARY_GRPC: "grpc", c.UNARY_HTTP: "http", c.STREAM: self.rng.choice(STREAMS),
+            c.VANISH_STREAM: self.rng.choice(STREAMS),
+            c.VANISH_UNARY: self.rng.choice(("grpc", "raw-http")),
+        }[kind]  # fmt: skip
         ticket = self.requests.begin(kind, case, transport)
         try:
             outcome = self._send(kind, case, transport)
@@ -163,31 +133,28 @@ class Client:
     def _send(self, kind: str, case: str, transport: str) -> Outcome:
         p = self.params
         if case:
-            tensors = raw_tensors(CASES[case], self.valid_request(), p.context)
+            tensors = c.raw_tensors(c.CASES[case], self.valid_request(), p.context)
             if transport == "stream":
                 inputs = to_infer_inputs(tensors, self.transports["grpc"].module)
                 return self.stream(transport, self.valid_request(), None, inputs)
             return self.unary(transport, tensors, p.deadline_s)
-        if kind in (UNARY_GRPC, UNARY_HTTP):
+        if kind in (c.UNARY_GRPC, c.UNARY_HTTP):
             return self.unary(transport, self.valid_request().tensors(), p.deadline_s)
-        if kind == STREAM:
+        if kind == c.STREAM:
             return self.stream(transport, self.valid_request(), None)
-        if kind == VANISH_STREAM:
-            pieces = self.rng.randint(*p.vanish_pieces)
+        if kind == c.VANISH_STREAM:
+            pieces = self.rng.randint(*VANISH_PIECES)
             return self.stream(transport, self.valid_request(p.long_tokens), pieces)
-        if kind == VANISH_UNARY:
-            after = self.rng.uniform(*p.vanish_after_s)
-            request = self.valid_request(p.long_tokens)
-            if transport == "raw-http":
-                return self.http_drop(request, after)
-            return self.unary("grpc", request.tensors(), after, vanishing=True)
-        raise ValueError(f"unknown kind {kind!r}")
+        after, request = self.rng.uniform(*VANISH_AFTER_S), self.valid_request(p.long_tokens)
+        if transport == "raw-http":
+            return self.http_drop(request, after)
+        return self.unary("grpc", request.tensors(), after, vanishing=True)
 
     def unary(
-        self, transport: str, tensors: Tensors, timeout: float, vanishing: bool = False
+        self, transport: str, tensors: c.Tensors, timeout: float, vanishing: bool = False
     ) -> Outcome:
-        """The unary ensemble over gRPC or HTTP; ``vanishing``: the client timeout is the
-        client leaving on purpose (abandoned), else the soak's deadline (unanswered)."""
+        """The unary ensemble; ``vanishing``: the client timeout is the client leaving on
+        purpose (abandoned), else the soak's deadline (unanswered)."""
         wire = self.transports[transport]
         kwargs = {"client_timeout": timeout} if transport == "grpc" else {}
         try:
@@ -196,48 +163,46 @@ class Client:
         except TimedOutError:
             wire.close()  # a connection given up on is not reused
             if vanishing:
-                return Outcome(ABANDONED, "", "client timeout passed (on purpose)")
-            return Outcome(UNANSWERED, "", f"no answer within {timeout:g} s")
+                return Outcome(c.ABANDONED, "", "client timeout passed (on purpose)")
+            return Outcome(c.UNANSWERED, "", f"no answer within {timeout:g} s")
         except CodegenError as exc:
             if transport == "http":
                 wire.close()  # a refused connection may leave the pool broken
             return rejected(str(exc))
-        return Outcome(OK)
+        return Outcome(c.OK)
 
     def stream(
         self, transport: str, request: CompletionRequest, leave_after: int | None,
         inputs: list | None = None,
     ) -> Outcome:  # fmt: skip
-        """A stream to its final answer; ``leave_after``: closed after that many pieces (the
-        client vanishing mid-stream: abandoning is closing the stream); ``inputs``: raw
-        tensors in the request's place."""
+        """A stream to its final answer, or closed after ``leave_after`` pieces (abandoning is
+        closing the stream); ``inputs``: raw tensors in the request's place."""
         wire = self.transports["grpc" if transport in ("stream-grpc", "stream") else "http"]
         pieces, sent, first = 0, time.perf_counter(), None
         try:
             stream = wire.stream(request, inputs)
-            for piece in stream.pieces():
+            for piece in stream.pieces():  # closed when they end, fail or the loop leaves
                 if piece.text and first is None:
                     first = piece.arrived - sent
                 pieces += bool(piece.text)
                 if leave_after is not None and pieces >= leave_after:
                     stream.close()
-                    return Outcome(ABANDONED, "", f"left after {pieces} piece(s) (on purpose)",
+                    return Outcome(c.ABANDONED, "", f"left after {pieces} piece(s) (on purpose)",
                                    first)  # fmt: skip
         except TimedOutError as exc:
-            return Outcome(UNANSWERED, "", str(exc), first)
+            return Outcome(c.UNANSWERED, "", str(exc), first)
         except CodegenError as exc:
-            return Outcome(REJECTED, classify_error(str(exc)), str(exc), first)
-        return Outcome(OK, first_token_s=first)
+            return Outcome(c.REJECTED, c.classify_error(str(exc)), str(exc), first)
+        return Outcome(c.OK, first_token_s=first)
 
     def http_drop(self, request: CompletionRequest, after: float) -> Outcome:
-        """POST to the ensemble's ``generate`` and drop the connection after ``after``
-        seconds without an answer: a client that vanishes mid-request over HTTP."""
+        """POST to ``generate`` and drop the connection unread after ``after`` seconds."""
         url = f"{self.params.endpoints.http_url}/v2/models/{ENSEMBLE_MODEL}/generate"
         try:
             response = httpx.post(url, json=generate_body(request),
                                   timeout=httpx.Timeout(after, connect=10.0))  # fmt: skip
         except httpx.ReadTimeout:
-            return Outcome(ABANDONED, "", f"connection dropped after {after:.2f} s (on purpose)")
+            return Outcome(c.ABANDONED, "", f"connection dropped after {after:.2f} s (on purpose)")
         if response.status_code == 200:
-            return Outcome(OK)
+            return Outcome(c.OK)
         return rejected(error_message(response.content, response.status_code))

@@ -1,12 +1,7 @@
-"""The soak's Locust side: :class:`SoakUser` (one closed-loop client sending the mix),
-:class:`SoakShape` (the phases, :class:`loadtest.soak.plan.SoakPlan`, as a load shape) and
-:func:`editor_phase` (the editor profile's Locust typists, :class:`SoakTypist`, through the
-OpenAI API).
-
-Importing this module imports Locust, which monkey-patches the process with gevent (and, through
-:mod:`loadtest.editor.users`, makes gRPC gevent-cooperative): only the run imports it, never the
-tests' process.
-"""
+"""The soak's Locust side: :class:`SoakUser` (a closed-loop client sending the mix),
+:class:`SoakShape` (the plan as a load shape) and :func:`editor_phase` (the editor profile's
+typists, :class:`SoakTypist`, through the OpenAI API). It imports Locust, which patches the
+process with gevent: only the run imports it, never the tests' process."""
 
 from __future__ import annotations
 
@@ -15,7 +10,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -33,10 +28,9 @@ from loadtest.editor.systems import triton_system
 from loadtest.editor.typist import TypingStyle, Typist
 from loadtest.editor.users import EditorTypist, Walk
 from loadtest.editor.window import CheckpointTokenizer, Clipper
-from loadtest.soak.cases import HOSTILE, INVALID, UNARY_GRPC, Rotation, Schedule
+from loadtest.soak.cases import HOSTILE, INVALID, UNARY_GRPC, rotation, schedule
 from loadtest.soak.plan import RAMP, SoakPlan
 from loadtest.soak.send import Client, ClientParams, Requests
-from loadtest.soak.settings import Settings
 from reporting.triton import model_context
 from serving.paths import checkpoint_dir
 
@@ -46,51 +40,34 @@ log = logging.getLogger("soak")
 SOAK_STYLE = TypingStyle(pause_s=(0.1, 1.0))
 
 
-@dataclass
-class Mix:
-    """What the users share: where and how to send, the ledger, and the order of the kinds."""
-
-    params: ClientParams
-    requests: Requests
-    plan: SoakPlan
-    mix: dict[str, int]
-    seed: int = 0
-    schedule: Schedule = field(init=False)
-    rotation: Rotation = field(default_factory=Rotation)
-    index: itertools.count = field(default_factory=itertools.count)
-
-    def __post_init__(self) -> None:
-        self.schedule = Schedule(self.mix)
-
-    def choose(self) -> tuple[str, str, str]:
-        """The ramp sends valid unary gRPC requests; the soak, the mix in its proportions."""
-        if self.plan.stage == RAMP:
-            return UNARY_GRPC, "", ""
-        kind = self.schedule.next()
-        return (kind, *self.rotation.next(kind)) if kind in (INVALID, HOSTILE) else (kind, "", "")
-
-
 class SoakUser(User):
-    """A closed-loop client: one request after another, no pause."""
+    """A closed-loop client, one request after another: in the ramp valid unary gRPC requests,
+    in the soak the mix in its proportions. :meth:`prepare` sets what the users share."""
 
     wait_time = constant(0)
-    mix: Mix  # set by the run before it starts
+
+    @classmethod
+    def prepare(cls, params: ClientParams, requests: Requests, plan: SoakPlan,
+                mix: dict[str, int], seed: int) -> None:  # fmt: skip
+        cls.params, cls.requests, cls.plan, cls.seed = params, requests, plan, seed
+        cls.kinds, cls.numbers = schedule(mix), itertools.count()
+        cls.rotations = {kind: rotation(kind) for kind in (INVALID, HOSTILE)}
 
     def on_start(self) -> None:
-        self.client = Client(next(self.mix.index), self.mix.params, self.mix.requests,
-                             self.mix.seed)  # fmt: skip
+        self.client = Client(next(self.numbers), self.params, self.requests, self.seed)
 
     def on_stop(self) -> None:
         self.client.close()
 
     @task
     def send(self) -> None:
-        self.client.run(*self.mix.choose())
+        kind = UNARY_GRPC if self.plan.stage == RAMP else next(self.kinds)
+        raw = next(self.rotations[kind]) if kind in self.rotations else ()
+        self.client.run(kind, *raw)
 
 
 class SoakTypist(EditorTypist):
-    """A typist of ``make loadtest PROFILE=editor`` in the soak's editor phase (its class
-    attributes are set there): each pause a streamed completion, abandoned at the next keystroke."""
+    """A typist of ``make loadtest PROFILE=editor``; :func:`editor_phase` sets its attributes."""
 
 
 class SoakShape(LoadTestShape):
@@ -105,27 +82,13 @@ class SoakShape(LoadTestShape):
         return None if step is None else (step[0], 100, [SoakUser])  # all at once, up or down
 
 
-def lone_first_token_s(
-    sender: Sender, clipper: Clipper, with_suffix: bool, seed: int
-) -> float | None:
-    """First token of one full-context request alone on the idle server: the machine's speed,
-    which the stall check scales its bound to (loadtest.soak.checks)."""
-    visit = next(Typist(0, held_out_files(), seed).visits())
-    window = clipper.clip(visit.text, visit.pause.cursor, with_suffix, visit.pause.suffix_at)
-    exchange = sender.open(window.prefix, window.suffix, seed)
-    if not exchange.wait(time.monotonic() + 120.0):
-        exchange.abandon()
-    return exchange.first_token_s
-
-
-def editor_phase(s: Settings, runner: Any, progress: Callable[[], str]) -> dict[str, Any]:
+def editor_phase(s: Any, runner: Any) -> dict[str, Any]:
     """The OpenAI API started in front of the soak's Triton, the suffix probed, one
-    full-context request alone (the stall check's reference), then ``--editor-typists``
-    :class:`SoakTypist` s on ``runner`` for ``--editor-duration`` seconds. Their requests are
-    rows of the event table; this returns what the report says of the phase besides."""
+    full-context request alone (the stall check's reference), then the typists on ``runner``;
+    what the report says of the phase besides their rows."""
     if s.editor_duration <= 0:
         return {"done": False, "note": "skipped (--editor-duration 0)"}
-    api = ApiProcess(s.endpoints.grpc, s.out / "openai_api.log")
+    api, files = ApiProcess(s.endpoints.grpc, s.out / "openai_api.log"), held_out_files()
     try:
         try:
             clipper = Clipper(CheckpointTokenizer(checkpoint_dir(s.model_repository)),
@@ -133,20 +96,21 @@ def editor_phase(s: Settings, runner: Any, progress: Callable[[], str]) -> dict[
             api.start().wait_ready()
             sender = Sender("openai", api.url.removeprefix("http://"), s.editor_max_tokens)
             mode = probe(sender.open, True)
-        except (OSError, TimeoutError, RuntimeError, ValueError) as exc:
-            # the phase cannot run (no tokenizer, the API not ready: Triton gone, the probe
-            # failed): a failed check in the report, not a soak without one
+        except (OSError, TimeoutError, RuntimeError, ValueError) as exc:  # a failed check
             return {"done": False, "error": f"{type(exc).__name__}: {exc}"}
         (log.warning if mode.refused else log.info)(f"editor phase: {mode.note}")
-        lone = lone_first_token_s(sender, clipper, mode.send, s.seed)
-        log.info(f"editor phase: a full-context request alone: first token {lone or 0:.2f} s")
+        visit = next(Typist(0, files, s.seed).visits())  # alone: the stall bound's reference
+        w = clipper.clip(visit.text, visit.pause.cursor, mode.send, visit.pause.suffix_at)
+        alone = sender.open(w.prefix, w.suffix, s.seed)
+        if not alone.wait(time.monotonic() + 120.0):
+            alone.abandon()
+        log.info(f"editor phase: a full-context request alone: first token "
+                 f"{alone.first_token_s or 0:.2f} s")  # fmt: skip
         failures: list[str] = []
-        runner.environment.events.user_error.add_listener(
-            lambda user_instance, exception, tb: failures.append(
-                f"typist {getattr(user_instance, 'index', '?')}: {exception!r}"
-            )
-        )
-        files, began, begin = held_out_files(), time.monotonic(), time.time()
+        runner.environment.events.user_error.add_listener(lambda user_instance, exception, tb:
+            failures.append(f"typist {getattr(user_instance, 'index', '?')}: {exception!r}")
+        )  # fmt: skip
+        began, begin = time.monotonic(), time.time()
         walks = {i: Walk(Typist(i, files, s.seed, SOAK_STYLE).visits())
                  for i in range(s.editor_typists)}  # fmt: skip
         system = triton_system("soak", sender, s.endpoints.metrics_url, [])
@@ -157,17 +121,15 @@ def editor_phase(s: Settings, runner: Any, progress: Callable[[], str]) -> dict[
         log.info(f"editor phase: {s.editor_typists} typists through the API for "
                  f"{s.editor_duration:.0f}s, prompts up to {clipper.budget} tokens")  # fmt: skip
         runner.start(s.editor_typists, spawn_rate=100, user_classes=[SoakTypist])
-        hard_end, next_line = began + s.editor_duration + SOAK_STYLE.longest_step_s + 30, 0.0
+        hard_end = began + s.editor_duration + SOAK_STYLE.longest_step_s + 30
         while (runner.user_count or time.monotonic() < began + 1) and time.monotonic() < hard_end:
-            if time.monotonic() >= next_line:
-                log.info(f"editor {progress()}" + ("" if mode.send else " | PREFIX-ONLY"))
-                next_line = time.monotonic() + s.progress_every
             gevent.sleep(0.5)
     finally:
         api.stop()
     return {"done": True, "typists": s.editor_typists, "duration_s": s.editor_duration,
             "max_tokens": s.editor_max_tokens, "prompt_budget_tokens": clipper.budget,
-            "lone_first_token_s": lone, "suffix": asdict(mode), "stuck_typists": runner.user_count,
+            "lone_first_token_s": alone.first_token_s, "suffix": asdict(mode),
+            "stuck_typists": runner.user_count,
             "typist_failures": failures, "window": (begin, time.time())}  # fmt: skip
 
 
