@@ -23,32 +23,21 @@ import torch
 
 from bench import report
 from bench.beams import run_beams
-from bench.format import machine, machine_label
+from bench.format import machine, machine_label, render_text
 from bench.kernels import run_kernels
 from bench.models import DEFAULT_CHECKPOINT, resolve_models
 from bench.peer import run_peer
 from bench.prefix import checkpoints, run_prefix, run_served_prefix
 from bench.settings import SECTIONS, Plan, make_plan
+from bench.tables import kernel_tables
 from bench.traffic import TRAFFIC_SECTIONS, run_traffic
 from engine import in_passing_thread
 from reporting.llama_server import checkpoint_gguf
 from reporting.machine import load_average
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-class Log:
-    """Progress lines stamped with the run's elapsed time."""
-
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
-
-    def elapsed(self) -> str:
-        seconds = round(time.perf_counter() - self.started)
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-
-    def __call__(self, message: str) -> None:
-        print(f"[bench {self.elapsed()}] {message}", flush=True)
+PLAN_OPTIONS = ("quick", "only", "device", "models", "dtypes", "systems", "backends", "clients",
+                "lengths")  # fmt: skip
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -56,26 +45,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add = parser.add_argument
     add("--quick", action="store_true", help="shrink everything (~14 min with SmolLM2-135M)")
     add("--only", help=f"comma-separated subset of {','.join(SECTIONS)}")
-    add("--device", default="cpu", help="cpu or cuda (engine, transformers, ct2)")
+    add("--device", default="cpu", help="cpu or cuda (engine, transformers)")
     add("--models", help="default,350m (quick: default only)")
     add("--dtypes", help="float32,bfloat16,int8")
-    add("--systems", help="engine,openvino,transformers,ct2 (static batches)")
+    add("--systems", help="engine,openvino,transformers (static batches)")
     add("--backends", help="torch,openvino (arrivals, mixed, single)")
     add("--clients", type=int, help="closed-loop clients for arrivals (16)")
     add("--lengths", help="output lengths for arrivals (8,32,128,512)")
     add("--no-served", action="store_true", help="bare engine only, no Triton")
     add("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT, help="the default model's folder")
-    add("--llama-parallel", type=int, help="llama section: llama-server slots (16: one per "
-        "client at the most clients)")  # fmt: skip
+    add("--llama-parallel", type=int, help="llama-server slots (16: one per client at the most)")
     add("--out", type=Path, help="results folder (bench/results/<timestamp>)")
     return parser.parse_args(argv)
 
 
 def checked_plan(args: argparse.Namespace) -> Plan:
     """The run's plan; ValueError for what the command line asks and this machine can't do."""
-    choices = ("quick", "only", "device", "models", "dtypes", "systems", "backends", "clients",
-               "lengths")  # fmt: skip
-    plan = make_plan(served=not args.no_served, **{name: getattr(args, name) for name in choices})
+    plan = make_plan(served=not args.no_served, **{n: getattr(args, n) for n in PLAN_OPTIONS})
     if plan.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda, but torch sees no GPU")
     if "llama" in plan.sections:  # the peer needs the GGUF the checkpoint was made from
@@ -89,7 +75,7 @@ def checked_plan(args: argparse.Namespace) -> Plan:
 
 
 def run_sections(plan: Plan, args: argparse.Namespace, models: list[Any], results: dict[str, Any],
-                 out: Path, log: Log, save: Any) -> None:  # fmt: skip
+                 out: Path, log: Any, save: Any) -> None:  # fmt: skip
     """Each chosen section in turn, ``results`` saved after each."""
     default = next((m for m in models if m.key == "default"), None)
     if "kernels" in plan.sections:
@@ -98,33 +84,38 @@ def run_sections(plan: Plan, args: argparse.Namespace, models: list[Any], result
             plan, kernel_models, log, on_rows=lambda rows: (results.update(kernels=rows), save())
         )
         save()
-        for table in report.kernel_tables(results):
-            print(report.render_text(table), flush=True)
+        for table in kernel_tables(results):
+            print(render_text(table), flush=True)
     if any(s in plan.sections for s in TRAFFIC_SECTIONS):
         run_traffic(plan, default, results, out, log, save)
     if "prefix" in plan.sections:
-        models_, repeats = list(plan.models), plan.prefix_repeats
-        results["prefix"] = run_prefix(models_, args.checkpoint, repeats, 16, log)
+        results["prefix"] = run_prefix(plan.models, args.checkpoint, plan.prefix_repeats, 16, log)
         save()
-        if plan.served and plan.served_prefix:
-            paths = checkpoints(models_, args.checkpoint, log)
-            results["prefix_served"] = run_served_prefix(paths, repeats, out, log)
+        if plan.served:
+            paths = checkpoints(plan.models, args.checkpoint, log)
+            results["prefix_served"] = run_served_prefix(paths, plan.prefix_repeats, out, log)
             save()
     if "beams" in plan.sections:
         results["beams"] = run_beams(plan, default, log)
         save()
     if "llama" in plan.sections:
-        results["llama"] = run_peer(
-            args.checkpoint, plan.peer_half_window_s, out, log, args.llama_parallel
-        )
+        results["llama"] = run_peer(args.checkpoint, plan.peer_half_window_s, out, log,
+                                    args.llama_parallel)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    log, started = Log(), datetime.now()
+    args, started, clock = parse_args(argv), datetime.now(), time.perf_counter()
+
+    def elapsed() -> str:
+        seconds = round(time.perf_counter() - clock)
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+
+    def log(message: str) -> None:
+        print(f"[bench {elapsed()}] {message}", flush=True)
+
     try:
         plan = checked_plan(args)
-        names = tuple(plan.models) if "kernels" in plan.sections else ()
+        names = plan.models if "kernels" in plan.sections else ()
         if {*TRAFFIC_SECTIONS, "beams"} & set(plan.sections) and "default" not in names:
             names = ("default", *names)
         # building a model runs torch: in a thread that ends (engine/threads.py)
@@ -146,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
 
     def save() -> None:
-        results.update(elapsed=log.elapsed(), load_end=load_average())
+        results.update(elapsed=elapsed(), load_end=load_average())
         report.write_all(out, results)
 
     log(f"{'quick' if plan.quick else 'full'} run: {', '.join(plan.sections)} -> {out}")
@@ -164,6 +155,6 @@ def main(argv: list[str] | None = None) -> int:
     save()
     for table in report.all_tables(results):
         if not table[0].startswith(("Static batches", "Engine:")):  # printed above
-            print(report.render_text(table), flush=True)
+            print(render_text(table), flush=True)
     log(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'chart.png'}")
     return 1 if failed else 0

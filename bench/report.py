@@ -1,8 +1,7 @@
 """The run's report: every table, as markdown and for the terminal, the JSON and the chart.
 
 Pure functions of the results dictionary (bench/tables.py, bench/targets.py), so a
-``results.json`` from an earlier run can be re-rendered. The formatting helpers and the table
-functions are re-exported here for the callers that import them from the report.
+``results.json`` from an earlier run can be re-rendered.
 """
 
 from __future__ import annotations
@@ -11,22 +10,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.format import (
-    Table,
-    fmt,
-    markdown_table,
-    model_text,
-    rate,
-    ratio,
-    render_text,
-    text_table,
-    verdict,
-)  # fmt: skip
+from bench.format import Table, markdown_table, model_text
 from bench.peer import peer_table
 from bench.tables import (
     KERNEL_SYSTEMS,
-    THROUGHPUT_TARGET,
-    THROUGHPUT_TARGET_LENGTH,
     arrival_tables,
     beam_tables,
     kernel_comparison,
@@ -34,17 +21,8 @@ from bench.tables import (
     mixed_tables,
     prefix_table,
     single_tables,
-    step_cost,
-    throughput_verdict,
 )
 from bench.targets import any_measured, targets_table
-
-__all__ = [
-    "THROUGHPUT_TARGET", "THROUGHPUT_TARGET_LENGTH", "Table", "all_tables", "fmt",
-    "kernel_comparison", "kernel_tables", "markdown_table", "rate", "ratio", "render_markdown",
-    "render_text", "step_cost", "text_table", "throughput_verdict", "verdict", "write_all",
-    "write_chart",
-]  # fmt: skip
 
 
 def all_tables(results: dict[str, Any]) -> list[Table]:
@@ -65,8 +43,8 @@ def render_markdown(results: dict[str, Any]) -> str:
         f"# make bench — {results.get('started', '')}",
         "",
         f"- machine: {results.get('machine_label', '')}",
-        f"- libraries: torch {m.get('torch')}, transformers {m.get('transformers')}, ctranslate2 "
-        f"{m.get('ctranslate2')}, tritonclient {m.get('tritonclient')}",
+        f"- libraries: torch {m.get('torch')}, transformers {m.get('transformers')}, "
+        f"tritonclient {m.get('tritonclient')}",
         f"- CPU flags: {' '.join(m.get('cpu_flags') or []) or 'none found'} (bfloat16 native: "
         f"{'yes' if m.get('bf16_native') else 'no'}); openvino {m.get('openvino')}, "
         f"openvino-genai {m.get('openvino-genai')}",
@@ -104,7 +82,7 @@ def _bars(ax: Any, labels: list[str], series: list[tuple[str, list[float], str]]
     ax.legend(fontsize=8)
 
 
-COLORS = {"engine": "#1f77b4", "openvino": "#e377c2", "transformers": "#ff7f0e", "ct2": "#2ca02c"}
+COLORS = {"engine": "#1f77b4", "openvino": "#e377c2", "transformers": "#ff7f0e"}
 ARRIVAL_SERIES = (
     ("torch bare", "bare", "#1f77b4"), ("torch served", "served", "#9467bd"),
     ("torch static batches", "static", "#8c564b"), ("openvino bare", "openvino_bare", "#e377c2"),

@@ -19,7 +19,7 @@ MIXED_SLOWDOWN_MAX = 2.0  # short requests' median latency next to long ones ove
 SERVED_OVERHEAD_MAX_MS = 15.0  # one request alone, served minus bare
 # 16 clients at output 128: 4x the engine's tokens/s when this target was set (about 615)
 THROUGHPUT_TARGET_LENGTH, THROUGHPUT_TARGET = 128, 4 * 615.0
-KERNEL_SYSTEMS = ("engine", "openvino", "transformers", "ct2")
+KERNEL_SYSTEMS = ("engine", "openvino", "transformers")
 MORE = 3  # tokens (or characters) a resent prompt adds
 
 
@@ -28,19 +28,17 @@ def kernel_comparison(kernels: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
     keyed: dict[tuple, dict[str, Any]] = {}
     for row in kernels:
         cell = {k: row[k] for k in ("model", "dtype", "batch", "mode")}
-        entry = keyed.setdefault(
-            tuple(cell.values()), {**cell, "new_tokens": {}, "wanted_tokens": {}, "notes": {}}
-        )
+        fresh = {**cell, "new_tokens": {}, "wanted_tokens": {}, "notes": {}}
+        entry = keyed.setdefault(tuple(cell.values()), fresh)
         system = row["system"]
         entry[system] = row.get("tokens_per_s")
         entry["new_tokens"][system] = row.get("new_tokens")
         for field, key in (("wanted_tokens", "wanted_tokens"), ("notes", "note")):
             if row.get(key):
                 entry[field][system] = row[key]
-    for entry in keyed.values():
-        entry["engine_over_transformers"] = ratio(entry.get("engine"), entry.get("transformers"))
-        entry["engine_over_ct2"] = ratio(entry.get("engine"), entry.get("ct2"))
-        entry["openvino_over_engine"] = ratio(entry.get("openvino"), entry.get("engine"))
+    for e in keyed.values():
+        e["engine_over_transformers"] = ratio(e.get("engine"), e.get("transformers"))
+        e["openvino_over_engine"] = ratio(e.get("openvino"), e.get("engine"))
     return list(keyed.values())
 
 
@@ -50,23 +48,19 @@ def step_cost(
     """The engine's sampled-step over greedy-step time at ``batches``: the same tokens, so the
     time ratio is greedy tokens/s over sampled tokens/s."""
     comparison = kernel_comparison(kernels)
-    sampled = {
-        (e["model"], e["dtype"], e["batch"]): e for e in comparison if e["mode"] == "sampled"
-    }
+    sampled = {(e["model"], e["dtype"], e["batch"]): e.get("engine")
+               for e in comparison if e["mode"] == "sampled"}  # fmt: skip
     rows = []
-    for entry in comparison:
-        if entry["mode"] != "greedy" or entry["batch"] not in batches:
+    for e in comparison:
+        greedy = e.get("engine")
+        if e["mode"] != "greedy" or e["batch"] not in batches or greedy is None:
             continue
-        greedy_rate = entry.get("engine")
-        sampled_rate = sampled.get((entry["model"], entry["dtype"], entry["batch"]), {}).get(
-            "engine"
-        )
-        if greedy_rate is None or sampled_rate is None:
+        if (sampled_rate := sampled.get((e["model"], e["dtype"], e["batch"]))) is None:
             continue
-        value = ratio(greedy_rate, sampled_rate)
+        value = ratio(greedy, sampled_rate)
         rows.append({
-            "model": entry["model"], "dtype": entry["dtype"], "batch": entry["batch"],
-            "greedy_tokens_per_s": greedy_rate, "sampled_tokens_per_s": sampled_rate,
+            "model": e["model"], "dtype": e["dtype"], "batch": e["batch"],
+            "greedy_tokens_per_s": greedy, "sampled_tokens_per_s": sampled_rate,
             "sampled_over_greedy_time": value, "verdict": verdict(value, STEP_COST_MAX, True),
         })  # fmt: skip
     return rows
@@ -84,7 +78,7 @@ def _kernel_row(e: dict[str, Any], reasons: dict[str, str]) -> list[str]:
             cells.append(rate(e.get(system)))
     counts = sorted({n for n in e["new_tokens"].values() if n})
     cut = [f"{s} {n}" for s, n in e["new_tokens"].items() if n and n < e["wanted_tokens"].get(s, n)]
-    ratios = ("openvino_over_engine", "engine_over_transformers", "engine_over_ct2")
+    ratios = ("openvino_over_engine", "engine_over_transformers")
     return [e["dtype"], str(e["batch"]), e["mode"], *cells, *(fmt(e[k], 2, "x") for k in ratios),
             "/".join(str(n) for n in counts) or "—", ", ".join(cut)]  # fmt: skip
 
@@ -107,10 +101,10 @@ def kernel_tables(results: dict[str, Any]) -> list[Table]:
         )
         footnote = "; ".join(f"{k}: {v}" for k, v in reasons.items())
         headers = ["dtype", " batch", "mode", *(f" {s} tok/s" for s in KERNEL_SYSTEMS),
-                   " openvino/engine", " engine/transformers", " engine/ct2", " new tokens",
+                   " openvino/engine", " engine/transformers", " new tokens",
                    "fewer tokens (time budget)"]  # fmt: skip
         tables.append((
-            f"Static batches: engine vs openvino vs transformers vs CTranslate2 — {model}",
+            f"Static batches: engine vs openvino vs transformers — {model}",
             context(results, model_text(results, model), settings, footnote), headers, body,
         ))  # fmt: skip
     steps = step_cost(rows, plan.get("step_batches", (16, 64)))
@@ -124,14 +118,8 @@ def kernel_tables(results: dict[str, Any]) -> list[Table]:
             ("target", lambda s: s["verdict"]),
         ], steps)  # fmt: skip
         how = "same static batches as above; time ratio = greedy tok/s / sampled tok/s"
-        tables.append(
-            (
-                "Engine: sampled step vs greedy step",
-                context(results, how, f"target <= {STEP_COST_MAX}"),
-                headers,
-                body,
-            )
-        )
+        how = context(results, how, f"target <= {STEP_COST_MAX}")
+        tables.append(("Engine: sampled step vs greedy step", how, headers, body))
     return tables
 
 

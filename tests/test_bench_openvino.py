@@ -191,7 +191,7 @@ def test_targets_without_measurements_say_not_measured():
 def test_report_has_openvino_tables_flags_load_and_targets(tmp_path):
     results = _results()
     results.update(started="now", load_start="1.00 0.50 0.25", load_end="2.00 1.00 0.50")
-    results["machine"].update(torch="2", transformers="5", ctranslate2="4", tritonclient="2")
+    results["machine"].update(torch="2", transformers="5", tritonclient="2")
     written = report.write_all(tmp_path, results)
     assert {p.name for p in written} == {"results.json", "results.md", "chart.png"}
     md = (tmp_path / "results.md").read_text()
