@@ -2,87 +2,72 @@
 
     python -m bench.quality [--prompts 8] [--prompt-len 32] [--new 32] [--batch 16]
 
-Builds a randomly initialised GPT-J with codegen-350M's shapes (no download; needs
-transformers, a dev dependency), lets float32 generate greedily, then feeds every variant the
-same sequences and compares, at each generated position: whether its argmax is float32's token,
-and its log-prob of that token. Also times a decode step at ``--batch`` rows. A random model's
-distributions are flat, so small errors flip near-ties: agreement here is a lower bound.
+A randomly initialised GPT-J with codegen-350M's shapes generates greedily in float32; every
+variant is fed the same sequences and compared at each generated position: whether its argmax
+is float32's token, and its log-prob of that token; a decode step is timed at ``--batch`` rows.
+A random model's flat distributions flip near-ties, so agreement here is a lower bound.
 
-``--openvino`` (the default; ``--no-openvino`` skips it) then checks the openvino backend's
-dtypes the same way on saved checkpoints (the trained default model, and the random 350M shape
-that ``make bench`` builds): OpenVINO GenAI's pipeline generates greedily in float32 and
-bfloat16 on the same prompts, and each is compared with transformers' greedy float32 output
-(the reference, ``AutoModelForCausalLM``: the default model's family): the share of generated
-tokens equal to the reference's before the first difference, and the sequences equal
-throughout.
+Then (alone with ``--openvino-only``) the openvino backend's dtypes on saved checkpoints (the
+default model, the random 350M shape): OpenVINO GenAI's greedy tokens in float32 and bfloat16
+against transformers' greedy float32 ones, as the share of tokens equal before the first
+difference and the sequences equal throughout.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import torch
 
 from bench.models import SHAPE_350M
 from engine import GPTJ, GPTJConfig, KVCache
 
-VARIANTS = {
-    "float32": {},
-    "bfloat16": {"dtype": torch.bfloat16},
-    "int8": {"quantize": "int8"},
-}
+VARIANTS = {"float32": {}, "bfloat16": {"dtype": torch.bfloat16}, "int8": {"quantize": "int8"}}
 
 
-def random_state(config: dict, seed: int = 0) -> tuple[GPTJConfig, dict[str, torch.Tensor]]:
-    from transformers import GPTJConfig as HFConfig
-    from transformers import GPTJForCausalLM
+def forward(model: GPTJ, tokens: torch.Tensor, start: int, last: int | None, cache: KVCache):
+    """The model on ``tokens`` [B, T] at position ``start``: the logits at ``last`` (None:
+    every position)."""
+    batch = tokens.shape[0]
+    at = None if last is None else torch.full((batch,), last)
+    return model(tokens, torch.full((batch,), start), at, cache, slice(0, batch))
 
-    torch.manual_seed(seed)
-    model = GPTJForCausalLM(HFConfig(**config, tie_word_embeddings=False))
-    return GPTJConfig(**config), model.state_dict()
+
+def cache_for(model: GPTJ, batch: int, length: int) -> KVCache:
+    cache = KVCache.empty(model.config, model.transformer.wte.weight.dtype)
+    cache.reserve(batch, length)
+    return cache
 
 
 def all_logits(model: GPTJ, tokens: torch.Tensor) -> torch.Tensor:
     """log-softmax of every position of ``tokens`` [B, T]: [B, T, V] float32."""
-    cache = KVCache.empty(model.config, _dtype(model))
-    cache.reserve(*tokens.shape)
-    start = torch.zeros(tokens.shape[0], dtype=torch.long)
-    return torch.log_softmax(model(tokens, start, None, cache, slice(0, tokens.shape[0])), -1)
-
-
-def _dtype(model: GPTJ) -> torch.dtype:
-    return model.transformer.wte.weight.dtype
+    cache = cache_for(model, *tokens.shape)
+    return torch.log_softmax(forward(model, tokens, 0, None, cache), -1)
 
 
 def greedy(model: GPTJ, prompts: torch.Tensor, new: int) -> torch.Tensor:
     """prompts [B, P] followed by ``new`` greedy tokens."""
     batch, length = prompts.shape
-    cache = KVCache.empty(model.config, _dtype(model))
-    cache.reserve(batch, length + new)
-    rows, zeros = slice(0, batch), torch.zeros(batch, dtype=torch.long)
-    logits = model(prompts, zeros, torch.full((batch,), length - 1), cache, rows)
+    cache = cache_for(model, batch, length + new)
     out = [prompts]
+    logits = forward(model, prompts, 0, length - 1, cache)
     for step in range(new):
-        token = logits.argmax(-1, keepdim=True)
-        out.append(token)
+        out.append(logits.argmax(-1, keepdim=True))
         if step + 1 < new:
-            logits = model(token, torch.full((batch,), length + step), zeros, cache, rows)
+            logits = forward(model, out[-1], length + step, 0, cache)
     return torch.cat(out, dim=1)
 
 
 def step_ms(model: GPTJ, batch: int, context: int = 64, steps: int = 8) -> float:
     """Median wall time of a decode step for ``batch`` rows at about ``context`` tokens."""
-    cache = KVCache.empty(model.config, _dtype(model))
-    cache.reserve(batch, context + steps)
-    rows, zeros = slice(0, batch), torch.zeros(batch, dtype=torch.long)
+    cache = cache_for(model, batch, context + steps)
     tokens = torch.randint(1, model.config.vocab_size, (batch, context))
-    model(tokens, zeros, torch.full((batch,), context - 1), cache, rows)
+    forward(model, tokens, 0, context - 1, cache)
     times = []
     for step in range(steps):
         started = time.perf_counter()
-        model(tokens[:, :1], torch.full((batch,), context + step), zeros, cache, rows)
+        forward(model, tokens[:, :1], context + step, 0, cache)
         times.append(time.perf_counter() - started)
     return sorted(times)[len(times) // 2] * 1e3
 
@@ -92,76 +77,30 @@ def agreement(reference: list[list[int]], other: list[list[int]]) -> tuple[float
     sequences equal throughout)."""
     matched = total = equal = 0
     for ref, out in zip(reference, other, strict=True):
-        same = 0
-        for a, b in zip(ref, out, strict=False):
-            if a != b:
-                break
-            same += 1
-        matched += same
-        total += len(ref)
-        equal += same == len(ref) == len(out)
+        same = next((i for i, (a, b) in enumerate(zip(ref, out, strict=False)) if a != b),
+                    min(len(ref), len(out)))  # fmt: skip
+        matched, total, equal = matched + same, total + len(ref), equal + (ref == out)
     return (matched / total if total else 0.0), equal
 
 
-def openvino_agreement(
-    checkpoint: Path, prompts: int, prompt_len: int, new: int
-) -> list[tuple[str, float, int]]:
-    """The openvino pipeline's greedy tokens in each dtype against transformers' float32."""
-    from bench.models import random_prompts
-    from bench.ov import OPENVINO_DTYPES, PipelineGenerate
-    from bench.systems import TransformersRunner
-    from contract.model_tokens import end_ids
-    from engine import ModelShape
-    from modelbuild.openvino_export import ensure_export
+def report_variants(args: argparse.Namespace) -> None:
+    """The torch engine's bfloat16 and int8 against its float32, on the random 350M shape."""
+    from transformers import GPTJConfig as HFConfig
+    from transformers import GPTJForCausalLM
 
-    ensure_export(checkpoint)
-    shape = ModelShape.read(checkpoint)
-    ids = random_prompts(
-        prompts, prompt_len, shape.vocab_size, end_ids(checkpoint) or [shape.eos_token_id], seed=1
-    )
-    runner = TransformersRunner(checkpoint, "float32", "cpu")  # greedy, min_new_tokens
-    reference = runner.generate_ids(ids, new, sampled=False, seed=0)
-    runner.close()
-    rows = []
-    for dtype in OPENVINO_DTYPES:
-        pipe = PipelineGenerate(checkpoint, dtype, max_batch_size=prompts)
-        share, equal = agreement(reference, pipe.generate_ids(ids, new, False, 0))
-        rows.append((dtype, share, equal))
-        del pipe
-    return rows
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--prompt-len", type=int, default=32)
-    parser.add_argument("--new", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=16, help="rows of the timed decode step")
-    parser.add_argument(
-        "--openvino", action=argparse.BooleanOptionalAction, default=True,
-        help="also the openvino backend's float32 and bfloat16 against transformers",
-    )  # fmt: skip
-    parser.add_argument(
-        "--openvino-only", action="store_true", help="only the openvino backend's table"
-    )
-    args = parser.parse_args()
-    if args.openvino_only:
-        report_openvino(args)
-        return
-
-    config, state = random_state(SHAPE_350M)
-    gen = torch.Generator().manual_seed(1)
-    prompts = torch.randint(1, config.vocab_size, (args.prompts, args.prompt_len), generator=gen)
+    torch.manual_seed(0)
+    state = GPTJForCausalLM(HFConfig(**SHAPE_350M, tie_word_embeddings=False)).state_dict()
+    config = GPTJConfig(**SHAPE_350M)
+    prompts = torch.randint(1, config.vocab_size, (args.prompts, args.prompt_len),
+                            generator=torch.Generator().manual_seed(1))  # fmt: skip
     reference = GPTJ.from_state_dict(config, state)
     with torch.inference_mode():
         sequences = greedy(reference, prompts, args.new)
         targets = sequences[:, args.prompt_len :]  # float32's greedy tokens
         span = slice(args.prompt_len - 1, -1)  # the positions that predicted them
         expected = all_logits(reference, sequences)[:, span].gather(-1, targets[..., None])
-    print(
-        f"random GPT-J, codegen-350M shapes, {args.prompts} prompts x {args.prompt_len} tokens, "
-        f"{args.new} greedy float32 tokens each, {torch.get_num_threads()} threads"
-    )
+    print(f"random GPT-J, codegen-350M shapes, {args.prompts} prompts x {args.prompt_len} tokens, "
+          f"{args.new} greedy float32 tokens each, {torch.get_num_threads()} threads")  # fmt: skip
     print(f"{'variant':>9} {'agree':>7} {'mean |dlogp|':>13} {'max |dlogp|':>12} {'ms/step':>8}")
     for name, kwargs in VARIANTS.items():
         model = reference if name == "float32" else GPTJ.from_state_dict(config, state, **kwargs)
@@ -170,35 +109,54 @@ def main() -> None:
             agree = (log_probs.argmax(-1) == targets).float().mean().item()
             diff = (log_probs.gather(-1, targets[..., None]) - expected).abs()
             ms = step_ms(model, args.batch)
-        print(
-            f"{name:>9} {agree:>7.1%} {diff.mean().item():>13.4f} {diff.max().item():>12.4f} "
-            f"{ms:>8.1f}",
-            flush=True,
-        )
-    if args.openvino:
-        report_openvino(args)
+        print(f"{name:>9} {agree:>7.1%} {diff.mean().item():>13.4f} {diff.max().item():>12.4f} "
+              f"{ms:>8.1f}", flush=True)  # fmt: skip
 
 
 def report_openvino(args: argparse.Namespace) -> None:
-    """The openvino table: each model's float32 and bfloat16 greedy agreement."""
-    from bench.models import DEFAULT_CHECKPOINT, RANDOM_350M, build_random_gptj
+    """Each model's openvino float32 and bfloat16 greedy tokens against transformers'."""
+    from bench.models import DEFAULT_CHECKPOINT, RANDOM_350M, build_random_gptj, random_prompts
+    from bench.ov import OPENVINO_DTYPES, PipelineGenerate
+    from bench.systems import TransformersRunner
+    from contract.model_tokens import end_ids
+    from engine import ModelShape
+    from modelbuild.openvino_export import ensure_export
     from reporting.machine import cpu_flags
 
-    print(
-        f"\nopenvino backend (OpenVINO GenAI pipeline, greedy) vs transformers float32 greedy: "
-        f"{args.prompts} random prompts x {args.prompt_len} tokens, {args.new} new tokens; "
-        f"CPU flags {' '.join(cpu_flags()) or 'none'}"
-    )
+    print(f"\nopenvino backend (OpenVINO GenAI pipeline, greedy) vs transformers float32 greedy: "
+          f"{args.prompts} random prompts x {args.prompt_len} tokens, {args.new} new tokens; "
+          f"CPU flags {' '.join(cpu_flags()) or 'none'}")  # fmt: skip
     print(f"{'model':>14} {'dtype':>9} {'agree before 1st diff':>22} {'equal sequences':>16}")
-    models = [("default", DEFAULT_CHECKPOINT), ("350m-random", build_random_gptj(RANDOM_350M))]
-    for name, path in models:
+    for name, path in (("default", DEFAULT_CHECKPOINT), ("350m-random", None)):
+        path = path or build_random_gptj(RANDOM_350M)
         if not (path / "config.json").is_file():
             print(f"{name:>14}: no checkpoint at {path} (run `make model`)")
             continue
-        for dtype, share, equal in openvino_agreement(
-            path, args.prompts, args.prompt_len, args.new
-        ):
+        ensure_export(path)
+        shape = ModelShape.read(path)
+        ids = random_prompts(args.prompts, args.prompt_len, shape.vocab_size,
+                             end_ids(path) or [shape.eos_token_id], seed=1)  # fmt: skip
+        runner = TransformersRunner(path, "float32", "cpu")  # greedy, min_new_tokens
+        reference = runner.generate_ids(ids, args.new, sampled=False, seed=0)
+        runner.close()
+        for dtype in OPENVINO_DTYPES:
+            pipe = PipelineGenerate(path, dtype, max_batch_size=args.prompts)
+            share, equal = agreement(reference, pipe.generate_ids(ids, args.new, False, 0))
+            pipe.close()
             print(f"{name:>14} {dtype:>9} {share:>22.1%} {equal:>10}/{args.prompts}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--new", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=16, help="rows of the timed decode step")
+    parser.add_argument("--openvino-only", action="store_true")
+    args = parser.parse_args()
+    if not args.openvino_only:
+        report_variants(args)
+    report_openvino(args)
 
 
 if __name__ == "__main__":
