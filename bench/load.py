@@ -10,13 +10,11 @@ Every request is one row of a pandas table (the columns of :mod:`reporting.event
 
 from __future__ import annotations
 
-import itertools
 import random
 import statistics
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -34,7 +32,7 @@ from engine import (
     KVCache,
     NullListener,
     Segment,
-)  # fmt: skip
+)
 
 
 class Pending(NullListener):
@@ -62,30 +60,25 @@ class Pending(NullListener):
         return self.result
 
 
-@dataclass
 class Measurement:
-    """A closed-loop run's requests (one row each) and its measured window [w0, w1]."""
+    """A closed-loop run's requests (one row each: client, wanted, started_s, latency_ms,
+    tokens) and its measured window [w0, w1]."""
 
-    frame: pd.DataFrame  # client, wanted, started_s, latency_ms, tokens
-    w0: float
-    w1: float
-
-    @property
-    def window_s(self) -> float:
-        return self.w1 - self.w0
+    def __init__(self, frame: pd.DataFrame, w0: float, w1: float) -> None:
+        self.frame, self.w0, self.w1, self.window_s = frame, w0, w1, w1 - w0
 
     def rate(self) -> float:
         return windowed_rate(self.frame, self.w0, self.w1)
 
     def short_of(self) -> int:
         """Requests that got fewer tokens than they asked for."""
-        return int((self.frame["tokens"] < self.frame["wanted"]).sum()) if len(self.frame) else 0
+        return int((self.frame["tokens"] < self.frame["wanted"]).sum())
 
     def latencies(self, wanted: int) -> list[float]:
         """Seconds of the ``wanted``-token requests that started inside the window and got all
         their tokens."""
         f = self.frame
-        if not len(f):
+        if f.empty:
             return []
         chosen = (f["wanted"] == wanted) & (f["tokens"] >= wanted)
         chosen &= (f["started_s"] >= self.w0) & (f["started_s"] < self.w1)
@@ -115,10 +108,8 @@ def median_ms(values: Sequence[float]) -> float | None:
 
 class BareTarget:
     """Threads submitting to an in-process backend: the engine with no server around it.
-
-    ``end_id`` None bans ``eos`` as a bad word (the torch engine; one id, or every end id of a
-    model with several); an id stands in for the end token instead (the openvino backend,
-    which refuses bad words: bench/ov.py)."""
+    ``end_id`` None bans ``eos`` (one id, or several) as bad words (the torch engine); an id
+    stands in for the end token instead (the openvino backend refuses bad words: bench/ov.py)."""
 
     def __init__(self, engine: GenerationBackend, prompts: Sequence[list[int]],
                  eos: int | Sequence[int] | None, end_id: int | None = None,
@@ -190,37 +181,28 @@ class ServedTarget:
             self._clients.pop().close()
 
 
-def closed_loop(
-    target: BareTarget | ServedTarget,
-    wanted: Sequence[int],
-    window_s: float,
-    max_window_s: float,
-    warmup_cap_s: float,
-    cancel_at_end: bool = False,
-) -> Measurement:
+def closed_loop(target: BareTarget | ServedTarget, wanted: Sequence[int], window_s: float,
+                max_window_s: float, warmup_cap_s: float,
+                cancel_at_end: bool = False) -> Measurement:  # fmt: skip
     """One thread per entry of ``wanted`` (its output length), each sending its next request
-    as soon as the last one is answered.
-
-    The window opens once every client has had one answer (so the clients no longer move in
-    step) or after ``warmup_cap_s``; it lasts ``window_s``, stretched to two of the slowest
-    requests seen so far (at most ``max_window_s``) so long outputs are seen more than once.
-    """
-    stop, lock, counter = threading.Event(), threading.Lock(), itertools.count()
-    rows: list[dict[str, float]] = []
-    errors: list[BaseException] = []
-    t0 = time.perf_counter()
+    as soon as the last one is answered. The window opens once every client has had one
+    answer (so the clients no longer move in step) or after ``warmup_cap_s``; it lasts
+    ``window_s``, stretched to two of the slowest requests seen so far (at most
+    ``max_window_s``) so long outputs are seen more than once."""
+    stop, lock, rows, errors = threading.Event(), threading.Lock(), [], []
+    t0, next_index = time.perf_counter(), iter(range(1 << 62)).__next__
 
     def client(c: int, tokens: int) -> None:
         try:
             while not stop.is_set():
                 with lock:
-                    index = next(counter)
+                    index = next_index()
                 start = time.perf_counter()
                 got = target.request(index, tokens)
-                end = time.perf_counter()
                 with lock:
                     rows.append({"client": c, "wanted": tokens, "started_s": start - t0,
-                                 "latency_ms": (end - start) * 1e3, "tokens": got})  # fmt: skip
+                                 "latency_ms": (time.perf_counter() - start) * 1e3,
+                                 "tokens": got})  # fmt: skip
         except BaseException as exc:  # surfaced by the caller after the join
             errors.append(exc)
             stop.set()
@@ -265,29 +247,21 @@ def static_batches(
     return generated / (time.perf_counter() - started), rounds, short
 
 
-def latencies(
-    target: BareTarget | ServedTarget, tokens: int, repeats: int, warmup: int = 2
-) -> list[float]:
+def latencies(target: BareTarget | ServedTarget, tokens: int, repeats: int,
+              warmup: int = 2) -> list[float]:  # fmt: skip
     """Seconds for one request alone, ``repeats`` times after ``warmup`` untimed ones; the
     same prompt and seed every time so only the path differs between targets."""
     seconds = []
-    for i in range(warmup + repeats):
+    for _ in range(warmup + repeats):
         start = time.perf_counter()
         target.request(0, tokens)
-        if i >= warmup:
-            seconds.append(time.perf_counter() - start)
-    return seconds
+        seconds.append(time.perf_counter() - start)
+    return seconds[warmup:]
 
 
-def forward_ceiling(
-    model: CausalLM,
-    prompt_lengths: Sequence[int],
-    rows: int,
-    length: int,
-    repeats: int = 100,
-    seed: int = 0,
-    budget_s: float = 15.0,
-) -> float:
+def forward_ceiling(model: CausalLM, prompt_lengths: Sequence[int], rows: int, length: int,
+                    repeats: int = 100, seed: int = 0,
+                    budget_s: float = 15.0) -> float:  # fmt: skip
     """Tokens/s of the model's decode forward pass alone, ``rows`` rows at the positions a
     closed loop of ``length``-token requests holds (a prompt's length plus a uniform share of
     ``length``): no sampling, no prefill, no serving. No scheduler can beat it, so it says
@@ -295,23 +269,20 @@ def forward_ceiling(
     passes stop at ``repeats`` or once they have taken ``budget_s`` (a loaded machine)."""
     rng = random.Random(seed)
     positions = [rng.choice(prompt_lengths) + rng.randrange(length) for _ in range(rows)]
-    device = next(model.parameters()).device
-    cache = KVCache.empty(model.config, next(model.parameters()).dtype, device)
+    weights = next(model.parameters())
+    cache = KVCache.empty(model.config, weights.dtype, weights.device)
     cache.reserve(rows, max(positions) + 1)
     tokens = [[rng.randrange(model.config.vocab_size)] for _ in range(rows)]
-    segment = Segment(
-        torch.tensor(tokens, device=device),
-        torch.tensor(positions, device=device),
-        torch.zeros_like(torch.tensor(positions, device=device)),
-        slice(0, rows),
-    )
+    at = torch.tensor(positions, device=weights.device)
+    segment = Segment(torch.tensor(tokens, device=weights.device), at, torch.zeros_like(at),
+                      slice(0, rows))  # fmt: skip
     for _ in range(3):
         model.step([segment], cache)
     seconds: list[float] = []
     while len(seconds) < repeats and sum(seconds) < budget_s:
         start = time.perf_counter()
         model.step([segment], cache)
-        if device.type == "cuda":
+        if weights.device.type == "cuda":
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - start)
     return rows / statistics.median(seconds)
