@@ -273,4 +273,5 @@ def peer_table(results: dict[str, Any]) -> Table:
         f"abandoned: {ABANDON_TOKENS}-token requests left at the first piece, counted by each "
         "server")  # fmt: skip
     headers = ["clients", "figure", " project", " llama.cpp", " project/llama.cpp"]
-    return "The project served vs llama.cpp's llama-server, same SmolLM2 weights", how, headers, body
+    title = "The project served vs llama.cpp's llama-server, same SmolLM2 weights"
+    return title, how, headers, body
