@@ -111,10 +111,9 @@ def kernel_tables(results: dict[str, Any]) -> list[Table]:
     if steps:
         headers, body = columns([
             ("model", lambda s: s["model"]), ("dtype", lambda s: s["dtype"]),
-            (" batch", lambda s: str(s["batch"])),
-            (" greedy tok/s", lambda s: rate(s["greedy_tokens_per_s"])),
-            (" sampled tok/s", lambda s: rate(s["sampled_tokens_per_s"])),
-            (" sampled/greedy time", lambda s: fmt(s["sampled_over_greedy_time"], 2)),
+            (" batch", lambda s: str(s["batch"])), (" greedy tok/s", _rate("greedy_tokens_per_s")),
+            (" sampled tok/s", _rate("sampled_tokens_per_s")),
+            (" sampled/greedy time", _fmt("sampled_over_greedy_time", 2)),
             ("target", lambda s: s["verdict"]),
         ], steps)  # fmt: skip
         how = "same static batches as above; time ratio = greedy tok/s / sampled tok/s"
@@ -128,35 +127,30 @@ def beam_tables(results: dict[str, Any]) -> list[Table]:
     if not rows:
         return []
     headers, body = columns([
-        (" width", lambda r: str(r["width"])),
-        (" engine tok/s", lambda r: rate(r["engine_tokens_per_s"])),
-        (" every beam tok/s", lambda r: rate(r["engine_beam_tokens_per_s"])),
-        (" transformers tok/s", lambda r: rate(r["transformers_tokens_per_s"])),
-        (" engine / transformers", lambda r: fmt(r["engine_over_transformers"], 2, "x")),
-        (" KV cache peak MiB", lambda r: fmt(r["kv_cache_peak_mib"], 1)),
+        (" width", lambda r: str(r["width"])), (" engine tok/s", _rate("engine_tokens_per_s")),
+        (" every beam tok/s", _rate("engine_beam_tokens_per_s")),
+        (" transformers tok/s", _rate("transformers_tokens_per_s")),
+        (" engine / transformers", _fmt("engine_over_transformers", 2, "x")),
+        (" KV cache peak MiB", _fmt("kv_cache_peak_mib", 1)),
         (" best beams equal", lambda r: f"{r['best_beams_agree']}/{r['prompts']}"),
     ], rows)  # fmt: skip
-    how = (
-        f"default model, float32; {rows[0]['prompts']} prompts of "
-        f"{results['plan']['beam_prompt_tokens']} tokens at once, {rows[0]['new_tokens']} new "
-        "tokens each (end token banned); transformers: generate(num_beams=width) on the same batch"
-    )
-    return [("Beam search: widths side by side with transformers", context(results, how),
-             headers, body)]  # fmt: skip
+    how = context(results, f"default model, float32; {rows[0]['prompts']} prompts of "
+                  f"{results['plan']['beam_prompt_tokens']} tokens at once, "
+                  f"{rows[0]['new_tokens']} new tokens each (end token banned); transformers: "
+                  "generate(num_beams=width) on the same batch")  # fmt: skip
+    return [("Beam search: widths side by side with transformers", how, headers, body)]
 
 
 def _load_context(results: dict[str, Any], extra: str) -> str:
     load = results.get("load_settings", {})
     return context(
-        results,
-        model_text(results, load.get("model", "default")),
+        results, model_text(results, load.get("model", "default")),
         f"torch dtype {load.get('dtype', '?')}, openvino dtype {load.get('openvino_dtype', '—')}",
         f"device {results['plan']['device']}",
         f"engine max_batch_size {load.get('max_batch_size', '?')}",
         "sampling top-k 40 / top-p 0.95 / temperature 0.8, code prompts, end token banned "
-        f"(openvino: end_id {load.get('openvino_end_id', '?')} stands in for it)",
-        extra,
-    )
+        f"(openvino: end_id {load.get('openvino_end_id', '?')} stands in for it)", extra,
+    )  # fmt: skip
 
 
 def throughput_verdict(row: dict[str, Any]) -> str:
@@ -166,8 +160,16 @@ def throughput_verdict(row: dict[str, Any]) -> str:
     return verdict(row.get("bare_tokens_per_s"), THROUGHPUT_TARGET, at_most=False)
 
 
-def _rate(key: str):
+def _rate(key: str) -> Any:
     return lambda r: rate(r.get(key))
+
+
+def _fmt(key: str, digits: int, suffix: str = "") -> Any:
+    return lambda r: fmt(r.get(key), digits, suffix)
+
+
+def _length(r: dict[str, Any]) -> str:
+    return str(r["length"])
 
 
 def arrival_tables(results: dict[str, Any]) -> list[Table]:
@@ -176,29 +178,27 @@ def arrival_tables(results: dict[str, Any]) -> list[Table]:
         return []
     n = results["plan"]["clients"]
     headers, body = columns([
-        (" output tokens", lambda r: str(r["length"])),
+        (" output tokens", _length),
         (" forward ceiling tok/s", _rate("forward_ceiling_tokens_per_s")),
         (" bare tok/s", _rate("bare_tokens_per_s")), ("target", throughput_verdict),
         (" served tok/s", _rate("served_tokens_per_s")),
-        (" served/bare", lambda r: fmt(r.get("served_over_bare"), 2)),
+        (" served/bare", _fmt("served_over_bare", 2)),
         ("target", lambda r: verdict(r.get("served_over_bare"), SERVED_OVER_BARE_MIN, False)),
         (" static tok/s", _rate("static_tokens_per_s")),
-        (" continuous/static", lambda r: fmt(r.get("continuous_over_static"), 2)),
+        (" continuous/static", _fmt("continuous_over_static", 2)),
         ("target ", lambda r: verdict(r.get("continuous_over_static"),
                                       CONTINUOUS_OVER_STATIC_MIN, False)),
         ("windows (s)", lambda r: r.get("windows", "")),
     ], rows)  # fmt: skip
-    how = (
+    how = _load_context(results, (
         f"bare = threads submitting to an in-process Engine; served = CodegenClient over gRPC to "
         f"Triton's ensemble; static = {n} submitted at once, wait for all, repeat; bare and "
         "served alternate in mirrored half windows (bare, served, served, bare), each rate the "
         f"mean of its two; forward ceiling = {n} rows / one decode forward pass at the positions "
         "the clients hold (no sampling, prefill or serving: no scheduler beats it); targets bare "
         f">= {THROUGHPUT_TARGET:,.0f} tok/s at output {THROUGHPUT_TARGET_LENGTH}, served/bare >= "
-        f"{SERVED_OVER_BARE_MIN}, continuous/static >= {CONTINUOUS_OVER_STATIC_MIN}"
-    )
-    table = (f"Continuous arrivals: {n} closed-loop clients", _load_context(results, how),
-             headers, body)  # fmt: skip
+        f"{SERVED_OVER_BARE_MIN}, continuous/static >= {CONTINUOUS_OVER_STATIC_MIN}"))  # fmt: skip
+    table = (f"Continuous arrivals: {n} closed-loop clients", how, headers, body)
     return [table, *openvino_arrival_tables(results)]
 
 
@@ -210,12 +210,11 @@ def openvino_arrival_tables(results: dict[str, Any]) -> list[Table]:
         return []
     n = results["plan"]["clients"]
     headers, body = columns([
-        (" output tokens", lambda r: str(r["length"])),
-        (" torch bare tok/s", _rate("bare_tokens_per_s")),
+        (" output tokens", _length), (" torch bare tok/s", _rate("bare_tokens_per_s")),
         (" torch served tok/s", _rate("served_tokens_per_s")),
         (" openvino bare tok/s", _rate("openvino_bare_tokens_per_s")),
         (" openvino served tok/s", _rate("openvino_served_tokens_per_s")),
-        (" openvino served/bare", lambda r: fmt(r.get("openvino_served_over_bare"), 2)),
+        (" openvino served/bare", _fmt("openvino_served_over_bare", 2)),
         (" openvino/torch served", lambda r: fmt(ratio(r.get("openvino_served_tokens_per_s"),
                                                        r.get("served_tokens_per_s")), 2)),
         (" pipeline generate tok/s", _rate("pipeline_tokens_per_s")),
@@ -223,16 +222,15 @@ def openvino_arrival_tables(results: dict[str, Any]) -> list[Table]:
         (" openvino short requests",
          lambda r: str(r.get("openvino_short", 0) + r.get("openvino_served_short", 0))),
     ], rows)  # fmt: skip
-    how = (
+    how = _load_context(results, (
         "each system alone (bare: in this process; served: Triton with the engine model's "
         "backend set to it); pipeline = OpenVINO GenAI's own ContinuousBatchingPipeline.generate "
         f"on {n} of the same code prompts (min_new_tokens), batches back to back; bare, served "
         "and pipeline alternate in mirrored half windows (A B C C B A); transformers = "
         f"AutoModelForCausalLM.generate, a static batch of {n} 32-token prompts, the faster of "
-        "its dtypes; both sampled as above"
-    )
-    return [(f"Continuous arrivals: openvino backend vs torch engine, {n} clients",
-             _load_context(results, how), headers, body)]  # fmt: skip
+        "its dtypes; both sampled as above"))  # fmt: skip
+    return [(f"Continuous arrivals: openvino backend vs torch engine, {n} clients", how, headers,
+             body)]  # fmt: skip
 
 
 def mixed_tables(results: dict[str, Any]) -> list[Table]:
@@ -243,19 +241,18 @@ def mixed_tables(results: dict[str, Any]) -> list[Table]:
     short, long, n = plan["mixed_short"], plan["mixed_long"], plan["mixed_clients"]
     headers, body = columns([
         ("path", lambda r: r["path"].replace("_", " ")),
-        (f" {short}-token alone ms", lambda r: fmt(r.get("alone_median_ms"), 1)),
-        (f" {short}-token mixed ms", lambda r: fmt(r.get("mixed_median_ms"), 1)),
-        (" slowdown", lambda r: fmt(r.get("slowdown"), 2, "x")),
+        (f" {short}-token alone ms", _fmt("alone_median_ms", 1)),
+        (f" {short}-token mixed ms", _fmt("mixed_median_ms", 1)),
+        (" slowdown", _fmt("slowdown", 2, "x")),
         ("target", lambda r: verdict(r.get("slowdown"), MIXED_SLOWDOWN_MAX, at_most=True)),
         (" samples alone/mixed",
          lambda r: f"{r.get('alone_samples', 0)}/{r.get('mixed_samples', 0)}"),
     ], rows)  # fmt: skip
-    how = (
-        f"alone = all {2 * n} clients ask for {short} tokens; the short requests' median latency "
-        f"mixed over alone; target <= {MIXED_SLOWDOWN_MAX}x"
-    )
-    return [(f"Mixed lengths: {n} clients x {short} tokens next to {n} x {long} tokens",
-             _load_context(results, how), headers, body)]  # fmt: skip
+    how = _load_context(results, f"alone = all {2 * n} clients ask for {short} tokens; the "
+                        "short requests' median latency mixed over alone; target <= "
+                        f"{MIXED_SLOWDOWN_MAX}x")  # fmt: skip
+    return [(f"Mixed lengths: {n} clients x {short} tokens next to {n} x {long} tokens", how,
+             headers, body)]  # fmt: skip
 
 
 def single_tables(results: dict[str, Any]) -> list[Table]:
@@ -263,14 +260,9 @@ def single_tables(results: dict[str, Any]) -> list[Table]:
     if not single:
         return []
     body = []
-    for backend, prefix, overhead in (
-        ("torch", "", "overhead_ms"),
-        ("openvino", "openvino_", "openvino_served_overhead_ms"),
-    ):
-        bare, served = (
-            single.get(f"{prefix}bare_median_ms"),
-            single.get(f"{prefix}served_median_ms"),
-        )
+    for backend, prefix in (("torch", ""), ("openvino", "openvino_")):
+        overhead = f"{prefix}served_overhead_ms" if prefix else "overhead_ms"
+        bare, served = (single.get(f"{prefix}{path}_median_ms") for path in ("bare", "served"))
         if bare is not None or served is not None:
             gap = single.get(overhead)
             body.append([backend, fmt(bare, 1), fmt(served, 1), fmt(gap, 1),
@@ -306,8 +298,6 @@ def prefix_table(rows: list[dict[str, Any]], served: bool = False) -> Table:
             f"with {MORE} more tokens (350m) or characters (default); {new} greedy tokens each; "
             "medians after a warm-up window; each server alone."
         ), headers, body  # fmt: skip
-    how = (
-        f"A prompt of real Python source, then the same prompt with {MORE} more tokens; {new} "
-        "greedy tokens each; medians; each system alone in its own process."
-    )
+    how = (f"A prompt of real Python source, then the same prompt with {MORE} more tokens; {new} "
+           "greedy tokens each; medians; each system alone in its own process.")  # fmt: skip
     return "Prefix: a long prompt resent", how, headers, body
