@@ -26,9 +26,7 @@ Progress = Callable[[str], None]
 PROBE_TOKENS = 2
 MAX_REPEATS = 5
 MODES = ("greedy", "sampled")
-# transformers' reference generate makes fewer tokens than asked where they would take longer
-# than this (a loaded machine); its row says how many (a shorter context flatters it, if any)
-REFERENCE_BUDGET_S = 30.0
+REFERENCE_BUDGET_S = 30.0  # transformers' reference: fewer tokens past this (its row says so)
 
 
 def fit_tokens(
@@ -141,29 +139,24 @@ def transformers_reference(
 ) -> None:
     """What the served system is held against at the target length: transformers'
     static-batch ``generate``, alone, after the torch backend (the faster of float32 and,
-    where native, bfloat16)."""
+    where native, bfloat16), with fewer tokens where they would overrun a time budget."""
     prompts = random_prompts(plan.clients, 32, model.vocab_size, model.banned, plan.seed)
+    kplan = KernelPlan((plan.clients,), length, cell_budget_s=REFERENCE_BUDGET_S, min_cell_s=0)
     for dtype in ("float32", "bfloat16") if bf16_native() else ("float32",):
 
-        def once(dtype: str = dtype) -> tuple[float, int]:
+        def once(dtype: str = dtype) -> dict[str, Any]:
             runner = TransformersRunner(model.path, dtype, plan.device)
             try:
-                generate(runner, prompts[:2], 2, True, plan.seed)  # warm-up
-                started = time.perf_counter()  # a probe sets how many tokens fit
-                generate(runner, prompts, PROBE_TOKENS, True, plan.seed)
-                probe_s = time.perf_counter() - started
-                new = fit_tokens(probe_s, PROBE_TOKENS, REFERENCE_BUDGET_S, length, 8)
-                started = time.perf_counter()
-                made = sum(generate(runner, prompts, new, True, plan.seed))
-                return made / (time.perf_counter() - started), new
+                return measure(runner, prompts, kplan, sampled=True, seed=plan.seed)
             finally:
                 runner.close()
 
-        rate, new = in_passing_thread(once)
-        row.update({f"transformers_{dtype}_tokens_per_s": rate,
+        cell = in_passing_thread(once)
+        tokens_per_s, new = cell["tokens_per_s"], cell["new_tokens"]
+        row.update({f"transformers_{dtype}_tokens_per_s": tokens_per_s,
                     f"transformers_{dtype}_new_tokens": new})  # fmt: skip
         progress(f"transformers generate {dtype}, {plan.clients} x {new} of {length} tokens: "
-                 f"{rate:,.0f} tok/s")  # fmt: skip
-        if rate > (row.get("transformers_static_tokens_per_s") or 0):
-            row.update(transformers_static_tokens_per_s=rate, transformers_static_dtype=dtype,
-                       transformers_static_new_tokens=new)  # fmt: skip
+                 f"{tokens_per_s:,.0f} tok/s")  # fmt: skip
+        if tokens_per_s > (row.get("transformers_static_tokens_per_s") or 0):
+            row.update(transformers_static_tokens_per_s=tokens_per_s)
+            row.update(transformers_static_dtype=dtype, transformers_static_new_tokens=new)
