@@ -109,7 +109,7 @@ def median_ms(values: Sequence[float]) -> float | None:
 class BareTarget:
     """Threads submitting to an in-process backend: the engine with no server around it.
     ``end_id`` None bans ``eos`` (one id, or several) as bad words (the torch engine); an id
-    stands in for the end token instead (the openvino backend refuses bad words: bench/ov.py)."""
+    stands in for the end token instead (openvino refuses bad words: bench/systems.py)."""
 
     def __init__(self, engine: GenerationBackend, prompts: Sequence[list[int]],
                  eos: int | Sequence[int] | None, end_id: int | None = None,

@@ -166,12 +166,12 @@ def run_served_prefix(
       real source, then the same text with its next 3 characters; cold over resent.
 
     Medians over ``repeats`` windows after a warm-up one; 16 tokens each, the end token kept
-    out by the stand-in end id (bench/ov.py), every answer checked to hold 16 tokens."""
+    out by the stand-in end id (bench/systems.py), every answer checked to hold 16 tokens."""
     from transformers import PreTrainedTokenizerFast
 
     from bench.models import CACHE
-    from bench.ov import served_dtype, stand_in_end_id
     from bench.server import running_server
+    from bench.systems import served_dtype, stand_in_end_id
     from client import CodegenClient
     from contract.model_tokens import prompt_head
     from engine import ModelShape

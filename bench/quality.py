@@ -23,8 +23,7 @@ from bench.models import (
     describe_checkpoint,
     random_prompts,
 )
-from bench.ov import OPENVINO_DTYPES, PipelineGenerate
-from bench.systems import EngineRunner, TransformersRunner
+from bench.systems import OPENVINO_DTYPES, EngineRunner, PipelineGenerate, TransformersRunner
 from modelbuild.openvino_export import ensure_export
 from reporting.machine import cpu_flags
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from bench.format import Table, context, fmt, ratio
-from bench.ov import OPENVINO_DTYPES
 from bench.peer import ONE_LINE_AT_MOST, TOKENS_AT_LEAST, peer_ratio
+from bench.systems import OPENVINO_DTYPES
 
 OPENVINO_OVER_TORCH_STATIC = 1.5  # static batches 16 and 64, default model, greedy
 OPENVINO_OVER_TORCH_SERVED = 1.5  # 16 clients at output 128, both served

@@ -23,10 +23,15 @@ from bench.format import ratio
 from bench.kernels import transformers_reference
 from bench.load import BareTarget, ServedTarget, closed_loop, median_ms
 from bench.models import CACHE, ModelInfo
-from bench.ov import PipelineGenerate, served_dtype, stand_in_end_id, start_backend
 from bench.server import running_server, served_engine_settings
 from bench.settings import Plan
-from bench.systems import TORCH_DTYPES
+from bench.systems import (
+    TORCH_DTYPES,
+    PipelineGenerate,
+    served_dtype,
+    stand_in_end_id,
+    start_backend,
+)
 from contract.model_tokens import prompt_head
 from contract.prompts import code_prompts
 from engine import TorchEngine, in_passing_thread, load_model

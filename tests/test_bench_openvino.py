@@ -10,10 +10,17 @@ import pytest
 from bench import report
 from bench.load import BareTarget, ServedTarget
 from bench.models import END_OF_TEXT, random_prompts
-from bench.ov import PipelineGenerate, served_dtype, stand_in_end_id
 from bench.quality import agreement
 from bench.settings import make_plan
-from bench.systems import OpenVINORunner, TransformersRunner, generate, unsupported
+from bench.systems import (
+    OpenVINORunner,
+    PipelineGenerate,
+    TransformersRunner,
+    generate,
+    served_dtype,
+    stand_in_end_id,
+    unsupported,
+)
 from bench.targets import held_at, target_rows, targets_table
 from bench.traffic import key, mirrored, target_length
 from engine.interface import GenerationRequest, Handle
