@@ -36,8 +36,7 @@ from reporting.llama_server import checkpoint_gguf
 from reporting.machine import load_average
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PLAN_OPTIONS = ("quick", "only", "device", "models", "dtypes", "systems", "backends", "clients",
-                "lengths")  # fmt: skip
+PLAN_OPTIONS = ("quick", "only", "device", "models", "dtypes", "systems", "backends", "lengths")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,18 +49,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--dtypes", help="float32,bfloat16,int8")
     add("--systems", help="engine,openvino,transformers (static batches)")
     add("--backends", help="torch,openvino (arrivals, mixed, single)")
-    add("--clients", type=int, help="closed-loop clients for arrivals (16)")
     add("--lengths", help="output lengths for arrivals (8,32,128,512)")
-    add("--no-served", action="store_true", help="bare engine only, no Triton")
     add("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT, help="the default model's folder")
     add("--llama-parallel", type=int, help="llama-server slots (16: one per client at the most)")
-    add("--out", type=Path, help="results folder (bench/results/<timestamp>)")
     return parser.parse_args(argv)
 
 
 def checked_plan(args: argparse.Namespace) -> Plan:
     """The run's plan; ValueError for what the command line asks and this machine can't do."""
-    plan = make_plan(served=not args.no_served, **{n: getattr(args, n) for n in PLAN_OPTIONS})
+    plan = make_plan(**{name: getattr(args, name) for name in PLAN_OPTIONS})
     if plan.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda, but torch sees no GPU")
     if "llama" in plan.sections:  # the peer needs the GGUF the checkpoint was made from
@@ -91,10 +87,9 @@ def run_sections(plan: Plan, args: argparse.Namespace, models: list[Any], result
     if "prefix" in plan.sections:
         results["prefix"] = run_prefix(plan.models, args.checkpoint, plan.prefix_repeats, 16, log)
         save()
-        if plan.served:
-            paths = checkpoints(plan.models, args.checkpoint, log)
-            results["prefix_served"] = run_served_prefix(paths, plan.prefix_repeats, out, log)
-            save()
+        paths = checkpoints(plan.models, args.checkpoint, log)
+        results["prefix_served"] = run_served_prefix(paths, plan.prefix_repeats, out, log)
+        save()
     if "beams" in plan.sections:
         results["beams"] = run_beams(plan, default, log)
         save()
@@ -123,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
-    out = args.out or RESULTS / started.strftime("%Y%m%d-%H%M%S")
+    out = RESULTS / started.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     info = machine(plan.device)
     results: dict[str, Any] = {

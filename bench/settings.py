@@ -66,7 +66,6 @@ class Plan:
     mixed_clients: int = 8  # of each kind
     single_tokens: int = 8
     single_repeats: int = 20
-    served: bool = True  # also measure through the Triton server
     backends: tuple[str, ...] = BACKENDS  # traffic sections: each backend bare, then served
     prefix_repeats: int = 3  # prefix section: resent-prompt windows per system
     seed: int = 0
@@ -91,13 +90,12 @@ def parse_list(text: str | None, allowed: tuple[str, ...], what: str) -> tuple[s
 
 def make_plan(quick: bool = False, only: str | None = None, device: str = "cpu",
               models: str | None = None, dtypes: str | None = None, systems: str | None = None,
-              backends: str | None = None, clients: int | None = None,
-              lengths: str | None = None, served: bool = True,
+              backends: str | None = None, lengths: str | None = None,
               llama_available: bool | None = None) -> Plan:  # fmt: skip
     """The full plan, or the quick one (the same sections, each smaller), narrowed by the
     command line's choices. The ``llama`` section runs by default only where ``llama-server``
     is built (None: look); asked for by name without it, the error names the fix."""
-    plan = Plan(device=device, served=served)
+    plan = Plan(device=device)
     if quick:
         plan = replace(
             plan, quick=True, models=("default",), kernels=QUICK_KERNELS, lengths=(8, 32),
@@ -124,10 +122,6 @@ def make_plan(quick: bool = False, only: str | None = None, device: str = "cpu",
         if backends:  # asked for by name: refused, not skipped
             raise ValueError("backend openvino runs on the CPU only: leave it out on cuda")
         changes["backends"] = tuple(b for b in plan.backends if b != "openvino")
-    if clients is not None:
-        if clients < 1:
-            raise ValueError(f"clients must be >= 1, got {clients}")
-        changes["clients"] = clients
     if lengths:
         values = tuple(int(x) for x in lengths.split(",") if x.strip())
         if not values or min(values) < 1:

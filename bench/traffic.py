@@ -193,7 +193,7 @@ class Traffic:
         plan = self.plan
         with ExitStack() as stack:
             bare, weights = stack.enter_context(self.bare(backend))
-            targets = [bare, *([stack.enter_context(self.served(backend))] if plan.served else [])]
+            targets = [bare, stack.enter_context(self.served(backend))]
             if "arrivals" in plan.sections:
                 pipeline = None
                 if backend != "torch":

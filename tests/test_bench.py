@@ -295,7 +295,9 @@ def test_quick_plan_is_smaller_and_only_selects_sections():
     with pytest.raises(ValueError, match="unknown sections"):
         make_plan(only="kernels,speed")
     assert parse_list("", ("a",), "x") is None
-    assert make_plan(lengths="8,64", clients=4).lengths == (8, 64)
+    assert make_plan(lengths="8,64").lengths == (8, 64)
+    with pytest.raises(ValueError, match="positive"):
+        make_plan(lengths="8,0")
 
 
 def test_machine_label():
