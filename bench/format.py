@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from string import Template
 from typing import Any
 
 from reporting import tables
 from reporting.machine import describe
 
 Table = tuple[str, str, list[str], list[list[str]]]  # title, context line, headers, rows
+TEMPLATES = Path(__file__).with_name("report.md")
+
+
+def prose(name: str, **values: Any) -> str:
+    """A piece of the report's prose (bench/report.md) on one line, its ``$names`` filled in."""
+    return Template(tables.templates(TEMPLATES)[name].replace("\n", " ")).substitute(values)
 
 
 def machine(device: str = "cpu") -> dict[str, Any]:

@@ -1,11 +1,10 @@
 """Closed-loop clients against the bare engine or the running server, and what they measure.
 
-A *target* answers one request at a time per calling thread (``request(index, max_tokens)``
-returns the tokens generated). The same loop drives the in-process engine and Triton, so the
-served/bare ratio compares like with like. Each request uses the load test's sampling, a code
-prompt and seed chosen by its index, and bans the end token so it makes every token asked for.
-Every request is one row of a pandas table (the columns of :mod:`reporting.events`:
-``started_s``, ``latency_ms``, ``tokens``, with the ``client`` and the tokens it ``wanted``).
+A *target* answers ``request(index, max_tokens)`` with the tokens generated; the same loop
+drives the in-process engine and Triton, so served/bare compares like with like. Each request
+uses the load test's sampling, a code prompt and seed chosen by its index, and bans the end
+token; each is a row of a pandas table (:mod:`reporting.events`' ``started_s``, ``latency_ms``,
+``tokens``, with the ``client`` and the tokens it ``wanted``).
 """
 
 from __future__ import annotations
@@ -146,9 +145,8 @@ class BareTarget:
     def cancel_all(self) -> None:
         """Cancel what is in flight (the long requests once a mixed window is over)."""
         with self._lock:
-            for pending in self._pending:
-                if pending.handle is not None:
-                    pending.handle.cancel()
+            for handle in [p.handle for p in self._pending if p.handle is not None]:
+                handle.cancel()
 
 
 class ServedTarget:
@@ -232,9 +230,8 @@ def closed_loop(target: BareTarget | ServedTarget, wanted: Sequence[int], window
     return Measurement(pd.DataFrame(rows, columns=columns), w0, w1)
 
 
-def static_batches(
-    target: BareTarget, clients: int, tokens: int, window_s: float
-) -> tuple[float, int, int]:
+def static_batches(target: BareTarget, clients: int, tokens: int,
+                   window_s: float) -> tuple[float, int, int]:  # fmt: skip
     """The engine fed whole batches: ``clients`` requests at once, wait for all, repeat until
     ``window_s`` has passed. (tokens/s, rounds, requests short of ``tokens``)."""
     generated = rounds = short = 0

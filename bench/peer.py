@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.format import Table, context, fmt, ratio
+from bench.format import Table, context, fmt, prose, ratio
 
 CLIENTS = (1, 4, 16)
 ONE_LINE = {"max_tokens": 32, "temperature": 0, "stop": ["\n"]}
@@ -266,12 +266,10 @@ def peer_table(results: dict[str, Any]) -> Table:
                   wasted.get(PROJECT), wasted.get(LLAMA), 1))  # fmt: skip
     body = [[n, label, fmt(mine, digits), fmt(theirs, digits), fmt(ratio(mine, theirs), 2, "x")]
             for n, label, mine, theirs, digits in lines]  # fmt: skip
-    how = context(
-        results, "project: Triton + OpenAI API, openvino int8 export; llama.cpp: the Q4_1 GGUF, "
-        f"--parallel {section.get('llama_parallel', 'engine batch')}; OpenAI SSE, greedy, one "
-        f"line (stop \\n, <= 32 tokens), windows A B B A of {section.get('half_window_s')} s",
-        f"abandoned: {ABANDON_TOKENS}-token requests left at the first piece, counted by each "
-        "server")  # fmt: skip
+    parallel, half = section.get("llama_parallel", "engine batch"), section.get("half_window_s")
+    how = context(results, prose("peer", parallel=parallel, half=half),
+                  f"abandoned: {ABANDON_TOKENS}-token requests left at the first piece, counted "
+                  "by each server")  # fmt: skip
     headers = ["clients", "figure", " project", " llama.cpp", " project/llama.cpp"]
     title = "The project served vs llama.cpp's llama-server, same SmolLM2 weights"
     return title, how, headers, body

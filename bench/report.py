@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.format import Table, markdown_table, model_text
+from bench.format import Table, markdown_table, model_text, prose
 from bench.peer import peer_table
 from bench.tables import (
     KERNEL_SYSTEMS,
@@ -48,10 +48,8 @@ def render_markdown(results: dict[str, Any]) -> str:
         f"- CPU flags: {' '.join(m.get('cpu_flags') or []) or 'none found'} (bfloat16 native: "
         f"{'yes' if m.get('bf16_native') else 'no'}); openvino {m.get('openvino')}, "
         f"openvino-genai {m.get('openvino-genai')}",
-        f"- load average (1/5/15 min, `uptime`): at the start {results.get('load_start', '?')}, "
-        f"at the end {results.get('load_end', '?')}; {m.get('cores')} cores shared with other "
-        "work on this machine (a load above the core count slows every figure: compare ratios, "
-        "not absolute rates, across runs)",
+        "- " + prose("load_average", start=results.get("load_start", "?"),
+                     end=results.get("load_end", "?"), cores=m.get("cores")),
         f"- run: {'quick' if plan['quick'] else 'full'}, sections {', '.join(plan['sections'])}, "
         f"device {plan['device']}, {results.get('elapsed', '')}",
         *(f"- model {x['name']}: {x['description']} ({x['path']})" for x in models),

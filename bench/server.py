@@ -1,9 +1,6 @@
-"""The served side: a real Triton on a copy of the model repository.
-
-A copy (with the checkpoint benchmarked) on free ports keeps the benchmark from touching a
-server someone already runs on 8000-8002 and from depending on what ``model_repository/``
-currently holds.
-"""
+"""The served side: a real Triton on a copy of the model repository, on free ports, so the
+benchmark neither touches a server someone runs on 8000-8002 nor depends on what
+``model_repository/`` currently holds."""
 
 from __future__ import annotations
 
@@ -19,13 +16,11 @@ from serving.paths import MODEL_REPOSITORY, checkpoint_dir
 from serving.process import free_ports
 from serving.triton import Ports
 
-ENGINE_CONFIG = MODEL_REPOSITORY / "engine"  # the engine model holds the budgets
 
-
-def served_engine_settings(config: Path = ENGINE_CONFIG) -> dict[str, str | int]:
+def served_engine_settings() -> dict[str, str | int]:
     """The served engine's batch size, prefill and KV-cache budgets and dtype, so the bare
     engine matches."""
-    params = model_config.parameters(model_config.read(config))
+    params = model_config.parameters(model_config.read(MODEL_REPOSITORY / "engine"))
     return {
         "max_batch_size": int(params.get("engine_max_batch_size", 32)),
         "max_prefill_tokens": int(params.get("engine_max_prefill_tokens", 4096)),
@@ -35,19 +30,12 @@ def served_engine_settings(config: Path = ENGINE_CONFIG) -> dict[str, str | int]
 
 
 @contextmanager
-def running_server(
-    checkpoint: Path,
-    workdir: Path,
-    log_file: Path,
-    device: str,
-    backend: str = "torch",
-    parameters: dict[str, str] | None = None,
-) -> Iterator[ServedTriton]:
-    """Triton serving ``checkpoint`` from a fresh repository copy under ``workdir``, started
-    on free ports (:func:`reporting.triton.open_triton`); stopped on exit. The device and the
-    backend (the one the bare side measures) go to the engine model through CODEGEN_DEVICE and
-    CODEGEN_BACKEND; ``parameters`` (dtype, say) replace those of the copy's engine config
-    (KeyError naming one it does not have: a setting is never silently ignored)."""
+def running_server(checkpoint: Path, workdir: Path, log_file: Path, device: str,
+                   backend: str = "torch",
+                   parameters: dict[str, str] | None = None) -> Iterator[ServedTriton]:  # fmt: skip
+    """Triton serving ``checkpoint`` from a fresh repository copy under ``workdir``; the device
+    and backend go to the engine model through CODEGEN_DEVICE and CODEGEN_BACKEND, and
+    ``parameters`` replace those of its config (KeyError for one it lacks: never ignored)."""
     repo = workdir / "model_repository"
     shutil.rmtree(repo, ignore_errors=True)
     shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("checkpoint"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from bench.format import Table, columns, context, fmt, model_text, rate, ratio, verdict
+from bench.format import Table, columns, context, fmt, model_text, prose, rate, ratio, verdict
 
 # The bench's targets; each check row says which it is held to.
 STEP_COST_MAX = 1.15  # sampled-step time over greedy-step time, engine, batch 16 and 64
@@ -94,11 +94,8 @@ def kernel_tables(results: dict[str, Any]) -> list[Table]:
         body = [_kernel_row(e, reasons) for e in comparison if e["model"] == model]
         key = next((r.get("plan_key") for r in rows if r["model"] == model), None)
         kplan = plan["kernels"].get(key, {}) if key else {}
-        settings = (
-            f"static batches, {kplan.get('prompt_tokens', '?')}-token prompts, "
-            f"{kplan.get('new_tokens', '?')} new tokens (fewer where a row says so), end token "
-            f"banned; sampled = top-k 40 / top-p 0.95 / temperature 0.8; device {plan['device']}"
-        )
+        tokens = {k: kplan.get(k, "?") for k in ("prompt_tokens", "new_tokens")}
+        settings = prose("kernels", device=plan["device"], **tokens)
         footnote = "; ".join(f"{k}: {v}" for k, v in reasons.items())
         headers = ["dtype", " batch", "mode", *(f" {s} tok/s" for s in KERNEL_SYSTEMS),
                    " openvino/engine", " engine/transformers", " new tokens",
@@ -134,10 +131,10 @@ def beam_tables(results: dict[str, Any]) -> list[Table]:
         (" KV cache peak MiB", _fmt("kv_cache_peak_mib", 1)),
         (" best beams equal", lambda r: f"{r['best_beams_agree']}/{r['prompts']}"),
     ], rows)  # fmt: skip
-    how = context(results, f"default model, float32; {rows[0]['prompts']} prompts of "
-                  f"{results['plan']['beam_prompt_tokens']} tokens at once, "
-                  f"{rows[0]['new_tokens']} new tokens each (end token banned); transformers: "
-                  "generate(num_beams=width) on the same batch")  # fmt: skip
+    first, tokens = rows[0], results["plan"]["beam_prompt_tokens"]
+    how = prose("beams", prompts=first["prompts"], new_tokens=first["new_tokens"],
+                prompt_tokens=tokens)  # fmt: skip
+    how = context(results, how)
     return [("Beam search: widths side by side with transformers", how, headers, body)]
 
 
@@ -148,8 +145,7 @@ def _load_context(results: dict[str, Any], extra: str) -> str:
         f"torch dtype {load.get('dtype', '?')}, openvino dtype {load.get('openvino_dtype', '—')}",
         f"device {results['plan']['device']}",
         f"engine max_batch_size {load.get('max_batch_size', '?')}",
-        "sampling top-k 40 / top-p 0.95 / temperature 0.8, code prompts, end token banned "
-        f"(openvino: end_id {load.get('openvino_end_id', '?')} stands in for it)", extra,
+        prose("load", end_id=load.get("openvino_end_id", "?")), extra,
     )  # fmt: skip
 
 
@@ -190,14 +186,10 @@ def arrival_tables(results: dict[str, Any]) -> list[Table]:
                                       CONTINUOUS_OVER_STATIC_MIN, False)),
         ("windows (s)", lambda r: r.get("windows", "")),
     ], rows)  # fmt: skip
-    how = _load_context(results, (
-        f"bare = threads submitting to an in-process Engine; served = CodegenClient over gRPC to "
-        f"Triton's ensemble; static = {n} submitted at once, wait for all, repeat; bare and "
-        "served alternate in mirrored half windows (bare, served, served, bare), each rate the "
-        f"mean of its two; forward ceiling = {n} rows / one decode forward pass at the positions "
-        "the clients hold (no sampling, prefill or serving: no scheduler beats it); targets bare "
-        f">= {THROUGHPUT_TARGET:,.0f} tok/s at output {THROUGHPUT_TARGET_LENGTH}, served/bare >= "
-        f"{SERVED_OVER_BARE_MIN}, continuous/static >= {CONTINUOUS_OVER_STATIC_MIN}"))  # fmt: skip
+    how = prose("arrivals", n=n, throughput=f"{THROUGHPUT_TARGET:,.0f}",
+                length=THROUGHPUT_TARGET_LENGTH, served_over_bare=SERVED_OVER_BARE_MIN,
+                continuous_over_static=CONTINUOUS_OVER_STATIC_MIN)  # fmt: skip
+    how = _load_context(results, how)
     table = (f"Continuous arrivals: {n} closed-loop clients", how, headers, body)
     return [table, *openvino_arrival_tables(results)]
 
@@ -222,13 +214,7 @@ def openvino_arrival_tables(results: dict[str, Any]) -> list[Table]:
         (" openvino short requests",
          lambda r: str(r.get("openvino_short", 0) + r.get("openvino_served_short", 0))),
     ], rows)  # fmt: skip
-    how = _load_context(results, (
-        "each system alone (bare: in this process; served: Triton with the engine model's "
-        "backend set to it); pipeline = OpenVINO GenAI's own ContinuousBatchingPipeline.generate "
-        f"on {n} of the same code prompts (min_new_tokens), batches back to back; bare, served "
-        "and pipeline alternate in mirrored half windows (A B C C B A); transformers = "
-        f"AutoModelForCausalLM.generate, a static batch of {n} 32-token prompts, the faster of "
-        "its dtypes; both sampled as above"))  # fmt: skip
+    how = _load_context(results, prose("openvino_arrivals", n=n))
     return [(f"Continuous arrivals: openvino backend vs torch engine, {n} clients", how, headers,
              body)]  # fmt: skip
 
@@ -248,9 +234,8 @@ def mixed_tables(results: dict[str, Any]) -> list[Table]:
         (" samples alone/mixed",
          lambda r: f"{r.get('alone_samples', 0)}/{r.get('mixed_samples', 0)}"),
     ], rows)  # fmt: skip
-    how = _load_context(results, f"alone = all {2 * n} clients ask for {short} tokens; the "
-                        "short requests' median latency mixed over alone; target <= "
-                        f"{MIXED_SLOWDOWN_MAX}x")  # fmt: skip
+    how = prose("mixed", clients=2 * n, short=short, limit=MIXED_SLOWDOWN_MAX)
+    how = _load_context(results, how)
     return [(f"Mixed lengths: {n} clients x {short} tokens next to {n} x {long} tokens", how,
              headers, body)]  # fmt: skip
 
@@ -291,13 +276,6 @@ def prefix_table(rows: list[dict[str, Any]], served: bool = False) -> Table:
         *((pad + name[:-2].replace("_", " "), _ms(name)) for name in PREFIX_TIMES),
         (labels[-1], lambda r: f"{r['cold_total_s'] / r['resent_total_s']:.1f}x"),
     ], rows)  # fmt: skip
-    new = rows[0]["new"] if rows else 0
-    if served:
-        return "Prefix through the server: a long prompt resent", (
-            f"Triton serving the openvino backend (prefix cache on); a prompt, then the same "
-            f"with {MORE} more tokens (350m) or characters (default); {new} greedy tokens each; "
-            "medians after a warm-up window; each server alone."
-        ), headers, body  # fmt: skip
-    how = (f"A prompt of real Python source, then the same prompt with {MORE} more tokens; {new} "
-           "greedy tokens each; medians; each system alone in its own process.")  # fmt: skip
-    return "Prefix: a long prompt resent", how, headers, body
+    how = prose("prefix_served" if served else "prefix", more=MORE, new=rows[0]["new"])
+    where = "through the server" if served else ""
+    return f"Prefix {where}: a long prompt resent".replace(" :", ":"), how, headers, body

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.format import Table, context, fmt, ratio
+from bench.format import Table, context, fmt, prose, ratio
 from bench.peer import ONE_LINE_AT_MOST, TOKENS_AT_LEAST, peer_ratio
 from bench.systems import OPENVINO_DTYPES
 
@@ -139,11 +139,7 @@ def mixed_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 def peer_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Against llama.cpp's server on the same weights (bench/peer.py)."""
     slots = (results.get("llama") or {}).get("llama_parallel", "?")
-    how = (
-        f"OpenAI SSE, greedy, one line (stop \\n, <= 32 tokens), same prompts, windows A B B A; "
-        f"llama-server --parallel {slots} (with more slots than clients it slows down: "
-        "docs/performance.md)"
-    )
+    how = prose("peer_target", slots=slots)
     return [
         _row(f"one-line p50 <= {ONE_LINE_AT_MOST:g}x llama.cpp's (4 clients)",
              peer_ratio(results, "latency_p50_ms", 4), ONE_LINE_AT_MOST, True, how),

@@ -13,7 +13,7 @@ from bench import report
 from bench.format import fmt, machine_label, markdown_table, ratio, text_table, verdict
 from bench.kernels import fit_tokens, measure
 from bench.load import Measurement, windowed_rate
-from bench.server import ENGINE_CONFIG, served_engine_settings
+from bench.server import served_engine_settings
 from bench.settings import KernelPlan, make_plan, parse_list
 from bench.tables import kernel_comparison, step_cost
 
@@ -307,8 +307,9 @@ def test_machine_label():
 
 def test_bare_engine_matches_the_served_config():
     from serving import model_config
+    from serving.paths import MODEL_REPOSITORY
 
-    params = model_config.parameters(model_config.read(ENGINE_CONFIG))
+    params = model_config.parameters(model_config.read(MODEL_REPOSITORY / "engine"))
     assert params["dtype"] == "float32"
     settings = served_engine_settings()
     assert settings["max_batch_size"] == int(params["engine_max_batch_size"])
