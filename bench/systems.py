@@ -36,8 +36,6 @@ from engine import (
 from reporting.machine import bf16_native
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.float32}
-
-
 OPENVINO_DTYPES = tuple(PRECISIONS)  # float32, bfloat16: what compile_properties takes
 
 
@@ -54,11 +52,10 @@ def stand_in_end_id(vocab_size: int, eos_token_id: int) -> int:
     return last - 1 if last == eos_token_id else last
 
 
-def start_backend(checkpoint: Path, dtype: str, max_batch_size: int,
-                  max_prefill_tokens: int = 4096, prefix_caching: bool = True,
-                  max_cache_tokens: int | None = None) -> Any:  # fmt: skip
-    """The project's OpenVINOBackend on ``checkpoint``'s export, started (0 or None cache
-    tokens: a full context per row, as the served config's 0 means)."""
+def start_backend(checkpoint: Path, dtype: str, max_batch_size: int, max_prefill_tokens: int,
+                  prefix_caching: bool = True, max_cache_tokens: int = 0) -> Any:  # fmt: skip
+    """The project's OpenVINOBackend on ``checkpoint``'s export, started (0 cache tokens: a
+    full context per row, as the served config's 0 means)."""
     from engine import OpenVINOBackend, require_export
 
     return OpenVINOBackend(
@@ -98,16 +95,10 @@ class PipelineGenerate:
         import openvino
         import openvino_genai
 
-        configs = []
-        for i in range(len(prompts)):
-            config = openvino_genai.GenerationConfig()
-            config.max_new_tokens = config.min_new_tokens = new
-            config.set_eos_token_id(self.eos)
-            if sampled:
-                config.do_sample, config.rng_seed = True, seed + i
-                config.top_k, config.top_p = SAMPLED["top_k"], SAMPLED["top_p"]
-                config.temperature = SAMPLED["temperature"]
-            configs.append(config)
+        options = {"max_new_tokens": new, "min_new_tokens": new, "eos_token_id": self.eos}
+        configs = [openvino_genai.GenerationConfig(**options, **(
+            {"do_sample": True, "rng_seed": seed + i, **SAMPLED} if sampled else {}))
+            for i in range(len(prompts))]  # fmt: skip
         tensors = [openvino.Tensor(np.array([p], dtype=np.int64)) for p in prompts]
         return [list(r.m_generation_ids[0]) for r in self.pipe.generate(tensors, configs)]
 
