@@ -4,8 +4,8 @@
     python -m bench --quick              # everything shrunk: ~14 minutes with SmolLM2-135M
     python -m bench --only kernels,single --device cuda
 
-Writes ``bench/results/<timestamp>/`` (results.md, results.json, chart.png, the server's log)
-and prints each section's table as soon as it is measured.
+Writes ``bench/results/<timestamp>/`` (results.md, results.json, chart.png, the servers' logs)
+after each section, and prints every table at the end.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from bench.models import DEFAULT_CHECKPOINT, resolve_models
 from bench.peer import run_peer
 from bench.prefix import checkpoints, run_prefix, run_served_prefix
 from bench.settings import SECTIONS, Plan, make_plan
-from bench.tables import kernel_tables
 from bench.traffic import TRAFFIC_SECTIONS, run_traffic
 from engine import in_passing_thread
 from reporting.llama_server import checkpoint_gguf
@@ -79,9 +78,6 @@ def run_sections(plan: Plan, args: argparse.Namespace, models: list[Any], result
         results["kernels"] = run_kernels(
             plan, kernel_models, log, on_rows=lambda rows: (results.update(kernels=rows), save())
         )
-        save()
-        for table in kernel_tables(results):
-            print(render_text(table), flush=True)
     if any(s in plan.sections for s in TRAFFIC_SECTIONS):
         run_traffic(plan, default, results, out, log, save)
     if "prefix" in plan.sections:
@@ -149,7 +145,6 @@ def main(argv: list[str] | None = None) -> int:
         results["notes"].append("stopped by an error (see the terminal)")
     save()
     for table in report.all_tables(results):
-        if not table[0].startswith(("Static batches", "Engine:")):  # printed above
-            print(render_text(table), flush=True)
+        print(render_text(table), flush=True)
     log(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'chart.png'}")
     return 1 if failed else 0

@@ -1,12 +1,7 @@
 """Section ``kernels``: static batches through the torch engine, the openvino backend and
-transformers.
-
-For each model, dtype and system the model is loaded once, then every batch size runs greedy
-and sampled on the same prompts. A short probe (which also warms the system up) estimates the
-cell's time; a cell that would overrun its budget (bf16 on a CPU without bf16 instructions is
-the usual one) generates fewer tokens, and its row says how many. Also transformers' static
-``generate`` as the served arrivals' reference (:func:`transformers_reference`).
-"""
+transformers, each model, dtype and system loaded once for every batch size, greedy and sampled.
+A short probe (which also warms up) estimates a cell's time; a cell that would overrun its
+budget (bf16 without bf16 instructions, say) makes fewer tokens, and its row says how many."""
 
 from __future__ import annotations
 
@@ -29,9 +24,8 @@ MODES = ("greedy", "sampled")
 REFERENCE_BUDGET_S = 30.0  # transformers' reference: fewer tokens past this (its row says so)
 
 
-def fit_tokens(
-    probe_s: float, probe_tokens: int, budget_s: float, wanted: int, minimum: int
-) -> int:
+def fit_tokens(probe_s: float, probe_tokens: int, budget_s: float, wanted: int,
+               minimum: int) -> int:  # fmt: skip
     """New tokens for a cell whose ``probe_tokens``-token probe took ``probe_s``: ``wanted`` if
     that fits ``budget_s`` at the probe's pace, else as many as fit, never below ``minimum``.
     The probe's pace includes its prefill, so the estimate errs on the slow side."""
@@ -84,12 +78,11 @@ def _runner(system: str, model: ModelInfo, dtype: str, plan: Plan) -> Runner:
     return runner(model.path, dtype, plan.device, max(kplan.batches), kplan.prompt_tokens)
 
 
-def run_kernels(
-    plan: Plan,
-    models: list[ModelInfo],
-    progress: Progress,
-    on_rows: Callable[[list[dict[str, Any]]], None] = lambda rows: None,
-) -> list[dict[str, Any]]:
+Rows = list[dict[str, Any]]
+
+
+def run_kernels(plan: Plan, models: list[ModelInfo], progress: Progress,
+                on_rows: Callable[[Rows], None]) -> Rows:  # fmt: skip
     """Every (model, dtype, system, batch, mode) cell; unsupported ones are rows with a note."""
     rows: list[dict[str, Any]] = []
 
@@ -123,14 +116,10 @@ def run_kernels(
 
     for model in models:
         kplan = plan.kernels[model.key]
-        prompts = random_prompts(
-            max(kplan.batches), kplan.prompt_tokens, model.vocab_size, model.banned, plan.seed
-        )
-        for dtype in plan.dtypes:
-            for system in plan.systems:
-                in_passing_thread(
-                    lambda m=model, p=prompts, d=dtype, s=system: one_system(m, p, d, s)
-                )
+        prompts = random_prompts(max(kplan.batches), kplan.prompt_tokens, model.vocab_size,
+                                 model.banned, plan.seed)  # fmt: skip
+        for dtype, system in ((d, s) for d in plan.dtypes for s in plan.systems):
+            in_passing_thread(lambda m=model, p=prompts, d=dtype, s=system: one_system(m, p, d, s))
     return rows
 
 

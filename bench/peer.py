@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.format import Table, context, fmt, prose, ratio
+from client.results import resolve_target
+from client.transport import Transport
+from reporting.machine import tree_cpu_seconds
 
 CLIENTS = (1, 4, 16)
 ONE_LINE = {"max_tokens": 32, "temperature": 0, "stop": ["\n"]}
@@ -47,17 +50,12 @@ class Peer:
     cpu_s: dict[int, float] = field(default_factory=dict)  # per client count
     wall_s: dict[int, float] = field(default_factory=dict)  # its windows' length, per count
 
-    def transport(self) -> Any:
+    def transport(self) -> Transport:
         """A client transport to this server's OpenAI API (one per client thread)."""
-        from client.results import resolve_target
-        from client.transport import Transport
-
         return Transport(resolve_target(self.url, "http"), timeout=120.0)
 
     def cpu_seconds(self) -> float:
         """User + system CPU seconds of the process trees so far (psutil)."""
-        from reporting.machine import tree_cpu_seconds
-
         return tree_cpu_seconds(self.pids)
 
 

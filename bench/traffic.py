@@ -1,13 +1,10 @@
-"""Sections ``arrivals``, ``mixed`` and ``single``: traffic against each backend bare and
-served.
-
-For each backend (openvino, then torch) the bare backend starts in this process, configured as
-the served one (``model_repository/engine/config.pbtxt``'s budgets; dtype: the config's for
-torch, bfloat16 for openvino where native), and Triton on a copy of the repository serving it.
-Both are up; one runs at a time. Arrivals alternate between them in mirrored half windows (bare,
-served, served, bare; at the target length the OpenVINO pipeline's own ``generate`` in the
-middle): a machine whose speed drifts (shared cores swung by a third within minutes) then weighs
-on all alike. Row keys: ``bare_*`` / ``served_*`` are torch's, ``openvino_*`` openvino's.
+"""Sections ``arrivals``, ``mixed`` and ``single``: each backend (openvino, then torch) bare
+in this process, configured as the served one (``engine/config.pbtxt``'s budgets; dtype: the
+config's for torch, bfloat16 for openvino where native), and served by Triton on a copy of the
+repository; both up, one running at a time. Arrivals alternate between them in mirrored half
+windows (bare, served, served, bare; the OpenVINO pipeline's own ``generate`` in the middle at
+the target length), so a machine whose speed drifts weighs on all alike. Row keys: ``bare_*`` /
+``served_*`` are torch's, ``openvino_*`` openvino's.
 """
 
 from __future__ import annotations
