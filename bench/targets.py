@@ -1,8 +1,6 @@
-"""The bench's targets, each a ratio (or a time) from this one run, with PASS / FAIL.
-
-A target whose measurement is not in the run (a section left out, a quick run's shorter
-lengths) says so rather than passing. Pure functions of the results dictionary.
-"""
+"""The bench's targets, each a ratio (or a time) from this one run, with PASS / FAIL; one
+whose measurement is not in the run (a section left out, a quick run's shorter lengths) says so
+rather than passing."""
 
 from __future__ import annotations
 
@@ -25,21 +23,16 @@ SERVED_LENGTH, BARE_LENGTHS = 128, (128, 512)
 
 
 def held_at(lengths: list[int], wanted: int) -> int | None:
-    """The arrivals length a target at ``wanted`` is read at: ``wanted``, or in a run without
-    it the longest length measured (the row names it); None without arrivals."""
-    if not lengths:
-        return None
-    return wanted if wanted in lengths else max(lengths)
+    """``wanted``, or in a run without it the longest length measured; None without any."""
+    return None if not lengths else wanted if wanted in lengths else max(lengths)
 
 
-def _row(
-    name: str, value: float | None, limit: float, at_most: bool, how: str, unit: str = "x"
-) -> dict[str, Any]:
-    verdict = "not measured"
-    if value is not None:
-        verdict = "PASS" if (value <= limit if at_most else value >= limit) else "FAIL"
+def _row(name: str, value: float | None, limit: float, at_most: bool, how: str,
+         unit: str = "x") -> dict[str, Any]:  # fmt: skip
+    met = value is not None and (value <= limit if at_most else value >= limit)
     return {"target": name, "value": value, "limit": limit, "at_most": at_most, "unit": unit,
-            "verdict": verdict, "how": how}  # fmt: skip
+            "verdict": "not measured" if value is None else "PASS" if met else "FAIL",
+            "how": how}  # fmt: skip
 
 
 def _length_note(at: int | None, wanted: int) -> str:
@@ -164,13 +157,7 @@ def targets_table(results: dict[str, Any]) -> Table:
     body = [[r["target"], fmt(r["value"], 0 if r["unit"] == " ms" else 2, r["unit"]),
              ("<= " if r["at_most"] else ">= ") + f"{r['limit']:g}{r['unit']}", r["verdict"],
              r["how"]] for r in rows]  # fmt: skip
-    passed = sum(r["verdict"] == "PASS" for r in rows)
-    failed = sum(r["verdict"] == "FAIL" for r in rows)
-    return (
-        f"Targets: {passed} PASS, {failed} FAIL, {len(rows) - passed - failed} not measured",
-        context(results, "models: default (static batches, traffic, unary prefix) and the 350M "
-                "shape (streamed prefix)", "every ratio from this one run; each system measured "
-                "alone"),
-        ["target", " measured", " limit", "verdict", "how"],
-        body,
-    )  # fmt: skip
+    passed, failed = (sum(r["verdict"] == v for r in rows) for v in ("PASS", "FAIL"))
+    how = context(results, prose("targets"))
+    title = f"Targets: {passed} PASS, {failed} FAIL, {len(rows) - passed - failed} not measured"
+    return title, how, ["target", " measured", " limit", "verdict", "how"], body
