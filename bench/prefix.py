@@ -21,6 +21,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from bench.format import machine, machine_label, render_text
+from bench.load import Pending
+from bench.models import CACHE, DEFAULT_CHECKPOINT, RANDOM_350M, build_random_gptj
+from bench.server import running_server
+from bench.systems import served_dtype, stand_in_end_id
+from bench.tables import prefix_table
+from client import CodegenClient
+from contract.model_tokens import prompt_head
+from engine import (
+    GenerationRequest,
+    ModelShape,
+    OpenVINOBackend,
+    TorchEngine,
+    in_passing_thread,
+    load_model,
+    require_export,
+)
+from modelbuild.corpus import read_texts, split
+from modelbuild.openvino_export import ensure_export
+from reporting.machine import bf16_native
+
 SYSTEMS = ("openvino", "openvino-no-cache", "torch-float32", "torch-bfloat16")
 PROMPT_TOKENS = {"default": 900, "350m": 1000}
 MORE = 3  # tokens added when the prompt is resent (a few characters typed)
@@ -32,11 +56,6 @@ def windows(length: int, count: int, vocab: int) -> list[list[int]]:
     """``count`` disjoint windows of ``length + MORE`` tokens of the standard library's source
     that the default model never trained on, in its tokenizer's ids (every model's vocabulary
     holds them: the 350M shape's is a random model's, made-up words)."""
-    from transformers import AutoTokenizer
-
-    from bench.models import DEFAULT_CHECKPOINT
-    from modelbuild.corpus import read_texts, split
-
     tokenizer = AutoTokenizer.from_pretrained(str(DEFAULT_CHECKPOINT))
     ids: list[int] = []
     for text in read_texts(split()[1]):  # no BOS between files: one stream of source
@@ -51,23 +70,14 @@ def windows(length: int, count: int, vocab: int) -> list[list[int]]:
 
 def measure(system: str, checkpoint: Path, length: int, repeats: int, new: int) -> dict:
     """One system on one model, in this process (run it alone: see main)."""
-    import torch
-
-    from bench.load import Pending
-    from engine import GenerationRequest, ModelShape
-
     shape = ModelShape.read(checkpoint)
     prompts = windows(length, repeats + 1, shape.vocab_size)
     if system.startswith("openvino"):
-        from engine import OpenVINOBackend, require_export
-
         engine = OpenVINOBackend(
             require_export(checkpoint), shape, max_batch_size=4,
             max_cache_tokens=16 * shape.context, prefix_caching=system == "openvino",
         ).start()  # fmt: skip
     else:
-        from engine import TorchEngine, in_passing_thread, load_model
-
         dtype = getattr(torch, system.split("-")[1])
         model = in_passing_thread(lambda: load_model(checkpoint, dtype=dtype))
         engine = TorchEngine(model, max_batch_size=4).start()
@@ -98,9 +108,6 @@ def medians(pairs: list[list[tuple[float, float]]]) -> dict[str, float]:
 
 def checkpoints(models: list[str], default: Path, log: Progress) -> dict[str, Path]:
     """The models' folders, with their OpenVINO exports (made once)."""
-    from bench.models import RANDOM_350M, build_random_gptj
-    from modelbuild.openvino_export import ensure_export
-
     found = {key: default if key == "default" else build_random_gptj(RANDOM_350M, progress=log)
              for key in models}  # fmt: skip
     for path in found.values():
@@ -112,8 +119,6 @@ def run_prefix(
     models: list[str], default: Path, repeats: int, new: int, log: Progress = print
 ) -> list[dict[str, Any]]:
     """Every (model, system) in a process of its own: the bare rows for the report."""
-    from reporting.machine import bf16_native
-
     rows = []
     for key, path in checkpoints(models, default, log).items():
         for system in [s for s in SYSTEMS if s != "torch-bfloat16" or bf16_native()]:
@@ -167,15 +172,6 @@ def run_served_prefix(
 
     Medians over ``repeats`` windows after a warm-up one; 16 tokens each, the end token kept
     out by the stand-in end id (bench/systems.py), every answer checked to hold 16 tokens."""
-    from transformers import PreTrainedTokenizerFast
-
-    from bench.models import CACHE
-    from bench.server import running_server
-    from bench.systems import served_dtype, stand_in_end_id
-    from client import CodegenClient
-    from contract.model_tokens import prompt_head
-    from engine import ModelShape
-
     dtype, rows = served_dtype(), []
     for key, path in paths.items():
         shape, stream = ModelShape.read(path), key == "350m"
@@ -225,10 +221,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.one:  # one system, in the process run_prefix started for it
         print(json.dumps(measure(args.one, args.checkpoint, args.length, args.repeats, args.new)))
         return 0
-    from bench.format import machine, machine_label, render_text
-    from bench.models import DEFAULT_CHECKPOINT
-    from bench.tables import prefix_table
-
     print(f"machine: {machine_label(machine())}")  # the label names the CPU flags
     rows = run_prefix(args.models.split(","), args.checkpoint or DEFAULT_CHECKPOINT,
                       args.repeats, args.new)  # fmt: skip
