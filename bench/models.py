@@ -1,10 +1,6 @@
-"""The checkpoints a run compares on.
-
-``default`` is the served model (``make model``), of any family the engine serves (GPT-J or
-the Llama family: engine/models.py reads which from its config.json). ``350m`` is a randomly
-initialised ``GPTJForCausalLM`` with codegen-350M's shapes: speed does not depend on the
-weights' values, so the shapes of the real model are enough to measure it, with no download.
-Both live in git-ignored folders and are built once.
+"""The checkpoints a run compares on: ``default``, the served model (``make model``) of any
+family the engine serves, and ``350m``, a random ``GPTJForCausalLM`` with codegen-350M's shapes
+(speed does not depend on the weights' values: no download), built once in a git-ignored folder.
 """
 
 from __future__ import annotations
@@ -28,14 +24,8 @@ RANDOM_350M = CACHE / "gptj-350m-random"  # the 350M shape's random checkpoint, 
 END_OF_TEXT = "<|endoftext|>"
 
 # codegen-350M-mono's architecture (its GPT-J conversion): 356M parameters.
-SHAPE_350M = {
-    "vocab_size": 51200,
-    "n_positions": 2048,
-    "n_embd": 1024,
-    "n_layer": 20,
-    "n_head": 16,
-    "rotary_dim": 32,
-}
+SHAPE_350M = {"vocab_size": 51200, "n_positions": 2048, "n_embd": 1024, "n_layer": 20,
+              "n_head": 16, "rotary_dim": 32}  # fmt: skip
 EOS_350M = 50256  # where CodeGen's tokenizer has <|endoftext|>
 
 Progress = Callable[[str], None]
@@ -111,12 +101,8 @@ def word_level_tokenizer(vocab_size: int, eos_id: int):
     vocab[END_OF_TEXT] = eos_id
     backend = Tokenizer(WordLevel(vocab, unk_token=END_OF_TEXT))
     backend.pre_tokenizer = WhitespaceSplit()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token=END_OF_TEXT,
-        eos_token=END_OF_TEXT,
-        unk_token=END_OF_TEXT,
-    )
+    ends = dict.fromkeys(("bos_token", "eos_token", "unk_token"), END_OF_TEXT)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **ends)
 
 
 def build_random_gptj(folder: Path, shape: dict[str, int] = SHAPE_350M, eos_id: int = EOS_350M,

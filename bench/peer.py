@@ -22,9 +22,19 @@ from pathlib import Path
 from typing import Any
 
 from bench.format import Table, context, fmt, prose, ratio
+from bench.models import CACHE
+from bench.server import running_server, served_engine_settings
 from client.results import resolve_target
 from client.transport import Transport
+from contract import metrics as names
+from contract.prompts import code_prompts
+from contract.tensors import ENGINE_MODEL
+from loadtest.api_process import ApiProcess
+from reporting.events import EventLog, summarize
+from reporting.llama_server import PREDICTED, LlamaServer, checkpoint_gguf, llama_server_binary
 from reporting.machine import tree_cpu_seconds
+from reporting.triton import read_snapshot
+from serving.process import free_port
 
 CLIENTS = (1, 4, 16)
 ONE_LINE = {"max_tokens": 32, "temperature": 0, "stop": ["\n"]}
@@ -158,15 +168,6 @@ def both_servers(
     llama-server gets one slot per client at the most clients: at the engine's batch (64
     slots) it collapsed here (3-6 s for a 4-token answer, docs/performance.md), which made its
     targets pass for a wrong reason."""
-    from bench.models import CACHE
-    from bench.server import running_server, served_engine_settings
-    from contract import metrics as names
-    from contract.tensors import ENGINE_MODEL
-    from loadtest.api_process import ApiProcess
-    from reporting.llama_server import PREDICTED, LlamaServer, checkpoint_gguf, llama_server_binary
-    from reporting.triton import read_snapshot
-    from serving.process import free_port
-
     llama_server_binary()  # before minutes of starting Triton: the error names the fix
     gguf, kv_tokens = checkpoint_gguf(checkpoint), served_engine_settings()["kv_cache_tokens"]
     with ExitStack() as stack:
@@ -197,9 +198,6 @@ def run_peer(checkpoint: Path, half_window_s: float, out: Path, progress: Progre
              parallel: int | None = None, seed: int = 0) -> dict[str, Any]:  # fmt: skip
     """The section's results: per system and client count the summary of its rows, its CPU,
     and its wasted tokens per abandoned request; the rows in ``out/llama-events.csv``."""
-    from contract.prompts import code_prompts
-    from reporting.events import EventLog, summarize
-
     prompts = [mid_line(text) for text in code_prompts(PROMPTS, seed=seed)]
     log = EventLog(profile="bench")
     result: dict[str, Any] = {"clients": list(CLIENTS), "half_window_s": half_window_s}
