@@ -26,8 +26,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
 from bench.format import machine, machine_label
+from bench.load import running_server
 from bench.models import CACHE, build_random_gptj
-from bench.server import running_server
 from client.client import CodegenClient
 from client.request import CompletionRequest, requested_outputs
 from contract import tensors as names

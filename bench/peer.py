@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.format import Table, context, fmt, prose, ratio
+from bench.load import running_server, served_engine_settings
 from bench.models import CACHE
-from bench.server import running_server, served_engine_settings
 from client.results import resolve_target
 from client.transport import Transport
 from contract import metrics as names

@@ -25,9 +25,8 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from bench.format import machine, machine_label, render_text
-from bench.load import Pending
+from bench.load import Pending, running_server
 from bench.models import CACHE, DEFAULT_CHECKPOINT, RANDOM_350M, build_random_gptj
-from bench.server import running_server
 from bench.systems import served_dtype, stand_in_end_id
 from bench.tables import prefix_table
 from client import CodegenClient

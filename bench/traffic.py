@@ -18,9 +18,15 @@ from typing import Any
 from bench import load
 from bench.format import ratio
 from bench.kernels import transformers_reference
-from bench.load import BareTarget, ServedTarget, closed_loop, median_ms
+from bench.load import (
+    BareTarget,
+    ServedTarget,
+    closed_loop,
+    median_ms,
+    running_server,
+    served_engine_settings,
+)
 from bench.models import CACHE, ModelInfo
-from bench.server import running_server, served_engine_settings
 from bench.settings import Plan
 from bench.systems import (
     TORCH_DTYPES,

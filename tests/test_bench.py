@@ -12,8 +12,7 @@ import pytest
 from bench import report
 from bench.format import fmt, machine_label, markdown_table, ratio, text_table, verdict
 from bench.kernels import fit_tokens, measure
-from bench.load import Measurement, windowed_rate
-from bench.server import served_engine_settings
+from bench.load import Measurement, served_engine_settings, windowed_rate
 from bench.settings import KernelPlan, make_plan, parse_list
 from bench.tables import kernel_comparison, step_cost
 
