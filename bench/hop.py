@@ -3,12 +3,10 @@
     python -m bench.hop                       # 30 requests per path, 8 tokens, greedy
     python -m bench.hop --requests 50 --tokens 16 --json hop.json
 
-One request at a time, each path in turn: the unary ``ensemble``, a direct call to the ``gptj``
-model (token ids in, token ids out), and the streaming model's time to its first piece and to
-its last: the cost of the plumbing between Triton's front end and the engine. The checkpoint is
-a random GPT-J with the shapes ``make model MODEL=stdlib`` trains (the plumbing's cost depends
-on the shapes, not the weights), made once under ``build/bench/``; ``--checkpoint`` takes
-another of any served family.
+One request at a time, each path in turn (the unary ``ensemble``, the ``gptj`` model directly,
+the stream's first and last piece): the plumbing between Triton's front end and the engine, on a
+random GPT-J of ``make model MODEL=stdlib``'s shapes (its cost depends on the shapes, not the
+weights), or ``--checkpoint``.
 """
 
 from __future__ import annotations

@@ -96,12 +96,9 @@ class Measurement:
 
 
 def windowed_rate(frame: pd.DataFrame, w0: float, w1: float) -> float:
-    """Tokens per second inside [w0, w1], each request's tokens spread evenly over its life.
-
-    A closed loop always has requests in flight at both edges of the window; counting only
-    the ones that fit inside would undercount, counting every one touching it would overcount.
-    Crediting each the share of its lifetime inside the window is unbiased for a steady load.
-    """
+    """Tokens per second inside [w0, w1], each request's tokens spread evenly over its life: a
+    closed loop has requests in flight at both edges, and crediting each the share of its life
+    inside is unbiased for a steady load (counting only those inside would undercount)."""
     if w1 <= w0:
         raise ValueError(f"empty window [{w0}, {w1}]")
     start, life = frame["started_s"], frame["latency_ms"] / 1e3
@@ -193,11 +190,10 @@ class ServedTarget:
 def closed_loop(target: BareTarget | ServedTarget, wanted: Sequence[int], window_s: float,
                 max_window_s: float, warmup_cap_s: float,
                 cancel_at_end: bool = False) -> Measurement:  # fmt: skip
-    """One thread per entry of ``wanted`` (its output length), each sending its next request
-    as soon as the last one is answered. The window opens once every client has had one
-    answer (so the clients no longer move in step) or after ``warmup_cap_s``; it lasts
-    ``window_s``, stretched to two of the slowest requests seen so far (at most
-    ``max_window_s``) so long outputs are seen more than once."""
+    """One thread per entry of ``wanted`` (its output length), each sending its next request as
+    soon as the last is answered. The window opens once every client has had an answer (they no
+    longer move in step) or after ``warmup_cap_s``; it lasts ``window_s``, stretched to two of the
+    slowest requests so far (at most ``max_window_s``)."""
     stop, lock, rows, errors = threading.Event(), threading.Lock(), [], []
     t0, next_index = time.perf_counter(), iter(range(1 << 62)).__next__
 
@@ -270,11 +266,9 @@ def latencies(target: BareTarget | ServedTarget, tokens: int, repeats: int,
 def forward_ceiling(model: CausalLM, prompt_lengths: Sequence[int], rows: int, length: int,
                     repeats: int = 100, seed: int = 0,
                     budget_s: float = 15.0) -> float:  # fmt: skip
-    """Tokens/s of the model's decode forward pass alone, ``rows`` rows at the positions a
-    closed loop of ``length``-token requests holds (a prompt's length plus a uniform share of
-    ``length``): no sampling, no prefill, no serving. No scheduler can beat it, so it says
-    how far a throughput target is from what the model itself does on this machine. Timed
-    passes stop at ``repeats`` or once they have taken ``budget_s`` (a loaded machine)."""
+    """Tokens/s of the model's decode forward pass alone, ``rows`` rows at the positions a closed
+    loop of ``length``-token requests holds: no scheduler can beat it, so it says how far a
+    throughput target is from what the model itself does here (at most ``budget_s`` of passes)."""
     rng = random.Random(seed)
     positions = [rng.choice(prompt_lengths) + rng.randrange(length) for _ in range(rows)]
     weights = next(model.parameters())

@@ -52,9 +52,8 @@ Progress = Callable[[str], None]
 
 
 def windows(length: int, count: int, vocab: int) -> list[list[int]]:
-    """``count`` disjoint windows of ``length + MORE`` tokens of the standard library's source
-    that the default model never trained on, in its tokenizer's ids (every model's vocabulary
-    holds them: the 350M shape's is a random model's, made-up words)."""
+    """``count`` disjoint windows of ``length + MORE`` tokens of held-out source, in the default
+    model's ids (folded into a smaller vocabulary: the 350M shape's words are made up)."""
     tokenizer = AutoTokenizer.from_pretrained(str(DEFAULT_CHECKPOINT))
     ids: list[int] = []
     for text in read_texts(split()[1]):  # no BOS between files: one stream of source
@@ -98,8 +97,7 @@ def measure(system: str, checkpoint: Path, length: int, repeats: int, new: int) 
 
 
 def medians(pairs: list[list[tuple[float, float]]]) -> dict[str, float]:
-    """Median seconds to the first token and to the answer, cold and resent, over the
-    (cold, resent) pairs of (first, total) seconds."""
+    """Medians of the (cold, resent) pairs of (first token, answer) seconds."""
     return {f"{kind}_{what}_s": statistics.median(p[k][w] for p in pairs)
             for k, kind in enumerate(("cold", "resent"))
             for w, what in enumerate(("first", "total"))}  # fmt: skip
@@ -156,21 +154,12 @@ def _served_once(client: Any, prompt: str, end_id: int, unary_prompt_tokens: int
     return first or total, total
 
 
-def run_served_prefix(
-    paths: dict[str, Path], repeats: int, out: Path, log: Progress
-) -> list[dict[str, Any]]:
-    """The prefix section through the server: an editor resending its file to Triton, each
-    model on a Triton of its own serving the openvino backend (its dtype as the traffic
-    sections use it, prefix cache on, as served by default):
-
-    - ``350m``: the 350M shape through ``ensemble_stream``: a cold 1,000-token prompt (one
-      ``t<id>`` word per id of its word-level vocabulary), then the same with 3 more tokens;
-      the time to the first streamed piece and to the answer;
-    - ``default``: the default model through the unary ``ensemble``: a 650-token prompt of
-      real source, then the same text with its next 3 characters; cold over resent.
-
-    Medians over ``repeats`` windows after a warm-up one; 16 tokens each, the end token kept
-    out by the stand-in end id (bench/systems.py), every answer checked to hold 16 tokens."""
+def run_served_prefix(paths: dict[str, Path], repeats: int, out: Path,
+                      log: Progress) -> list[dict[str, Any]]:  # fmt: skip
+    """An editor resending its file to Triton (openvino, its prefix cache on, as served), each
+    model on a server of its own: the 350M shape through ``ensemble_stream`` (first piece and
+    answer), the default model through the unary ``ensemble`` (cold over resent, the resent text
+    3 characters longer). Medians after a warm-up window; 16 tokens each, checked."""
     dtype, rows = served_dtype(), []
     for key, path in paths.items():
         shape, stream = ModelShape.read(path), key == "350m"

@@ -1,8 +1,5 @@
-"""The run's report: every table, as markdown and for the terminal, the JSON and the chart.
-
-Pure functions of the results dictionary (bench/tables.py, bench/targets.py), so a
-``results.json`` from an earlier run can be re-rendered.
-"""
+"""The run's report: every table, the markdown, the JSON and the chart, as pure functions of
+the results dictionary, so a ``results.json`` from an earlier run can be re-rendered."""
 
 from __future__ import annotations
 

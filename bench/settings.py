@@ -1,8 +1,5 @@
-"""What one run measures: the full plan (about 10-15 minutes on 2 cores) or the ``--quick`` one.
-
-Everything that sets the run's length lives here, so the time budget is decided in one place
-and every table can print the settings it was measured with.
-"""
+"""What one run measures, the full plan or the ``--quick`` one: everything that sets the run's
+length, decided in one place, so every table can print the settings it was measured with."""
 
 from __future__ import annotations
 

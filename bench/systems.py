@@ -1,14 +1,10 @@
-"""The generators compared on static batches, behind one small interface, and the openvino
-backend's own pieces.
+"""The generators compared on static batches, behind one interface, and the openvino pieces.
 
-Each runner takes a batch of equal-length prompts (token ids), generates exactly ``new`` tokens
-for every one and returns the tokens each produced, so a comparison never credits a system for
-stopping early. The end token is banned: a bad word for the torch engine, ``min_new_tokens``
-for transformers. The openvino backend refuses bad words (OpenVINO GenAI has no banned-token
-list), so it is sent an ``end_id`` that stands in for the end token: an id inside the
-vocabulary (the last, the rarest merge of a byte-level BPE) other than the model's, so the real
-end token is an ordinary token. Should the model produce the stand-in, the request ends early
-and the bench sees it (kernels fail the cell, traffic reports the short requests).
+Each runner generates exactly ``new`` tokens for every prompt of a batch and returns what each
+produced, so no system is credited for stopping early: the end token is a bad word for the
+torch engine, ``min_new_tokens`` for transformers; the openvino backend refuses bad words, so
+it is sent an ``end_id`` that stands in for the end token (the vocabulary's last id), and a
+request that meets the stand-in ends short where the bench sees it.
 """
 
 from __future__ import annotations
