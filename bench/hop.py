@@ -3,10 +3,10 @@
     python -m bench.hop                       # 30 requests per path, 8 tokens, greedy
     python -m bench.hop --requests 50 --tokens 16 --json hop.json
 
-One request at a time, each path in turn (the unary ``ensemble``, the ``gptj`` model directly,
-the stream's first and last piece): the plumbing between Triton's front end and the engine, on a
-random GPT-J of ``make model MODEL=stdlib``'s shapes (its cost depends on the shapes, not the
-weights), or ``--checkpoint``.
+One request at a time, each path in turn (the unary ``ensemble``, the stream's first and last
+piece): the plumbing between Triton's front end and the engine, on a random GPT-J of ``make model
+MODEL=stdlib``'s shapes (its cost depends on the shapes, not the weights), or ``--checkpoint``.
+(Until commit a966a6b it also timed a direct call to the ``gptj`` model.)
 """
 
 from __future__ import annotations
@@ -19,27 +19,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import tritonclient.grpc as grpcclient
-from tritonclient.utils import np_to_triton_dtype
 
 from bench.format import machine, machine_label
 from bench.load import running_server
 from bench.models import CACHE, build_random_gptj
 from client.client import CodegenClient
 from client.request import CompletionRequest, requested_outputs
-from contract import tensors as names
+from contract.tensors import ENSEMBLE_MODEL
 
 # `make model MODEL=stdlib`'s shapes (modelbuild.train.BuildConfig); its end token is id 0
 STDLIB_SHAPE = {"vocab_size": 4096, "n_positions": 1024, "n_embd": 256, "n_layer": 4,
                 "n_head": 8, "rotary_dim": 16}  # fmt: skip
 PROMPT = " ".join(f"t{i}" for i in range(100, 120))  # 20 tokens of the word-level vocabulary
-
-
-def _input(name: str, array: np.ndarray) -> grpcclient.InferInput:
-    tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-    tensor.set_data_from_numpy(array)
-    return tensor
 
 
 def timed(call: Callable[[], object], count: int, warmup: int) -> list[float]:
@@ -56,22 +48,10 @@ def measure(url: str, tokens: int, count: int, warmup: int) -> dict[str, dict]:
     client = grpcclient.InferenceServerClient(url)
     request = CompletionRequest(PROMPT, max_tokens=tokens)  # greedy
     inputs, outputs = request.infer_inputs(grpcclient), requested_outputs(grpcclient)
-    tensors = request.tensors()  # the model stage's inputs: the text tokenized once
-    pre = client.infer(names.PREPROCESSING_MODEL, [
-        _input(stage, tensors[name]) for stage, name in names.ENSEMBLE_TO_PREPROCESSING.items()
-        if name in tensors  # an optional input the request leaves out (suffix)
-    ])  # fmt: skip
-    stage = [_input(s, pre.as_numpy(n)) for n, s in names.PREPROCESSING_TO_MODEL_STAGE.items()]
-    answer = client.infer(names.MODEL_STAGE, stage)
-    prompt_tokens = int(pre.as_numpy("REQUEST_INPUT_LEN").reshape(-1)[0])
-    generated = int(answer.as_numpy("sequence_length").reshape(-1)[0]) - prompt_tokens
-    times = {
-        "ensemble": timed(lambda: client.infer(names.ENSEMBLE_MODEL, inputs, outputs=outputs),
-                          count, warmup),
-        "gptj": timed(lambda: client.infer(names.MODEL_STAGE, stage), count, warmup),
-    }  # fmt: skip
+    ensemble = timed(lambda: client.infer(ENSEMBLE_MODEL, inputs, outputs=outputs), count, warmup)
     firsts: list[float] = []
-    times["stream first piece"] = firsts
+    made: list[int] = []
+    times = {"ensemble": ensemble, "stream first piece": firsts}
     with CodegenClient(url, protocol="grpc") as codegen:
 
         def streamed() -> None:
@@ -80,6 +60,7 @@ def measure(url: str, tokens: int, count: int, warmup: int) -> dict[str, dict]:
                 for _ in stream:
                     first = first or (time.perf_counter() - started) * 1000
             firsts.append(first)
+            made.append(int((stream.completion and stream.completion.completion_tokens) or 0))
 
         times["stream last piece"] = timed(streamed, count, warmup)
     del firsts[:warmup]
@@ -88,7 +69,7 @@ def measure(url: str, tokens: int, count: int, warmup: int) -> dict[str, dict]:
                "p90_ms": round(statistics.quantiles(ms, n=10)[-1], 2), "min_ms": round(min(ms), 2)}
         for name, ms in times.items()
     }  # fmt: skip
-    return {**summary, "tokens generated": {"per request": generated}}
+    return {**summary, "tokens generated": {"per request": made[-1]}}
 
 
 def main(argv: list[str] | None = None) -> int:
