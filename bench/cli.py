@@ -1,12 +1,6 @@
-"""``make bench`` / ``python -m bench``: the whole comparison in one run, with progress.
-
-    python -m bench                      # full run, ~10-15 minutes on 2 cores
-    python -m bench --quick              # everything shrunk: ~14 minutes with SmolLM2-135M
-    python -m bench --only kernels,single --device cuda
-
-Writes ``bench/results/<timestamp>/`` (results.md, results.json, chart.png, the servers' logs)
-after each section, and prints every table at the end.
-"""
+"""``make bench`` / ``python -m bench [--quick] [--only kernels,single] [--device cuda]``: the
+whole comparison in one run, written to ``bench/results/<timestamp>/`` (results.md, .json,
+chart.png, the servers' logs) after each section; every table printed at the end."""
 
 from __future__ import annotations
 

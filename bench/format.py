@@ -14,9 +14,11 @@ Table = tuple[str, str, list[str], list[list[str]]]  # title, context line, head
 TEMPLATES = Path(__file__).with_name("report.md")
 
 
-def prose(name: str, **values: Any) -> str:
-    """A piece of the report's prose (bench/report.md) on one line, its ``$names`` filled in."""
-    return Template(tables.templates(TEMPLATES)[name].replace("\n", " ")).substitute(values)
+def prose(name: str, lines: bool = False, **values: Any) -> str:
+    """A piece of the report's prose (bench/report.md), its ``$names`` filled in; on one line
+    unless ``lines``."""
+    text = tables.templates(TEMPLATES)[name]
+    return Template(text if lines else text.replace("\n", " ")).substitute(values)
 
 
 def machine(device: str = "cpu") -> dict[str, Any]:

@@ -36,22 +36,19 @@ def all_tables(results: dict[str, Any]) -> list[Table]:
 def render_markdown(results: dict[str, Any]) -> str:
     """The whole run as one markdown document."""
     plan, m, models = results["plan"], results["machine"], results.get("models", [])
-    lines = [
-        f"# make bench — {results.get('started', '')}",
-        "",
-        f"- machine: {results.get('machine_label', '')}",
-        f"- libraries: torch {m.get('torch')}, transformers {m.get('transformers')}, "
-        f"tritonclient {m.get('tritonclient')}",
-        f"- CPU flags: {' '.join(m.get('cpu_flags') or []) or 'none found'} (bfloat16 native: "
-        f"{'yes' if m.get('bf16_native') else 'no'}); openvino {m.get('openvino')}, "
-        f"openvino-genai {m.get('openvino-genai')}",
-        "- " + prose("load_average", start=results.get("load_start", "?"),
-                     end=results.get("load_end", "?"), cores=m.get("cores")),
-        f"- run: {'quick' if plan['quick'] else 'full'}, sections {', '.join(plan['sections'])}, "
-        f"device {plan['device']}, {results.get('elapsed', '')}",
-        *(f"- model {x['name']}: {x['description']} ({x['path']})" for x in models),
-        *(f"- {note}" for note in results.get("notes", [])),
-    ]  # fmt: skip
+    flags = " ".join(m.get("cpu_flags") or []) or "none found"
+    lines = [prose(
+        "header", lines=True, started=results.get("started", ""), flags=flags,
+        machine=results.get("machine_label", ""), torch=m.get("torch"),
+        transformers=m.get("transformers"), tritonclient=m.get("tritonclient"),
+        bf16="yes" if m.get("bf16_native") else "no", openvino=m.get("openvino"),
+        genai=m.get("openvino-genai"), start=results.get("load_start", "?"),
+        end=results.get("load_end", "?"), cores=m.get("cores"), elapsed=results.get("elapsed", ""),
+        run="quick" if plan["quick"] else "full", sections=", ".join(plan["sections"]),
+        device=plan["device"],
+    )]  # fmt: skip
+    lines += [f"- model {x['name']}: {x['description']} ({x['path']})" for x in models]
+    lines += [f"- {note}" for note in results.get("notes", [])]
     for title, context, headers, rows in all_tables(results):
         lines += ["", f"## {title}", "", f"*{context}*", "", markdown_table(headers, rows)]
     return "\n".join(lines) + "\n"

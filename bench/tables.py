@@ -1,8 +1,4 @@
-"""Every section's table (title, context, headers, rows) from the measured rows.
-
-Pure functions of the results dictionary, so they are unit-tested without running a model, and
-a ``results.json`` from an earlier run can be re-rendered.
-"""
+"""Every section's table (title, context, headers, rows): pure functions of the results."""
 
 from __future__ import annotations
 
