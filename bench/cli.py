@@ -8,7 +8,6 @@ import argparse
 import sys
 import time
 import traceback
-from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,6 @@ from bench.prefix import checkpoints, run_prefix, run_served_prefix
 from bench.settings import SECTIONS, Plan, make_plan
 from bench.traffic import TRAFFIC_SECTIONS, run_traffic
 from engine import in_passing_thread
-from reporting.llama_server import checkpoint_gguf
 from reporting.machine import load_average
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -46,21 +44,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT, help="the default model's folder")
     add("--llama-parallel", type=int, help="llama-server slots (16: one per client at the most)")
     return parser.parse_args(argv)
-
-
-def checked_plan(args: argparse.Namespace) -> Plan:
-    """The run's plan; ValueError for what the command line asks and this machine can't do."""
-    plan = make_plan(**{name: getattr(args, name) for name in PLAN_OPTIONS})
-    if plan.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda, but torch sees no GPU")
-    if "llama" in plan.sections:  # the peer needs the GGUF the checkpoint was made from
-        try:
-            checkpoint_gguf(args.checkpoint)
-        except FileNotFoundError as exc:
-            if args.only:
-                raise ValueError(str(exc)) from exc
-            plan = replace(plan, sections=tuple(s for s in plan.sections if s != "llama"))
-    return plan
 
 
 def run_sections(plan: Plan, args: argparse.Namespace, models: list[Any], results: dict[str, Any],
@@ -99,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench {elapsed()}] {message}", flush=True)
 
     try:
-        plan = checked_plan(args)
+        plan = make_plan(checkpoint=args.checkpoint, **{n: getattr(args, n) for n in PLAN_OPTIONS})
+        if plan.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("--device cuda, but torch sees no GPU")
         names = plan.models if "kernels" in plan.sections else ()
         if {*TRAFFIC_SECTIONS, "beams"} & set(plan.sections) and "default" not in names:
             names = ("default", *names)

@@ -4,9 +4,11 @@ length, decided in one place, so every table can print the settings it was measu
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
-from reporting.llama_server import llama_server_binary
+from reporting.llama_server import checkpoint_gguf, llama_server_binary
+from serving.paths import DEFAULT_CHECKPOINT
 
 SECTIONS = ("kernels", "arrivals", "mixed", "single", "beams", "prefix", "llama")
 DTYPES = ("float32", "bfloat16", "int8")
@@ -88,7 +90,8 @@ def parse_list(text: str | None, allowed: tuple[str, ...], what: str) -> tuple[s
 def make_plan(quick: bool = False, only: str | None = None, device: str = "cpu",
               models: str | None = None, dtypes: str | None = None, systems: str | None = None,
               backends: str | None = None, lengths: str | None = None,
-              llama_available: bool | None = None) -> Plan:  # fmt: skip
+              llama_available: bool | None = None,
+              checkpoint: Path = DEFAULT_CHECKPOINT) -> Plan:  # fmt: skip
     """The full plan, or the quick one (the same sections, each smaller), narrowed by the
     command line's choices. The ``llama`` section runs by default only where ``llama-server``
     is built (None: look); asked for by name without it, the error names the fix."""
@@ -109,8 +112,9 @@ def make_plan(quick: bool = False, only: str | None = None, device: str = "cpu",
         try:
             if llama_available is False:
                 raise FileNotFoundError("no llama-server: run `make llama-server` first")
-            if llama_available is None:
+            if llama_available is None:  # the binary, and the GGUF the checkpoint was made from
                 llama_server_binary()
+                checkpoint_gguf(checkpoint)
         except FileNotFoundError as exc:
             if only:  # asked for by name: refused, not skipped
                 raise ValueError(str(exc)) from exc
