@@ -153,17 +153,16 @@ class EngineRunner:
 
     system = "engine"
 
-    def __init__(
-        self, checkpoint: Path, dtype: str, device: str, max_batch_size: int, prompt_tokens: int
-    ) -> None:
+    def __init__(self, checkpoint: Path, dtype: str, device: str, max_batch_size: int,
+                 prompt_tokens: int) -> None:  # fmt: skip
         kwargs = {"quantize": "int8"} if dtype == "int8" else {}
         model = in_passing_thread(  # so the engine's thread holds the only OpenMP pool
             lambda: load_model(checkpoint, dtype=TORCH_DTYPES[dtype], device=device, **kwargs)
         )
         self.bad = [[end] for end in end_ids(checkpoint) or [model.config.eos_token_id]]
         prefill = max(4096, max_batch_size * prompt_tokens)
-        self.engine = TorchEngine(model, max_batch_size=max_batch_size,
-                                  max_prefill_tokens=prefill).start()  # fmt: skip
+        self.engine = TorchEngine(model, max_batch_size=max_batch_size, max_prefill_tokens=prefill)
+        self.engine.start()
         quantized = ", quantize=int8" if kwargs else ""
         self.detail = f"load_model(dtype={dtype}{quantized}): {type(model).__name__}"
 
@@ -191,9 +190,9 @@ class OpenVINORunner(EngineRunner):
 
     system = "openvino"
 
-    def __init__(  # no super().__init__(): that would load the torch model
-        self, checkpoint: Path, dtype: str, device: str, max_batch_size: int, prompt_tokens: int
-    ) -> None:
+    def __init__(self, checkpoint: Path, dtype: str, device: str, max_batch_size: int,
+                 prompt_tokens: int) -> None:  # fmt: skip
+        # no super().__init__(): it loads the torch model
         shape = ModelShape.read(checkpoint)
         self.end_id = stand_in_end_id(shape.vocab_size, shape.eos_token_id)
         self.engine = start_backend(

@@ -136,13 +136,10 @@ def beam_tables(results: dict[str, Any]) -> list[Table]:
 
 def _load_context(results: dict[str, Any], extra: str) -> str:
     load = results.get("load_settings", {})
-    return context(
-        results, model_text(results, load.get("model", "default")),
-        f"torch dtype {load.get('dtype', '?')}, openvino dtype {load.get('openvino_dtype', '—')}",
-        f"device {results['plan']['device']}",
-        f"engine max_batch_size {load.get('max_batch_size', '?')}",
-        prose("load", end_id=load.get("openvino_end_id", "?")), extra,
-    )  # fmt: skip
+    return context(results, model_text(results, load.get("model", "default")), prose(
+        "load", dtype=load.get("dtype", "?"), openvino_dtype=load.get("openvino_dtype", "—"),
+        device=results["plan"]["device"], batch=load.get("max_batch_size", "?"),
+        end_id=load.get("openvino_end_id", "?")), extra)  # fmt: skip
 
 
 def throughput_verdict(row: dict[str, Any]) -> str:
