@@ -16,13 +16,12 @@ import json
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import tritonclient.grpc as grpcclient
 
 from bench.format import machine, machine_label
-from bench.load import running_server
+from bench.load import running_server, timed
 from bench.models import CACHE, build_random_gptj
 from client.client import CodegenClient
 from client.request import CompletionRequest, requested_outputs
@@ -32,16 +31,6 @@ from contract.tensors import ENSEMBLE_MODEL
 STDLIB_SHAPE = {"vocab_size": 4096, "n_positions": 1024, "n_embd": 256, "n_layer": 4,
                 "n_head": 8, "rotary_dim": 16}  # fmt: skip
 PROMPT = " ".join(f"t{i}" for i in range(100, 120))  # 20 tokens of the word-level vocabulary
-
-
-def timed(call: Callable[[], object], count: int, warmup: int) -> list[float]:
-    """Milliseconds of ``count`` calls after ``warmup`` untimed ones."""
-    times = []
-    for _ in range(warmup + count):
-        started = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - started) * 1000)
-    return times[warmup:]
 
 
 def measure(url: str, tokens: int, count: int, warmup: int) -> dict[str, dict]:
@@ -58,12 +47,13 @@ def measure(url: str, tokens: int, count: int, warmup: int) -> dict[str, dict]:
             started, first = time.perf_counter(), None
             with codegen.open_stream(request) as stream:
                 for _ in stream:
-                    first = first or (time.perf_counter() - started) * 1000
+                    first = first or time.perf_counter() - started
             firsts.append(first)
             made.append(int((stream.completion and stream.completion.completion_tokens) or 0))
 
         times["stream last piece"] = timed(streamed, count, warmup)
     del firsts[:warmup]
+    times = {name: [s * 1000 for s in seconds] for name, seconds in times.items()}
     summary: dict[str, dict] = {
         name: {"median_ms": round(statistics.median(ms), 2),
                "p90_ms": round(statistics.quantiles(ms, n=10)[-1], 2), "min_ms": round(min(ms), 2)}

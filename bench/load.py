@@ -17,7 +17,7 @@ import shutil
 import statistics
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -251,14 +251,13 @@ def static_batches(target: BareTarget, clients: int, tokens: int,
     return generated / (time.perf_counter() - started), rounds, short
 
 
-def latencies(target: BareTarget | ServedTarget, tokens: int, repeats: int,
-              warmup: int = 2) -> list[float]:  # fmt: skip
-    """Seconds for one request alone, ``repeats`` times after ``warmup`` untimed ones; the
-    same prompt and seed every time so only the path differs between targets."""
+def timed(call: Callable[[], object], count: int, warmup: int = 2) -> list[float]:
+    """Seconds of ``count`` calls after ``warmup`` untimed ones (one request alone: the same
+    prompt and seed every time, so only the path differs between targets)."""
     seconds = []
-    for _ in range(warmup + repeats):
+    for _ in range(warmup + count):
         start = time.perf_counter()
-        target.request(0, tokens)
+        call()
         seconds.append(time.perf_counter() - start)
     return seconds[warmup:]
 

@@ -185,7 +185,7 @@ class Traffic:
             self.mixed.append(row)
             self.progress(f"mixed {path}: short requests' median {row['slowdown'] or 0:.2f}x alone")
         if "single" in plan.sections:
-            seconds = load.latencies(target, plan.single_tokens, plan.single_repeats)
+            seconds = load.timed(lambda: target.request(0, plan.single_tokens), plan.single_repeats)
             self.single[f"{path}_median_ms"] = median_ms(seconds)
             self.single[f"{path}_all_ms"] = [round(s * 1000, 2) for s in seconds]
             self.progress(f"single {path}: median {self.single[f'{path}_median_ms']:.1f} ms")
