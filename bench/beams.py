@@ -1,10 +1,7 @@
-"""Section ``beams``: what beam search costs at widths 1, 4 and 8, next to transformers'.
-
-The same prompts (equal lengths, so transformers pays no padding) go to the engine, all at
-once, each a beam search of the width, and to transformers' ``generate(num_beams=width)`` as one
-static batch; every end token is banned so that every beam runs the whole length. Reported:
-tokens/s of the best beams (what a user receives) and of every beam (what was computed), the
-engine's peak KV-cache memory, and whether both systems' best beams agree.
+"""Section ``beams``: beam search at widths 1, 4 and 8 in the engine (all prompts at once) and
+in transformers' ``generate(num_beams=width)`` (one static batch of equal-length prompts), every
+end token banned: tokens/s of the best beams and of every beam, the engine's peak KV cache, and
+whether both systems' best beams agree.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""What bfloat16 and int8 cost in agreement with float32, engine by engine.
-
-    python -m bench.quality [--prompts 8] [--prompt-len 32] [--new 32] [--openvino-only]
-
-On the default model and on a random GPT-J with codegen-350M's shapes (built once), each
-variant generates greedily on the same random prompts: the torch engine in float32, bfloat16
-and int8, the openvino backend's pipeline in float32 and bfloat16. Each is compared with
-transformers' greedy float32 tokens: the share of tokens equal before the first difference,
-and the sequences equal throughout. A random model's flat distributions flip near-ties, so its
-figures are a lower bound. (The speed each buys is the ``kernels`` section of ``make bench``.)
+"""``python -m bench.quality [--openvino-only]``: what each engine's dtypes (torch float32,
+bfloat16, int8; openvino float32, bfloat16) cost in greedy agreement with transformers' float32,
+on the default model and a random GPT-J of codegen-350M's shapes (whose flat distributions flip
+near-ties: a lower bound). The speed each buys is ``make bench``'s ``kernels`` section.
 """
 
 from __future__ import annotations
