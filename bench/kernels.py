@@ -15,6 +15,7 @@ from bench.models import ModelInfo, random_prompts
 from bench.settings import KernelPlan, Plan
 from bench.systems import Runner, TransformersRunner, generate, unsupported
 from engine import in_passing_thread
+from modelbuild.openvino_export import ensure_export
 from reporting.machine import bf16_native
 
 Progress = Callable[[str], None]
@@ -66,25 +67,13 @@ def measure(
     return {**row, "seconds": seconds, "tokens_per_s": generated / seconds}
 
 
-def _runner(system: str, model: ModelInfo, dtype: str, plan: Plan) -> Runner:
-    kplan = plan.kernels[model.key]
-    if system == "transformers":
-        return TransformersRunner(model.path, dtype, plan.device)
-    if system == "openvino":
-        from modelbuild.openvino_export import ensure_export
-
-        ensure_export(model.path)  # the 350M shape's export is made once, in .venv-export
-    runner = systems.OpenVINORunner if system == "openvino" else systems.EngineRunner
-    return runner(model.path, dtype, plan.device, max(kplan.batches), kplan.prompt_tokens)
-
-
 Rows = list[dict[str, Any]]
 
 
 def run_kernels(plan: Plan, models: list[ModelInfo], progress: Progress,
                 on_rows: Callable[[Rows], None]) -> Rows:  # fmt: skip
     """Every (model, dtype, system, batch, mode) cell; unsupported ones are rows with a note."""
-    rows: list[dict[str, Any]] = []
+    rows: Rows = []
 
     def one_system(model: ModelInfo, prompts: list[list[int]], dtype: str, system: str) -> None:
         """Load one system, run its cells, close it: all in a thread that then ends, so the
@@ -94,7 +83,14 @@ def run_kernels(plan: Plan, models: list[ModelInfo], progress: Progress,
         cells = [{**base, "batch": b, "mode": mode} for b in kplan.batches for mode in MODES]
         if (reason := unsupported(system, dtype, plan.device)) is None:
             try:
-                runner = _runner(system, model, dtype, plan)
+                if system == "openvino":  # its export (the 350M shape's) is made once
+                    ensure_export(model.path)
+                if system == "transformers":
+                    runner = TransformersRunner(model.path, dtype, plan.device)
+                else:
+                    make = systems.OpenVINORunner if system == "openvino" else systems.EngineRunner
+                    runner = make(model.path, dtype, plan.device, max(kplan.batches),
+                                  kplan.prompt_tokens)  # fmt: skip
             except Exception as exc:  # a load failure is a result, not the end of the run
                 reason = f"failed to load: {type(exc).__name__}: {exc}"[:200]
         for cell in cells:

@@ -144,10 +144,6 @@ def unsupported(system: str, dtype: str, device: str) -> str | None:
     return None
 
 
-def engine_sampling(sampled: bool, seed: int) -> SamplingParams:
-    return SamplingParams(**SAMPLED, seed=seed) if sampled else SamplingParams()
-
-
 class EngineRunner:
     """This project's continuous-batching engine, the whole batch submitted at once."""
 
@@ -171,8 +167,8 @@ class EngineRunner:
     ) -> list[list[int]]:
         pending = [Pending() for _ in prompts]
         for i, (prompt, listener) in enumerate(zip(prompts, pending, strict=True)):
-            self.engine.submit(self.request(prompt, new, engine_sampling(sampled, seed + i)),
-                               listener)  # fmt: skip
+            sampling = SamplingParams(**SAMPLED, seed=seed + i) if sampled else SamplingParams()
+            self.engine.submit(self.request(prompt, new, sampling), listener)
         return [list(listener.wait().output_ids) for listener in pending]
 
     def request(self, prompt: list[int], new: int, sampling: SamplingParams) -> GenerationRequest:

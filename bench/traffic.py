@@ -82,14 +82,6 @@ class Traffic:
         self.mixed: list[dict[str, Any]] = []
         self.single: dict[str, Any] = {}
 
-    def load_settings(self) -> dict[str, Any]:
-        ids = self.ids
-        return {
-            "model": self.model.name, **self.settings, "backends": list(self.plan.backends),
-            "openvino_end_id": self.end_id, "prompts": len(ids),
-            "prompt_tokens_median": sorted(map(len, ids))[len(ids) // 2],
-        }  # fmt: skip
-
     def row(self, length: int) -> dict[str, Any]:
         return self.arrivals.setdefault(length, {"length": length})
 
@@ -239,7 +231,12 @@ def run_traffic(plan: Plan, model: ModelInfo, results: dict[str, Any], out: Path
                 progress: Progress, save: Callable[[], None]) -> None:  # fmt: skip
     """Fill ``results`` with ``load_settings`` and the rows of the chosen traffic sections."""
     traffic = Traffic(plan, model, out, progress)
-    results["load_settings"] = traffic.load_settings()
+    ids = traffic.ids
+    results["load_settings"] = {
+        "model": model.name, **traffic.settings, "backends": list(plan.backends),
+        "openvino_end_id": traffic.end_id, "prompts": len(ids),
+        "prompt_tokens_median": sorted(map(len, ids))[len(ids) // 2],
+    }  # fmt: skip
     for backend in plan.backends:  # one system at a time: never two on the CPU at once
         traffic.backend(backend)
         traffic.publish(results)
