@@ -80,8 +80,7 @@ def _kernel_row(e: dict[str, Any], reasons: dict[str, str]) -> list[str]:
 
 
 def kernel_tables(results: dict[str, Any]) -> list[Table]:
-    rows = results.get("kernels") or []
-    if not rows:
+    if not (rows := results.get("kernels") or []):
         return []
     plan, tables = results["plan"], []
     comparison = kernel_comparison(rows)
@@ -116,8 +115,7 @@ def kernel_tables(results: dict[str, Any]) -> list[Table]:
 
 
 def beam_tables(results: dict[str, Any]) -> list[Table]:
-    rows = results.get("beams")
-    if not rows:
+    if not (rows := results.get("beams")):
         return []
     headers, body = columns([
         (" width", lambda r: str(r["width"])), (" engine tok/s", _rate("engine_tokens_per_s")),
@@ -162,8 +160,7 @@ def _length(r: dict[str, Any]) -> str:
 
 
 def arrival_tables(results: dict[str, Any]) -> list[Table]:
-    rows = results.get("arrivals") or []
-    if not rows:
+    if not (rows := results.get("arrivals") or []):
         return []
     n = results["plan"]["clients"]
     headers, body = columns([
@@ -213,8 +210,7 @@ def openvino_arrival_tables(results: dict[str, Any]) -> list[Table]:
 
 
 def mixed_tables(results: dict[str, Any]) -> list[Table]:
-    rows = results.get("mixed") or []
-    if not rows:
+    if not (rows := results.get("mixed") or []):
         return []
     plan = results["plan"]
     short, long, n = plan["mixed_short"], plan["mixed_long"], plan["mixed_clients"]
@@ -234,8 +230,7 @@ def mixed_tables(results: dict[str, Any]) -> list[Table]:
 
 
 def single_tables(results: dict[str, Any]) -> list[Table]:
-    single = results.get("single")
-    if not single:
+    if not (single := results.get("single")):
         return []
     body = []
     for backend, prefix in (("torch", ""), ("openvino", "openvino_")):
