@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from contract.model_tokens import end_ids
 from engine import read_config
@@ -70,12 +71,9 @@ def describe_checkpoint(key: str, name: str, path: Path) -> ModelInfo:
     family = json.loads((path / "config.json").read_text()).get("model_type", "gptj")
     parameters = 0
     for file in sorted(path.glob("*.safetensors")):
-        with file.open("rb") as handle:
-            size = int.from_bytes(handle.read(8), "little")
-            header = json.loads(handle.read(size))
-        for tensor, entry in header.items():
-            if tensor != "__metadata__" and not tensor.endswith(_BUFFERS):
-                parameters += math.prod(entry["shape"])
+        with safe_open(file, "np") as tensors:  # reads the header only
+            names = [name for name in tensors.keys() if not name.endswith(_BUFFERS)]  # noqa: SIM118
+            parameters += sum(math.prod(tensors.get_slice(name).get_shape()) for name in names)
     kv = f" ({config.n_kv_head} key/value)" if config.n_kv_head != config.n_head else ""
     heads = f"{config.n_head} heads{kv}"
     description = (
