@@ -24,20 +24,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+import engine
 from bench.models import END_OF_TEXT
 from bench.settings import SAMPLED
 from client import CodegenClient
 from contract.options import SamplingParams
-from engine import (
-    CausalLM,
-    GenerationBackend,
-    GenerationRequest,
-    GenerationResult,
-    Handle,
-    KVCache,
-    NullListener,
-    Segment,
-)
 from reporting.triton import Endpoints, ServedTriton, open_triton
 from serving import model_config
 from serving.paths import MODEL_REPOSITORY, checkpoint_dir
@@ -45,23 +36,23 @@ from serving.process import free_ports
 from serving.triton import Ports
 
 
-class Pending(NullListener):
+class Pending(engine.NullListener):
     """A submitted engine request: the time of its first token, and its result once done."""
 
     def __init__(self) -> None:
         self.done = threading.Event()
-        self.result: GenerationResult | None = None
+        self.result: engine.GenerationResult | None = None
         self.first: float | None = None
-        self.handle: Handle | None = None
+        self.handle: engine.Handle | None = None
 
     def on_token(self, token_id: int, log_prob: float) -> None:
         self.first = self.first or time.perf_counter()
 
-    def on_finish(self, result: GenerationResult) -> None:
+    def on_finish(self, result: engine.GenerationResult) -> None:
         self.result = result
         self.done.set()
 
-    def wait(self) -> GenerationResult:
+    def wait(self) -> engine.GenerationResult:
         """The result; RuntimeError for a failed request (a cancelled one is a result)."""
         self.done.wait()
         assert self.result is not None
@@ -118,10 +109,10 @@ class BareTarget:
     ``end_id`` None bans ``eos`` (one id, or several) as bad words (the torch engine); an id
     stands in for the end token instead (openvino refuses bad words: bench/systems.py)."""
 
-    def __init__(self, engine: GenerationBackend, prompts: Sequence[list[int]],
+    def __init__(self, backend: engine.GenerationBackend, prompts: Sequence[list[int]],
                  eos: int | Sequence[int] | None, end_id: int | None = None,
                  name: str = "bare") -> None:  # fmt: skip
-        self.engine, self.prompts, self.end_id, self.name = engine, list(prompts), end_id, name
+        self.engine, self.prompts, self.end_id, self.name = backend, list(prompts), end_id, name
         ends = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         self.bad = [[end] for end in ends] if end_id is None else []
         self._pending: set[Pending] = set()
@@ -129,7 +120,7 @@ class BareTarget:
 
     def submit(self, index: int, max_tokens: int) -> Pending:
         pending = Pending()
-        request = GenerationRequest(
+        request = engine.GenerationRequest(
             self.prompts[index % len(self.prompts)], max_tokens,
             sampling=SamplingParams(**SAMPLED, seed=index), bad_words=self.bad,
             end_id=self.end_id, return_log_probs=False,
@@ -262,7 +253,7 @@ def timed(call: Callable[[], object], count: int, warmup: int = 2) -> list[float
     return seconds[warmup:]
 
 
-def forward_ceiling(model: CausalLM, prompt_lengths: Sequence[int], rows: int, length: int,
+def forward_ceiling(model: engine.CausalLM, prompt_lengths: Sequence[int], rows: int, length: int,
                     repeats: int = 100, seed: int = 0,
                     budget_s: float = 15.0) -> float:  # fmt: skip
     """Tokens/s of the model's decode forward pass alone, ``rows`` rows at the positions a closed
@@ -271,11 +262,11 @@ def forward_ceiling(model: CausalLM, prompt_lengths: Sequence[int], rows: int, l
     rng = random.Random(seed)
     positions = [rng.choice(prompt_lengths) + rng.randrange(length) for _ in range(rows)]
     weights = next(model.parameters())
-    cache = KVCache.empty(model.config, weights.dtype, weights.device)
+    cache = engine.KVCache.empty(model.config, weights.dtype, weights.device)
     cache.reserve(rows, max(positions) + 1)
     tokens = [[rng.randrange(model.config.vocab_size)] for _ in range(rows)]
     at = torch.tensor(positions, device=weights.device)
-    segment = Segment(torch.tensor(tokens, device=weights.device), at, torch.zeros_like(at),
+    segment = engine.Segment(torch.tensor(tokens, device=weights.device), at, torch.zeros_like(at),
                       slice(0, rows))  # fmt: skip
     for _ in range(3):
         model.step([segment], cache)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+import engine
 from bench.format import machine, machine_label, render_text
 from bench.load import Pending, running_server
 from bench.models import CACHE, DEFAULT_CHECKPOINT, RANDOM_350M, build_random_gptj
@@ -31,15 +32,6 @@ from bench.systems import served_dtype, stand_in_end_id
 from bench.tables import prefix_table
 from client import CodegenClient
 from contract.model_tokens import prompt_head
-from engine import (
-    GenerationRequest,
-    ModelShape,
-    OpenVINOBackend,
-    TorchEngine,
-    in_passing_thread,
-    load_model,
-    require_export,
-)
 from modelbuild.corpus import read_texts, split
 from modelbuild.openvino_export import ensure_export
 from reporting.machine import bf16_native
@@ -68,22 +60,22 @@ def windows(length: int, count: int, vocab: int) -> list[list[int]]:
 
 def measure(system: str, checkpoint: Path, length: int, repeats: int, new: int) -> dict:
     """One system on one model, in this process (run it alone: see main)."""
-    shape = ModelShape.read(checkpoint)
+    shape = engine.ModelShape.read(checkpoint)
     prompts = windows(length, repeats + 1, shape.vocab_size)
     if system.startswith("openvino"):
-        engine = OpenVINOBackend(
-            require_export(checkpoint), shape, max_batch_size=4,
+        backend = engine.OpenVINOBackend(
+            engine.require_export(checkpoint), shape, max_batch_size=4,
             max_cache_tokens=16 * shape.context, prefix_caching=system == "openvino",
         ).start()  # fmt: skip
     else:
         dtype = getattr(torch, system.split("-")[1])
-        model = in_passing_thread(lambda: load_model(checkpoint, dtype=dtype))
-        engine = TorchEngine(model, max_batch_size=4).start()
+        model = engine.in_passing_thread(lambda: engine.load_model(checkpoint, dtype=dtype))
+        backend = engine.TorchEngine(model, max_batch_size=4).start()
 
     def timed(prompt: list[int]) -> tuple[float, float]:
         """(seconds to the first token, seconds to the result) of one greedy request."""
         started, pending = time.perf_counter(), Pending()
-        engine.submit(GenerationRequest(prompt, new, return_log_probs=False), pending)
+        backend.submit(engine.GenerationRequest(prompt, new, return_log_probs=False), pending)
         if (error := pending.wait().error) or pending.first is None:
             raise RuntimeError(error or "no token")
         return pending.first - started, time.perf_counter() - started
@@ -92,7 +84,7 @@ def measure(system: str, checkpoint: Path, length: int, repeats: int, new: int) 
         timed(prompts[0])  # warm-up: first compilations and allocations
         pairs = [[timed(p[:length]), timed(p)] for p in prompts[1:]]
     finally:
-        engine.stop()
+        backend.stop()
     return {"system": system, **medians(pairs)}
 
 
@@ -162,7 +154,7 @@ def run_served_prefix(paths: dict[str, Path], repeats: int, out: Path,
     3 characters longer). Medians after a warm-up window; 16 tokens each, checked."""
     dtype, rows = served_dtype(), []
     for key, path in paths.items():
-        shape, stream = ModelShape.read(path), key == "350m"
+        shape, stream = engine.ModelShape.read(path), key == "350m"
         end_id = stand_in_end_id(shape.vocab_size, shape.eos_token_id)
         length = STREAM_PROMPT if stream else UNARY_PROMPT
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
