@@ -17,22 +17,16 @@ from typing import Any, Protocol
 
 import torch
 
+import engine
 from bench.load import Pending
 from bench.settings import SAMPLED
 from contract.model_tokens import end_ids
 from contract.options import SamplingParams
-from engine import (
-    PRECISIONS,
-    GenerationRequest,
-    ModelShape,
-    TorchEngine,
-    in_passing_thread,
-    load_model,
-)
+from engine import GenerationRequest, ModelShape, TorchEngine, in_passing_thread, load_model
 from reporting.machine import bf16_native
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.float32}
-OPENVINO_DTYPES = tuple(PRECISIONS)  # float32, bfloat16: what compile_properties takes
+OPENVINO_DTYPES = tuple(engine.PRECISIONS)  # float32, bfloat16: what compile_properties takes
 
 
 def served_dtype(flags: list[str] | None = None) -> str:
@@ -52,10 +46,8 @@ def start_backend(checkpoint: Path, dtype: str, max_batch_size: int, max_prefill
                   prefix_caching: bool = True, max_cache_tokens: int = 0) -> Any:  # fmt: skip
     """The project's OpenVINOBackend on ``checkpoint``'s export, started (0 cache tokens: a
     full context per row, as the served config's 0 means)."""
-    from engine import OpenVINOBackend, require_export
-
-    return OpenVINOBackend(
-        require_export(checkpoint), ModelShape.read(checkpoint), dtype=dtype,
+    return engine.OpenVINOBackend(
+        engine.require_export(checkpoint), ModelShape.read(checkpoint), dtype=dtype,
         max_batch_size=max_batch_size, max_prefill_tokens=max(max_prefill_tokens, max_batch_size),
         prefix_caching=prefix_caching, max_cache_tokens=max_cache_tokens or None,
     ).start()  # fmt: skip
@@ -69,18 +61,16 @@ class PipelineGenerate:
     def __init__(self, checkpoint: Path, dtype: str, max_batch_size: int) -> None:
         import openvino_genai
 
-        from engine import BLOCK_SIZE, compile_properties, require_export
-
         shape = ModelShape.read(checkpoint)
         scheduler = openvino_genai.SchedulerConfig()
-        scheduler.num_kv_blocks = -(-max_batch_size * shape.context // BLOCK_SIZE)
+        scheduler.num_kv_blocks = -(-max_batch_size * shape.context // engine.BLOCK_SIZE)
         scheduler.max_num_seqs = max_batch_size
         scheduler.max_num_batched_tokens = max(4096, max_batch_size)
         scheduler.dynamic_split_fuse = True
         scheduler.enable_prefix_caching = False
-        self.pipe = openvino_genai.ContinuousBatchingPipeline(
-            str(require_export(checkpoint)), scheduler, "CPU", compile_properties(dtype)
-        )
+        export, properties = engine.require_export(checkpoint), engine.compile_properties(dtype)
+        pipeline = openvino_genai.ContinuousBatchingPipeline
+        self.pipe = pipeline(str(export), scheduler, "CPU", properties)
         self.eos = shape.eos_token_id
 
     def generate_ids(
