@@ -10,13 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from bench.models import (
-    DEFAULT_CHECKPOINT,
-    RANDOM_350M,
-    build_random_gptj,
-    describe_checkpoint,
-    random_prompts,
-)
+from bench import models
 from bench.systems import OPENVINO_DTYPES, EngineRunner, PipelineGenerate, TransformersRunner
 from modelbuild.openvino_export import ensure_export
 from reporting.machine import cpu_flags
@@ -57,13 +51,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.prompt_len} tokens, {args.new} new tokens; CPU flags "
           f"{' '.join(cpu_flags()) or 'none'}")  # fmt: skip
     print(f"{'model':>14} {'variant':>18} {'agree before 1st diff':>22} {'equal sequences':>16}")
-    for name, path in (("default", DEFAULT_CHECKPOINT), ("350m-random", None)):
-        path = path or build_random_gptj(RANDOM_350M)
+    for name, path in (("default", models.DEFAULT_CHECKPOINT), ("350m-random", None)):
+        path = path or models.build_random_gptj(models.RANDOM_350M)
         if not (path / "config.json").is_file():
             print(f"{name:>14}: no checkpoint at {path} (run `make model`)")
             continue
-        info = describe_checkpoint(name, name, path)
-        ids = random_prompts(args.prompts, args.prompt_len, info.vocab_size, info.banned, seed=1)
+        info = models.describe_checkpoint(name, name, path)
+        ids = models.random_prompts(
+            args.prompts, args.prompt_len, info.vocab_size, info.banned, seed=1
+        )
         tokens = {}
         for variant in ["transformers float32", *variants]:
             generator = runner(variant, path, args)

@@ -7,30 +7,20 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench import tables
 from bench.format import Table, markdown_table, model_text, prose
 from bench.peer import peer_table
-from bench.tables import (
-    KERNEL_SYSTEMS,
-    arrival_tables,
-    beam_tables,
-    kernel_comparison,
-    kernel_tables,
-    mixed_tables,
-    prefix_table,
-    single_tables,
-)
 from bench.targets import any_measured, targets_table
 
 
 def all_tables(results: dict[str, Any]) -> list[Table]:
-    return [
-        *kernel_tables(results), *arrival_tables(results), *mixed_tables(results),
-        *single_tables(results), *beam_tables(results),
-        *([prefix_table(results["prefix"])] if results.get("prefix") else []),
-        *([prefix_table(results["prefix_served"], True)] if results.get("prefix_served") else []),
-        *([peer_table(results)] if results.get("llama") else []),
-        *([targets_table(results)] if any_measured(results) else []),
-    ]  # fmt: skip
+    sections = (tables.kernel_tables, tables.arrival_tables, tables.mixed_tables,
+                tables.single_tables, tables.beam_tables)  # fmt: skip
+    prefix = [tables.prefix_table(results[key], key == "prefix_served")
+              for key in ("prefix", "prefix_served") if results.get(key)]  # fmt: skip
+    return [*(table for section in sections for table in section(results)), *prefix,
+            *([peer_table(results)] if results.get("llama") else []),
+            *([targets_table(results)] if any_measured(results) else [])]  # fmt: skip
 
 
 def render_markdown(results: dict[str, Any]) -> str:
@@ -80,7 +70,7 @@ def write_chart(path: Path, results: dict[str, Any]) -> Path | None:
 
     from reporting.charts import plt, save_figure  # matplotlib on Agg, loaded only to draw
 
-    comparison = kernel_comparison(results.get("kernels") or [])
+    comparison = tables.kernel_comparison(results.get("kernels") or [])
     models = list(dict.fromkeys(e["model"] for e in comparison))
     arrivals, mixed = results.get("arrivals") or [], results.get("mixed") or []
     single = results.get("single") or {}
@@ -93,7 +83,9 @@ def write_chart(path: Path, results: dict[str, Any]) -> Path | None:
     for model in models:
         entries = [e for e in comparison if e["model"] == model]
         labels = [f"{e['dtype']}\nb{e['batch']} {e['mode'][:6]}" for e in entries]
-        frame = pd.DataFrame({s: [e.get(s) or 0 for e in entries] for s in KERNEL_SYSTEMS}, labels)
+        frame = pd.DataFrame(
+            {s: [e.get(s) or 0 for e in entries] for s in tables.KERNEL_SYSTEMS}, labels
+        )
         ax = frame.plot.bar(ax=next(axes), color=COLORS, logy=True, rot=0, width=0.8)
         ax.set_ylabel("generated tokens/s (log)")
         ax.set_title(f"static batches — {model_text(results, model)}; sampled = top-k 40, "

@@ -15,26 +15,11 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench import load
+from bench import load, systems
 from bench.format import ratio
 from bench.kernels import transformers_reference
-from bench.load import (
-    BareTarget,
-    ServedTarget,
-    closed_loop,
-    median_ms,
-    running_server,
-    served_engine_settings,
-)
 from bench.models import CACHE, ModelInfo
 from bench.settings import Plan
-from bench.systems import (
-    TORCH_DTYPES,
-    PipelineGenerate,
-    served_dtype,
-    stand_in_end_id,
-    start_backend,
-)
 from contract.model_tokens import prompt_head
 from contract.prompts import code_prompts
 from engine import TorchEngine, in_passing_thread, load_model
@@ -67,8 +52,8 @@ class Traffic:
         from transformers import PreTrainedTokenizerFast
 
         self.plan, self.model, self.out, self.progress = plan, model, out, progress
-        self.settings = {**served_engine_settings(), "openvino_dtype": served_dtype()}
-        self.end_id = stand_in_end_id(model.vocab_size, model.eos_token_id)  # openvino's
+        self.settings = {**load.served_engine_settings(), "openvino_dtype": systems.served_dtype()}
+        self.end_id = systems.stand_in_end_id(model.vocab_size, model.eos_token_id)  # openvino's
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model.path))
         head = prompt_head(tokenizer)  # what the server puts before every prompt (a BOS, or none)
         longest = max((*plan.lengths, plan.mixed_long, plan.single_tokens))
@@ -89,7 +74,7 @@ class Traffic:
         return str(self.settings["dtype" if backend == "torch" else "openvino_dtype"])
 
     @contextmanager
-    def bare(self, backend: str) -> Iterator[tuple[BareTarget, Any]]:
+    def bare(self, backend: str) -> Iterator[tuple[load.BareTarget, Any]]:
         """One backend in this process, configured as the served one; stopped on exit. Yields
         the target and (torch) the weights, for the forward ceilings once the engine is gone."""
         started, dtype, weights = time.perf_counter(), self.dtype(backend), None
@@ -97,14 +82,16 @@ class Traffic:
         batch, prefill, cache = (int(self.settings[k]) for k in budgets)
         if backend == "torch":
             weights = in_passing_thread(  # the engine's thread is then the only OpenMP pool
-                lambda: load_model(self.model.path, TORCH_DTYPES[dtype], self.plan.device)
+                lambda: load_model(self.model.path, systems.TORCH_DTYPES[dtype], self.plan.device)
             )
             engine: Any = TorchEngine(weights, max_batch_size=batch, max_prefill_tokens=prefill,
                                       max_cache_tokens=cache or None).start()  # fmt: skip
-            target = BareTarget(engine, self.ids, self.model.banned)
+            target = load.BareTarget(engine, self.ids, self.model.banned)
         else:
-            engine = start_backend(self.model.path, dtype, batch, prefill, max_cache_tokens=cache)
-            target = BareTarget(engine, self.ids, None, self.end_id, key(backend, "bare"))
+            engine = systems.start_backend(
+                self.model.path, dtype, batch, prefill, max_cache_tokens=cache
+            )
+            target = load.BareTarget(engine, self.ids, None, self.end_id, key(backend, "bare"))
         self.progress(f"bare {backend} ready ({dtype}, {time.perf_counter() - started:.1f}s)")
         try:
             yield target, weights
@@ -112,15 +99,15 @@ class Traffic:
             engine.stop()
 
     @contextmanager
-    def served(self, backend: str) -> Iterator[ServedTarget]:
+    def served(self, backend: str) -> Iterator[load.ServedTarget]:
         """Triton on a copy of the repository serving ``backend``; stopped on exit."""
         dtype, log = self.dtype(backend), self.out / f"tritonserver-{backend}.log"
         self.progress(f"starting Triton ({backend} backend, {dtype}) on a copy of the repository")
-        server = running_server(self.model.path, CACHE / "serving", log, self.plan.device,
+        server = load.running_server(self.model.path, CACHE / "serving", log, self.plan.device,
                                 backend=backend, parameters={"dtype": dtype})  # fmt: skip
         with server as srv:
             end_id = None if backend == "torch" else self.end_id
-            target = ServedTarget(srv.grpc_url, self.texts, [len(i) for i in self.ids], end_id,
+            target = load.ServedTarget(srv.grpc_url, self.texts, [len(i) for i in self.ids], end_id,
                                   key(backend, "served"), self.model.end_words())  # fmt: skip
             try:
                 if (got := target.request(0, 16)) != 16:
@@ -129,7 +116,7 @@ class Traffic:
             finally:
                 target.close()
 
-    def run_arrivals(self, targets: list[Any], pipeline: PipelineGenerate | None) -> None:
+    def run_arrivals(self, targets: list[Any], pipeline: systems.PipelineGenerate | None) -> None:
         """Closed-loop arrivals at each length, the systems alternating in mirrored half windows
         (module docstring); a system's rate is the mean of its two windows'."""
         plan = self.plan
@@ -138,11 +125,11 @@ class Traffic:
             row, rates = self.row(length), {}
             at_target = pipeline and length == target_length(plan.lengths)
             for system in mirrored([*targets, *([pipeline] if at_target else [])]):
-                if isinstance(system, PipelineGenerate):
+                if isinstance(system, systems.PipelineGenerate):
                     path, prompts = "pipeline", self.ids[: plan.clients]
                     rate = system.rate_over(prompts, length, True, plan.seed, half[0])
                 else:
-                    path, m = system.name, closed_loop(system, [length] * plan.clients, *half)
+                    path, m = system.name, load.closed_loop(system, [length] * plan.clients, *half)
                     rate = m.rate()
                     for name, value in (("requests", len(m.frame)), ("short", m.short_of()),
                                         ("window_s", m.window_s)):  # fmt: skip
@@ -160,25 +147,25 @@ class Traffic:
                 f"{k[:-len('_tokens_per_s')]} {v:,.0f}" for k, v in row.items()
                 if k.endswith("_tokens_per_s")) + " tok/s")  # fmt: skip
 
-    def drive(self, target: BareTarget | ServedTarget) -> None:
+    def drive(self, target: load.BareTarget | load.ServedTarget) -> None:
         """The mixed and single sections against one target."""
         plan, path = self.plan, target.name
         windows = (plan.window_s, plan.max_window_s, plan.warmup_cap_s)
         if "mixed" in plan.sections:
             short, long, n = plan.mixed_short, plan.mixed_long, plan.mixed_clients
             # the baseline: every client asking for short answers (the same load, none long)
-            alone = closed_loop(target, [short] * (2 * n), *windows).latencies(short)
-            both = closed_loop(target, [short] * n + [long] * n, *windows, cancel_at_end=True)
+            alone = load.closed_loop(target, [short] * (2 * n), *windows).latencies(short)
+            both = load.closed_loop(target, [short] * n + [long] * n, *windows, cancel_at_end=True)
             mixed = both.latencies(short)
-            row = {"path": path, "alone_median_ms": median_ms(alone),
-                   "mixed_median_ms": median_ms(mixed)}  # fmt: skip
+            row = {"path": path, "alone_median_ms": load.median_ms(alone),
+                   "mixed_median_ms": load.median_ms(mixed)}  # fmt: skip
             row.update(slowdown=ratio(row["mixed_median_ms"], row["alone_median_ms"]),
                        alone_samples=len(alone), mixed_samples=len(mixed))  # fmt: skip
             self.mixed.append(row)
             self.progress(f"mixed {path}: short requests' median {row['slowdown'] or 0:.2f}x alone")
         if "single" in plan.sections:
             seconds = load.timed(lambda: target.request(0, plan.single_tokens), plan.single_repeats)
-            self.single[f"{path}_median_ms"] = median_ms(seconds)
+            self.single[f"{path}_median_ms"] = load.median_ms(seconds)
             self.single[f"{path}_all_ms"] = [round(s * 1000, 2) for s in seconds]
             self.progress(f"single {path}: median {self.single[f'{path}_median_ms']:.1f} ms")
 
@@ -192,7 +179,9 @@ class Traffic:
             if "arrivals" in plan.sections:
                 pipeline = None
                 if backend != "torch":
-                    pipeline = PipelineGenerate(self.model.path, self.dtype(backend), plan.clients)
+                    pipeline = systems.PipelineGenerate(
+                        self.model.path, self.dtype(backend), plan.clients
+                    )
                     stack.callback(pipeline.close)
                 self.run_arrivals(targets, pipeline)
             for target in targets:
