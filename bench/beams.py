@@ -7,18 +7,16 @@ whether both systems' best beams agree.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from bench.load import Pending
 from bench.models import ModelInfo, random_prompts
-from bench.settings import Plan
+from bench.settings import Plan, Progress
 from contract.options import BeamParams
 from engine import GenerationRequest, GenerationResult, TorchEngine, in_passing_thread, load_model
 
-Progress = Callable[[str], None]
 Beams = tuple[list[list[int]], float]  # every prompt's best beam, seconds for them all
 
 

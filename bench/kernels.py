@@ -12,13 +12,12 @@ from typing import Any
 from bench import systems
 from bench.format import rate
 from bench.models import ModelInfo, random_prompts
-from bench.settings import KernelPlan, Plan
+from bench.settings import KernelPlan, Plan, Progress
 from bench.systems import Runner, TransformersRunner, generate, unsupported
 from engine import in_passing_thread
 from modelbuild.openvino_export import ensure_export
 from reporting.machine import bf16_native
 
-Progress = Callable[[str], None]
 PROBE_TOKENS = 2
 MAX_REPEATS = 5
 MODES = ("greedy", "sampled")

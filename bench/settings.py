@@ -3,6 +3,7 @@ length, decided in one place, so every table can print the settings it was measu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ SYSTEMS = ("engine", "openvino", "transformers")
 BACKENDS = ("openvino", "torch")
 MODELS = ("default", "350m")
 
+Progress = Callable[[str], None]  # where a section says what it is doing
 # The load test's sampling (loadtest/locustfile.py SAMPLING): what a completion service sends.
 SAMPLED = {"top_k": 40, "top_p": 0.95, "temperature": 0.8}
 

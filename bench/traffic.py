@@ -19,12 +19,11 @@ from bench import load, systems
 from bench.format import ratio
 from bench.kernels import transformers_reference
 from bench.models import CACHE, ModelInfo
-from bench.settings import Plan
+from bench.settings import Plan, Progress
 from contract.model_tokens import prompt_head
 from contract.prompts import code_prompts
 from engine import TorchEngine, in_passing_thread, load_model
 
-Progress = Callable[[str], None]
 TRAFFIC_SECTIONS = ("arrivals", "mixed", "single")
 TARGET_LENGTH = 128  # the output length the throughput targets are held at
 PATHS = ("served", "bare")
