@@ -1,12 +1,6 @@
-"""``make bench`` / ``python -m bench``: the whole comparison in one run, with progress.
-
-    python -m bench                      # full run, ~10-15 minutes on 2 cores
-    python -m bench --quick              # everything shrunk: ~14 minutes with SmolLM2-135M
-    python -m bench --only kernels,single --device cuda
-
-Writes ``bench/results/<timestamp>/`` (results.md, results.json, chart.png, the server's log)
-and prints each section's table as soon as it is measured.
-"""
+"""``make bench`` / ``python -m bench [--quick] [--only kernels,single] [--device cuda]``: the
+whole comparison in one run, written to ``bench/results/<timestamp>/`` (results.md, .json,
+chart.png, the servers' logs) after each section; every table printed at the end."""
 
 from __future__ import annotations
 
@@ -14,7 +8,6 @@ import argparse
 import sys
 import time
 import traceback
-from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +16,7 @@ import torch
 
 from bench import report
 from bench.beams import run_beams
-from bench.format import machine, machine_label
+from bench.format import machine, machine_label, render_text
 from bench.kernels import run_kernels
 from bench.models import DEFAULT_CHECKPOINT, resolve_models
 from bench.peer import run_peer
@@ -31,24 +24,10 @@ from bench.prefix import checkpoints, run_prefix, run_served_prefix
 from bench.settings import SECTIONS, Plan, make_plan
 from bench.traffic import TRAFFIC_SECTIONS, run_traffic
 from engine import in_passing_thread
-from reporting.llama_server import checkpoint_gguf
 from reporting.machine import load_average
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-class Log:
-    """Progress lines stamped with the run's elapsed time."""
-
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
-
-    def elapsed(self) -> str:
-        seconds = round(time.perf_counter() - self.started)
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-
-    def __call__(self, message: str) -> None:
-        print(f"[bench {self.elapsed()}] {message}", flush=True)
+PLAN_OPTIONS = ("quick", "only", "device", "models", "dtypes", "systems", "backends", "lengths")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -56,40 +35,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add = parser.add_argument
     add("--quick", action="store_true", help="shrink everything (~14 min with SmolLM2-135M)")
     add("--only", help=f"comma-separated subset of {','.join(SECTIONS)}")
-    add("--device", default="cpu", help="cpu or cuda (engine, transformers, ct2)")
+    add("--device", default="cpu", help="cpu or cuda (engine, transformers)")
     add("--models", help="default,350m (quick: default only)")
     add("--dtypes", help="float32,bfloat16,int8")
-    add("--systems", help="engine,openvino,transformers,ct2 (static batches)")
+    add("--systems", help="engine,openvino,transformers (static batches)")
     add("--backends", help="torch,openvino (arrivals, mixed, single)")
-    add("--clients", type=int, help="closed-loop clients for arrivals (16)")
     add("--lengths", help="output lengths for arrivals (8,32,128,512)")
-    add("--no-served", action="store_true", help="bare engine only, no Triton")
     add("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT, help="the default model's folder")
-    add("--llama-parallel", type=int, help="llama section: llama-server slots (16: one per "
-        "client at the most clients)")  # fmt: skip
-    add("--out", type=Path, help="results folder (bench/results/<timestamp>)")
+    add("--llama-parallel", type=int, help="llama-server slots (16: one per client at the most)")
     return parser.parse_args(argv)
 
 
-def checked_plan(args: argparse.Namespace) -> Plan:
-    """The run's plan; ValueError for what the command line asks and this machine can't do."""
-    choices = ("quick", "only", "device", "models", "dtypes", "systems", "backends", "clients",
-               "lengths")  # fmt: skip
-    plan = make_plan(served=not args.no_served, **{name: getattr(args, name) for name in choices})
-    if plan.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda, but torch sees no GPU")
-    if "llama" in plan.sections:  # the peer needs the GGUF the checkpoint was made from
-        try:
-            checkpoint_gguf(args.checkpoint)
-        except FileNotFoundError as exc:
-            if args.only:
-                raise ValueError(str(exc)) from exc
-            plan = replace(plan, sections=tuple(s for s in plan.sections if s != "llama"))
-    return plan
-
-
 def run_sections(plan: Plan, args: argparse.Namespace, models: list[Any], results: dict[str, Any],
-                 out: Path, log: Log, save: Any) -> None:  # fmt: skip
+                 out: Path, log: Any, save: Any) -> None:  # fmt: skip
     """Each chosen section in turn, ``results`` saved after each."""
     default = next((m for m in models if m.key == "default"), None)
     if "kernels" in plan.sections:
@@ -97,34 +55,37 @@ def run_sections(plan: Plan, args: argparse.Namespace, models: list[Any], result
         results["kernels"] = run_kernels(
             plan, kernel_models, log, on_rows=lambda rows: (results.update(kernels=rows), save())
         )
-        save()
-        for table in report.kernel_tables(results):
-            print(report.render_text(table), flush=True)
     if any(s in plan.sections for s in TRAFFIC_SECTIONS):
         run_traffic(plan, default, results, out, log, save)
     if "prefix" in plan.sections:
-        models_, repeats = list(plan.models), plan.prefix_repeats
-        results["prefix"] = run_prefix(models_, args.checkpoint, repeats, 16, log)
+        results["prefix"] = run_prefix(plan.models, args.checkpoint, plan.prefix_repeats, 16, log)
         save()
-        if plan.served and plan.served_prefix:
-            paths = checkpoints(models_, args.checkpoint, log)
-            results["prefix_served"] = run_served_prefix(paths, repeats, out, log)
-            save()
+        paths = checkpoints(plan.models, args.checkpoint, log)
+        results["prefix_served"] = run_served_prefix(paths, plan.prefix_repeats, out, log)
+        save()
     if "beams" in plan.sections:
         results["beams"] = run_beams(plan, default, log)
         save()
     if "llama" in plan.sections:
-        results["llama"] = run_peer(
-            args.checkpoint, plan.peer_half_window_s, out, log, args.llama_parallel
-        )
+        results["llama"] = run_peer(args.checkpoint, plan.peer_half_window_s, out, log,
+                                    args.llama_parallel)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    log, started = Log(), datetime.now()
+    args, started, clock = parse_args(argv), datetime.now(), time.perf_counter()
+
+    def elapsed() -> str:
+        seconds = round(time.perf_counter() - clock)
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+
+    def log(message: str) -> None:
+        print(f"[bench {elapsed()}] {message}", flush=True)
+
     try:
-        plan = checked_plan(args)
-        names = tuple(plan.models) if "kernels" in plan.sections else ()
+        plan = make_plan(checkpoint=args.checkpoint, **{n: getattr(args, n) for n in PLAN_OPTIONS})
+        if plan.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("--device cuda, but torch sees no GPU")
+        names = plan.models if "kernels" in plan.sections else ()
         if {*TRAFFIC_SECTIONS, "beams"} & set(plan.sections) and "default" not in names:
             names = ("default", *names)
         # building a model runs torch: in a thread that ends (engine/threads.py)
@@ -132,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
-    out = args.out or RESULTS / started.strftime("%Y%m%d-%H%M%S")
+    out = RESULTS / started.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     info = machine(plan.device)
     results: dict[str, Any] = {
@@ -146,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
 
     def save() -> None:
-        results.update(elapsed=log.elapsed(), load_end=load_average())
+        results.update(elapsed=elapsed(), load_end=load_average())
         report.write_all(out, results)
 
     log(f"{'quick' if plan.quick else 'full'} run: {', '.join(plan.sections)} -> {out}")
@@ -163,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
         results["notes"].append("stopped by an error (see the terminal)")
     save()
     for table in report.all_tables(results):
-        if not table[0].startswith(("Static batches", "Engine:")):  # printed above
-            print(report.render_text(table), flush=True)
+        print(render_text(table), flush=True)
     log(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'chart.png'}")
     return 1 if failed else 0

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from string import Template
 from typing import Any
 
 from reporting import tables
 from reporting.machine import describe
 
 Table = tuple[str, str, list[str], list[list[str]]]  # title, context line, headers, rows
+TEMPLATES = Path(__file__).with_name("report.md")
+
+
+def prose(name: str, lines: bool = False, **values: Any) -> str:
+    """A piece of the report's prose (bench/report.md), its ``$names`` filled in; on one line
+    unless ``lines``."""
+    text = tables.templates(TEMPLATES)[name]
+    return Template(text if lines else text.replace("\n", " ")).substitute(values)
 
 
 def machine(device: str = "cpu") -> dict[str, Any]:
@@ -33,9 +43,7 @@ def machine_label(info: dict[str, Any]) -> str:
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
     """numerator / denominator, or None when either is missing or the denominator is 0."""
-    if numerator is None or denominator is None or denominator == 0:
-        return None
-    return numerator / denominator
+    return None if numerator is None or not denominator else numerator / denominator
 
 
 def fmt(value: float | int | None, digits: int = 0, suffix: str = "") -> str:
@@ -55,19 +63,18 @@ def verdict(value: float | None, limit: float, at_most: bool) -> str:
     return "ok" if (value <= limit if at_most else value >= limit) else "MISSED"
 
 
-def _align(headers: Sequence[str]) -> str:
-    """Bench marks a numeric column with a leading space in its header: right-aligned."""
-    return "".join("r" if h.startswith(" ") else "l" for h in headers)
+def _table(draw: Any, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A header with a leading space marks a numeric column: right-aligned."""
+    align = "".join("r" if h.startswith(" ") else "l" for h in headers)
+    return "\n".join(draw([h.strip() for h in headers], rows, align))
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A GitHub markdown table (the one table helper, :mod:`reporting.tables`)."""
-    return "\n".join(tables.table([h.strip() for h in headers], rows, _align(headers)))
+    return _table(tables.table, headers, rows)
 
 
 def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """The same table for a terminal: padded columns, numeric ones right-justified."""
-    return "\n".join(tables.text_table([h.strip() for h in headers], rows, _align(headers)))
+    return _table(tables.text_table, headers, rows)
 
 
 def render_text(table: Table) -> str:
@@ -88,7 +95,5 @@ def context(results: dict[str, Any], *parts: str) -> str:
 
 
 def model_text(results: dict[str, Any], name: str) -> str:
-    for model in results.get("models", []):
-        if model["name"] == name:
-            return f"model: {name} ({model['description']})"
-    return f"model: {name}"
+    found = [m["description"] for m in results.get("models", []) if m["name"] == name]
+    return f"model: {name}" + (f" ({found[0]})" if found else "")

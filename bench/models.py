@@ -1,10 +1,6 @@
-"""The checkpoints a run compares on, and their CTranslate2 conversions (cached).
-
-``default`` is the served model (``make model``), of any family the engine serves (GPT-J or
-the Llama family: engine/models.py reads which from its config.json). ``350m`` is a randomly
-initialised ``GPTJForCausalLM`` with codegen-350M's shapes: speed does not depend on the
-weights' values, so the shapes of the real model are enough to measure it, with no download.
-Both live in git-ignored folders and are built once.
+"""The checkpoints a run compares on: ``default``, the served model (``make model``) of any
+family the engine serves, and ``350m``, a random ``GPTJForCausalLM`` with codegen-350M's shapes
+(speed does not depend on the weights' values: no download), built once in a git-ignored folder.
 """
 
 from __future__ import annotations
@@ -18,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from contract.model_tokens import end_ids
 from engine import read_config
@@ -28,14 +25,8 @@ RANDOM_350M = CACHE / "gptj-350m-random"  # the 350M shape's random checkpoint, 
 END_OF_TEXT = "<|endoftext|>"
 
 # codegen-350M-mono's architecture (its GPT-J conversion): 356M parameters.
-SHAPE_350M = {
-    "vocab_size": 51200,
-    "n_positions": 2048,
-    "n_embd": 1024,
-    "n_layer": 20,
-    "n_head": 16,
-    "rotary_dim": 32,
-}
+SHAPE_350M = {"vocab_size": 51200, "n_positions": 2048, "n_embd": 1024, "n_layer": 20,
+              "n_head": 16, "rotary_dim": 32}  # fmt: skip
 EOS_350M = 50256  # where CodeGen's tokenizer has <|endoftext|>
 
 Progress = Callable[[str], None]
@@ -58,14 +49,11 @@ class ModelInfo:
 
     @property
     def banned(self) -> tuple[int, ...]:
-        """The ids kept out so that every request makes every token asked for: all end ids
-        (a model with several stops at any of them, served as stop words)."""
+        """The ids kept out so that every request makes every token asked for: all end ids."""
         return self.end_ids or (self.eos_token_id,)
 
     def end_words(self) -> tuple[str, ...]:
-        """The end tokens as text, for the server's ``bad_words`` (which it tokenizes with
-        the checkpoint's tokenizer): ``<|endoftext|>`` for GPT-2's vocabulary, SmolLM2's
-        ``<|im_end|>``, ..."""
+        """The end tokens as text, for the server's ``bad_words`` (SmolLM2's ``<|im_end|>``)."""
         from transformers import PreTrainedTokenizerFast
 
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(self.path))
@@ -83,38 +71,24 @@ def describe_checkpoint(key: str, name: str, path: Path) -> ModelInfo:
     family = json.loads((path / "config.json").read_text()).get("model_type", "gptj")
     parameters = 0
     for file in sorted(path.glob("*.safetensors")):
-        with file.open("rb") as handle:
-            size = int.from_bytes(handle.read(8), "little")
-            header = json.loads(handle.read(size))
-        for tensor, entry in header.items():
-            if tensor != "__metadata__" and not tensor.endswith(_BUFFERS):
-                parameters += math.prod(entry["shape"])
-    heads = f"{config.n_head} heads" + (
-        f" ({config.n_kv_head} key/value)" if config.n_kv_head != config.n_head else ""
-    )
+        with safe_open(file, "np") as tensors:  # reads the header only
+            names = [name for name in tensors.keys() if not name.endswith(_BUFFERS)]  # noqa: SIM118
+            parameters += sum(math.prod(tensors.get_slice(name).get_shape()) for name in names)
+    kv = f" ({config.n_kv_head} key/value)" if config.n_kv_head != config.n_head else ""
+    heads = f"{config.n_head} heads{kv}"
     description = (
         f"{family}, {config.n_layer} layers x {config.n_embd}, {heads}, vocab "
         f"{config.vocab_size}, context {config.n_positions}, {parameters / 1e6:.1f}M parameters"
     )
     ends = tuple(end_ids(path))
     eos = ends[0] if ends else config.eos_token_id
-    return ModelInfo(
-        key=key,
-        name=name,
-        path=path,
-        description=description,
-        parameters=parameters,
-        eos_token_id=int(eos if eos is not None else 0),
-        vocab_size=int(config.vocab_size),
-        n_positions=int(config.n_positions),
-        family=family,
-        end_ids=ends,
-    )
+    return ModelInfo(key, name, path, description, parameters, int(eos or 0),
+                     int(config.vocab_size), int(config.n_positions), family, ends)  # fmt: skip
 
 
 def word_level_tokenizer(vocab_size: int, eos_id: int):
-    """A tokenizer with one made-up token per id: CTranslate2 speaks token strings, and a
-    random model needs a vocabulary of the right size, not a real one."""
+    """A tokenizer with one made-up token per id: a random model needs a vocabulary of the
+    right size, not a real one."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
@@ -125,21 +99,12 @@ def word_level_tokenizer(vocab_size: int, eos_id: int):
     vocab[END_OF_TEXT] = eos_id
     backend = Tokenizer(WordLevel(vocab, unk_token=END_OF_TEXT))
     backend.pre_tokenizer = WhitespaceSplit()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token=END_OF_TEXT,
-        eos_token=END_OF_TEXT,
-        unk_token=END_OF_TEXT,
-    )
+    ends = dict.fromkeys(("bos_token", "eos_token", "unk_token"), END_OF_TEXT)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **ends)
 
 
-def build_random_gptj(
-    folder: Path,
-    shape: dict[str, int] = SHAPE_350M,
-    eos_id: int = EOS_350M,
-    progress: Progress = print,
-    seed: int = 0,
-) -> Path:
+def build_random_gptj(folder: Path, shape: dict[str, int] = SHAPE_350M, eos_id: int = EOS_350M,
+                      progress: Progress = print, seed: int = 0) -> Path:  # fmt: skip
     """Write (once) a randomly initialised GPT-J of ``shape`` with a word-level tokenizer of
     its vocabulary size into ``folder``; the 350M-shaped model by default."""
     if (folder / "config.json").is_file() and list(folder.glob("*.safetensors")):
@@ -152,10 +117,8 @@ def build_random_gptj(
     shutil.rmtree(partial, ignore_errors=True)
     torch.manual_seed(seed)
     config = GPTJConfig(**shape, bos_token_id=eos_id, eos_token_id=eos_id)
-    model = GPTJForCausalLM(config).eval()
-    model.save_pretrained(partial)
+    GPTJForCausalLM(config).eval().save_pretrained(partial)
     word_level_tokenizer(shape["vocab_size"], eos_id).save_pretrained(partial)
-    del model
     shutil.rmtree(folder, ignore_errors=True)
     partial.rename(folder)
     progress(f"built in {time.perf_counter() - started:.0f}s")
@@ -166,49 +129,12 @@ def resolve_models(
     names: tuple[str, ...], default: Path = DEFAULT_CHECKPOINT, progress: Progress = print
 ) -> list[ModelInfo]:
     """The checkpoints of ``names``, building the 350M-shaped one when it is missing."""
-    models = []
-    for name in names:
-        if name == "default":
-            if not (default / "config.json").is_file():
-                raise FileNotFoundError(
-                    f"no model at {default}: run `make model` first (about 5 minutes)"
-                )
-            models.append(describe_checkpoint("default", "default", default))
-        elif name == "350m":
-            path = build_random_gptj(RANDOM_350M, progress=progress)
-            models.append(describe_checkpoint("350m", "350m-random", path))
-        else:
-            raise ValueError(f"unknown model {name!r}")
-    return models
-
-
-def convert_ct2(checkpoint: Path, out: Path, dtype: str, progress: Progress = print) -> Path:
-    """``checkpoint`` converted by CTranslate2's own TransformersConverter into ``out`` (once;
-    a stamp holding the source's mtime makes a rebuilt checkpoint convert again)."""
-    import ctranslate2.converters
-
-    weights = sorted(checkpoint.glob("*.safetensors"))
-    stamp = json.dumps(
-        {"source": str(checkpoint), "mtime": [w.stat().st_mtime for w in weights], "dtype": dtype}
-    )
-    marker = out / "bench-source.json"
-    if (out / "model.bin").is_file() and marker.is_file() and marker.read_text() == stamp:
-        return out
-    started = time.perf_counter()
-    progress(f"converting {checkpoint.name} to CTranslate2 ({dtype}) ...")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    converter = ctranslate2.converters.TransformersConverter(str(checkpoint))
-    converter.convert(str(out), quantization=dtype, force=True)  # ct2 names them alike
-    config_file = out / "config.json"
-    config = json.loads(config_file.read_text())
-    if config.get("unk_token") is None:  # byte-level BPE has no unknown token; CT2 needs a name
-        config["unk_token"] = config.get("eos_token") or END_OF_TEXT
-        config_file.write_text(json.dumps(config, indent=2))
-    marker.write_text(stamp)
-    progress(f"converted in {time.perf_counter() - started:.0f}s")
-    return out
+    if "default" in names and not (default / "config.json").is_file():
+        raise FileNotFoundError(f"no model at {default}: run `make model` first (about 5 minutes)")
+    return [describe_checkpoint("default", "default", default) if name == "default" else
+            describe_checkpoint("350m", "350m-random", build_random_gptj(RANDOM_350M,
+                                                                         progress=progress))
+            for name in names]  # fmt: skip
 
 
 def random_prompts(

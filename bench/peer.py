@@ -1,21 +1,13 @@
 """Section ``llama``: the project served beside llama.cpp's ``llama-server``, same weights.
 
-The project runs as a user runs it: Triton on a copy of the repository (the openvino backend
-on the default model's int8 export, the engine config as shipped) with the OpenAI API
-(``python -m openai_api``) in front. llama.cpp serves the SmolLM2 GGUF that checkpoint was
-made from, with as many slots (``--parallel``) as the engine's batch and the same KV budget
-(``--ctx-size`` = ``kv_cache_tokens``). Both get the same OpenAI ``/v1/completions`` SSE
-requests through :mod:`client.transport`: the same code prompts, each cut in the middle of its
-last line as at an editor's cursor, greedy (temperature 0), one line (stop at a newline, at
-most 32 tokens); llama.cpp's with ``cache_prompt``, which its server does by default. Every
-prompt is sent once to each before measuring, so both caches are warm.
-
-At 1, 4 and 16 closed-loop clients the systems alternate in mirrored windows (A B B A) as the
-bench's arrivals do. Each request is a row of :class:`reporting.events.EventLog`; the CPU
-each side used is read with psutil over its process tree (Triton, its stubs and the API;
-llama-server). Abandoned requests, each left after its first piece, say how many tokens a
-server generates for a client that has gone, from its own counters (the engine's
-``codegen_engine_generated_tokens_total``, llama.cpp's ``llamacpp:tokens_predicted_total``).
+The project runs as a user runs it: Triton on a copy of the repository (openvino, the engine
+config as shipped) behind the OpenAI API; llama.cpp serves the GGUF the default model was made
+from, with the engine's KV budget. Both get the same OpenAI SSE requests (:mod:`client.transport`):
+code prompts cut mid-line as at an editor's cursor, greedy, one line; every prompt is sent once
+to each first, so both caches are warm. At 1, 4 and 16 closed-loop clients the systems alternate
+in mirrored windows (A B B A); each request is a row of :class:`reporting.events.EventLog`, and
+each side's CPU is read over its process tree. Abandoned requests, each left at its first piece,
+say how many tokens a server generates for a client that has gone, from its own counter.
 """
 
 from __future__ import annotations
@@ -29,7 +21,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.format import Table, context, fmt, ratio
+from bench.format import Table, context, fmt, prose, ratio
+from bench.load import running_server, served_engine_settings
+from bench.models import CACHE
+from client.results import resolve_target
+from client.transport import Transport
+from contract import metrics as names
+from contract.prompts import code_prompts
+from contract.tensors import ENGINE_MODEL
+from loadtest.api_process import ApiProcess
+from reporting.events import EventLog, summarize
+from reporting.llama_server import PREDICTED, LlamaServer, checkpoint_gguf, llama_server_binary
+from reporting.machine import tree_cpu_seconds
+from reporting.triton import read_snapshot
+from serving.process import free_port
 
 CLIENTS = (1, 4, 16)
 ONE_LINE = {"max_tokens": 32, "temperature": 0, "stop": ["\n"]}
@@ -55,17 +60,12 @@ class Peer:
     cpu_s: dict[int, float] = field(default_factory=dict)  # per client count
     wall_s: dict[int, float] = field(default_factory=dict)  # its windows' length, per count
 
-    def transport(self) -> Any:
+    def transport(self) -> Transport:
         """A client transport to this server's OpenAI API (one per client thread)."""
-        from client.results import resolve_target
-        from client.transport import Transport
-
         return Transport(resolve_target(self.url, "http"), timeout=120.0)
 
     def cpu_seconds(self) -> float:
         """User + system CPU seconds of the process trees so far (psutil)."""
-        from reporting.machine import tree_cpu_seconds
-
         return tree_cpu_seconds(self.pids)
 
 
@@ -86,32 +86,29 @@ def ask(
             "stream_options": {"include_usage": True}}  # fmt: skip
     if leave_first:
         body.update(max_tokens=ABANDON_TOKENS, stop=[])
-    sent = time.perf_counter()
-    first, pieces, usage, outcome, error = None, 0, None, "ok", ""
+    sent, first, pieces, usage, error = time.perf_counter(), None, 0, {}, ""
+    outcome = "abandoned" if leave_first else "ok"
     try:
         stream = transport.openai_stream(body)
         try:
-            while True:
-                piece = stream.read(transport.timeout)
-                if piece is None:
+            while not (leave_first and first is not None):
+                if (piece := stream.read(transport.timeout)) is None:
                     raise TimeoutError(f"no answer within {transport.timeout:g} s")
                 if piece.text and first is None:
                     first = piece.arrived - sent
-                pieces += bool(piece.text)
-                usage = piece.usage or usage
-                if piece.final or (leave_first and first is not None):
+                pieces, usage = pieces + bool(piece.text), piece.usage or usage
+                if piece.final:
                     break
         finally:
             stream.abandon() if leave_first else stream.close()
-        outcome = "abandoned" if leave_first else "ok"
     except Exception as exc:  # a failed request is a row, never a crash of the window
         outcome, error = "error", str(exc) or type(exc).__name__
-    tokens = (usage or {}).get("completion_tokens", pieces) if not leave_first else pieces
     if first is None and outcome == "ok":  # an empty answer: it arrived with the end
         first = time.perf_counter() - sent
     log.record(system=peer.name, kind="openai", name="abandon" if leave_first else "one-line",
                latency_ms=(time.perf_counter() - sent) * 1e3,
-               first_token_ms=None if first is None else first * 1e3, tokens=tokens,
+               first_token_ms=None if first is None else first * 1e3,
+               tokens=pieces if leave_first else usage.get("completion_tokens", pieces),
                outcome=outcome, error=error, **row)  # fmt: skip
 
 
@@ -119,15 +116,12 @@ def closed_window(peer: Peer, prompts: list[str], clients: int, seconds: float, 
                   window: str) -> None:  # fmt: skip
     """``clients`` threads, each sending its next prompt as soon as its last is answered,
     until ``seconds`` have passed; the window's CPU seconds are added to ``peer.cpu_s``."""
-    counter, lock = itertools.count(), threading.Lock()
-    deadline = time.perf_counter() + seconds
+    counter, deadline = itertools.count(), time.perf_counter() + seconds
 
     def client() -> None:
         with peer.transport() as transport:
             while True:  # every client sends at least once, however late its thread starts
-                with lock:
-                    index = next(counter)
-                prompt = prompts[index % len(prompts)]
+                prompt = prompts[next(counter) % len(prompts)]  # count's next is atomic
                 ask(transport, peer, prompt, log, clients=clients, window=window)
                 if time.perf_counter() >= deadline:
                     return
@@ -148,9 +142,8 @@ def settled(read: Callable[[], float], timeout: float = 30.0) -> float:
     last, deadline = read(), time.monotonic() + timeout
     while time.monotonic() < deadline:
         time.sleep(0.5)
-        now = read()
-        if now == last:
-            return now
+        if (now := read()) == last:
+            break
         last = now
     return last
 
@@ -162,54 +155,30 @@ def wasted_tokens(peer: Peer, prompts: list[str], log: Any) -> float:
     with peer.transport() as transport:
         for prompt in prompts[:ABANDONS]:
             ask(transport, peer, prompt, log, leave_first=True, clients=1, window="abandon")
-    after = settled(peer.generated)
     frame = log.frame()
     read = frame[(frame["system"] == peer.name) & (frame["name"] == "abandon")]["tokens"]
-    return (after - before - float(read.sum())) / ABANDONS
+    return (settled(peer.generated) - before - float(read.sum())) / ABANDONS
 
 
 @contextmanager
 def both_servers(
     checkpoint: Path, out: Path, progress: Progress, parallel: int | None = None
 ) -> Iterator[list[Peer]]:
-    """The project (Triton + OpenAI API) and llama-server (``parallel`` slots, or as many as
-    the engine's batch), both started; stopped on exit."""
-    from bench.models import CACHE
-    from bench.server import running_server, served_engine_settings
-    from contract import metrics as names
-    from contract.tensors import ENGINE_MODEL
-    from loadtest.api_process import ApiProcess
-    from reporting.llama_server import PREDICTED, LlamaServer, checkpoint_gguf, llama_server_binary
-    from reporting.triton import read_snapshot
-    from serving.process import free_port
-
-    # llama-server gets one slot per client at the most clients measured. At the engine's batch
-    # (64 slots) it collapsed here: 3-6 s for a 4-token answer with 4 slots busy, under one core
-    # used (docs/performance.md), which made its targets pass for a wrong reason.
+    """The project (Triton + OpenAI API) and llama-server, both started; stopped on exit.
+    llama-server gets one slot per client at the most clients: at the engine's batch (64
+    slots) it collapsed here (3-6 s for a 4-token answer, docs/performance.md), which made its
+    targets pass for a wrong reason."""
     llama_server_binary()  # before minutes of starting Triton: the error names the fix
-    gguf = checkpoint_gguf(checkpoint)
-    settings = served_engine_settings()
+    gguf, kv_tokens = checkpoint_gguf(checkpoint), served_engine_settings()["kv_cache_tokens"]
     with ExitStack() as stack:
         progress("llama: starting Triton (openvino, the engine config as shipped) ...")
-        triton = stack.enter_context(
-            running_server(
-                checkpoint,
-                CACHE / "serving",
-                out / "tritonserver-llama.log",
-                "cpu",
-                backend="openvino",
-            )
-        )
+        log = out / "tritonserver-llama.log"
+        triton = stack.enter_context(running_server(checkpoint, CACHE / "serving", log, "cpu",
+                                                    "openvino"))  # fmt: skip
         api = stack.enter_context(ApiProcess(triton.grpc_url, out / "openai-api.log"))
-        llama = stack.enter_context(
-            LlamaServer(
-                gguf,
-                free_port(),
-                out / "llama-server.log",
-                parallel=parallel or max(CLIENTS),  # not the engine batch: see below
-                ctx_size=int(settings["kv_cache_tokens"]) or 8192,
-            )
-        )
+        llama = stack.enter_context(LlamaServer(
+            gguf, free_port(), out / "llama-server.log", parallel=parallel or max(CLIENTS),
+            ctx_size=int(kv_tokens) or 8192))  # fmt: skip
         metrics = triton.endpoints.metrics_url
         assert triton.launcher is not None and triton.launcher.process is not None
         assert api.process is not None and llama.process is not None
@@ -229,9 +198,6 @@ def run_peer(checkpoint: Path, half_window_s: float, out: Path, progress: Progre
              parallel: int | None = None, seed: int = 0) -> dict[str, Any]:  # fmt: skip
     """The section's results: per system and client count the summary of its rows, its CPU,
     and its wasted tokens per abandoned request; the rows in ``out/llama-events.csv``."""
-    from contract.prompts import code_prompts
-    from reporting.events import EventLog, summarize
-
     prompts = [mid_line(text) for text in code_prompts(PROMPTS, seed=seed)]
     log = EventLog(profile="bench")
     result: dict[str, Any] = {"clients": list(CLIENTS), "half_window_s": half_window_s}
@@ -257,14 +223,12 @@ def run_peer(checkpoint: Path, half_window_s: float, out: Path, progress: Progre
     rows = summarize(measured, by=["system", "clients"]).to_dict("records")
     tokens = measured.groupby(["system", "clients"])["tokens"].sum()
     for row in rows:
-        key = (row["system"], row["clients"])
-        row["tokens_per_s"] = float(rates[key])
-        cpu = result["cpu_s"][row["system"]].get(row["clients"], 0.0)
-        row["cpu_s"] = cpu
-        row["cpu_ms_per_token"] = cpu * 1e3 / float(tokens[key]) if tokens[key] else None
-        row["cores_used"] = ratio(cpu, result["wall_s"][row["system"]].get(row["clients"]))
-    result["rows"] = rows
-    return result
+        key = (system, clients) = (row["system"], row["clients"])
+        cpu = result["cpu_s"][system].get(clients, 0.0)
+        row.update(tokens_per_s=float(rates[key]), cpu_s=cpu,
+                   cpu_ms_per_token=cpu * 1e3 / float(tokens[key]) if tokens[key] else None,
+                   cores_used=ratio(cpu, result["wall_s"][system].get(clients)))  # fmt: skip
+    return {**result, "rows": rows}
 
 
 def _row(results: dict[str, Any], system: str, clients: int) -> dict[str, Any]:
@@ -298,16 +262,10 @@ def peer_table(results: dict[str, Any]) -> Table:
                   wasted.get(PROJECT), wasted.get(LLAMA), 1))  # fmt: skip
     body = [[n, label, fmt(mine, digits), fmt(theirs, digits), fmt(ratio(mine, theirs), 2, "x")]
             for n, label, mine, theirs, digits in lines]  # fmt: skip
-    return (
-        "The project served vs llama.cpp's llama-server, same SmolLM2 weights",
-        context(
-            results,
-            "project: Triton + OpenAI API, openvino int8 export; llama.cpp: the Q4_1 GGUF, "
-            f"--parallel {section.get('llama_parallel', 'engine batch')}; OpenAI SSE, greedy, one "
-            f"line (stop \\n, <= 32 tokens), windows A B B A of {section.get('half_window_s')} s",
-            f"abandoned: {ABANDON_TOKENS}-token requests left at the first piece, counted "
-            "by each server",
-        ),
-        ["clients", "figure", " project", " llama.cpp", " project/llama.cpp"],
-        body,
-    )
+    parallel, half = section.get("llama_parallel", "engine batch"), section.get("half_window_s")
+    how = context(results, prose("peer", parallel=parallel, half=half),
+                  f"abandoned: {ABANDON_TOKENS}-token requests left at the first piece, counted "
+                  "by each server")  # fmt: skip
+    headers = ["clients", "figure", " project", " llama.cpp", " project/llama.cpp"]
+    title = "The project served vs llama.cpp's llama-server, same SmolLM2 weights"
+    return title, how, headers, body

@@ -2,10 +2,9 @@
 
 For each model (the default one, ~900-token prompts; the 350M shape, ~1,000) and each system
 (the openvino backend with its prefix cache on and off, the torch engine in float32 and, where
-the CPU has it natively, bfloat16), each in a process of its own (the one-pool rule): a cold
-prompt (a window of real Python source never sent before), then the same prompt with 3 more
-tokens, each answered with ``new`` greedy tokens. Reported: time to the first token and to the
-last, median over ``repeats`` windows.
+native, bfloat16), each in a process of its own (the one-pool rule): a cold prompt of real
+Python source, then the same prompt with 3 more tokens, each answered with ``new`` greedy
+tokens; the times to the first token and to the last, medians over ``repeats`` windows.
 
     python -m bench.prefix [--models default,350m] [--repeats 3] [--new 16]
 """
@@ -22,21 +21,31 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+import engine
+from bench.format import machine, machine_label, render_text
+from bench.load import Pending, running_server
+from bench.models import CACHE, DEFAULT_CHECKPOINT, RANDOM_350M, build_random_gptj
+from bench.systems import served_dtype, stand_in_end_id
+from bench.tables import prefix_table
+from client import CodegenClient
+from contract.model_tokens import prompt_head
+from modelbuild.corpus import read_texts, split
+from modelbuild.openvino_export import ensure_export
+from reporting.machine import bf16_native
+
 SYSTEMS = ("openvino", "openvino-no-cache", "torch-float32", "torch-bfloat16")
 PROMPT_TOKENS = {"default": 900, "350m": 1000}
 MORE = 3  # tokens added when the prompt is resent (a few characters typed)
 STREAM_PROMPT, UNARY_PROMPT, NEW = 1000, 650, 16  # the served rows' prompts and answers
+Progress = Callable[[str], None]
 
 
 def windows(length: int, count: int, vocab: int) -> list[list[int]]:
-    """``count`` disjoint windows of ``length + MORE`` tokens of the standard library's source
-    that the default model never trained on, in its tokenizer's ids (every model's vocabulary
-    holds them: the 350M shape's is a random model's, made-up words)."""
-    from transformers import AutoTokenizer
-
-    from bench.models import DEFAULT_CHECKPOINT
-    from modelbuild.corpus import read_texts, split
-
+    """``count`` disjoint windows of ``length + MORE`` tokens of held-out source, in the default
+    model's ids (folded into a smaller vocabulary: the 350M shape's words are made up)."""
     tokenizer = AutoTokenizer.from_pretrained(str(DEFAULT_CHECKPOINT))
     ids: list[int] = []
     for text in read_texts(split()[1]):  # no BOS between files: one stream of source
@@ -49,80 +58,59 @@ def windows(length: int, count: int, vocab: int) -> list[list[int]]:
     return [[t % vocab for t in ids[i * size : (i + 1) * size]] for i in range(count)]
 
 
-def _timed(engine: Any, prompt: list[int], new: int) -> tuple[float, float]:
-    """(seconds to the first token, seconds to the result) of one greedy request."""
-    from bench.load import Pending
-    from engine import GenerationRequest
-
-    started, pending = time.perf_counter(), Pending()
-    engine.submit(GenerationRequest(prompt, new, return_log_probs=False), pending)
-    if (error := pending.wait().error) or pending.first is None:
-        raise RuntimeError(error or "no token")
-    return pending.first - started, time.perf_counter() - started
-
-
 def measure(system: str, checkpoint: Path, length: int, repeats: int, new: int) -> dict:
     """One system on one model, in this process (run it alone: see main)."""
-    import torch
-
-    from engine import ModelShape
-
-    shape = ModelShape.read(checkpoint)
+    shape = engine.ModelShape.read(checkpoint)
     prompts = windows(length, repeats + 1, shape.vocab_size)
     if system.startswith("openvino"):
-        from engine import OpenVINOBackend, require_export
-
-        engine = OpenVINOBackend(
-            require_export(checkpoint), shape, max_batch_size=4,
+        backend = engine.OpenVINOBackend(
+            engine.require_export(checkpoint), shape, max_batch_size=4,
             max_cache_tokens=16 * shape.context, prefix_caching=system == "openvino",
         ).start()  # fmt: skip
     else:
-        from engine import TorchEngine, in_passing_thread, load_model
-
         dtype = getattr(torch, system.split("-")[1])
-        model = in_passing_thread(lambda: load_model(checkpoint, dtype=dtype))
-        engine = TorchEngine(model, max_batch_size=4).start()
+        model = engine.in_passing_thread(lambda: engine.load_model(checkpoint, dtype=dtype))
+        backend = engine.TorchEngine(model, max_batch_size=4).start()
+
+    def timed(prompt: list[int]) -> tuple[float, float]:
+        """(seconds to the first token, seconds to the result) of one greedy request."""
+        started, pending = time.perf_counter(), Pending()
+        backend.submit(engine.GenerationRequest(prompt, new, return_log_probs=False), pending)
+        if (error := pending.wait().error) or pending.first is None:
+            raise RuntimeError(error or "no token")
+        return pending.first - started, time.perf_counter() - started
+
     try:
-        _timed(engine, prompts[0], new)  # warm-up: first compilations and allocations
-        pairs = [[_timed(engine, p[:length], new), _timed(engine, p, new)] for p in prompts[1:]]
+        timed(prompts[0])  # warm-up: first compilations and allocations
+        pairs = [[timed(p[:length]), timed(p)] for p in prompts[1:]]
     finally:
-        engine.stop()
+        backend.stop()
     return {"system": system, **medians(pairs)}
 
 
 def medians(pairs: list[list[tuple[float, float]]]) -> dict[str, float]:
-    """Median seconds to the first token and to the answer, cold and resent, over the
-    (cold, resent) pairs of (first, total) seconds."""
+    """Medians of the (cold, resent) pairs of (first token, answer) seconds."""
     return {f"{kind}_{what}_s": statistics.median(p[k][w] for p in pairs)
             for k, kind in enumerate(("cold", "resent"))
             for w, what in enumerate(("first", "total"))}  # fmt: skip
 
 
-def checkpoints(models: list[str], default: Path, log) -> dict[str, Path]:
+def checkpoints(models: list[str], default: Path, log: Progress) -> dict[str, Path]:
     """The models' folders, with their OpenVINO exports (made once)."""
-    from bench.models import RANDOM_350M, build_random_gptj
-    from modelbuild.openvino_export import ensure_export
-
-    found = {}
-    for key in models:
-        path = default if key == "default" else build_random_gptj(RANDOM_350M, progress=log)
+    found = {key: default if key == "default" else build_random_gptj(RANDOM_350M, progress=log)
+             for key in models}  # fmt: skip
+    for path in found.values():
         ensure_export(path)
-        found[key] = path
     return found
 
 
 def run_prefix(
-    models: list[str], default: Path, repeats: int, new: int, log=print
+    models: list[str], default: Path, repeats: int, new: int, log: Progress = print
 ) -> list[dict[str, Any]]:
-    """Every (model, system) in a process of its own; the rows for the report (the served
-    rows: :func:`run_served_prefix`)."""
-    from reporting.machine import bf16_native
-
-    systems = [s for s in SYSTEMS if s != "torch-bfloat16" or bf16_native()]
+    """Every (model, system) in a process of its own: the bare rows for the report."""
     rows = []
     for key, path in checkpoints(models, default, log).items():
-        for system in systems:
-            log(f"prefix: {key} model, {system}, {PROMPT_TOKENS[key]}-token prompts ...")
+        for system in [s for s in SYSTEMS if s != "torch-bfloat16" or bf16_native()]:
             command = [
                 sys.executable, "-m", "bench.prefix", "--one", system, "--checkpoint", str(path),
                 "--length", str(PROMPT_TOKENS[key]), "--repeats", str(repeats), "--new", str(new),
@@ -132,25 +120,13 @@ def run_prefix(
                 raise RuntimeError(f"{system} on {key} failed:\n{done.stderr[-3000:]}")
             row = json.loads(done.stdout.strip().splitlines()[-1])
             rows.append({"model": key, "prompt_tokens": PROMPT_TOKENS[key], "new": new, **row})
-            ms = {k: f"{v * 1000:,.0f} ms" for k, v in row.items() if k.endswith("_s")}
-            log(f"  {key:8} {system:18} cold: first {ms['cold_first_s']:>9}, total "
-                f"{ms['cold_total_s']:>9} | resent +{MORE} tokens: first "
-                f"{ms['resent_first_s']:>9}, total {ms['resent_total_s']:>9}")  # fmt: skip
+            log(f"prefix: {key} model, {system}, {PROMPT_TOKENS[key]}-token prompts: {said(row)}")
     return rows
 
 
-def word_text(ids: list[int], eos: int) -> str:
-    """The 350M shape's word-level text of ``ids`` (bench/models.py: one ``t<id>`` word per
-    id); the end token, which has another name there, is replaced by its neighbour."""
-    return " ".join(f"t{i if i != eos else i + 1}" for i in ids)
-
-
-def served_prompt_tokens(tokenizer: Any, text: str) -> int:
-    """How many tokens the server makes of ``text``: what the tokenizer's rules put before a
-    prompt (a Llama BOS, or nothing) and the text's own, never an end token after it."""
-    from contract.model_tokens import prompt_head
-
-    return len(prompt_head(tokenizer)) + len(tokenizer.encode(text, add_special_tokens=False))
+def said(row: dict[str, Any]) -> str:
+    return ", ".join(f"{k[:-2].replace('_', ' ')} {v * 1000:,.0f} ms"
+                     for k, v in row.items() if k.endswith("_s"))  # fmt: skip
 
 
 def _served_once(client: Any, prompt: str, end_id: int, unary_prompt_tokens: int | None):
@@ -170,63 +146,46 @@ def _served_once(client: Any, prompt: str, end_id: int, unary_prompt_tokens: int
     return first or total, total
 
 
-def run_served_prefix(
-    paths: dict[str, Path], repeats: int, out: Path, log: Callable[[str], None]
-) -> list[dict[str, Any]]:
-    """The prefix section through the server, after the bare rows: an editor resending its
-    file to Triton, each model on a Triton of its own serving the openvino backend (its dtype
-    as the traffic sections use it, prefix cache on, as served by default):
-
-    - ``350m``: the 350M shape through ``ensemble_stream``: a cold 1,000-token prompt, then the
-      same prompt with 3 more tokens; the time to the first streamed piece and to the answer;
-    - ``default``: the default model through the unary ``ensemble``: a 650-token prompt of
-      real source, then the same text with its next 3 characters; cold over resent.
-
-    Medians over ``repeats`` windows, after one warm-up window; 16 tokens each, the end token
-    kept out by the stand-in end id (bench/ov.py), every answer checked to hold 16 tokens."""
-    from transformers import PreTrainedTokenizerFast
-
-    from bench.models import CACHE
-    from bench.ov import served_dtype, stand_in_end_id
-    from bench.server import running_server
-    from client import CodegenClient
-    from engine import ModelShape
-
+def run_served_prefix(paths: dict[str, Path], repeats: int, out: Path,
+                      log: Progress) -> list[dict[str, Any]]:  # fmt: skip
+    """An editor resending its file to Triton (openvino, its prefix cache on, as served), each
+    model on a server of its own: the 350M shape through ``ensemble_stream`` (first piece and
+    answer), the default model through the unary ``ensemble`` (cold over resent, the resent text
+    3 characters longer). Medians after a warm-up window; 16 tokens each, checked."""
     dtype, rows = served_dtype(), []
     for key, path in paths.items():
-        shape = ModelShape.read(path)
+        shape, stream = engine.ModelShape.read(path), key == "350m"
         end_id = stand_in_end_id(shape.vocab_size, shape.eos_token_id)
-        length = STREAM_PROMPT if key == "350m" else UNARY_PROMPT
+        length = STREAM_PROMPT if stream else UNARY_PROMPT
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
-        pairs = []
-        log(f"prefix served: {key} model, openvino {dtype}, {length}-token prompts ...")
+        head, pairs = len(prompt_head(tokenizer)), []  # what the server puts before a prompt
         with (
             running_server(path, CACHE / "serving", out / f"tritonserver-prefix-{key}.log", "cpu",
                            backend="openvino", parameters={"dtype": dtype}) as server,
             CodegenClient(server.grpc_url, "grpc") as client,
         ):  # fmt: skip
             for window in windows(length, repeats + 1, shape.vocab_size):
-                if key == "350m":
-                    texts = [
-                        word_text(window[:n], shape.eos_token_id) for n in (length, length + MORE)
-                    ]
+                if stream:  # the end token, named otherwise there, is replaced by its neighbour
+                    eos = shape.eos_token_id
+                    texts = [" ".join(f"t{i if i != eos else i + 1}" for i in window[:n])
+                             for n in (length, length + MORE)]  # fmt: skip
                     counts = [None, None]
                 else:
                     text = tokenizer.decode(window[:length])
                     texts = [text, text + tokenizer.decode(window[length:])[:MORE]]
-                    counts = [served_prompt_tokens(tokenizer, t) for t in texts]
-                pairs.append(
-                    [_served_once(client, t, end_id, n) for t, n in zip(texts, counts, strict=True)]
-                )
+                    counts = [head + len(tokenizer.encode(t, add_special_tokens=False))
+                              for t in texts]  # fmt: skip
+                pairs.append([_served_once(client, t, end_id, n)
+                              for t, n in zip(texts, counts, strict=True)])  # fmt: skip
         row = medians(pairs[1:])  # the first window warms the server up
-        if key == "350m":
+        if stream:
             row = {"path": "ensemble_stream", **row}
         else:
             cold, resent = row["cold_total_s"], row["resent_total_s"]
             row = {"path": "ensemble (unary)", "cold_total_s": cold, "resent_total_s": resent,
                    "cold_over_resent": cold / resent}  # fmt: skip
         rows.append({"model": key, "dtype": dtype, "prompt_tokens": length, "new": NEW, **row})
-        log("  " + ", ".join(f"{k} {v * 1000:,.0f} ms" for k, v in row.items() if k.endswith("_s")))
+        log(f"prefix served: {key} model, openvino {dtype}, {length}-token prompts: {said(row)}")
     return rows
 
 
@@ -239,18 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", choices=SYSTEMS, help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.one:
-        row = measure(args.one, args.checkpoint, args.length, args.repeats, args.new)
-        print(json.dumps(row))
+    if args.one:  # one system, in the process run_prefix started for it
+        print(json.dumps(measure(args.one, args.checkpoint, args.length, args.repeats, args.new)))
         return 0
-    from bench.format import machine, machine_label, render_text
-    from bench.models import DEFAULT_CHECKPOINT
-    from bench.tables import prefix_table
-
     print(f"machine: {machine_label(machine())}")  # the label names the CPU flags
-    checkpoint = args.checkpoint or DEFAULT_CHECKPOINT
-    print(render_text(prefix_table(run_prefix(args.models.split(","), checkpoint, args.repeats,
-                                              args.new))))  # fmt: skip
+    rows = run_prefix(args.models.split(","), args.checkpoint or DEFAULT_CHECKPOINT,
+                      args.repeats, args.new)  # fmt: skip
+    print(render_text(prefix_table(rows)))
     return 0
 
 

@@ -1,9 +1,5 @@
-"""The run's report: every table, as markdown and for the terminal, the JSON and the chart.
-
-Pure functions of the results dictionary (bench/tables.py, bench/targets.py), so a
-``results.json`` from an earlier run can be re-rendered. The formatting helpers and the table
-functions are re-exported here for the callers that import them from the report.
-"""
+"""The run's report: every table, the markdown, the JSON and the chart, as pure functions of
+the results dictionary, so a ``results.json`` from an earlier run can be re-rendered."""
 
 from __future__ import annotations
 
@@ -11,74 +7,38 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.format import (
-    Table,
-    fmt,
-    markdown_table,
-    model_text,
-    rate,
-    ratio,
-    render_text,
-    text_table,
-    verdict,
-)  # fmt: skip
+from bench import tables
+from bench.format import Table, markdown_table, model_text, prose
 from bench.peer import peer_table
-from bench.tables import (
-    KERNEL_SYSTEMS,
-    THROUGHPUT_TARGET,
-    THROUGHPUT_TARGET_LENGTH,
-    arrival_tables,
-    beam_tables,
-    kernel_comparison,
-    kernel_tables,
-    mixed_tables,
-    prefix_table,
-    single_tables,
-    step_cost,
-    throughput_verdict,
-)
 from bench.targets import any_measured, targets_table
-
-__all__ = [
-    "THROUGHPUT_TARGET", "THROUGHPUT_TARGET_LENGTH", "Table", "all_tables", "fmt",
-    "kernel_comparison", "kernel_tables", "markdown_table", "rate", "ratio", "render_markdown",
-    "render_text", "step_cost", "text_table", "throughput_verdict", "verdict", "write_all",
-    "write_chart",
-]  # fmt: skip
 
 
 def all_tables(results: dict[str, Any]) -> list[Table]:
-    return [
-        *kernel_tables(results), *arrival_tables(results), *mixed_tables(results),
-        *single_tables(results), *beam_tables(results),
-        *([prefix_table(results["prefix"])] if results.get("prefix") else []),
-        *([prefix_table(results["prefix_served"], True)] if results.get("prefix_served") else []),
-        *([peer_table(results)] if results.get("llama") else []),
-        *([targets_table(results)] if any_measured(results) else []),
-    ]  # fmt: skip
+    sections = (tables.kernel_tables, tables.arrival_tables, tables.mixed_tables,
+                tables.single_tables, tables.beam_tables)  # fmt: skip
+    prefix = [tables.prefix_table(results[key], key == "prefix_served")
+              for key in ("prefix", "prefix_served") if results.get(key)]  # fmt: skip
+    return [*(table for section in sections for table in section(results)), *prefix,
+            *([peer_table(results)] if results.get("llama") else []),
+            *([targets_table(results)] if any_measured(results) else [])]  # fmt: skip
 
 
 def render_markdown(results: dict[str, Any]) -> str:
     """The whole run as one markdown document."""
     plan, m, models = results["plan"], results["machine"], results.get("models", [])
-    lines = [
-        f"# make bench — {results.get('started', '')}",
-        "",
-        f"- machine: {results.get('machine_label', '')}",
-        f"- libraries: torch {m.get('torch')}, transformers {m.get('transformers')}, ctranslate2 "
-        f"{m.get('ctranslate2')}, tritonclient {m.get('tritonclient')}",
-        f"- CPU flags: {' '.join(m.get('cpu_flags') or []) or 'none found'} (bfloat16 native: "
-        f"{'yes' if m.get('bf16_native') else 'no'}); openvino {m.get('openvino')}, "
-        f"openvino-genai {m.get('openvino-genai')}",
-        f"- load average (1/5/15 min, `uptime`): at the start {results.get('load_start', '?')}, "
-        f"at the end {results.get('load_end', '?')}; {m.get('cores')} cores shared with other "
-        "work on this machine (a load above the core count slows every figure: compare ratios, "
-        "not absolute rates, across runs)",
-        f"- run: {'quick' if plan['quick'] else 'full'}, sections {', '.join(plan['sections'])}, "
-        f"device {plan['device']}, {results.get('elapsed', '')}",
-        *(f"- model {x['name']}: {x['description']} ({x['path']})" for x in models),
-        *(f"- {note}" for note in results.get("notes", [])),
-    ]  # fmt: skip
+    flags = " ".join(m.get("cpu_flags") or []) or "none found"
+    lines = [prose(
+        "header", lines=True, started=results.get("started", ""), flags=flags,
+        machine=results.get("machine_label", ""), torch=m.get("torch"),
+        transformers=m.get("transformers"), tritonclient=m.get("tritonclient"),
+        bf16="yes" if m.get("bf16_native") else "no", openvino=m.get("openvino"),
+        genai=m.get("openvino-genai"), start=results.get("load_start", "?"),
+        end=results.get("load_end", "?"), cores=m.get("cores"), elapsed=results.get("elapsed", ""),
+        run="quick" if plan["quick"] else "full", sections=", ".join(plan["sections"]),
+        device=plan["device"],
+    )]  # fmt: skip
+    lines += [f"- model {x['name']}: {x['description']} ({x['path']})" for x in models]
+    lines += [f"- {note}" for note in results.get("notes", [])]
     for title, context, headers, rows in all_tables(results):
         lines += ["", f"## {title}", "", f"*{context}*", "", markdown_table(headers, rows)]
     return "\n".join(lines) + "\n"
@@ -94,17 +54,7 @@ def write_all(out: Path, results: dict[str, Any]) -> list[Path]:
     return [out / "results.json", out / "results.md", *([chart] if chart else [])]
 
 
-def _bars(ax: Any, labels: list[str], series: list[tuple[str, list[float], str]]) -> None:
-    """Grouped bars: one group per label, one bar per ``(name, values, color)`` series."""
-    width = 0.8 / len(series)
-    for i, (name, values, color) in enumerate(series):
-        xs = [x + (i - (len(series) - 1) / 2) * width for x in range(len(labels))]
-        ax.bar(xs, values, width, label=name, color=color)
-    ax.set_xticks(range(len(labels)), labels, fontsize=7)
-    ax.legend(fontsize=8)
-
-
-COLORS = {"engine": "#1f77b4", "openvino": "#e377c2", "transformers": "#ff7f0e", "ct2": "#2ca02c"}
+COLORS = {"engine": "#1f77b4", "openvino": "#e377c2", "transformers": "#ff7f0e"}
 ARRIVAL_SERIES = (
     ("torch bare", "bare", "#1f77b4"), ("torch served", "served", "#9467bd"),
     ("torch static batches", "static", "#8c564b"), ("openvino bare", "openvino_bare", "#e377c2"),
@@ -113,61 +63,57 @@ ARRIVAL_SERIES = (
 
 
 def write_chart(path: Path, results: dict[str, Any]) -> Path | None:
-    """One PNG: a panel per model's static-batch comparison, one for arrivals, one for the
-    latencies (mixed and single). Every panel's title carries its model, dtype and settings;
-    the figure's title the machine."""
+    """One PNG: a panel per model's static batches, one for arrivals, one for the latencies
+    (mixed and single), each titled with its model, dtype and settings; the figure's title
+    the machine."""
+    import pandas as pd
+
     from reporting.charts import plt, save_figure  # matplotlib on Agg, loaded only to draw
 
-    comparison = kernel_comparison(results.get("kernels") or [])
-    panels = [f"kernels:{m}" for m in dict.fromkeys(e["model"] for e in comparison)]
-    panels += ["arrivals"] if results.get("arrivals") else []
-    panels += ["latency"] if results.get("mixed") or results.get("single") else []
+    comparison = tables.kernel_comparison(results.get("kernels") or [])
+    models = list(dict.fromkeys(e["model"] for e in comparison))
+    arrivals, mixed = results.get("arrivals") or [], results.get("mixed") or []
+    single = results.get("single") or {}
+    panels = len(models) + bool(arrivals) + bool(mixed or single)
     if not panels:
         return None
-    fig, axes = plt.subplots(len(panels), 1, figsize=(13, 4.2 * len(panels)), squeeze=False)
-    load = results.get("load_settings", {})
+    fig, grid = plt.subplots(panels, 1, figsize=(13, 4.2 * panels), squeeze=False)
+    axes, plan, load = iter(grid[:, 0]), results["plan"], results.get("load_settings", {})
     loaded = f"model {load.get('model', 'default')}, {load.get('dtype', '?')}"
-    plan = results["plan"]
-    for ax, panel in zip(axes[:, 0], panels, strict=True):
-        if panel.startswith("kernels:"):
-            model = panel.split(":", 1)[1]
-            entries = [e for e in comparison if e["model"] == model]
-            labels = [f"{e['dtype']}\nb{e['batch']} {e['mode'][:6]}" for e in entries]
-            _bars(ax, labels, [(s, [e.get(s) or 0 for e in entries], COLORS[s])
-                               for s in KERNEL_SYSTEMS])  # fmt: skip
-            ax.set_yscale("log")
-            ax.set_ylabel("generated tokens/s (log)")
-            ax.set_title(f"static batches — {model_text(results, model)}; sampled = top-k 40, "
-                         "top-p 0.95, T 0.8; missing bar = not supported", fontsize=9)  # fmt: skip
-        elif panel == "arrivals":
-            rows = results["arrivals"]
-            _bars(ax, [f"{r['length']} tokens" for r in rows],
-                  [(name, [r.get(f"{key}_tokens_per_s") or 0 for r in rows], color)
-                   for name, key, color in ARRIVAL_SERIES])  # fmt: skip
-            for x, r in enumerate(rows):
-                if ceiling := r.get("forward_ceiling_tokens_per_s"):
-                    ax.hlines(ceiling, x - 0.45, x + 0.45, colors="black", linestyles="dashed")
-            ax.set_ylabel("generated tokens/s (dashed: forward-pass ceiling)")
-            ax.set_title(f"{plan['clients']} closed-loop clients — {loaded}; load-test sampling",
-                         fontsize=9)  # fmt: skip
-        else:
-            bars = []
-            for r in results.get("mixed") or []:
-                where = r["path"].replace("_", "\n")
-                bars += [
-                    (f"{where}\nshort alone", r.get("alone_median_ms") or 0, "#17becf"),
-                    (f"{where}\nshort mixed", r.get("mixed_median_ms") or 0, "#d62728"),
-                ]
-            single = results.get("single") or {}
-            for key, _, color in ARRIVAL_SERIES:
-                if single.get(f"{key}_median_ms") is not None:
-                    bars.append(("single\n" + key.replace("_", " "), single[f"{key}_median_ms"],
-                                 color))  # fmt: skip
-            ax.bar(range(len(bars)), [b[1] for b in bars], color=[b[2] for b in bars])
-            ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
-            ax.set_ylabel("median latency (ms)")
-            ax.set_title(
-                f"latency — {loaded}; mixed: {plan['mixed_clients']}x{plan['mixed_short']} next "
-                f"to {plan['mixed_clients']}x{plan['mixed_long']} tokens; single: "
-                f"{plan['single_tokens']} tokens", fontsize=9)  # fmt: skip
+    for model in models:
+        entries = [e for e in comparison if e["model"] == model]
+        labels = [f"{e['dtype']}\nb{e['batch']} {e['mode'][:6]}" for e in entries]
+        frame = pd.DataFrame(
+            {s: [e.get(s) or 0 for e in entries] for s in tables.KERNEL_SYSTEMS}, labels
+        )
+        ax = frame.plot.bar(ax=next(axes), color=COLORS, logy=True, rot=0, width=0.8)
+        ax.set_ylabel("generated tokens/s (log)")
+        ax.set_title(f"static batches — {model_text(results, model)}; sampled = top-k 40, "
+                     "top-p 0.95, T 0.8; missing bar = not supported", fontsize=9)  # fmt: skip
+    if arrivals:
+        frame = pd.DataFrame({name: [r.get(f"{key}_tokens_per_s") or 0 for r in arrivals]
+                              for name, key, _ in ARRIVAL_SERIES},
+                             [f"{r['length']} tokens" for r in arrivals])  # fmt: skip
+        ax = frame.plot.bar(ax=next(axes), color=[c for *_, c in ARRIVAL_SERIES], rot=0, width=0.8)
+        for x, r in enumerate(arrivals):
+            if ceiling := r.get("forward_ceiling_tokens_per_s"):
+                ax.hlines(ceiling, x - 0.45, x + 0.45, colors="black", linestyles="dashed")
+        ax.set_ylabel("generated tokens/s (dashed: forward-pass ceiling)")
+        ax.set_title(f"{plan['clients']} closed-loop clients — {loaded}; load-test sampling",
+                     fontsize=9)  # fmt: skip
+    if mixed or single:
+        bars = [(f"{r['path'].replace('_', chr(10))}\nshort {when}", r.get(f"{when}_median_ms")
+                 or 0, color) for r in mixed
+                for when, color in (("alone", "#17becf"), ("mixed", "#d62728"))]  # fmt: skip
+        bars += [("single\n" + key.replace("_", " "), single[f"{key}_median_ms"], color)
+                 for _, key, color in ARRIVAL_SERIES
+                 if single.get(f"{key}_median_ms") is not None]  # fmt: skip
+        ax = next(axes)
+        ax.bar(range(len(bars)), [b[1] for b in bars], color=[b[2] for b in bars])
+        ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
+        ax.set_ylabel("median latency (ms)")
+        ax.set_title(
+            f"latency — {loaded}; mixed: {plan['mixed_clients']}x{plan['mixed_short']} next "
+            f"to {plan['mixed_clients']}x{plan['mixed_long']} tokens; single: "
+            f"{plan['single_tokens']} tokens", fontsize=9)  # fmt: skip
     return save_figure(fig, path, f"make bench — {results.get('machine_label', '')}")

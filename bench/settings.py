@@ -1,24 +1,25 @@
-"""What one run measures: the full plan (about 10-15 minutes on 2 cores) or the ``--quick`` one.
-
-Everything that sets the run's length lives here, so the time budget is decided in one place
-and every table can print the settings it was measured with.
-"""
+"""What one run measures, the full plan or the ``--quick`` one: everything that sets the run's
+length, decided in one place, so every table can print the settings it was measured with."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
-from reporting.llama_server import llama_server_binary
+from reporting.llama_server import checkpoint_gguf, llama_server_binary
+from serving.paths import DEFAULT_CHECKPOINT
 
 SECTIONS = ("kernels", "arrivals", "mixed", "single", "beams", "prefix", "llama")
 DTYPES = ("float32", "bfloat16", "int8")
-SYSTEMS = ("engine", "openvino", "transformers", "ct2")
+SYSTEMS = ("engine", "openvino", "transformers")
 # the engine model's two backends, in the traffic sections' order (openvino, the CPU default,
 # first: a run cut short still has its figures)
 BACKENDS = ("openvino", "torch")
 MODELS = ("default", "350m")
 
+Progress = Callable[[str], None]  # where a section says what it is doing
 # The load test's sampling (loadtest/locustfile.py SAMPLING): what a completion service sends.
 SAMPLED = {"top_k": 40, "top_p": 0.95, "temperature": 0.8}
 
@@ -35,31 +36,39 @@ class KernelPlan:
     min_cell_s: float = 1.0  # fast cells repeat until they have run this long (at most 5 times)
 
 
+FULL_KERNELS = {
+    "default": KernelPlan(batches=(1, 16, 64), new_tokens=64, cell_budget_s=6.0),
+    "350m": KernelPlan(batches=(1, 16), new_tokens=16, min_tokens=4, cell_budget_s=8.0),
+}
+QUICK_KERNELS = {
+    "default": KernelPlan(batches=(1, 16), new_tokens=16, cell_budget_s=4.0, min_cell_s=0.3),
+    "350m": KernelPlan(batches=(1,), new_tokens=8, min_tokens=4, cell_budget_s=6.0, min_cell_s=0.3),
+}
+
+
 @dataclass(frozen=True)
 class Plan:
-    """One run's settings; :func:`make_plan` builds it from the command line."""
+    """One run's settings (the full run's by default); :func:`make_plan` builds it."""
 
-    quick: bool
-    sections: tuple[str, ...]
-    device: str
-    models: tuple[str, ...]
-    dtypes: tuple[str, ...]
-    systems: tuple[str, ...]
-    kernels: dict[str, KernelPlan]
-    clients: int  # closed-loop clients for ``arrivals``
-    lengths: tuple[int, ...]  # output lengths for ``arrivals``
-    window_s: float  # shortest measured window per arrivals/mixed cell
-    max_window_s: float  # longest, however slow a request is
-    warmup_cap_s: float  # longest wait for every client's first request
-    mixed_short: int
-    mixed_long: int
-    mixed_clients: int  # of each kind
-    single_tokens: int
-    single_repeats: int
-    served: bool  # also measure through the Triton server
+    quick: bool = False
+    sections: tuple[str, ...] = SECTIONS
+    device: str = "cpu"
+    models: tuple[str, ...] = MODELS
+    dtypes: tuple[str, ...] = DTYPES
+    systems: tuple[str, ...] = SYSTEMS
+    kernels: dict[str, KernelPlan] = field(default_factory=lambda: FULL_KERNELS)
+    clients: int = 16  # closed-loop clients for ``arrivals``
+    lengths: tuple[int, ...] = (8, 32, 128, 512)  # output lengths for ``arrivals``
+    window_s: float = 10.0  # shortest measured window per arrivals/mixed cell
+    max_window_s: float = 25.0  # longest, however slow a request is
+    warmup_cap_s: float = 60.0  # longest wait for every client's first request
+    mixed_short: int = 8
+    mixed_long: int = 512
+    mixed_clients: int = 8  # of each kind
+    single_tokens: int = 8
+    single_repeats: int = 20
     backends: tuple[str, ...] = BACKENDS  # traffic sections: each backend bare, then served
     prefix_repeats: int = 3  # prefix section: resent-prompt windows per system
-    served_prefix: bool = True  # prefix section: also through Triton (the targets' path)
     seed: int = 0
     step_batches: tuple[int, ...] = (16, 64)  # sampled/greedy step cost reported at these
     beam_widths: tuple[int, ...] = (1, 4, 8)
@@ -69,61 +78,29 @@ class Plan:
     peer_half_window_s: float = 10.0  # llama section: each system's half window per client count
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["kernels"] = {name: asdict(k) for name, k in self.kernels.items()}
-        return data
+        return asdict(self)
 
 
 def parse_list(text: str | None, allowed: tuple[str, ...], what: str) -> tuple[str, ...] | None:
-    """``"a,b"`` -> ``("a", "b")`` in ``allowed``'s order; None for no text; ValueError naming
-    an unknown item."""
-    if text is None or not text.strip():
-        return None
-    items = [item.strip().lower() for item in text.split(",") if item.strip()]
-    unknown = [item for item in items if item not in allowed]
-    if unknown:
+    """``"a,b"`` -> ``("a", "b")`` in ``allowed``'s order; None for no text."""
+    items = [item.strip().lower() for item in (text or "").split(",") if item.strip()]
+    if unknown := [item for item in items if item not in allowed]:
         raise ValueError(f"unknown {what} {unknown}: choose from {', '.join(allowed)}")
-    return tuple(item for item in allowed if item in items)
+    return tuple(item for item in allowed if item in items) if items else None
 
 
-def make_plan(
-    quick: bool = False,
-    only: str | None = None,
-    device: str = "cpu",
-    models: str | None = None,
-    dtypes: str | None = None,
-    systems: str | None = None,
-    backends: str | None = None,
-    clients: int | None = None,
-    lengths: str | None = None,
-    served: bool = True,
-    llama_available: bool | None = None,
-) -> Plan:
-    """The full plan, or the quick one (~14 minutes on 2 cores with SmolLM2-135M as the
-    default model, a few with the trained 5M GPT-J), narrowed by the command line's choices.
-
-    The ``llama`` section runs by default only where ``llama-server`` is built (None: look);
-    asked for by name without it, the error names the command that builds it."""
-    plan = Plan(
-        quick=False, sections=SECTIONS, device=device, models=MODELS, dtypes=DTYPES,
-        systems=SYSTEMS,
-        kernels={
-            "default": KernelPlan(batches=(1, 16, 64), new_tokens=64, cell_budget_s=6.0),
-            "350m": KernelPlan(batches=(1, 16), new_tokens=16, min_tokens=4, cell_budget_s=8.0),
-        },
-        clients=16, lengths=(8, 32, 128, 512), window_s=10.0, max_window_s=25.0,
-        warmup_cap_s=60.0, mixed_short=8, mixed_long=512, mixed_clients=8, single_tokens=8,
-        single_repeats=20, served=served,
-    )  # fmt: skip
-    if quick:  # the same sections, each smaller
-        quick_kernels = {
-            "default": KernelPlan(batches=(1, 16), new_tokens=16, cell_budget_s=4.0,
-                                  min_cell_s=0.3),
-            "350m": KernelPlan(batches=(1,), new_tokens=8, min_tokens=4, cell_budget_s=6.0,
-                               min_cell_s=0.3),
-        }  # fmt: skip
+def make_plan(quick: bool = False, only: str | None = None, device: str = "cpu",
+              models: str | None = None, dtypes: str | None = None, systems: str | None = None,
+              backends: str | None = None, lengths: str | None = None,
+              llama_available: bool | None = None,
+              checkpoint: Path = DEFAULT_CHECKPOINT) -> Plan:  # fmt: skip
+    """The full plan, or the quick one (the same sections, each smaller), narrowed by the
+    command line's choices. The ``llama`` section runs by default only where ``llama-server``
+    is built (None: look); asked for by name without it, the error names the fix."""
+    plan = Plan(device=device)
+    if quick:
         plan = replace(
-            plan, quick=True, models=("default",), kernels=quick_kernels, lengths=(8, 32),
+            plan, quick=True, models=("default",), kernels=QUICK_KERNELS, lengths=(8, 32),
             window_s=3.0, max_window_s=5.0, warmup_cap_s=10.0, mixed_long=128,
             single_repeats=6, beam_tokens=16, prefix_repeats=1, peer_half_window_s=4.0,
         )  # fmt: skip
@@ -137,21 +114,17 @@ def make_plan(
         try:
             if llama_available is False:
                 raise FileNotFoundError("no llama-server: run `make llama-server` first")
-            if llama_available is None:
+            if llama_available is None:  # the binary, and the GGUF the checkpoint was made from
                 llama_server_binary()
+                checkpoint_gguf(checkpoint)
         except FileNotFoundError as exc:
             if only:  # asked for by name: refused, not skipped
                 raise ValueError(str(exc)) from exc
             changes["sections"] = tuple(s for s in plan.sections if s != "llama")
     if device.startswith("cuda") and "openvino" in changes.get("backends", plan.backends):
         if backends:  # asked for by name: refused, not skipped
-            raise ValueError(
-                "backend openvino runs on the CPU only: leave it out with --device cuda"
-            )
+            raise ValueError("backend openvino runs on the CPU only: leave it out on cuda")
         changes["backends"] = tuple(b for b in plan.backends if b != "openvino")
-    if clients is not None and clients < 1:
-        raise ValueError(f"clients must be >= 1, got {clients}")
-    changes.update({"clients": clients} if clients is not None else {})
     if lengths:
         values = tuple(int(x) for x in lengths.split(",") if x.strip())
         if not values or min(values) < 1:

@@ -1,15 +1,11 @@
-"""Every section's table (title, context, headers, rows) from the measured rows.
-
-Pure functions of the results dictionary, so they are unit-tested without running a model, and
-a ``results.json`` from an earlier run can be re-rendered.
-"""
+"""Every section's table (title, context, headers, rows): pure functions of the results."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from bench.format import Table, columns, context, fmt, model_text, rate, ratio, verdict
+from bench.format import Table, columns, context, fmt, model_text, prose, rate, ratio, verdict
 
 # The bench's targets; each check row says which it is held to.
 STEP_COST_MAX = 1.15  # sampled-step time over greedy-step time, engine, batch 16 and 64
@@ -19,7 +15,7 @@ MIXED_SLOWDOWN_MAX = 2.0  # short requests' median latency next to long ones ove
 SERVED_OVERHEAD_MAX_MS = 15.0  # one request alone, served minus bare
 # 16 clients at output 128: 4x the engine's tokens/s when this target was set (about 615)
 THROUGHPUT_TARGET_LENGTH, THROUGHPUT_TARGET = 128, 4 * 615.0
-KERNEL_SYSTEMS = ("engine", "openvino", "transformers", "ct2")
+KERNEL_SYSTEMS = ("engine", "openvino", "transformers")
 MORE = 3  # tokens (or characters) a resent prompt adds
 
 
@@ -28,19 +24,17 @@ def kernel_comparison(kernels: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
     keyed: dict[tuple, dict[str, Any]] = {}
     for row in kernels:
         cell = {k: row[k] for k in ("model", "dtype", "batch", "mode")}
-        entry = keyed.setdefault(
-            tuple(cell.values()), {**cell, "new_tokens": {}, "wanted_tokens": {}, "notes": {}}
-        )
+        fresh = {**cell, "new_tokens": {}, "wanted_tokens": {}, "notes": {}}
+        entry = keyed.setdefault(tuple(cell.values()), fresh)
         system = row["system"]
         entry[system] = row.get("tokens_per_s")
         entry["new_tokens"][system] = row.get("new_tokens")
         for field, key in (("wanted_tokens", "wanted_tokens"), ("notes", "note")):
             if row.get(key):
                 entry[field][system] = row[key]
-    for entry in keyed.values():
-        entry["engine_over_transformers"] = ratio(entry.get("engine"), entry.get("transformers"))
-        entry["engine_over_ct2"] = ratio(entry.get("engine"), entry.get("ct2"))
-        entry["openvino_over_engine"] = ratio(entry.get("openvino"), entry.get("engine"))
+    for e in keyed.values():
+        e["engine_over_transformers"] = ratio(e.get("engine"), e.get("transformers"))
+        e["openvino_over_engine"] = ratio(e.get("openvino"), e.get("engine"))
     return list(keyed.values())
 
 
@@ -50,23 +44,19 @@ def step_cost(
     """The engine's sampled-step over greedy-step time at ``batches``: the same tokens, so the
     time ratio is greedy tokens/s over sampled tokens/s."""
     comparison = kernel_comparison(kernels)
-    sampled = {
-        (e["model"], e["dtype"], e["batch"]): e for e in comparison if e["mode"] == "sampled"
-    }
+    sampled = {(e["model"], e["dtype"], e["batch"]): e.get("engine")
+               for e in comparison if e["mode"] == "sampled"}  # fmt: skip
     rows = []
-    for entry in comparison:
-        if entry["mode"] != "greedy" or entry["batch"] not in batches:
+    for e in comparison:
+        greedy = e.get("engine")
+        if e["mode"] != "greedy" or e["batch"] not in batches or greedy is None:
             continue
-        greedy_rate = entry.get("engine")
-        sampled_rate = sampled.get((entry["model"], entry["dtype"], entry["batch"]), {}).get(
-            "engine"
-        )
-        if greedy_rate is None or sampled_rate is None:
+        if (sampled_rate := sampled.get((e["model"], e["dtype"], e["batch"]))) is None:
             continue
-        value = ratio(greedy_rate, sampled_rate)
+        value = ratio(greedy, sampled_rate)
         rows.append({
-            "model": entry["model"], "dtype": entry["dtype"], "batch": entry["batch"],
-            "greedy_tokens_per_s": greedy_rate, "sampled_tokens_per_s": sampled_rate,
+            "model": e["model"], "dtype": e["dtype"], "batch": e["batch"],
+            "greedy_tokens_per_s": greedy, "sampled_tokens_per_s": sampled_rate,
             "sampled_over_greedy_time": value, "verdict": verdict(value, STEP_COST_MAX, True),
         })  # fmt: skip
     return rows
@@ -84,14 +74,13 @@ def _kernel_row(e: dict[str, Any], reasons: dict[str, str]) -> list[str]:
             cells.append(rate(e.get(system)))
     counts = sorted({n for n in e["new_tokens"].values() if n})
     cut = [f"{s} {n}" for s, n in e["new_tokens"].items() if n and n < e["wanted_tokens"].get(s, n)]
-    ratios = ("openvino_over_engine", "engine_over_transformers", "engine_over_ct2")
+    ratios = ("openvino_over_engine", "engine_over_transformers")
     return [e["dtype"], str(e["batch"]), e["mode"], *cells, *(fmt(e[k], 2, "x") for k in ratios),
             "/".join(str(n) for n in counts) or "—", ", ".join(cut)]  # fmt: skip
 
 
 def kernel_tables(results: dict[str, Any]) -> list[Table]:
-    rows = results.get("kernels") or []
-    if not rows:
+    if not (rows := results.get("kernels") or []):
         return []
     plan, tables = results["plan"], []
     comparison = kernel_comparison(rows)
@@ -100,75 +89,55 @@ def kernel_tables(results: dict[str, Any]) -> list[Table]:
         body = [_kernel_row(e, reasons) for e in comparison if e["model"] == model]
         key = next((r.get("plan_key") for r in rows if r["model"] == model), None)
         kplan = plan["kernels"].get(key, {}) if key else {}
-        settings = (
-            f"static batches, {kplan.get('prompt_tokens', '?')}-token prompts, "
-            f"{kplan.get('new_tokens', '?')} new tokens (fewer where a row says so), end token "
-            f"banned; sampled = top-k 40 / top-p 0.95 / temperature 0.8; device {plan['device']}"
-        )
+        tokens = {k: kplan.get(k, "?") for k in ("prompt_tokens", "new_tokens")}
+        settings = prose("kernels", device=plan["device"], **tokens)
         footnote = "; ".join(f"{k}: {v}" for k, v in reasons.items())
         headers = ["dtype", " batch", "mode", *(f" {s} tok/s" for s in KERNEL_SYSTEMS),
-                   " openvino/engine", " engine/transformers", " engine/ct2", " new tokens",
+                   " openvino/engine", " engine/transformers", " new tokens",
                    "fewer tokens (time budget)"]  # fmt: skip
         tables.append((
-            f"Static batches: engine vs openvino vs transformers vs CTranslate2 — {model}",
+            f"Static batches: engine vs openvino vs transformers — {model}",
             context(results, model_text(results, model), settings, footnote), headers, body,
         ))  # fmt: skip
     steps = step_cost(rows, plan.get("step_batches", (16, 64)))
     if steps:
         headers, body = columns([
             ("model", lambda s: s["model"]), ("dtype", lambda s: s["dtype"]),
-            (" batch", lambda s: str(s["batch"])),
-            (" greedy tok/s", lambda s: rate(s["greedy_tokens_per_s"])),
-            (" sampled tok/s", lambda s: rate(s["sampled_tokens_per_s"])),
-            (" sampled/greedy time", lambda s: fmt(s["sampled_over_greedy_time"], 2)),
+            (" batch", lambda s: str(s["batch"])), (" greedy tok/s", _rate("greedy_tokens_per_s")),
+            (" sampled tok/s", _rate("sampled_tokens_per_s")),
+            (" sampled/greedy time", _fmt("sampled_over_greedy_time", 2)),
             ("target", lambda s: s["verdict"]),
         ], steps)  # fmt: skip
         how = "same static batches as above; time ratio = greedy tok/s / sampled tok/s"
-        tables.append(
-            (
-                "Engine: sampled step vs greedy step",
-                context(results, how, f"target <= {STEP_COST_MAX}"),
-                headers,
-                body,
-            )
-        )
+        how = context(results, how, f"target <= {STEP_COST_MAX}")
+        tables.append(("Engine: sampled step vs greedy step", how, headers, body))
     return tables
 
 
 def beam_tables(results: dict[str, Any]) -> list[Table]:
-    rows = results.get("beams")
-    if not rows:
+    if not (rows := results.get("beams")):
         return []
     headers, body = columns([
-        (" width", lambda r: str(r["width"])),
-        (" engine tok/s", lambda r: rate(r["engine_tokens_per_s"])),
-        (" every beam tok/s", lambda r: rate(r["engine_beam_tokens_per_s"])),
-        (" transformers tok/s", lambda r: rate(r["transformers_tokens_per_s"])),
-        (" engine / transformers", lambda r: fmt(r["engine_over_transformers"], 2, "x")),
-        (" KV cache peak MiB", lambda r: fmt(r["kv_cache_peak_mib"], 1)),
+        (" width", lambda r: str(r["width"])), (" engine tok/s", _rate("engine_tokens_per_s")),
+        (" every beam tok/s", _rate("engine_beam_tokens_per_s")),
+        (" transformers tok/s", _rate("transformers_tokens_per_s")),
+        (" engine / transformers", _fmt("engine_over_transformers", 2, "x")),
+        (" KV cache peak MiB", _fmt("kv_cache_peak_mib", 1)),
         (" best beams equal", lambda r: f"{r['best_beams_agree']}/{r['prompts']}"),
     ], rows)  # fmt: skip
-    how = (
-        f"default model, float32; {rows[0]['prompts']} prompts of "
-        f"{results['plan']['beam_prompt_tokens']} tokens at once, {rows[0]['new_tokens']} new "
-        "tokens each (end token banned); transformers: generate(num_beams=width) on the same batch"
-    )
-    return [("Beam search: widths side by side with transformers", context(results, how),
-             headers, body)]  # fmt: skip
+    first, tokens = rows[0], results["plan"]["beam_prompt_tokens"]
+    how = prose("beams", prompts=first["prompts"], new_tokens=first["new_tokens"],
+                prompt_tokens=tokens)  # fmt: skip
+    how = context(results, how)
+    return [("Beam search: widths side by side with transformers", how, headers, body)]
 
 
 def _load_context(results: dict[str, Any], extra: str) -> str:
     load = results.get("load_settings", {})
-    return context(
-        results,
-        model_text(results, load.get("model", "default")),
-        f"torch dtype {load.get('dtype', '?')}, openvino dtype {load.get('openvino_dtype', '—')}",
-        f"device {results['plan']['device']}",
-        f"engine max_batch_size {load.get('max_batch_size', '?')}",
-        "sampling top-k 40 / top-p 0.95 / temperature 0.8, code prompts, end token banned "
-        f"(openvino: end_id {load.get('openvino_end_id', '?')} stands in for it)",
-        extra,
-    )
+    return context(results, model_text(results, load.get("model", "default")), prose(
+        "load", dtype=load.get("dtype", "?"), openvino_dtype=load.get("openvino_dtype", "—"),
+        device=results["plan"]["device"], batch=load.get("max_batch_size", "?"),
+        end_id=load.get("openvino_end_id", "?")), extra)  # fmt: skip
 
 
 def throughput_verdict(row: dict[str, Any]) -> str:
@@ -178,39 +147,40 @@ def throughput_verdict(row: dict[str, Any]) -> str:
     return verdict(row.get("bare_tokens_per_s"), THROUGHPUT_TARGET, at_most=False)
 
 
-def _rate(key: str):
+def _rate(key: str) -> Any:
     return lambda r: rate(r.get(key))
 
 
+def _fmt(key: str, digits: int, suffix: str = "") -> Any:
+    return lambda r: fmt(r.get(key), digits, suffix)
+
+
+def _length(r: dict[str, Any]) -> str:
+    return str(r["length"])
+
+
 def arrival_tables(results: dict[str, Any]) -> list[Table]:
-    rows = results.get("arrivals") or []
-    if not rows:
+    if not (rows := results.get("arrivals") or []):
         return []
     n = results["plan"]["clients"]
     headers, body = columns([
-        (" output tokens", lambda r: str(r["length"])),
+        (" output tokens", _length),
         (" forward ceiling tok/s", _rate("forward_ceiling_tokens_per_s")),
         (" bare tok/s", _rate("bare_tokens_per_s")), ("target", throughput_verdict),
         (" served tok/s", _rate("served_tokens_per_s")),
-        (" served/bare", lambda r: fmt(r.get("served_over_bare"), 2)),
+        (" served/bare", _fmt("served_over_bare", 2)),
         ("target", lambda r: verdict(r.get("served_over_bare"), SERVED_OVER_BARE_MIN, False)),
         (" static tok/s", _rate("static_tokens_per_s")),
-        (" continuous/static", lambda r: fmt(r.get("continuous_over_static"), 2)),
+        (" continuous/static", _fmt("continuous_over_static", 2)),
         ("target ", lambda r: verdict(r.get("continuous_over_static"),
                                       CONTINUOUS_OVER_STATIC_MIN, False)),
         ("windows (s)", lambda r: r.get("windows", "")),
     ], rows)  # fmt: skip
-    how = (
-        f"bare = threads submitting to an in-process Engine; served = CodegenClient over gRPC to "
-        f"Triton's ensemble; static = {n} submitted at once, wait for all, repeat; bare and "
-        "served alternate in mirrored half windows (bare, served, served, bare), each rate the "
-        f"mean of its two; forward ceiling = {n} rows / one decode forward pass at the positions "
-        "the clients hold (no sampling, prefill or serving: no scheduler beats it); targets bare "
-        f">= {THROUGHPUT_TARGET:,.0f} tok/s at output {THROUGHPUT_TARGET_LENGTH}, served/bare >= "
-        f"{SERVED_OVER_BARE_MIN}, continuous/static >= {CONTINUOUS_OVER_STATIC_MIN}"
-    )
-    table = (f"Continuous arrivals: {n} closed-loop clients", _load_context(results, how),
-             headers, body)  # fmt: skip
+    how = prose("arrivals", n=n, throughput=f"{THROUGHPUT_TARGET:,.0f}",
+                length=THROUGHPUT_TARGET_LENGTH, served_over_bare=SERVED_OVER_BARE_MIN,
+                continuous_over_static=CONTINUOUS_OVER_STATIC_MIN)  # fmt: skip
+    how = _load_context(results, how)
+    table = (f"Continuous arrivals: {n} closed-loop clients", how, headers, body)
     return [table, *openvino_arrival_tables(results)]
 
 
@@ -222,12 +192,11 @@ def openvino_arrival_tables(results: dict[str, Any]) -> list[Table]:
         return []
     n = results["plan"]["clients"]
     headers, body = columns([
-        (" output tokens", lambda r: str(r["length"])),
-        (" torch bare tok/s", _rate("bare_tokens_per_s")),
+        (" output tokens", _length), (" torch bare tok/s", _rate("bare_tokens_per_s")),
         (" torch served tok/s", _rate("served_tokens_per_s")),
         (" openvino bare tok/s", _rate("openvino_bare_tokens_per_s")),
         (" openvino served tok/s", _rate("openvino_served_tokens_per_s")),
-        (" openvino served/bare", lambda r: fmt(r.get("openvino_served_over_bare"), 2)),
+        (" openvino served/bare", _fmt("openvino_served_over_bare", 2)),
         (" openvino/torch served", lambda r: fmt(ratio(r.get("openvino_served_tokens_per_s"),
                                                        r.get("served_tokens_per_s")), 2)),
         (" pipeline generate tok/s", _rate("pipeline_tokens_per_s")),
@@ -235,54 +204,38 @@ def openvino_arrival_tables(results: dict[str, Any]) -> list[Table]:
         (" openvino short requests",
          lambda r: str(r.get("openvino_short", 0) + r.get("openvino_served_short", 0))),
     ], rows)  # fmt: skip
-    how = (
-        "each system alone (bare: in this process; served: Triton with the engine model's "
-        "backend set to it); pipeline = OpenVINO GenAI's own ContinuousBatchingPipeline.generate "
-        f"on {n} of the same code prompts (min_new_tokens), batches back to back; bare, served "
-        "and pipeline alternate in mirrored half windows (A B C C B A); transformers = "
-        f"AutoModelForCausalLM.generate, a static batch of {n} 32-token prompts, the faster of "
-        "its dtypes; both sampled as above"
-    )
-    return [(f"Continuous arrivals: openvino backend vs torch engine, {n} clients",
-             _load_context(results, how), headers, body)]  # fmt: skip
+    how = _load_context(results, prose("openvino_arrivals", n=n))
+    return [(f"Continuous arrivals: openvino backend vs torch engine, {n} clients", how, headers,
+             body)]  # fmt: skip
 
 
 def mixed_tables(results: dict[str, Any]) -> list[Table]:
-    rows = results.get("mixed") or []
-    if not rows:
+    if not (rows := results.get("mixed") or []):
         return []
     plan = results["plan"]
     short, long, n = plan["mixed_short"], plan["mixed_long"], plan["mixed_clients"]
     headers, body = columns([
         ("path", lambda r: r["path"].replace("_", " ")),
-        (f" {short}-token alone ms", lambda r: fmt(r.get("alone_median_ms"), 1)),
-        (f" {short}-token mixed ms", lambda r: fmt(r.get("mixed_median_ms"), 1)),
-        (" slowdown", lambda r: fmt(r.get("slowdown"), 2, "x")),
+        (f" {short}-token alone ms", _fmt("alone_median_ms", 1)),
+        (f" {short}-token mixed ms", _fmt("mixed_median_ms", 1)),
+        (" slowdown", _fmt("slowdown", 2, "x")),
         ("target", lambda r: verdict(r.get("slowdown"), MIXED_SLOWDOWN_MAX, at_most=True)),
         (" samples alone/mixed",
          lambda r: f"{r.get('alone_samples', 0)}/{r.get('mixed_samples', 0)}"),
     ], rows)  # fmt: skip
-    how = (
-        f"alone = all {2 * n} clients ask for {short} tokens; the short requests' median latency "
-        f"mixed over alone; target <= {MIXED_SLOWDOWN_MAX}x"
-    )
-    return [(f"Mixed lengths: {n} clients x {short} tokens next to {n} x {long} tokens",
-             _load_context(results, how), headers, body)]  # fmt: skip
+    how = prose("mixed", clients=2 * n, short=short, limit=MIXED_SLOWDOWN_MAX)
+    how = _load_context(results, how)
+    return [(f"Mixed lengths: {n} clients x {short} tokens next to {n} x {long} tokens", how,
+             headers, body)]  # fmt: skip
 
 
 def single_tables(results: dict[str, Any]) -> list[Table]:
-    single = results.get("single")
-    if not single:
+    if not (single := results.get("single")):
         return []
     body = []
-    for backend, prefix, overhead in (
-        ("torch", "", "overhead_ms"),
-        ("openvino", "openvino_", "openvino_served_overhead_ms"),
-    ):
-        bare, served = (
-            single.get(f"{prefix}bare_median_ms"),
-            single.get(f"{prefix}served_median_ms"),
-        )
+    for backend, prefix in (("torch", ""), ("openvino", "openvino_")):
+        overhead = f"{prefix}served_overhead_ms" if prefix else "overhead_ms"
+        bare, served = (single.get(f"{prefix}{path}_median_ms") for path in ("bare", "served"))
         if bare is not None or served is not None:
             gap = single.get(overhead)
             body.append([backend, fmt(bare, 1), fmt(served, 1), fmt(gap, 1),
@@ -311,15 +264,6 @@ def prefix_table(rows: list[dict[str, Any]], served: bool = False) -> Table:
         *((pad + name[:-2].replace("_", " "), _ms(name)) for name in PREFIX_TIMES),
         (labels[-1], lambda r: f"{r['cold_total_s'] / r['resent_total_s']:.1f}x"),
     ], rows)  # fmt: skip
-    new = rows[0]["new"] if rows else 0
-    if served:
-        return "Prefix through the server: a long prompt resent", (
-            f"Triton serving the openvino backend (prefix cache on); a prompt, then the same "
-            f"with {MORE} more tokens (350m) or characters (default); {new} greedy tokens each; "
-            "medians after a warm-up window; each server alone."
-        ), headers, body  # fmt: skip
-    how = (
-        f"A prompt of real Python source, then the same prompt with {MORE} more tokens; {new} "
-        "greedy tokens each; medians; each system alone in its own process."
-    )
-    return "Prefix: a long prompt resent", how, headers, body
+    how = prose("prefix_served" if served else "prefix", more=MORE, new=rows[0]["new"])
+    where = "through the server" if served else ""
+    return f"Prefix {where}: a long prompt resent".replace(" :", ":"), how, headers, body

@@ -1,16 +1,14 @@
-"""The bench's targets, each a ratio (or a time) from this one run, with PASS / FAIL.
-
-A target whose measurement is not in the run (a section left out, a quick run's shorter
-lengths) says so rather than passing. Pure functions of the results dictionary.
-"""
+"""The bench's targets, each a ratio (or a time) from this one run, with PASS / FAIL; one
+whose measurement is not in the run (a section left out, a quick run's shorter lengths) says so
+rather than passing."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from bench.format import Table, context, fmt, ratio
-from bench.ov import OPENVINO_DTYPES
+from bench.format import Table, context, fmt, prose, ratio
 from bench.peer import ONE_LINE_AT_MOST, TOKENS_AT_LEAST, peer_ratio
+from bench.systems import OPENVINO_DTYPES
 
 OPENVINO_OVER_TORCH_STATIC = 1.5  # static batches 16 and 64, default model, greedy
 OPENVINO_OVER_TORCH_SERVED = 1.5  # 16 clients at output 128, both served
@@ -25,21 +23,16 @@ SERVED_LENGTH, BARE_LENGTHS = 128, (128, 512)
 
 
 def held_at(lengths: list[int], wanted: int) -> int | None:
-    """The arrivals length a target at ``wanted`` is read at: ``wanted``, or in a run without
-    it the longest length measured (the row names it); None without arrivals."""
-    if not lengths:
-        return None
-    return wanted if wanted in lengths else max(lengths)
+    """``wanted``, or in a run without it the longest length measured; None without any."""
+    return None if not lengths else wanted if wanted in lengths else max(lengths)
 
 
-def _row(
-    name: str, value: float | None, limit: float, at_most: bool, how: str, unit: str = "x"
-) -> dict[str, Any]:
-    verdict = "not measured"
-    if value is not None:
-        verdict = "PASS" if (value <= limit if at_most else value >= limit) else "FAIL"
+def _row(name: str, value: float | None, limit: float, at_most: bool, how: str,
+         unit: str = "x") -> dict[str, Any]:  # fmt: skip
+    met = value is not None and (value <= limit if at_most else value >= limit)
     return {"target": name, "value": value, "limit": limit, "at_most": at_most, "unit": unit,
-            "verdict": verdict, "how": how}  # fmt: skip
+            "verdict": "not measured" if value is None else "PASS" if met else "FAIL",
+            "how": how}  # fmt: skip
 
 
 def _length_note(at: int | None, wanted: int) -> str:
@@ -139,11 +132,7 @@ def mixed_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 def peer_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Against llama.cpp's server on the same weights (bench/peer.py)."""
     slots = (results.get("llama") or {}).get("llama_parallel", "?")
-    how = (
-        f"OpenAI SSE, greedy, one line (stop \\n, <= 32 tokens), same prompts, windows A B B A; "
-        f"llama-server --parallel {slots} (with more slots than clients it slows down: "
-        "docs/performance.md)"
-    )
+    how = prose("peer_target", slots=slots)
     return [
         _row(f"one-line p50 <= {ONE_LINE_AT_MOST:g}x llama.cpp's (4 clients)",
              peer_ratio(results, "latency_p50_ms", 4), ONE_LINE_AT_MOST, True, how),
@@ -168,13 +157,7 @@ def targets_table(results: dict[str, Any]) -> Table:
     body = [[r["target"], fmt(r["value"], 0 if r["unit"] == " ms" else 2, r["unit"]),
              ("<= " if r["at_most"] else ">= ") + f"{r['limit']:g}{r['unit']}", r["verdict"],
              r["how"]] for r in rows]  # fmt: skip
-    passed = sum(r["verdict"] == "PASS" for r in rows)
-    failed = sum(r["verdict"] == "FAIL" for r in rows)
-    return (
-        f"Targets: {passed} PASS, {failed} FAIL, {len(rows) - passed - failed} not measured",
-        context(results, "models: default (static batches, traffic, unary prefix) and the 350M "
-                "shape (streamed prefix)", "every ratio from this one run; each system measured "
-                "alone"),
-        ["target", " measured", " limit", "verdict", "how"],
-        body,
-    )  # fmt: skip
+    passed, failed = (sum(r["verdict"] == v for r in rows) for v in ("PASS", "FAIL"))
+    how = context(results, prose("targets"))
+    title = f"Targets: {passed} PASS, {failed} FAIL, {len(rows) - passed - failed} not measured"
+    return title, how, ["target", " measured", " limit", "verdict", "how"], body

@@ -10,24 +10,24 @@ import pandas as pd
 import pytest
 
 from bench import report
-from bench.format import machine_label
+from bench.format import fmt, machine_label, markdown_table, ratio, text_table, verdict
 from bench.kernels import fit_tokens, measure
-from bench.load import Measurement, windowed_rate
-from bench.server import ENGINE_CONFIG, served_engine_settings
+from bench.load import Measurement, served_engine_settings, windowed_rate
 from bench.settings import KernelPlan, make_plan, parse_list
+from bench.tables import kernel_comparison, step_cost
 
 # -- maths -------------------------------------------------------------------------------------
 
 
 def test_ratio_and_verdict():
-    assert report.ratio(3.0, 2.0) == 1.5
-    assert report.ratio(None, 2.0) is None
-    assert report.ratio(1.0, 0.0) is None
-    assert report.verdict(1.10, 1.15, at_most=True) == "ok"
-    assert report.verdict(1.20, 1.15, at_most=True) == "MISSED"
-    assert report.verdict(0.95, 0.9, at_most=False) == "ok"
-    assert report.verdict(0.85, 0.9, at_most=False) == "MISSED"
-    assert report.verdict(None, 0.9, at_most=False) == "—"
+    assert ratio(3.0, 2.0) == 1.5
+    assert ratio(None, 2.0) is None
+    assert ratio(1.0, 0.0) is None
+    assert verdict(1.10, 1.15, at_most=True) == "ok"
+    assert verdict(1.20, 1.15, at_most=True) == "MISSED"
+    assert verdict(0.95, 0.9, at_most=False) == "ok"
+    assert verdict(0.85, 0.9, at_most=False) == "MISSED"
+    assert verdict(None, 0.9, at_most=False) == "—"
 
 
 def requests(*rows: tuple[int, int, float, float, int]) -> pd.DataFrame:
@@ -135,7 +135,7 @@ def test_step_cost_and_comparison_ratios():
             ("engine", 16, "greedy", 1000.0),
             ("engine", 16, "sampled", 800.0),
             ("transformers", 16, "greedy", 500.0),
-            ("ct2", 16, "greedy", 2000.0),
+            ("openvino", 16, "greedy", 2000.0),
             ("engine", 1, "greedy", 100.0),
             ("engine", 1, "sampled", 50.0),
         ]
@@ -144,12 +144,12 @@ def test_step_cost_and_comparison_ratios():
         {"model": "m", "dtype": "int8", "system": "engine", "batch": 16, "mode": "greedy",
          "note": "not supported (no quantize)"}
     )  # fmt: skip
-    comparison = {(e["dtype"], e["batch"], e["mode"]): e for e in report.kernel_comparison(rows)}
+    comparison = {(e["dtype"], e["batch"], e["mode"]): e for e in kernel_comparison(rows)}
     greedy16 = comparison[("float32", 16, "greedy")]
     assert greedy16["engine_over_transformers"] == pytest.approx(2.0)
-    assert greedy16["engine_over_ct2"] == pytest.approx(0.5)
-    assert comparison[("int8", 16, "greedy")]["engine_over_ct2"] is None
-    steps = report.step_cost(rows, batches=(16, 64))
+    assert greedy16["openvino_over_engine"] == pytest.approx(2.0)
+    assert comparison[("int8", 16, "greedy")]["openvino_over_engine"] is None
+    steps = step_cost(rows, batches=(16, 64))
     assert len(steps) == 1  # batch 1 is not asked for; int8 has no numbers
     assert steps[0]["sampled_over_greedy_time"] == pytest.approx(1.25)
     assert steps[0]["verdict"] == "MISSED"
@@ -159,20 +159,18 @@ def test_step_cost_and_comparison_ratios():
 
 
 def test_markdown_and_text_tables():
-    md = report.markdown_table(["name", " tok/s"], [["a|b", "1,000"], ["c", "2"]])
+    md = markdown_table(["name", " tok/s"], [["a|b", "1,000"], ["c", "2"]])
     assert md.splitlines() == [
         "| name | tok/s |",
         "|---|---:|",
         "| a\\|b | 1,000 |",
         "| c | 2 |",
     ]
-    text = report.text_table(["name", " tok/s"], [["a", "1,000"], ["long name", "2"]])
+    text = text_table(["name", " tok/s"], [["a", "1,000"], ["long name", "2"]])
     lines = text.splitlines()
     assert lines[0].startswith("name") and lines[0].endswith("tok/s")
     assert lines[3].endswith("    2")  # right-justified under its header
-    assert (
-        report.fmt(None) == "—" and report.fmt(1234.5) == "1,234" and report.fmt(1.256, 2) == "1.26"
-    )
+    assert fmt(None) == "—" and fmt(1234.5) == "1,234" and fmt(1.256, 2) == "1.26"
 
 
 def _results() -> dict:
@@ -181,7 +179,7 @@ def _results() -> dict:
         {"model": "default", "plan_key": "default", "dtype": d, "system": s, "batch": b,
          "mode": m, "tokens_per_s": v, "new_tokens": 16}
         for d in ("float32", "bfloat16")
-        for s, v in (("engine", 900.0), ("transformers", 450.0), ("ct2", 1800.0))
+        for s, v in (("engine", 900.0), ("transformers", 450.0))
         for b in (1, 16)
         for m in ("greedy", "sampled")
     ]  # fmt: skip
@@ -194,7 +192,6 @@ def _results() -> dict:
         "machine": {
             "torch": "2.13.0",
             "transformers": "5",
-            "ctranslate2": "4",
             "tritonclient": "2",
         },
         "machine_label": "2 cores, Test CPU, torch threads 2",
@@ -297,7 +294,9 @@ def test_quick_plan_is_smaller_and_only_selects_sections():
     with pytest.raises(ValueError, match="unknown sections"):
         make_plan(only="kernels,speed")
     assert parse_list("", ("a",), "x") is None
-    assert make_plan(lengths="8,64", clients=4).lengths == (8, 64)
+    assert make_plan(lengths="8,64").lengths == (8, 64)
+    with pytest.raises(ValueError, match="positive"):
+        make_plan(lengths="8,0")
 
 
 def test_machine_label():
@@ -307,8 +306,9 @@ def test_machine_label():
 
 def test_bare_engine_matches_the_served_config():
     from serving import model_config
+    from serving.paths import MODEL_REPOSITORY
 
-    params = model_config.parameters(model_config.read(ENGINE_CONFIG))
+    params = model_config.parameters(model_config.read(MODEL_REPOSITORY / "engine"))
     assert params["dtype"] == "float32"
     settings = served_engine_settings()
     assert settings["max_batch_size"] == int(params["engine_max_batch_size"])

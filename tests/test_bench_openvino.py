@@ -10,10 +10,17 @@ import pytest
 from bench import report
 from bench.load import BareTarget, ServedTarget
 from bench.models import END_OF_TEXT, random_prompts
-from bench.ov import PipelineGenerate, served_dtype, stand_in_end_id
 from bench.quality import agreement
 from bench.settings import make_plan
-from bench.systems import OpenVINORunner, TransformersRunner, generate, unsupported
+from bench.systems import (
+    OpenVINORunner,
+    PipelineGenerate,
+    TransformersRunner,
+    generate,
+    served_dtype,
+    stand_in_end_id,
+    unsupported,
+)
 from bench.targets import held_at, target_rows, targets_table
 from bench.traffic import key, mirrored, target_length
 from engine.interface import GenerationRequest, Handle
@@ -191,7 +198,7 @@ def test_targets_without_measurements_say_not_measured():
 def test_report_has_openvino_tables_flags_load_and_targets(tmp_path):
     results = _results()
     results.update(started="now", load_start="1.00 0.50 0.25", load_end="2.00 1.00 0.50")
-    results["machine"].update(torch="2", transformers="5", ctranslate2="4", tritonclient="2")
+    results["machine"].update(torch="2", transformers="5", tritonclient="2")
     written = report.write_all(tmp_path, results)
     assert {p.name for p in written} == {"results.json", "results.md", "chart.png"}
     md = (tmp_path / "results.md").read_text()

@@ -1,6 +1,5 @@
-"""The bench's systems on real (tiny) checkpoints: the CTranslate2 conversion and the engine
-generate what transformers generates, the forward ceiling, the beams, and what a missing
-CTranslate2 says."""
+"""The bench's systems on real (tiny) checkpoints: the engine generates what transformers
+generates, the forward ceiling, the beams, and what a system cannot run."""
 
 from __future__ import annotations
 
@@ -9,50 +8,40 @@ from dataclasses import replace
 import pytest
 import torch
 
-from bench import report
 from bench.beams import run_beams
 from bench.load import forward_ceiling
-from bench.models import build_random_gptj, convert_ct2, describe_checkpoint, random_prompts
+from bench.models import build_random_gptj, describe_checkpoint, random_prompts
 from bench.settings import make_plan
-from bench.systems import CT2Runner, EngineRunner, TransformersRunner, generate
+from bench.systems import EngineRunner, TransformersRunner, generate, unsupported
+from bench.tables import throughput_verdict
 from engine.gptj import GPTJ
 
 
-def _greedy_equal_everywhere(checkpoint, tmp_path, eos: int, vocab: int) -> None:
-    """CTranslate2's conversion and our engine greedy-generate transformers' tokens, and every
-    system makes exactly the tokens asked for (the end token is banned)."""
+def _greedy_equal_everywhere(checkpoint, eos: int, vocab: int) -> None:
+    """The engine greedy-generates transformers' tokens, and every system makes exactly the
+    tokens asked for (the end token is banned)."""
     prompts = random_prompts(3, 12, vocab, eos, seed=3)
-    converted = convert_ct2(checkpoint, tmp_path / "ct2", "float32", progress=lambda _: None)
-    assert (converted / "model.bin").is_file()
     runners = [
         TransformersRunner(checkpoint, "float32", "cpu"),
-        CT2Runner(converted, "float32", "cpu"),
         EngineRunner(checkpoint, "float32", "cpu", max_batch_size=4, prompt_tokens=12),
     ]
     try:
         outputs = [r.generate_ids(prompts, 20, sampled=False, seed=0) for r in runners]
-        assert outputs[1] == outputs[0], "CTranslate2 greedy differs from transformers"
-        assert outputs[2] == outputs[0], "engine greedy differs from transformers"
+        assert outputs[1] == outputs[0], "engine greedy differs from transformers"
         for runner in runners:
             assert generate(runner, prompts, 20, sampled=True, seed=1) == [20, 20, 20]
     finally:
         for runner in runners:
             runner.close()
-    # converted once: a second call reuses the folder
-    stamp = (converted / "model.bin").stat().st_mtime
-    convert_ct2(checkpoint, tmp_path / "ct2", "float32", progress=lambda _: None)
-    assert (converted / "model.bin").stat().st_mtime == stamp
 
 
-def test_ct2_conversion_of_the_tiny_checkpoint_generates_transformers_tokens(
-    tiny_checkpoint, tmp_path
-):
+def test_the_engine_generates_transformers_tokens_on_the_tiny_checkpoint(tiny_checkpoint):
     info = describe_checkpoint("default", "tiny", tiny_checkpoint)
     assert info.parameters > 0
-    _greedy_equal_everywhere(tiny_checkpoint, tmp_path, info.eos_token_id, info.vocab_size)
+    _greedy_equal_everywhere(tiny_checkpoint, info.eos_token_id, info.vocab_size)
 
 
-def test_random_model_with_word_level_vocabulary_converts_too(tmp_path):
+def test_random_model_with_word_level_vocabulary_generates_too(tmp_path):
     """The 350M-shaped model's path (random GPT-J + made-up vocabulary), at a tiny shape."""
     shape = {"vocab_size": 300, "n_positions": 128, "n_embd": 32, "n_layer": 2, "n_head": 4,
              "rotary_dim": 4}  # fmt: skip
@@ -60,7 +49,7 @@ def test_random_model_with_word_level_vocabulary_converts_too(tmp_path):
     info = describe_checkpoint("350m", "random", folder)
     assert info.eos_token_id == 299 and info.vocab_size == 300
     torch.manual_seed(0)
-    _greedy_equal_everywhere(folder, tmp_path, 299, 300)
+    _greedy_equal_everywhere(folder, 299, 300)
 
 
 def test_forward_ceiling_times_decode_passes_at_the_closed_loops_positions(tiny_checkpoint):
@@ -85,9 +74,9 @@ def test_forward_ceiling_times_decode_passes_at_the_closed_loops_positions(tiny_
 
 
 def test_throughput_target_is_judged_at_its_length_only():
-    assert report.throughput_verdict({"length": 8, "bare_tokens_per_s": 10.0}) == "—"
-    assert report.throughput_verdict({"length": 128, "bare_tokens_per_s": 2000.0}) == "MISSED"
-    assert report.throughput_verdict({"length": 128, "bare_tokens_per_s": 2500.0}) == "ok"
+    assert throughput_verdict({"length": 8, "bare_tokens_per_s": 10.0}) == "—"
+    assert throughput_verdict({"length": 128, "bare_tokens_per_s": 2000.0}) == "MISSED"
+    assert throughput_verdict({"length": 128, "bare_tokens_per_s": 2500.0}) == "ok"
 
 
 def test_random_prompts_never_hold_the_end_token():
@@ -110,16 +99,7 @@ def test_beam_section_measures_both_systems_on_the_same_beams(tiny_checkpoint):
     assert rows[1]["kv_cache_peak_mib"] > rows[0]["kv_cache_peak_mib"]  # 3 rows a prompt
 
 
-def test_a_missing_ctranslate2_is_reported_as_not_installed(monkeypatch):
-    """Not as "no float32 on this cpu": the run says what is missing and how to install it."""
-    from bench import systems
-
-    real = systems.importlib.util.find_spec
-    monkeypatch.setattr(
-        systems.importlib.util,
-        "find_spec",
-        lambda name, *a: None if name == "ctranslate2" else real(name, *a),
-    )
-    reason = systems.unsupported("ct2", "float32", "cpu")
-    assert reason is not None and "not installed" in reason and "pip install ctranslate2" in reason
-    assert systems.unsupported("engine", "float32", "cpu") is None
+def test_what_a_system_cannot_run_is_said():
+    assert unsupported("transformers", "int8", "cuda") is not None
+    assert unsupported("transformers", "int8", "cpu") is None
+    assert unsupported("engine", "float32", "cpu") is None
