@@ -3,10 +3,10 @@
     python -m bench.hop                       # 30 requests per path, 8 tokens, greedy
     python -m bench.hop --requests 50 --tokens 16 --json hop.json
 
-One request at a time, each path in turn (the unary ``ensemble``, the stream's first and last
-piece): the plumbing between Triton's front end and the engine, on a random GPT-J of ``make model
-MODEL=stdlib``'s shapes (its cost depends on the shapes, not the weights), or ``--checkpoint``.
-(Until commit a966a6b it also timed a direct call to the ``gptj`` model.)
+One request at a time, each path in turn (the unary ``ensemble``, the ``gptj`` model called
+directly with token ids, the stream's first and last piece): the plumbing between Triton's front
+end and the engine, on a random GPT-J of ``make model MODEL=stdlib``'s shapes (its cost depends
+on the shapes, not the weights), or ``--checkpoint``.
 """
 
 from __future__ import annotations
@@ -19,18 +19,41 @@ import time
 from pathlib import Path
 
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import np_to_triton_dtype
 
 from bench.format import machine, machine_label
 from bench.load import running_server, timed
 from bench.models import CACHE, build_random_gptj
 from client.client import CodegenClient
 from client.request import CompletionRequest, requested_outputs
-from contract.tensors import ENSEMBLE_MODEL
+from contract.tensors import (
+    ENSEMBLE_MODEL,
+    ENSEMBLE_TO_PREPROCESSING,
+    MODEL_STAGE,
+    PREPROCESSING_MODEL,
+    PREPROCESSING_TO_MODEL_STAGE,
+)
 
 # `make model MODEL=stdlib`'s shapes (modelbuild.train.BuildConfig); its end token is id 0
 STDLIB_SHAPE = {"vocab_size": 4096, "n_positions": 1024, "n_embd": 256, "n_layer": 4,
                 "n_head": 8, "rotary_dim": 16}  # fmt: skip
 PROMPT = " ".join(f"t{i}" for i in range(100, 120))  # 20 tokens of the word-level vocabulary
+
+
+def stage_inputs(client: grpcclient.InferenceServerClient, request: CompletionRequest) -> list:
+    """The ``gptj`` model's inputs for ``request``: its text tokenized once by ``preprocessing``."""
+
+    def tensor(name: str, array) -> grpcclient.InferInput:
+        made = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        made.set_data_from_numpy(array)
+        return made
+
+    given = request.tensors()
+    pre = [tensor(stage, given[name]) for stage, name in ENSEMBLE_TO_PREPROCESSING.items()
+           if name in given]  # fmt: skip
+    answer = client.infer(PREPROCESSING_MODEL, pre)
+    return [tensor(stage, answer.as_numpy(name))
+            for name, stage in PREPROCESSING_TO_MODEL_STAGE.items()]  # fmt: skip
 
 
 def measure(url: str, tokens: int, count: int, warmup: int) -> dict[str, dict]:
@@ -40,7 +63,9 @@ def measure(url: str, tokens: int, count: int, warmup: int) -> dict[str, dict]:
     ensemble = timed(lambda: client.infer(ENSEMBLE_MODEL, inputs, outputs=outputs), count, warmup)
     firsts: list[float] = []
     made: list[int] = []
-    times = {"ensemble": ensemble, "stream first piece": firsts}
+    stage = stage_inputs(client, request)
+    gptj = timed(lambda: client.infer(MODEL_STAGE, stage), count, warmup)
+    times = {"ensemble": ensemble, "gptj": gptj, "stream first piece": firsts}
     with CodegenClient(url, protocol="grpc") as codegen:
 
         def streamed() -> None:
