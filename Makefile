@@ -170,7 +170,7 @@ else
 		$(if $(DURATION),--duration $(DURATION))
 endif
 
-bench: $(VENV)/.setup-bench model  ## torch engine vs openvino vs transformers vs CTranslate2, bare vs served, the OpenVINO backend's targets (41 min on a loaded 2-core VM; QUICK=1)
+bench: $(VENV)/.setup-bench model  ## torch engine vs openvino vs transformers, bare vs served, the OpenVINO backend's targets (41 min on a loaded 2-core VM; QUICK=1)
 	$(BIN)/python -m bench --device $(BENCH_DEVICE) $(if $(QUICK),--quick) \
 		$(if $(ONLY),--only $(ONLY)) $(BENCH_ARGS)
 
