@@ -38,6 +38,7 @@ from client.results import (
 from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
 
 STOP_WAIT_S = 2.0  # how long a stream left early waits for its stop request's answer
+REPORT_WAIT_S = 5.0  # how long a stream that failed to start waits to be told why
 _WOKEN = object()  # what a cancel puts on a stream's answer queue
 
 
@@ -134,10 +135,11 @@ class GrpcStream(ResponseStream):
                 enable_empty_final_response=True,
             )  # fmt: skip
         except Exception as exc:
-            # a stream that failed (e.g. nothing listens) reports why through the callback
+            # a stream that failed (e.g. nothing listens) reports why through the callback,
+            # which tritonclient calls just after it marks the stream invalid: wait for it
             reported = None
             with contextlib.suppress(queue.Empty):
-                reported = self.answers.get_nowait()[1]
+                reported = self.answers.get(timeout=REPORT_WAIT_S)[1]
             self._end(cancel=False)
             raise transport.error(reported or exc) from exc
 

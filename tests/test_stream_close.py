@@ -6,6 +6,7 @@ just that moment. A cancel is sent only when the server does not answer the stop
 
 from __future__ import annotations
 
+import threading
 import types
 from typing import Any, ClassVar
 
@@ -127,3 +128,26 @@ def test_a_stream_the_server_refused_sends_no_stop(monkeypatch):
         next(codegen.stream("def f():", max_tokens=50))
     (fake,) = _FakeTriton.instances
     assert len(fake.requests) == 1 and fake.cancelled is False
+
+
+def test_a_stream_to_a_server_that_is_down_says_so_though_the_reason_comes_late(monkeypatch):
+    """tritonclient marks a failed stream invalid, and only then reports the gRPC error through
+    the callback: a request sent in between is refused with "no longer in valid state". The
+    client waits for the reported reason (here 50 ms late) and raises it: the server is down."""
+    from tritonclient.utils import InferenceServerException
+
+    from client.results import ServerUnavailableError
+
+    codegen = _codegen(monkeypatch, answers_stop=True)
+
+    def down(self, model, inputs, **kw):
+        unavailable = InferenceServerException("failed to connect", "StatusCode.UNAVAILABLE")
+        report = threading.Timer(0.05, self.callback, kwargs={"result": None,
+                                                              "error": unavailable})  # fmt: skip
+        report.start()
+        raise InferenceServerException("The stream is no longer in valid state, the error "
+                                       "detail is reported through provided callback.")  # fmt: skip
+
+    monkeypatch.setattr(_FakeTriton, "async_stream_infer", down)
+    with pytest.raises(ServerUnavailableError):
+        next(codegen.stream("def f():", max_tokens=50))
