@@ -55,7 +55,7 @@ from engine.interface import (
     check_editor_texts,
     check_healing,
 )
-from engine.openvino_healing import healing_grammar
+from engine.openvino_healing import healing_grammar, refuse_healing_without_tokenizer
 from engine.openvino_log_probs import LogProbScorer, ScoredRow, needs_scoring
 from engine.openvino_model import BLOCK_SIZE, ModelShape, compile_properties
 from engine.openvino_refusals import refuse_what_cannot_be_honoured
@@ -116,7 +116,7 @@ class OpenVINOBackend(QueueWorker[_Request]):
     ) -> None:
         import openvino_genai
 
-        self.shape = shape
+        self.shape, self.model_dir = shape, Path(model_dir)
         self.token_texts = token_texts  # each token's text: what the editor stop rules read
         self.extensions = extensions  # the vocabulary's prefix index: what token healing reads
         self.max_batch_size = max_batch_size
@@ -155,6 +155,7 @@ class OpenVINOBackend(QueueWorker[_Request]):
         check_cache_budget(request, needed, self.max_cache_tokens)
         check_editor_texts(request, self.token_texts)
         check_healing(request, self.extensions)
+        refuse_healing_without_tokenizer(request, self.model_dir)
         refuse_what_cannot_be_honoured(request, self.shape)
 
     @property

@@ -7,6 +7,26 @@ torch engine's where another extension is within one logit of it (docs/generatio
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from engine.interface import GenerationRequest, NotHonouredError
+
+# What the pipeline needs to read a grammar: the export's own tokenizer (make model writes it).
+DETOKENIZER = "openvino_detokenizer.xml"
+
+
+def refuse_healing_without_tokenizer(request: GenerationRequest, model_dir: Path) -> None:
+    """An export written before token healing has no tokenizer for the grammar: such a request
+    goes to the torch fallback (or is refused), never runs unhealed."""
+    if request.held_back is not None and not (model_dir / DETOKENIZER).is_file():
+        raise NotHonouredError(
+            f"token healing on the openvino backend needs the export's tokenizer ({DETOKENIZER} "
+            f"in {model_dir}), which this export predates: export again (`python -m "
+            "modelbuild.openvino_export --force CHECKPOINT`), send token_healing false, or set "
+            'fallback "torch" or backend "torch" (engine/config.pbtxt)',
+            "token_healing",
+        )
+
 
 def healing_grammar(text: str):
     """A StructuredOutputConfig: the output starts with ``text``, then any text."""

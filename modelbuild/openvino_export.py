@@ -185,6 +185,7 @@ def export(checkpoint: Path, log: Path | None = None, weights: str = "float32") 
 
     def write() -> None:
         model.save_pretrained(partial)
+        _write_tokenizer(checkpoint, partial)
         (partial / STAMP).write_text(
             json.dumps(
                 {
@@ -204,6 +205,20 @@ def export(checkpoint: Path, log: Path | None = None, weights: str = "float32") 
         f"the libraries' output is in {steps.log})"
     )
     return out
+
+
+def _write_tokenizer(checkpoint: Path, folder: Path) -> None:
+    """The checkpoint's tokenizer as OpenVINO models beside the export: the pipeline reads the
+    token-healing grammar with it (engine/openvino_healing.py); it never tokenizes a prompt."""
+    import openvino as ov  # only in .venv-export, with openvino_tokenizers
+    from openvino_tokenizers import convert_tokenizer
+    from transformers import AutoTokenizer
+
+    tokenizer, detokenizer = convert_tokenizer(
+        AutoTokenizer.from_pretrained(checkpoint), with_detokenizer=True
+    )
+    ov.save_model(tokenizer, folder / "openvino_tokenizer.xml")
+    ov.save_model(detokenizer, folder / "openvino_detokenizer.xml")
 
 
 def _has_optimum_intel() -> bool:

@@ -92,11 +92,17 @@ class _Texts:
             self.words[name] = rows
         # token healing: on for plain completion unless the request says false; never for
         # fill-in-the-middle (docs/generation.md#token-healing measured why)
-        healing = [True] * len(self.prompts)
+        asked: list[bool | None] = [None] * len(self.prompts)
         if "token_healing" in inputs:
             flags = _column(inputs["token_healing"])
-            healing = [bool(flags[min(i, len(flags) - 1)]) for i in range(len(self.prompts))]
-        self.healing = [on and not self.suffixes[i] for i, on in enumerate(healing)]
+            asked = [bool(flags[min(i, len(flags) - 1)]) for i in range(len(self.prompts))]
+        for i, flag in enumerate(asked):
+            if flag and self.suffixes[i]:
+                raise InvalidRequestError(
+                    f"token_healing is not done with a suffix (row {i} fills in the middle, "
+                    "where it scored no better): send token_healing false or leave it out"
+                )
+        self.healing = [flag is not False and not self.suffixes[i] for i, flag in enumerate(asked)]
 
     def texts(self, with_suffixes: bool = True) -> list[str]:
         words = [w for rows in self.words.values() for row in rows for w in row]
