@@ -134,10 +134,19 @@ def check_healing(request: GenerationRequest, extensions: TokenExtensions | None
             "started without its tokenizer's: start it with extensions, or send the prompt "
             "whole (held_back_id -1)"
         )
-    if request.held_back is not None and not extensions.allowed(request.held_back):
+    if request.held_back is None:
+        return
+    allowed = extensions.allowed(request.held_back)
+    if not allowed:
         raise InvalidRequestError(
             f"held_back_id {request.held_back} is a special token or part of a character: "
             "it cannot be healed; send the prompt whole (held_back_id -1)"
+        )
+    if len(allowed) < request.beam.width:
+        raise InvalidRequestError(
+            f"beam_width={request.beam.width} with token healing needs as many tokens that start "
+            f"with the prompt's last token {extensions.texts[request.held_back]!r}, and "
+            f"{len(allowed)} do: send token_healing false, or fewer beams"
         )
 
 
