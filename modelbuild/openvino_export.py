@@ -209,7 +209,10 @@ def export(checkpoint: Path, log: Path | None = None, weights: str = "float32") 
 
 def _write_tokenizer(checkpoint: Path, folder: Path) -> None:
     """The checkpoint's tokenizer as OpenVINO models beside the export: the pipeline reads the
-    token-healing grammar with it (engine/openvino_healing.py); it never tokenizes a prompt."""
+    token-healing grammar with it (engine/openvino_healing.py); it never tokenizes a prompt. A
+    bare checkpoint (weights only, as some tests make) has none to convert."""
+    if not (checkpoint / "tokenizer.json").is_file():
+        return
     import openvino as ov  # only in .venv-export, with openvino_tokenizers
     from openvino_tokenizers import convert_tokenizer
     from transformers import AutoTokenizer
