@@ -234,9 +234,18 @@ def _compression(weights: str) -> dict[str, object]:
     }
 
 
-def _import_optimum() -> type:
-    from optimum.intel import OVModelForCausalLM  # only in .venv-export
+# optimum-intel 2.2 registers gemma3_text but caps it at transformers 5.0 (the Gemma configs'
+# MAX_TRANSFORMERS_VERSION), below .venv-export's 5.5; with the cap lifted its export gives
+# transformers' greedy tokens, past the sliding window too (tests/test_gemma3.py checks it)
+LIFTED_CAPS = {"Gemma3TextOpenVINOConfig": "5.5.99"}
 
+
+def _import_optimum() -> type:
+    from optimum.exporters.openvino import model_configs  # only in .venv-export
+    from optimum.intel import OVModelForCausalLM
+
+    for name, version in LIFTED_CAPS.items():
+        getattr(model_configs, name).MAX_TRANSFORMERS_VERSION = version
     return OVModelForCausalLM
 
 
