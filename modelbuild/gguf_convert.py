@@ -102,6 +102,7 @@ def convert(gguf: Path) -> Converted:
         plain = plain_class(config)
     try:
         plain.load_state_dict(loaded.state_dict(), strict=True)
+        plain.tie_weights()  # tied outputs are one tensor again (no_init_weights left two)
     except RuntimeError as err:
         raise PretrainedError(
             f"the GGUF's weights do not fit {plain_class.__name__}: {err}"

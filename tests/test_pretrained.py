@@ -193,7 +193,7 @@ def test_the_end_token_comes_from_the_gguf_metadata(tiny, installed):
 
 def test_the_model_card_and_provenance_name_the_package_and_version(tiny, installed):
     card = (installed["out"] / "MODEL_CARD.md").read_text()
-    assert "`tiny-llm==9.9.9`" in card and tiny["model"].sha256 in card
+    assert "`tiny-llm==9.9.9`" in card and tiny["model"].pieces[0].sha256 in card
     assert "Apache-2.0" in card
     params = sum(p.numel() for p in transformers.LlamaForCausalLM.from_pretrained(
         installed["out"]).parameters())  # fmt: skip
