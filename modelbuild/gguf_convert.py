@@ -10,7 +10,6 @@ both), so generation_config.json carries both end ids.
 from __future__ import annotations
 
 import copy
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,7 +77,6 @@ def convert(gguf: Path) -> Converted:
     from transformers.utils import logging
 
     logging.disable_progress_bar()  # the step lines say where it is
-    os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF loader's own bar is a plain tqdm
     meta = gguf_metadata(gguf)
     if meta["architecture"] not in ARCHITECTURES:
         raise PretrainedError(
