@@ -33,23 +33,21 @@ FIM_TOKENS += (*QWEN_TOKENS, *DEEPSEEK_TOKENS)
 
 
 def gguf_metadata(path: Path) -> dict[str, Any]:
-    """The GGUF facts the conversion needs: architecture, special token ids and their text."""
-    from gguf import GGUFReader
+    """The GGUF facts the conversion needs: architecture, special token ids and their text.
+    Read with transformers' own metadata reader, which leaves the arrays it is not asked for
+    unread: the gguf package's reader parses all of them (Gemma's 262k tokens, scores and
+    types) and took a minute on a busy 2-core machine."""
+    from transformers.integrations.gguf.reader import read_gguf_metadata
 
-    reader = GGUFReader(path)
-
-    def value(key: str) -> Any:
-        field = reader.fields.get(key)
-        return None if field is None else field.parts[field.data[0]]
-
-    tokens, arch = reader.fields.get("tokenizer.ggml.tokens"), value("general.architecture")
-    if tokens is None or value("tokenizer.ggml.eos_token_id") is None:
+    fields, _ = read_gguf_metadata(str(path), ("tokenizer.ggml.tokens",))
+    tokens = fields.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or fields.get("tokenizer.ggml.eos_token_id") is None:
         raise PretrainedError(f"{path} holds no tokenizer with an end token (tokenizer.ggml.*)")
-    ids = {name: value(f"tokenizer.ggml.{key}") for name, key in SPECIAL_IDS.items()}
+    ids = {name: fields.get(f"tokenizer.ggml.{key}") for name, key in SPECIAL_IDS.items()}
     meta = {
-        "architecture": None if arch is None else bytes(arch).decode(),
-        "ids": {name: int(found[0]) for name, found in ids.items() if found is not None},
-        "vocab": [bytes(tokens.parts[i]).decode(errors="replace") for i in tokens.data],
+        "architecture": fields.get("general.architecture"),
+        "ids": {name: int(found) for name, found in ids.items() if found is not None},
+        "vocab": [str(token) for token in tokens],
     }
     meta["eos_token_id"] = meta["ids"]["eos_token_id"]
     meta["eos_token"] = meta["vocab"][meta["eos_token_id"]]
