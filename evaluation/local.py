@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from contract.model_tokens import prompt_head
 from engine import ModelShape
 
 
@@ -37,7 +38,9 @@ class LocalModel:
         caller cuts the text there)."""
         from transformers import StoppingCriteria, StoppingCriteriaList
 
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        # the BOS first, as preprocessing puts it (Gemma, Llama 2): the same tokens the server runs
+        head = prompt_head(self.tokenizer, self.checkpoint)
+        ids = head + self.tokenizer.encode(prompt, add_special_tokens=False)
         start = len(ids)
         decode = self.decode
 

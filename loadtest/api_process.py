@@ -17,10 +17,20 @@ class ApiProcess(ChildServer):
     ready_timeout = 120.0
     ready_path = "/health"
 
-    def __init__(self, grpc_url: str, log_file: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        grpc_url: str,
+        log_file: Path,
+        port: int | None = None,
+        checkpoint: Path | None = None,
+    ) -> None:
+        """``checkpoint``: the served one, whose tokenizer and context the API fits repository
+        context to (else the API's default, ``make model``'s)."""
         super().__init__(port or free_port(), log_file)
-        self.grpc_url = grpc_url
+        self.grpc_url, self.checkpoint = grpc_url, checkpoint
 
     def start(self) -> ApiProcess:
+        served = ["--checkpoint", str(self.checkpoint)] if self.checkpoint else []
         return self.spawn([sys.executable, "-m", "openai_api", "--port", str(self.port),
-                           "--triton", self.grpc_url, "--log-level", "warning"])  # fmt: skip
+                           "--triton", self.grpc_url, "--log-level", "warning",
+                           *served])  # fmt: skip

@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from engine.families import LLAMA_FAMILY
+from engine.families import HF_LAYOUT
 from modelbuild import llama_import
 
 TOKENIZER_FILES = (
@@ -53,7 +53,7 @@ def install_tokenizer(src: Path, dest: Path) -> None:
 
 
 def write_model_card(src: Path, dest: Path, source: str, kind: str, config: Mapping) -> None:
-    if kind in LLAMA_FAMILY:
+    if kind in HF_LAYOUT:
         conversion = "none: config, generation config and safetensors weights copied as they are."
         shape = llama_import.architecture(config)
     else:

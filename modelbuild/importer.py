@@ -8,8 +8,8 @@ Three source layouts are understood:
   network as GPT-J except that each layer keeps query, key and value in one ``qkv_proj`` matrix,
   cut for 4 model-parallel shards, each shard holding its own heads in the order q, v, k. The
   rows are unpacked into GPT-J's ``q_proj`` / ``k_proj`` / ``v_proj``.
-* The Llama family (``model_type`` ``llama``, ``qwen2``, ``mistral`` or ``starcoder2``):
-  installed unchanged (modelbuild/llama_import.py).
+* The Llama family (``model_type`` ``llama``, ``qwen2``, ``mistral`` or ``starcoder2``) and
+  Gemma 3 (``gemma3_text``): installed unchanged (modelbuild/llama_import.py).
 
 The source is a local folder (works offline) or a Hugging Face hub id (downloaded with
 ``huggingface_hub`` where the network allows; otherwise the import fails at once, telling the
@@ -33,7 +33,7 @@ from urllib.parse import urlparse
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.families import IMPORTED_TYPES, LLAMA_FAMILY
+from engine.families import HF_LAYOUT, IMPORTED_TYPES
 from modelbuild import llama_import
 from modelbuild.checkpoint_files import (
     TOKENIZER_FILES,
@@ -301,10 +301,10 @@ def convert_folder(src: Path, dest: Path, source_name: str) -> str:
     kind = raw.get("model_type")
     if kind not in IMPORTED_TYPES:
         raise CheckpointImportError(
-            f"{source_name} is a {kind!r} model; only GPT-J, CodeGen and Llama-family "
-            f"checkpoints can be served (model_type {', '.join(IMPORTED_TYPES)})"
+            f"{source_name} is a {kind!r} model; only GPT-J, CodeGen, Llama-family and "
+            f"Gemma 3 checkpoints can be served (model_type {', '.join(IMPORTED_TYPES)})"
         )
-    if kind in LLAMA_FAMILY:
+    if kind in HF_LAYOUT:
         try:
             config = llama_import.install(src, dest, raw, read_state_dict)
         except ValueError as err:

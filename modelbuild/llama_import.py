@@ -1,9 +1,10 @@
-"""Installing a Llama-family checkpoint (``llama``, ``qwen2``, ``mistral``, ``starcoder2``).
+"""Installing a Llama-family checkpoint (``llama``, ``qwen2``, ``mistral``, ``starcoder2``) or a
+Gemma 3 one (``gemma3_text``).
 
-Nothing is converted: the torch engine (engine/llama.py) and the OpenVINO export both read
-transformers' own layout. config.json and generation_config.json are copied as they are;
-safetensors weights are copied file by file (shards and their index too, so a large model is
-never held in memory), and ``pytorch_model*.bin`` weights are rewritten as one
+Nothing is converted: the torch engine (engine/llama.py, engine/gemma3.py) and the OpenVINO
+export both read transformers' own layout. config.json and generation_config.json are copied as
+they are; safetensors weights are copied file by file (shards and their index too, so a large
+model is never held in memory), and ``pytorch_model*.bin`` weights are rewritten as one
 ``model.safetensors``. Either way the weights are checked against the config's layer count.
 
 Mistakes are ValueErrors, which modelbuild/importer.py reports as a CheckpointImportError

@@ -175,7 +175,8 @@ def export(checkpoint: Path, log: Path | None = None, weights: str = "float32") 
     started = time.perf_counter()
     steps = QuietSteps(log or new_log())
     _progress(f"exporting {checkpoint} to OpenVINO IR (optimum-intel) ...")
-    ov_model = steps.run("loading optimum-intel", _import_optimum)
+    kind = json.loads((checkpoint / "config.json").read_text()).get("model_type")
+    ov_model = steps.run("loading optimum-intel", lambda: _import_optimum(kind))
     model = steps.run(
         "loading the checkpoint and converting it to OpenVINO IR",
         lambda: ov_model.from_pretrained(
@@ -252,9 +253,21 @@ def _compression(weights: str) -> dict[str, object]:
     }
 
 
-def _import_optimum() -> type:
+# optimum-intel 2.2 registers gemma3_text but caps it at transformers 5.0 (the Gemma configs'
+# MAX_TRANSFORMERS_VERSION), below .venv-export's 5.5; with the cap lifted its export gives
+# transformers' greedy tokens, past the sliding window too (tests/test_gemma3.py checks it).
+# model_type -> (optimum-intel's export config class, the transformers version allowed)
+LIFTED_CAPS = {"gemma3_text": ("Gemma3TextOpenVINOConfig", "5.5.99")}
+
+
+def _import_optimum(model_type: str | None = None) -> type:
     from optimum.intel import OVModelForCausalLM  # only in .venv-export
 
+    if model_type in LIFTED_CAPS:
+        from optimum.exporters.openvino import model_configs
+
+        name, version = LIFTED_CAPS[model_type]
+        getattr(model_configs, name).MAX_TRANSFORMERS_VERSION = version
     return OVModelForCausalLM
 
 

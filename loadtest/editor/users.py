@@ -56,6 +56,11 @@ class EditorTypist(User):
         self.visit = next(self.walk.visits)
         return self.visit.pause.typing_s  # the keystrokes before the next pause
 
+    def context_chunks(self, visit: Visit) -> Sequence[dict]:
+        """Other files' chunks sent with the request at ``visit`` (none: the editor profile
+        measures the file alone)."""
+        return ()
+
     @task
     def pause(self) -> None:
         if time.monotonic() >= self.until:  # the next window on this system starts here
@@ -64,7 +69,9 @@ class EditorTypist(User):
         wall, seed = time.time(), self.index * 1_000_003 + self.walk.sent
         self.walk.sent += 1
         w, sender = self.windows, self.system.sender
-        exchange, window = type_pause(sender, w.clipper, w.with_suffix, self.visit, seed)
+        exchange, window = type_pause(
+            sender, w.clipper, w.with_suffix, self.visit, seed, self.context_chunks(self.visit)
+        )
         self.environment.events.request.fire(**request_event(
             exchange, window, self.visit.pause.pause_s, self.index, sender.protocol, w.one_line,
             wall))  # fmt: skip

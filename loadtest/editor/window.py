@@ -6,6 +6,7 @@ that a prefix cache can reuse it; 0: the exact tail, which moves at every keystr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Protocol
@@ -14,6 +15,25 @@ from tokenizers import Tokenizer
 
 MARGIN_TOKENS = 8  # a cut string re-encoded may merge differently; FIM adds a few tokens
 CHARS_PER_TOKEN_MAX = 16  # read this many characters per budgeted token before counting
+
+# What a real editor sends (Continue's default): the file around the cursor within 1,024
+# tokens, and chunks of other open files as repository context (input_extra), which the API
+# fits within its own budget (openai_api/repo_context.py). No editor sends a whole 8k-token file
+# at every keystroke.
+EDITOR_PROMPT_TOKENS = 1024
+CONTEXT_CHUNKS, CHUNK_LINES = 2, 40
+
+
+def neighbour_chunks(files: Sequence[Path], path: Path) -> list[dict]:
+    """``input_extra`` for a request on ``path``: the first lines of the files after it in
+    ``files``, the same for every request on that file (as an editor's ring of recent files)."""
+    at = files.index(path) if path in files else -1
+    chunks = []
+    for step in range(1, min(CONTEXT_CHUNKS, len(files) - 1) + 1):
+        other = files[(at + step) % len(files)]
+        lines = other.read_text(errors="replace").splitlines(keepends=True)[:CHUNK_LINES]
+        chunks.append({"filename": other.name, "text": "".join(lines)})
+    return chunks
 
 
 class Encoder(Protocol):

@@ -9,7 +9,7 @@ import csv
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,9 +25,15 @@ from loadtest.api_process import ApiProcess
 from loadtest.editor.protocols import Sender
 from loadtest.editor.suffix import probe
 from loadtest.editor.systems import triton_system
-from loadtest.editor.typist import TypingStyle, Typist
+from loadtest.editor.typist import TypingStyle, Typist, Visit
 from loadtest.editor.users import EditorTypist, Walk
-from loadtest.editor.window import CheckpointTokenizer, Clipper
+from loadtest.editor.window import (
+    EDITOR_PROMPT_TOKENS,
+    MARGIN_TOKENS,
+    CheckpointTokenizer,
+    Clipper,
+    neighbour_chunks,
+)
 from loadtest.soak.cases import HOSTILE, INVALID, UNARY_GRPC, rotation, schedule
 from loadtest.soak.plan import RAMP, SoakPlan
 from loadtest.soak.send import Client, ClientParams, Requests
@@ -67,7 +73,13 @@ class SoakUser(User):
 
 
 class SoakTypist(EditorTypist):
-    """A typist of ``make loadtest PROFILE=editor``; :func:`editor_phase` sets its attributes."""
+    """A typist of ``make loadtest PROFILE=editor`` that also sends other files' chunks, as an
+    editor does; :func:`editor_phase` sets its attributes."""
+
+    files: Sequence[Path]
+
+    def context_chunks(self, visit: Visit) -> Sequence[dict]:
+        return neighbour_chunks(self.files, visit.path)
 
 
 class SoakShape(LoadTestShape):
@@ -84,15 +96,21 @@ class SoakShape(LoadTestShape):
 
 def editor_phase(s: Any, runner: Any) -> dict[str, Any]:
     """The OpenAI API started in front of the soak's Triton, the suffix probed, one
-    full-context request alone (the stall check's reference), then the typists on ``runner``;
+    editor-sized request alone (the stall check's reference), then the typists on ``runner``;
     what the report says of the phase besides their rows."""
     if s.editor_duration <= 0:
         return {"done": False, "note": "skipped (--editor-duration 0)"}
-    api, files = ApiProcess(s.endpoints.grpc, s.out / "openai_api.log"), held_out_files()
+    served = checkpoint_dir(s.model_repository)
+    api = ApiProcess(s.endpoints.grpc, s.out / "openai_api.log", checkpoint=served)
+    files = held_out_files()
     try:
         try:
-            clipper = Clipper(CheckpointTokenizer(checkpoint_dir(s.model_repository)),
-                              model_context(s.model_repository), s.editor_max_tokens)  # fmt: skip
+            context = min(
+                model_context(s.model_repository),
+                EDITOR_PROMPT_TOKENS + s.editor_max_tokens + MARGIN_TOKENS,
+            )
+            tokenizer = CheckpointTokenizer(served)
+            clipper = Clipper(tokenizer, context, s.editor_max_tokens)
             api.start().wait_ready()
             sender = Sender("openai", api.url.removeprefix("http://"), s.editor_max_tokens)
             mode = probe(sender.open, True)
@@ -101,10 +119,10 @@ def editor_phase(s: Any, runner: Any) -> dict[str, Any]:
         (log.warning if mode.refused else log.info)(f"editor phase: {mode.note}")
         visit = next(Typist(0, files, s.seed).visits())  # alone: the stall bound's reference
         w = clipper.clip(visit.text, visit.pause.cursor, mode.send, visit.pause.suffix_at)
-        alone = sender.open(w.prefix, w.suffix, s.seed)
+        alone = sender.open(w.prefix, w.suffix, s.seed, 0, neighbour_chunks(files, visit.path))
         if not alone.wait(time.monotonic() + 120.0):
             alone.abandon()
-        log.info(f"editor phase: a full-context request alone: first token "
+        log.info(f"editor phase: an editor-sized request alone: first token "
                  f"{alone.first_token_s or 0:.2f} s")  # fmt: skip
         failures: list[str] = []
         runner.environment.events.user_error.add_listener(lambda user_instance, exception, tb:
@@ -114,12 +132,13 @@ def editor_phase(s: Any, runner: Any) -> dict[str, Any]:
         walks = {i: Walk(Typist(i, files, s.seed, SOAK_STYLE).visits())
                  for i in range(s.editor_typists)}  # fmt: skip
         system = triton_system("soak", sender, s.endpoints.metrics_url, [])
-        SoakTypist.system, SoakTypist.walks = system, walks
+        SoakTypist.system, SoakTypist.walks, SoakTypist.files = system, walks, files
         SoakTypist.windows = SimpleNamespace(clipper=clipper, with_suffix=mode.send, one_line=False)
         SoakTypist.until, SoakTypist.origin = began + s.editor_duration, began
         SoakTypist.numbers = itertools.count()
         log.info(f"editor phase: {s.editor_typists} typists through the API for "
-                 f"{s.editor_duration:.0f}s, prompts up to {clipper.budget} tokens")  # fmt: skip
+                 f"{s.editor_duration:.0f}s, prompts up to {clipper.budget} tokens of the file "
+                 f"and chunks of other files")  # fmt: skip
         runner.start(s.editor_typists, spawn_rate=100, user_classes=[SoakTypist])
         hard_end = began + s.editor_duration + SOAK_STYLE.longest_step_s + 30
         while (runner.user_count or time.monotonic() < began + 1) and time.monotonic() < hard_end:
