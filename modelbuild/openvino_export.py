@@ -186,7 +186,10 @@ def export(checkpoint: Path, log: Path | None = None, weights: str = "float32") 
 
     def write() -> None:
         model.save_pretrained(partial)
-        _write_tokenizer(checkpoint, partial)
+        try:
+            _write_tokenizer(checkpoint, partial)
+        except Exception as exc:  # the model still serves; healing there goes to the fallback
+            _progress(f"export: no OpenVINO tokenizer ({exc!r}): token healing falls back")
         (partial / STAMP).write_text(
             json.dumps(
                 {
