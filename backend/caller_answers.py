@@ -133,7 +133,8 @@ def stream_pieces(
             call.final(error_response(str(exc)))
             return
         prompt, log_probs = rows[0].prompt_ids, rows[0].return_log_probs
-        pieces = _Pieces(call, IncrementalDecoder(postprocessor, prompt), len(prompt), log_probs)
+        decoder = IncrementalDecoder(postprocessor, prompt, rows[0].held_back)
+        pieces = _Pieces(call, decoder, len(prompt), log_probs)
         wanted = True
         for reply in calls.responses(call, rows, stream=True):
             if (error := engine_error(reply)) is not None:

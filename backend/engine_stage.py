@@ -35,7 +35,7 @@ from engine.openvino_model import ModelShape, export_weights, require_export
 from engine.tensors import decode_request
 from engine.threads import in_passing_thread
 from engine.torch_engine import TorchEngine
-from preprocessing.token_texts import token_texts
+from preprocessing.token_texts import token_extensions
 
 # The engine's figures reach Triton at most this often, and when the engine goes idle: in
 # python_backend r24.10 each metric update is a round trip to the server. Seven of them after
@@ -204,8 +204,10 @@ def start_engine(args: dict) -> Stage:
         "max_cache_tokens": int(params.get("kv_cache_tokens", "0")) or None,
         "max_beam_width": int(params.get("max_beam_width", str(DEFAULT_MAX_BEAM_WIDTH))),
         "observer": metrics,
-        "token_texts": token_texts(checkpoint),  # what the editor stop rules read
     }
+    extensions = token_extensions(checkpoint)
+    limits["token_texts"] = extensions.texts  # what the editor stop rules read
+    limits["extensions"] = extensions  # what token healing reads
     if kind == "openvino":
         engine, described = _openvino(checkpoint, params, threads, limits)
     else:

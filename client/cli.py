@@ -62,6 +62,7 @@ FLAGS = {
     "single_line": "--single-line",
     "n_indent": "--n-indent",
     "t_max_predict_ms": "--t-max-predict-ms",
+    "token_healing": "--no-token-healing",
     "protocol": "--protocol",
     "url": "--url",
 }
@@ -183,6 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         sampling.add_argument(flag, type=int, default=0, metavar=metavar, help=f"end it {what}")
     sampling.add_argument("--start-id", type=int, help="start token id")
+    sampling.add_argument(
+        "--no-token-healing",
+        dest="token_healing",
+        action="store_false",
+        default=None,
+        help="send the prompt's last token as it is (token healing is on by default)",
+    )
     beams = complete.add_argument_group("beam search")
     beams.add_argument(
         "--beams",
@@ -255,7 +263,7 @@ def _read_prompt(args: argparse.Namespace, stdin: TextIO | None) -> str:
 # CompletionRequest's fields that the command line names alike, and those it names otherwise
 _SAME_NAME = ("max_tokens", "top_k", "top_p", "temperature", "repetition_penalty", "seed",
               "end_id", "start_id", "len_penalty", "suffix", "single_line", "n_indent",
-              "t_max_predict_ms")  # fmt: skip
+              "t_max_predict_ms", "token_healing")  # fmt: skip
 _FLAG_NAME = {"return_log_probs": "log_probs", "beam_width": "beams",
               "beam_search_diversity_rate": "diversity_rate"}  # fmt: skip
 

@@ -52,6 +52,7 @@ class CompletionRequest:
     single_line: bool = False
     n_indent: int = 0
     t_max_predict_ms: int = 0
+    token_healing: bool | None = None  # None: the server's default (on, off with a suffix)
     sampling: SamplingParams = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -150,6 +151,7 @@ class CompletionRequest:
             "single_line": (self.single_line or None, np.bool_),
             "n_indent": (self.n_indent or None, np.uint32),
             "t_max_predict_ms": (self.t_max_predict_ms or None, np.uint32),
+            "token_healing": (self.token_healing, np.bool_),  # absent: the server's default
         }
         for name, (value, dtype) in optional.items():
             if value is not None:

@@ -56,7 +56,9 @@ class SamplingOptions(TypedDict, total=False):
     len_penalty / beam_search_diversity_rate: how beams are ranked / kept apart (README);
     suffix: the text after the cursor, to fill in the middle (``completion`` is then the
     middle, ``text`` the prompt and the middle); single_line / n_indent / t_max_predict_ms:
-    where an editor wants the answer to end (contract.options.EditorStops).
+    where an editor wants the answer to end (contract.options.EditorStops); token_healing:
+    false sends the prompt's last token as it is (None: the server's default, on for plain
+    completion; contract/healing.py).
     """
 
     top_k: int
@@ -76,6 +78,7 @@ class SamplingOptions(TypedDict, total=False):
     single_line: bool
     n_indent: int
     t_max_predict_ms: int
+    token_healing: bool | None
 
 
 @dataclass(frozen=True)

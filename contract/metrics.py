@@ -39,8 +39,9 @@ ENGINE_KV_CACHE_BYTES = "codegen_engine_kv_cache_bytes"
 ENGINE_EDITOR_STOPS = "codegen_engine_editor_stops_total"
 ENGINE_TOKENS_PAST_STOP = "codegen_engine_tokens_past_stop_total"
 # Labels: model and reason (engine/fallback.py, REASONS: bad_words, beam_diversity,
-# beam_stop_words, log_probs, other). Requests the openvino backend cannot honour exactly, run
-# on the torch engine instead of refused (docs/openvino.md); 0 on a server without a fallback.
+# beam_stop_words, log_probs, token_healing, other). Requests the openvino backend cannot honour
+# exactly, run on the torch engine instead of refused (docs/openvino.md); 0 on a server without
+# a fallback.
 ENGINE_FALLBACK_REQUESTS = "codegen_engine_fallback_requests_total"
 ENGINE_FALLBACK_HELP = "Sequences the primary backend could not honour, run on the fallback engine"
 

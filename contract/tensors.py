@@ -108,6 +108,12 @@ ENSEMBLE_INPUTS = (
         optional=True,
         doc="not in the FasterTransformer contract: the text after the cursor (fill-in-the-middle)",
     ),
+    # Absent: on for plain completion, off for fill-in-the-middle (contract/healing.py).
+    _scalar(
+        "token_healing",
+        "TYPE_BOOL",
+        "not in the FasterTransformer contract: false keeps the prompt's last token as it is",
+    ),
 )
 ENSEMBLE_OUTPUTS = (
     TensorSpec("OUTPUT_0", "TYPE_STRING", (-1, -1)),  # prompt + completion, flat [batch * beam]
@@ -130,6 +136,7 @@ PREPROCESSING_INPUTS = (
     TensorSpec("BAD_WORDS_DICT", "TYPE_STRING", (-1,)),
     TensorSpec("STOP_WORDS_DICT", "TYPE_STRING", (-1,)),
     TensorSpec("suffix", "TYPE_STRING", (-1,), optional=True),
+    TensorSpec("token_healing", "TYPE_BOOL", (1,), optional=True),
 )
 PREPROCESSING_OUTPUTS = (
     TensorSpec("INPUT_ID", "TYPE_UINT32", (-1,)),
@@ -137,6 +144,7 @@ PREPROCESSING_OUTPUTS = (
     TensorSpec("BAD_WORDS_IDS", "TYPE_INT32", (2, -1)),
     TensorSpec("STOP_WORDS_IDS", "TYPE_INT32", (2, -1)),
     TensorSpec("REQUEST_OUTPUT_LEN", "TYPE_UINT32", (-1,)),
+    TensorSpec("HELD_BACK_ID", "TYPE_INT32", (1,)),  # token healing: the held-back id, or -1
 )
 
 MODEL_STAGE_INPUTS = (
@@ -146,6 +154,9 @@ MODEL_STAGE_INPUTS = (
     *OPTION_INPUTS,
     TensorSpec("stop_words_list", "TYPE_INT32", (2, -1), optional=True),
     TensorSpec("bad_words_list", "TYPE_INT32", (2, -1), optional=True),
+    # Token healing: the prompt's last token, held back out of input_ids (-1 or absent: none);
+    # the first generated token must start with its text (contract/healing.py).
+    TensorSpec("held_back_id", "TYPE_INT32", (1,), optional=True),
 )
 MODEL_STAGE_OUTPUTS = (
     TensorSpec("output_ids", "TYPE_UINT32", (-1, -1)),  # [beam, prompt + generated]
@@ -168,6 +179,7 @@ ENSEMBLE_TO_PREPROCESSING = {
     "BAD_WORDS_DICT": "INPUT_2",
     "STOP_WORDS_DICT": "INPUT_3",
     "suffix": "suffix",
+    "token_healing": "token_healing",
 }
 PREPROCESSING_TO_MODEL_STAGE = {
     "INPUT_ID": "input_ids",
@@ -175,6 +187,7 @@ PREPROCESSING_TO_MODEL_STAGE = {
     "REQUEST_OUTPUT_LEN": "request_output_len",
     "BAD_WORDS_IDS": "bad_words_list",
     "STOP_WORDS_IDS": "stop_words_list",
+    "HELD_BACK_ID": "held_back_id",
 }
 
 # Every model's declared I/O, for the config check.

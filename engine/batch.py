@@ -40,6 +40,7 @@ class Row:
     log_probs: list[float] = field(default_factory=list)
     group: BeamGroup | None = None  # the beam search this row is a beam of
     lines: LineStops | None = None  # the editor's stop rules, when it sent any
+    heal: tuple[int, ...] = ()  # token healing: what the first token may be, held-back id first
 
     @property
     def generated(self) -> list[int]:
@@ -151,7 +152,7 @@ class Batch:
             tokens[i, : lengths[i]] = torch.tensor(row.request.prompt_ids)
         for row in self._rows[first:]:
             row.admitted = started
-            self.sampler.add(row.request.sampling, row.tokens, row.request.bad_words)
+            self.sampler.add(row.request.sampling, row.tokens, row.request.bad_words, row.heal)
         self.position[first : len(self._rows)] = torch.tensor(
             [len(row.request.prompt_ids) - 1 for row in self._rows[first:]]
         )

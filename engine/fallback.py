@@ -35,7 +35,7 @@ from engine.interface import (
 log = logging.getLogger(__name__)
 
 # The ``reason`` label of the fallback counter: which option the primary could not honour.
-REASONS = ("bad_words", "beam_diversity", "beam_stop_words", "log_probs", "other")
+REASONS = ("bad_words", "beam_diversity", "beam_stop_words", "log_probs", "token_healing", "other")
 # The torch fallback's running batch: small, so that it takes little of the memory sized for the
 # primary (its KV cache is released whenever it is idle).
 FALLBACK_MAX_BATCH_SIZE = 8

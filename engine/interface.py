@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from contract.healing import TokenExtensions
 from contract.options import (
     NO_BEAMS,
     NO_EDITOR_STOPS,
@@ -38,6 +39,9 @@ class GenerationRequest:
     # computes them always, a backend that cannot give the contract's refuses only when asked
     return_log_probs: bool = True
     editor: EditorStops = NO_EDITOR_STOPS  # where an editor wants the answer to end
+    # token healing: the prompt's last token, held back out of prompt_ids by the tokenizer
+    # stage; the first generated token must start with its text (contract/healing.py)
+    held_back: int | None = None
 
     @property
     def rows(self) -> int:
@@ -98,6 +102,10 @@ class ModelLimits:
                 f"beam_width={width} is over this server's limit of {self.max_beam_width} "
                 "(max_beam_width in engine/config.pbtxt); ask for fewer beams"
             )
+        if request.held_back is not None and not 0 <= request.held_back < vocab:
+            raise InvalidRequestError(
+                f"held_back_id {request.held_back} is outside the vocabulary (-1: none)"
+            )
         bad = [t for t in request.prompt_ids if not 0 <= t < vocab]
         if bad:
             raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary")
@@ -114,6 +122,31 @@ def check_editor_texts(request: GenerationRequest, texts: Sequence[str] | None) 
         raise InvalidRequestError(
             "single_line, n_indent and t_max_predict_ms need the text of each token, and this "
             "engine was started without its tokenizer's: start it with token_texts"
+        )
+
+
+def check_healing(request: GenerationRequest, extensions: TokenExtensions | None) -> None:
+    """Refuse a held-back token on a backend that was given no vocabulary index to heal it
+    with (the engine model always gives one; a bare backend may not)."""
+    if request.held_back is not None and extensions is None:
+        raise InvalidRequestError(
+            "token healing (held_back_id) needs the text of each token, and this engine was "
+            "started without its tokenizer's: start it with extensions, or send the prompt "
+            "whole (held_back_id -1)"
+        )
+    if request.held_back is None:
+        return
+    allowed = extensions.allowed(request.held_back)
+    if not allowed:
+        raise InvalidRequestError(
+            f"held_back_id {request.held_back} is a special token or part of a character: "
+            "it cannot be healed; send the prompt whole (held_back_id -1)"
+        )
+    if len(allowed) < request.beam.width:
+        raise InvalidRequestError(
+            f"beam_width={request.beam.width} with token healing needs as many tokens that start "
+            f"with the prompt's last token {extensions.texts[request.held_back]!r}, and "
+            f"{len(allowed)} do: send token_healing false, or fewer beams"
         )
 
 

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from contract.healing import TokenExtensions
 from contract.options import DEFAULT_MAX_BEAM_WIDTH
 from engine.editor_stops import LineStops
 from engine.interface import (
@@ -52,7 +53,9 @@ from engine.interface import (
     StepObserver,
     check_cache_budget,
     check_editor_texts,
+    check_healing,
 )
+from engine.openvino_healing import healing_grammar, refuse_healing_without_tokenizer
 from engine.openvino_log_probs import LogProbScorer, ScoredRow, needs_scoring
 from engine.openvino_model import BLOCK_SIZE, ModelShape, compile_properties
 from engine.openvino_refusals import refuse_what_cannot_be_honoured
@@ -109,11 +112,13 @@ class OpenVINOBackend(QueueWorker[_Request]):
         observer: StepObserver | None = None,
         device: str = "CPU",
         token_texts: Sequence[str] | None = None,
+        extensions: TokenExtensions | None = None,
     ) -> None:
         import openvino_genai
 
-        self.shape = shape
+        self.shape, self.model_dir = shape, Path(model_dir)
         self.token_texts = token_texts  # each token's text: what the editor stop rules read
+        self.extensions = extensions  # the vocabulary's prefix index: what token healing reads
         self.max_batch_size = max_batch_size
         self.max_beam_width = min(max_beam_width, max_batch_size)
         cache_tokens = max_cache_tokens or max_batch_size * shape.context
@@ -149,6 +154,8 @@ class OpenVINOBackend(QueueWorker[_Request]):
         needed = request.beam.width * -(-total // BLOCK_SIZE) * BLOCK_SIZE
         check_cache_budget(request, needed, self.max_cache_tokens)
         check_editor_texts(request, self.token_texts)
+        check_healing(request, self.extensions)
+        refuse_healing_without_tokenizer(request, self.model_dir)
         refuse_what_cannot_be_honoured(request, self.shape)
 
     @property
@@ -241,6 +248,10 @@ class OpenVINOBackend(QueueWorker[_Request]):
             config.repetition_penalty = sampling.repetition_penalty
         if request.return_log_probs:
             config.logprobs = 1
+        if request.held_back is not None and self.extensions is not None:
+            config.structured_output_config = healing_grammar(
+                self.extensions.texts[request.held_back]
+            )
         return config
 
     def _drop_cancelled(self) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from contract.healing import ORIGINAL_BIAS
 from contract.options import SamplingParams
 
 MASK32 = 0xFFFFFFFF
@@ -64,7 +65,7 @@ _PER_ROW = {  # name: dtype of the [capacity] tensors
     "steps": torch.long,  # tokens the row has taken so far
 }
 _MASKS = ("presence", "banned")  # [capacity, V] bool, created when a row first needs one
-_LISTS = ("params", "tokens", "generated_from", "multi_bad", "bans")
+_LISTS = ("params", "tokens", "generated_from", "multi_bad", "bans", "heals")
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,9 @@ class Sampler:
         self.generated_from: list[int] = []
         self.multi_bad: list[list[tuple[tuple[int, ...], int]]] = []  # (prefix, last token)
         self.bans: list[bool] = []  # the row has single-token bad words
+        # token healing: the ids the row's first token may be (the held-back one first)
+        self.heals: list[torch.Tensor | None] = []
+        self._healing = 0  # rows whose first token is still to be healed
         self._penalized = 0  # rows with a repetition penalty
         self._banning = 0  # rows with single-token bad words
         self._plans: dict[tuple[int, int], _Plan] = {}
@@ -129,8 +133,10 @@ class Sampler:
         params: SamplingParams,
         tokens: list[int],
         bad_words: Sequence[Sequence[int]] = (),
+        heal: Sequence[int] = (),
     ) -> None:
-        """Append a row; ``tokens`` is its prompt, a list the caller extends as tokens come."""
+        """Append a row; ``tokens`` is its prompt, a list the caller extends as tokens come.
+        ``heal`` (token healing): the ids its first token may be, the held-back token first."""
         row = self.rows
         if row == self.capacity:
             self._grow()
@@ -158,6 +164,8 @@ class Sampler:
         self.generated_from.append(len(tokens))
         self.multi_bad.append([(tuple(w[:-1]), w[-1]) for w in bad_words if len(w) > 1])
         self.bans.append(bool(single))
+        self.heals.append(torch.tensor(heal, device=self.device) if heal else None)
+        self._healing += bool(heal)
         self.rows += 1
         self._plans.clear()
 
@@ -166,6 +174,7 @@ class Sampler:
         last = self.rows - 1
         self._penalized -= self.params[row].repetition_penalty != 1.0
         self._banning -= self.bans[row]
+        self._healing -= self.heals[row] is not None
         if row != last:
             for name in (*_PER_ROW, *_MASKS):
                 tensor = getattr(self, name)
@@ -233,8 +242,21 @@ class Sampler:
             n = len(prefix)
             if len(tokens) - self.generated_from[row] >= n and tuple(tokens[-n:]) == prefix:
                 logits[offset, last] = float("-inf")
+        if self._healing:
+            self._heal(logits, rows)
         logits /= self.temperature[rows, None]
         return logits, torch.logsumexp(logits, dim=-1)
+
+    def _heal(self, logits: torch.Tensor, rows: slice) -> None:
+        """A healed row's first token: only the tokens whose text starts with the held-back
+        token's, that one favoured by ORIGINAL_BIAS (transformers' heal_tokens does the same)."""
+        for offset, allowed in enumerate(self.heals[rows]):
+            if allowed is None:
+                continue
+            kept = logits[offset, allowed]
+            kept[0] += ORIGINAL_BIAS
+            logits[offset] = float("-inf")
+            logits[offset, allowed] = kept
 
     def choose(
         self, logits: torch.Tensor, norm: torch.Tensor, rows: slice
@@ -315,5 +337,10 @@ class Sampler:
     def advance(self, chosen: torch.Tensor, rows: slice) -> None:
         """Record that every row in ``rows`` took its ``chosen`` token."""
         self.steps[rows] += 1
+        if self._healing:  # every row of the span has taken its first token
+            for row in range(rows.start, rows.stop):
+                if self.heals[row] is not None:
+                    self.heals[row] = None
+                    self._healing -= 1
         if self._penalized:
             self.presence[rows].scatter_(1, chosen[:, None], True)

@@ -84,11 +84,22 @@ def requests_from_tensors(arrays: Mapping[str, np.ndarray]) -> tuple[list[Genera
                     n_indent=int(_scalar(arrays, "n_indent", row)),
                     t_max_predict_ms=int(_scalar(arrays, "t_max_predict_ms", row)),
                 ),
+                held_back=_held_back(arrays, row),
             )
         )
     for request in requests:
         request.return_log_probs = return_log_probs
     return requests, return_log_probs
+
+
+def _held_back(arrays: Mapping[str, np.ndarray], row: int) -> int | None:
+    """The row's held-back token (token healing), None when absent or negative."""
+    value = arrays.get("held_back_id")
+    if value is None:
+        return None
+    flat = np.asarray(value).reshape(len(value), -1)
+    token = int(flat[min(row, len(flat) - 1), 0])
+    return token if token >= 0 else None
 
 
 def parse_request(

@@ -20,6 +20,7 @@ from dataclasses import replace
 
 import torch
 
+from contract.healing import TokenExtensions
 from engine.batch import Batch, Row
 from engine.beams import Hypothesis
 from engine.cache import KVCache
@@ -32,6 +33,7 @@ from engine.interface import (
     ModelLimits,
     StepObserver,
     check_editor_texts,
+    check_healing,
 )
 from engine.models import CausalLM
 from engine.scheduler import EngineConfig, RequestQueue, Scheduler
@@ -56,6 +58,7 @@ class TorchEngine(QueueWorker[Row]):
         config: EngineConfig | None = None,
         observer: StepObserver | None = None,
         token_texts: Sequence[str] | None = None,
+        extensions: TokenExtensions | None = None,
         **limits: int | None,
     ) -> None:
         if config is not None and limits:
@@ -64,6 +67,7 @@ class TorchEngine(QueueWorker[Row]):
         max_batch_size = self.settings.max_batch_size
         self.model = model
         self.token_texts = token_texts  # each token's text: what the editor stop rules read
+        self.extensions = extensions  # the vocabulary's prefix index: what token healing reads
         weights = next(model.parameters())
         super().__init__(RequestQueue(max_batch_size, observer))
         self._scheduler = Scheduler(
@@ -93,6 +97,7 @@ class TorchEngine(QueueWorker[Row]):
         self.limits.check(request)
         self._scheduler.check_budget(request)
         check_editor_texts(request, self.token_texts)
+        check_healing(request, self.extensions)
 
     @property
     def running(self) -> int:
@@ -119,6 +124,8 @@ class TorchEngine(QueueWorker[Row]):
         row = Row(request, listener, handle, time.perf_counter(), end_id, prompt, stops)
         if request.editor.active and self.token_texts is not None:
             row.lines = LineStops(request.editor, self.token_texts)
+        if request.held_back is not None and self.extensions is not None:
+            row.heal = self.extensions.allowed(request.held_back)
         return row
 
     def _take_running(self) -> list[Row]:

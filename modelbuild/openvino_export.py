@@ -186,6 +186,10 @@ def export(checkpoint: Path, log: Path | None = None, weights: str = "float32") 
 
     def write() -> None:
         model.save_pretrained(partial)
+        try:
+            _write_tokenizer(checkpoint, partial)
+        except Exception as exc:  # the model still serves; healing there goes to the fallback
+            _progress(f"export: no OpenVINO tokenizer ({exc!r}): token healing falls back")
         (partial / STAMP).write_text(
             json.dumps(
                 {
@@ -205,6 +209,23 @@ def export(checkpoint: Path, log: Path | None = None, weights: str = "float32") 
         f"the libraries' output is in {steps.log})"
     )
     return out
+
+
+def _write_tokenizer(checkpoint: Path, folder: Path) -> None:
+    """The checkpoint's tokenizer as OpenVINO models beside the export: the pipeline reads the
+    token-healing grammar with it (engine/openvino_healing.py); it never tokenizes a prompt. A
+    bare checkpoint (weights only, as some tests make) has none to convert."""
+    if not (checkpoint / "tokenizer.json").is_file():
+        return
+    import openvino as ov  # only in .venv-export, with openvino_tokenizers
+    from openvino_tokenizers import convert_tokenizer
+    from transformers import AutoTokenizer
+
+    tokenizer, detokenizer = convert_tokenizer(
+        AutoTokenizer.from_pretrained(checkpoint), with_detokenizer=True
+    )
+    ov.save_model(tokenizer, folder / "openvino_tokenizer.xml")
+    ov.save_model(detokenizer, folder / "openvino_detokenizer.xml")
 
 
 def _has_optimum_intel() -> bool:

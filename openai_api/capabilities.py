@@ -39,6 +39,7 @@ def _inputs(prompts: list[bytes], suffix: bytes, output_len: int = 1) -> list:
         "BAD_WORDS_DICT": [b""] * rows,
         "STOP_WORDS_DICT": [b""] * rows,
         "suffix": [suffix] * rows,
+        "token_healing": [False] * rows,  # count every token of the prompt
     }
     inputs = []
     for spec in PREPROCESSING_INPUTS:

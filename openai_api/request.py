@@ -35,6 +35,7 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default
 READ_AS_NAMED = frozenset(
     {"max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed", "suffix"}
     | set(EDITOR_FIELDS)
+    | {"token_healing"}
 )
 CONTRACT_ONLY = (
     frozenset({spec.name for spec in ENSEMBLE_INPUTS})
@@ -217,6 +218,8 @@ def parse_completion(
     }
     seed = _option(body, "seed", (int,), "an integer", None)
     editor = editor_options(body)
+    # an extension: false sends the prompt's last token as it is (absent: the server's default)
+    healing = _option(body, "token_healing", (bool,), "true or false", None)
     try:
         requests = tuple(
             CompletionRequest(
@@ -226,6 +229,7 @@ def parse_completion(
                 stop_words=stops,
                 return_log_probs=logprobs is not None,
                 suffix=suffix,
+                token_healing=healing,
                 **sampling,
                 **editor,
             )

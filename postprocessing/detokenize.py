@@ -102,11 +102,27 @@ class IncrementalDecoder:
 
     CONTEXT = 6  # prompt tokens decoded with the first new ones, for the same spacing
 
-    def __init__(self, postprocessor: Postprocessor, prompt_ids: list[int]) -> None:
+    def __init__(
+        self, postprocessor: Postprocessor, prompt_ids: list[int], held_back: int | None = None
+    ) -> None:
+        """``held_back`` (token healing): the prompt's last token, which the engine did not
+        get; the first tokens spell its text again, and the caller has it: it is not emitted."""
         self.postprocessor = postprocessor
         self.ids = list(prompt_ids)
         self.read = len(self.ids)
         self.prefix = max(0, self.read - self.CONTEXT)
+        self.skip = ""  # held-back text still to drop from the front of the pieces
+        if held_back is not None:
+            self.ids.append(held_back)
+            self.skip = self._new_text()
+            self.ids.pop()
+
+    def _unskip(self, piece: str) -> str:
+        cut = 0
+        while cut < min(len(self.skip), len(piece)) and self.skip[cut] == piece[cut]:
+            cut += 1
+        self.skip = self.skip[cut:] if cut == min(len(self.skip), len(piece)) else ""
+        return piece[cut:]
 
     def _new_text(self) -> str:
         decode = self.postprocessor.decode
@@ -125,10 +141,10 @@ class IncrementalDecoder:
         if not piece or piece.endswith("\ufffd"):  # an unfinished character: wait for more
             return ""
         self.prefix, self.read = self.read, len(self.ids)
-        return piece
+        return self._unskip(piece) if self.skip else piece
 
     def flush(self) -> str:
         """Whatever is left at the end (including a character that never completed)."""
         piece = self._new_text() if self.read < len(self.ids) else ""
         self.prefix, self.read = self.read, len(self.ids)
-        return piece
+        return self._unskip(piece) if self.skip else piece

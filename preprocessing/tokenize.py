@@ -24,6 +24,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerFast
 
 from contract.fim import NO_FIM, FimLayout, tokenizer_layout
+from contract.healing import TokenExtensions
 from contract.model_tokens import end_ids, prompt_head
 from contract.options import (
     MAX_PROMPT_BYTES,
@@ -34,6 +35,7 @@ from contract.options import (
 from contract.words import decode_words, word_list
 from preprocessing.leading_space import without_leading_space
 from preprocessing.line_tokens import LineTokens, splits_lines
+from preprocessing.token_texts import tokenizer_texts
 
 Tensors = dict[str, np.ndarray]
 WORD_INPUTS = {"BAD_WORDS_DICT": "INPUT_2 (bad words)", "STOP_WORDS_DICT": "INPUT_3 (stop words)"}
@@ -88,6 +90,19 @@ class _Texts:
                         f"{MAX_WORDS_PER_LIST}"
                     )
             self.words[name] = rows
+        # token healing: on for plain completion unless the request says false; never for
+        # fill-in-the-middle (docs/generation.md#token-healing measured why)
+        asked: list[bool | None] = [None] * len(self.prompts)
+        if "token_healing" in inputs:
+            flags = _column(inputs["token_healing"])
+            asked = [bool(flags[min(i, len(flags) - 1)]) for i in range(len(self.prompts))]
+        for i, flag in enumerate(asked):
+            if flag and self.suffixes[i]:
+                raise InvalidRequestError(
+                    f"token_healing is not done with a suffix (row {i} fills in the middle, "
+                    "where it scored no better): send token_healing false or leave it out"
+                )
+        self.healing = [flag is not False and not self.suffixes[i] for i, flag in enumerate(asked)]
 
     def texts(self, with_suffixes: bool = True) -> list[str]:
         words = [w for rows in self.words.values() for row in rows for w in row]
@@ -123,6 +138,8 @@ class Preprocessor:
         # CodeLlama's suffix goes without SentencePiece's leading space (leading_space.py)
         self.bare = without_leading_space(backend) if self.fim and self.fim.bare_suffix else None
         self.head = prompt_head(self.tokenizer, tokenizer_path)  # a BOS, or nothing
+        special = self.tokenizer.all_special_ids
+        self.extensions = TokenExtensions(tokenizer_texts(self.tokenizer), special)
         ends = end_ids(tokenizer_path)
         self.end_stops = [[i] for i in ends[1:]]  # the engine ends at ends[0] itself
         stop = self.fim.stop if self.fim else None
@@ -204,6 +221,8 @@ class Preprocessor:
         for i, suffix in enumerate(item.suffixes):
             fim_stop = [self.fim_stop] if suffix and self.fim_stop else []  # CodeGen2's <eom>
             stops[i] = [*stops[i], *fim_stop, *self.end_stops]
+        held = [self._hold_back(row) if item.healing[i] else -1 for i, row in enumerate(prompts)]
+        prompts = [row[:-1] if held[i] >= 0 else row for i, row in enumerate(prompts)]
         if self.head:
             prompts = [[*self.head, *row] for row in prompts]
         ids = np.zeros((len(prompts), max(len(r) for r in prompts)), dtype=np.uint32)
@@ -215,4 +234,14 @@ class Preprocessor:
             "BAD_WORDS_IDS": word_list(words["BAD_WORDS_DICT"]),
             "STOP_WORDS_IDS": word_list(words["STOP_WORDS_DICT"]),
             "REQUEST_OUTPUT_LEN": item.inputs["REQUEST_OUTPUT_LEN"],
+            "HELD_BACK_ID": np.array([[h] for h in held], dtype=np.int32),
         }
+
+    def _hold_back(self, prompt: list[int]) -> int:
+        """The prompt's last token when healing holds it back (its text is a proper prefix of
+        another token's), else -1. A one-token prompt keeps it unless a BOS leads it: the model
+        needs a token to condition on."""
+        last = prompt[-1]
+        if (len(prompt) > 1 or self.head) and self.extensions.heals(last):
+            return last
+        return -1

@@ -30,6 +30,8 @@ def request(prompts, suffixes=None, stop=b"") -> dict[str, np.ndarray]:
         "REQUEST_OUTPUT_LEN": np.full((n, 1), 8, dtype=np.uint32),
         "BAD_WORDS_DICT": np.array([[b""]] * n, dtype=np.object_),
         "STOP_WORDS_DICT": np.array([[stop]] * n, dtype=np.object_),
+        # the prompt whole: these tests check tokenization (test_token_healing.py, healing)
+        "token_healing": np.zeros((n, 1), dtype=np.bool_),
     }
     if suffixes is not None:
         inputs["suffix"] = np.array([[s] for s in suffixes], dtype=np.object_)

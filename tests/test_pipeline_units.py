@@ -70,6 +70,8 @@ def request(queries, bad=b"", stop=b"", output_len=8) -> dict[str, np.ndarray]:
         "REQUEST_OUTPUT_LEN": np.full((n, 1), output_len, dtype=np.uint32),
         "BAD_WORDS_DICT": np.array([[bad]] * n, dtype=np.object_),
         "STOP_WORDS_DICT": np.array([[stop]] * n, dtype=np.object_),
+        # the prompt whole: these tests check tokenization (test_token_healing.py, healing)
+        "token_healing": np.zeros((n, 1), dtype=np.bool_),
     }
 
 
