@@ -63,9 +63,14 @@ def export_problem(checkpoint: Path, weights: str | None = None) -> str | None:
         return f"no checkpoint at {checkpoint}"
     if not (out / MODEL_FILE).is_file() or not (out / STAMP).is_file():
         return f"no OpenVINO export in {out}"
-    recorded = json.loads((out / STAMP).read_text()).get("fingerprint")
-    if recorded != fingerprint(checkpoint):
+    stamp = json.loads((out / STAMP).read_text())
+    if stamp.get("fingerprint") != fingerprint(checkpoint):
         return f"the OpenVINO export in {out} is stale (the checkpoint changed since)"
+    if "tokenizer" not in stamp and (Path(checkpoint) / "tokenizer.json").is_file():
+        return (
+            f"the OpenVINO export in {out} is stale (written before exports carried the "
+            "tokenizer that token healing needs)"
+        )
     if weights is not None and export_weights(checkpoint) != weights:
         return (
             f"the OpenVINO export in {out} has {export_weights(checkpoint)} weights, not {weights}"

@@ -186,16 +186,22 @@ def export(checkpoint: Path, log: Path | None = None, weights: str = "float32") 
 
     def write() -> None:
         model.save_pretrained(partial)
+        tokenizer: str | bool = False
         try:
-            _write_tokenizer(checkpoint, partial)
-        except Exception as exc:  # the model still serves; healing there goes to the fallback
-            _progress(f"export: no OpenVINO tokenizer ({exc!r}): token healing falls back")
+            tokenizer = _write_tokenizer(checkpoint, partial)
+        except Exception as exc:  # the model still serves; healed requests are refused there
+            tokenizer = f"not converted: {exc!r}"
+            _progress(
+                f"export: no OpenVINO tokenizer ({exc!r}): the openvino backend will refuse "
+                "token healing (send token_healing false, or serve with fallback torch)"
+            )
         (partial / STAMP).write_text(
             json.dumps(
                 {
                     "fingerprint": fingerprint(checkpoint),
                     "source": str(checkpoint),
                     "weights": weights,
+                    "tokenizer": tokenizer,
                 },
                 indent=1,
             )
@@ -211,12 +217,12 @@ def export(checkpoint: Path, log: Path | None = None, weights: str = "float32") 
     return out
 
 
-def _write_tokenizer(checkpoint: Path, folder: Path) -> None:
+def _write_tokenizer(checkpoint: Path, folder: Path) -> bool:
     """The checkpoint's tokenizer as OpenVINO models beside the export: the pipeline reads the
     token-healing grammar with it (engine/openvino_healing.py); it never tokenizes a prompt. A
     bare checkpoint (weights only, as some tests make) has none to convert."""
     if not (checkpoint / "tokenizer.json").is_file():
-        return
+        return False
     import openvino as ov  # only in .venv-export, with openvino_tokenizers
     from openvino_tokenizers import convert_tokenizer
     from transformers import AutoTokenizer
@@ -226,6 +232,7 @@ def _write_tokenizer(checkpoint: Path, folder: Path) -> None:
     )
     ov.save_model(tokenizer, folder / "openvino_tokenizer.xml")
     ov.save_model(detokenizer, folder / "openvino_detokenizer.xml")
+    return True
 
 
 def _has_optimum_intel() -> bool:

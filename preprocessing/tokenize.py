@@ -100,7 +100,8 @@ class _Texts:
             if flag and self.suffixes[i]:
                 raise InvalidRequestError(
                     f"token_healing is not done with a suffix (row {i} fills in the middle, "
-                    "where it scored no better): send token_healing false or leave it out"
+                    "where the prompt ends in the layout's own middle token, not in the user's "
+                    "text): send token_healing false or leave it out"
                 )
         self.healing = [flag is not False and not self.suffixes[i] for i, flag in enumerate(asked)]
 

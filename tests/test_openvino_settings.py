@@ -4,6 +4,7 @@ FasterTransformer does, a stale export, a dead owner thread."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -16,6 +17,7 @@ from engine import TorchEngine
 from engine.gptj import GPTJ
 from engine.interface import GenerationRequest
 from engine.openvino_model import (
+    STAMP,
     PrecisionError,
     compile_properties,
     cpu_capabilities,
@@ -137,6 +139,13 @@ def test_a_stale_or_missing_export_names_what_to_run(hf_model, tmp_path):
     for file in (path / "openvino").iterdir():
         (copy / "openvino" / file.name).write_bytes(file.read_bytes())
     assert export_problem(copy) is None
+    (copy / "tokenizer.json").write_text("{}")  # the tokenizer is not in the fingerprint
+    stamp = json.loads((copy / "openvino" / STAMP).read_text())
+    (copy / "openvino" / STAMP).write_text(json.dumps({**stamp, "tokenizer": True}))
+    assert export_problem(copy) is None
+    del stamp["tokenizer"]  # an export from before exports carried the tokenizer
+    (copy / "openvino" / STAMP).write_text(json.dumps(stamp))
+    assert "tokenizer that token healing needs" in export_problem(copy)
     (copy / "config.json").write_text((copy / "config.json").read_text().replace("300", "301"))
     assert "stale" in export_problem(copy)
 
