@@ -245,6 +245,7 @@ def install(
     model, out, cache = models[name], Path(out), Path(cache)
     if not force and installed(model, out):
         log(f"[make model] {model.spec} already present at {out} (FORCE=1 rebuilds it)")
+        log(f"[make model] licence: {model.license}")
         return out
     if not force and out.exists() and any(out.iterdir()):
         raise PretrainedError(
@@ -276,6 +277,7 @@ def install(
         size = save(model, converted, out, cache)
         notes.append(f"{size / 1e6:.0f} MB")
     log(f"[make model] {model.name} installed at {out} ({time.perf_counter() - started:.1f} s)")
+    log(f"[make model] licence: {model.license} (MODEL_CARD.md in {out})")
     return out
 
 

