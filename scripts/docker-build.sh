@@ -35,24 +35,37 @@ resolve_base() {
     echo "$BASE_IMAGE"
 }
 
-# torch's CPU wheel from this machine's pip find-links folder, served to the build over HTTP
-# (the build runs on the host's network) rather than copied into the context, where it would
-# stay in a layer of the image
+# What the build takes from this machine, served to it over HTTP (the build runs on the host's
+# network) rather than copied into the context, where it would stay in a layer of the image:
+# * torch's CPU wheel from this machine's pip find-links folder ($PIP_FIND_LINKS);
+# * the CA certificates this machine added (/usr/local/share/ca-certificates; BUILD_CA_CERTS=
+#   <files>), for a network that inspects TLS: the build trusts them, the image does not keep them.
 ARGS=()
+SERVE="$(mktemp -d /tmp/codegen-docker-serve.XXXXXX)"
 SERVER_PID=
-trap '[ -z "$SERVER_PID" ] || kill "$SERVER_PID" 2> /dev/null || true' EXIT
+trap '[ -z "$SERVER_PID" ] || kill "$SERVER_PID" 2> /dev/null || true; rm -rf "$SERVE"' EXIT
 if [ "$WHAT" = cpu ] && [ -z "${TORCH_FIND_LINKS:-}" ]; then
     IFS=' ' read -r -a LINKS <<< "${PIP_FIND_LINKS:-}"
     for dir in "${LINKS[@]}"; do
-        if [ -d "$dir" ] && compgen -G "$dir/torch-2.13.0+cpu-*.whl" > /dev/null; then
-            port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-            python3 -m http.server --bind 127.0.0.1 --directory "$dir" "$port" > /dev/null 2>&1 &
-            SERVER_PID=$!
-            TORCH_FIND_LINKS="http://127.0.0.1:$port/"
-            echo "[docker] torch: $(basename "$(compgen -G "$dir/torch-2.13.0+cpu-*.whl" | head -1)") from $dir (served to the build at $TORCH_FIND_LINKS)"
+        wheel="$(compgen -G "$dir/torch-2.13.0+cpu-*.whl" | head -1 || true)"
+        if [ -n "$wheel" ]; then
+            ln -s "$wheel" "$SERVE/"
+            echo "[docker] torch: $(basename "$wheel") from $dir"
             break
         fi
     done
+fi
+IFS=' ' read -r -a CA_FILES <<< "${BUILD_CA_CERTS:-$(compgen -G '/usr/local/share/ca-certificates/*.crt' | tr '\n' ' ' || true)}"
+if [ ${#CA_FILES[@]} -gt 0 ]; then
+    cat "${CA_FILES[@]}" > "$SERVE/build-ca.crt"
+    echo "[docker] the build trusts this machine's added CA certificates: ${CA_FILES[*]}"
+fi
+if [ -n "$(ls -A "$SERVE")" ]; then
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    python3 -m http.server --bind 127.0.0.1 --directory "$SERVE" "$port" > /dev/null 2>&1 &
+    SERVER_PID=$!
+    [ ! -f "$SERVE/build-ca.crt" ] || ARGS+=(--build-arg "BUILD_CA_URL=http://127.0.0.1:$port/build-ca.crt")
+    if compgen -G "$SERVE/torch-*.whl" > /dev/null; then TORCH_FIND_LINKS="http://127.0.0.1:$port/"; fi
 fi
 [ -z "${TORCH_FIND_LINKS:-}" ] || ARGS+=(--build-arg "TORCH_FIND_LINKS=$TORCH_FIND_LINKS")
 [ -z "${NO_CACHE:-}" ] || ARGS+=(--no-cache)  # NO_CACHE=1: every step again, as on a fresh machine

@@ -4,6 +4,9 @@
 # (127.0.0.1; 0.0.0.0 publishes them on every interface). In the foreground, Ctrl-C stops it;
 # DETACH=1 starts it in the background, waits until Triton is ready and says how long that took.
 # Either way `docker stop` ends it gracefully: the launcher turns SIGTERM into Triton's own stop.
+# It runs as k8s/base/deployment.yaml runs it: read-only root file system, /tmp a 2 GB tmpfs,
+# every capability dropped, no privilege escalation (READ_ONLY=0: a writable root, as plain
+# `docker run` gives).
 #   IMAGE=<tag> (codegen-triton:cpu)  NAME=<container> (codegen-triton-cpu)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +26,9 @@ METRICS_PORT="${METRICS_PORT:-8002}"
 # --stop-timeout 30: Triton's exit timeout (10 s) and the launcher's 10 s more, before SIGKILL
 ARGS=(--name "$NAME" --rm --shm-size=1g --stop-timeout 30
     -p "$ADDRESS:$HTTP_PORT:8000" -p "$ADDRESS:$GRPC_PORT:8001" -p "$ADDRESS:$METRICS_PORT:8002")
+if [ "${READ_ONLY:-1}" != 0 ]; then
+    ARGS+=(--read-only --tmpfs /tmp:rw,size=2g --cap-drop ALL --security-opt no-new-privileges)
+fi
 if [ -z "${DETACH:-}" ]; then
     [ ! -t 0 ] || ARGS+=(-it)  # Ctrl-C reaches the launcher through the terminal
     exec "$DOCKER" run "${ARGS[@]}" "$IMAGE"
