@@ -90,7 +90,10 @@ run_server() {
 
 healthy() {
     wait_for 120 bash -c "[ \"\$($DOCKER inspect -f '{{.State.Health.Status}}' $SERVER)\" = healthy ]"
-    echo "docker's health check: $("$DOCKER" inspect -f '{{.State.Health.Status}}' "$SERVER")"
+    # the Kubernetes probes' endpoints (k8s/base/deployment.yaml)
+    http_get http://127.0.0.1:8000/v2/health/live > /dev/null
+    http_get http://127.0.0.1:8000/v2/health/ready > /dev/null
+    echo "docker's health check: $("$DOCKER" inspect -f '{{.State.Health.Status}}' "$SERVER"); /v2/health/live and /ready 200"
 }
 
 not_root() {
@@ -100,7 +103,10 @@ not_root() {
     # every process of the container, as the host sees it
     "$DOCKER" top "$SERVER" -eo uid,pid,comm | tee "$WORK/processes" | tail -n +2 \
         | awk '$1 == 0 { bad = 1 } END { exit bad }' || { echo "a process runs as root"; return 1; }
-    echo "uid $uid in the container; $(($(wc -l < "$WORK/processes") - 1)) processes, none root"
+    # as k8s/base/deployment.yaml runs it: nothing under / is writable, /tmp is
+    ! "$DOCKER" exec "$SERVER" touch /app/.written 2> /dev/null || { echo "/app is writable"; return 1; }
+    "$DOCKER" exec "$SERVER" touch /tmp/.written
+    echo "uid $uid in the container; $(($(wc -l < "$WORK/processes") - 1)) processes, none root; root fs read-only"
 }
 
 memory() {
