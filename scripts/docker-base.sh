@@ -37,10 +37,12 @@ rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/var/lib/apt/lists/* \
     "$ROOTFS"/usr/share/doc/* "$ROOTFS"/usr/share/man/*
 # python:3.11-slim has `python`; Debian names it python3 only
 ln -sf python3 "$ROOTFS/usr/bin/python"
+# mktemp made the folder 0700: as the image's / that would lock every non-root user out
+chmod 755 "$ROOTFS"
 tar -C "$ROOTFS" -c . | "$DOCKER" import \
     --change 'ENV LANG=C.UTF-8' \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'CMD ["python3"]' \
     --message "Debian 12 minbase + python3 (debootstrap), stand-in for python:3.11-slim-bookworm" \
     - "$BASE_TAG" > /dev/null
-echo "[docker-base] built $BASE_TAG from Debian's packages: $("$DOCKER" run --rm --network host "$BASE_TAG" python3 --version)"
+echo "[docker-base] built $BASE_TAG from Debian's packages: $("$DOCKER" run --rm --network host --user 10001 "$BASE_TAG" python3 --version) (as uid 10001)"
