@@ -56,12 +56,20 @@ if [ "$WHAT" = cpu ] && [ -z "${TORCH_FIND_LINKS:-}" ]; then
     done
 fi
 IFS=' ' read -r -a CA_FILES <<< "${BUILD_CA_CERTS:-$(compgen -G '/usr/local/share/ca-certificates/*.crt' | tr '\n' ' ' || true)}"
-if [ ${#CA_FILES[@]} -gt 0 ]; then
+if [ ${#CA_FILES[@]} -gt 0 ] && [ "$WHAT" != prometheus ]; then  # its apt needs no TLS
     cat "${CA_FILES[@]}" > "$SERVE/build-ca.crt"
     echo "[docker] the build trusts this machine's added CA certificates: ${CA_FILES[*]}"
 fi
 if [ -n "$(ls -A "$SERVE")" ]; then
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    # A fixed port per image: the URLs are build arguments, which are part of a step's cache key,
+    # so a port that changed would rebuild the install layer every time; one port per image lets
+    # two builds run at once. BUILD_SERVE_PORT=<port> when it is taken.
+    case "$WHAT" in cpu) port=33453 ;; client) port=48419 ;; *) port=33454 ;; esac
+    port="${BUILD_SERVE_PORT:-$port}"
+    if python3 -c "import socket,sys; s=socket.socket(); sys.exit(s.connect_ex(('127.0.0.1', $port)) != 0)"; then
+        echo "[docker] port $port is taken: BUILD_SERVE_PORT=<free port> (the build's cache then misses once)" >&2
+        exit 1
+    fi
     python3 -m http.server --bind 127.0.0.1 --directory "$SERVE" "$port" > /dev/null 2>&1 &
     SERVER_PID=$!
     [ ! -f "$SERVE/build-ca.crt" ] || ARGS+=(--build-arg "BUILD_CA_URL=http://127.0.0.1:$port/build-ca.crt")

@@ -37,7 +37,7 @@ step() {
     shift
     started=$(date +%s.%N)
     set +e
-    "$@" > "$log" 2>&1
+    (set -e; "$@") > "$log" 2>&1  # set -e inside: a failing command fails the step
     rc=$?
     set -e
     local took
@@ -65,9 +65,8 @@ wait_for() {  # SECONDS COMMAND...: until COMMAND succeeds
 }
 
 engine() {
-    "$DOCKER" version --format 'client {{.Client.Version}}, engine {{.Server.Version}}'
-    "$DOCKER" info --format 'storage driver {{.Driver}}'
-    "${COMPOSE[@]}" version | head -1
+    echo "$("$DOCKER" version --format 'client {{.Client.Version}}, engine {{.Server.Version}}')," \
+        "$("$DOCKER" info --format 'storage driver {{.Driver}}'), $("${COMPOSE[@]}" version | head -1)"
 }
 
 ports_free() {

@@ -24,7 +24,9 @@ METRICS_PORT="${METRICS_PORT:-8002}"
 }
 # --shm-size: the python backend moves tensors through /dev/shm (Docker's default is 64 MB)
 # --stop-timeout 30: Triton's exit timeout (10 s) and the launcher's 10 s more, before SIGKILL
-ARGS=(--name "$NAME" --rm --shm-size=1g --stop-timeout 30
+# CODEGEN_RUNTIME_DIR: Triton's python backend makes its stub executable at every model load,
+# which needs the runtime copy writable and the server user's: /tmp, not the image's /app/.triton
+ARGS=(--name "$NAME" --rm --shm-size=1g --stop-timeout 30 -e CODEGEN_RUNTIME_DIR=/tmp/codegen-runtime
     -p "$ADDRESS:$HTTP_PORT:8000" -p "$ADDRESS:$GRPC_PORT:8001" -p "$ADDRESS:$METRICS_PORT:8002")
 if [ "${READ_ONLY:-1}" != 0 ]; then
     ARGS+=(--read-only --tmpfs /tmp:rw,size=2g --cap-drop ALL --security-opt no-new-privileges)
