@@ -2,6 +2,8 @@
 # Build a stand-in for python:3.11-slim-bookworm from Debian's own packages, for a machine that
 # cannot pull from an image registry (deb.debian.org is enough): debootstrap a Debian 12 minbase
 # root file system with python3 (3.11), pip, venv and CA certificates, and `docker import` it.
+# libpython3.11 too: python:3.11-slim's python is built shared, and Triton's python backend stub
+# links libpython3.11.so.1.0, which Debian's python3 alone does not bring.
 # The Dockerfiles take it with --build-arg BASE_IMAGE=codegen-triton-base:bookworm
 # (scripts/docker-build.sh does so, and says so, when the public image cannot be had).
 #   BASE_TAG=<tag> (codegen-triton-base:bookworm)  MIRROR=<debian mirror> (deb.debian.org)
@@ -26,7 +28,7 @@ ROOTFS="$(mktemp -d /tmp/codegen-base.XXXXXX)"
 trap 'rm -rf "$ROOTFS"' EXIT
 echo "[docker-base] debootstrap bookworm (minbase + python3) into $ROOTFS from $MIRROR"
 nice -n 10 debootstrap --variant=minbase \
-    --include=python3,python3-pip,python3-venv,ca-certificates \
+    --include=python3,libpython3.11,python3-pip,python3-venv,ca-certificates \
     bookworm "$ROOTFS" "$MIRROR" > "$ROOTFS.log" 2>&1 || {
     tail -20 "$ROOTFS.log" >&2
     exit 1

@@ -29,7 +29,7 @@ METRICS_PORT="${METRICS_PORT:-8002}"
 ARGS=(--name "$NAME" --rm --shm-size=1g --stop-timeout 30 -e CODEGEN_RUNTIME_DIR=/tmp/codegen-runtime
     -p "$ADDRESS:$HTTP_PORT:8000" -p "$ADDRESS:$GRPC_PORT:8001" -p "$ADDRESS:$METRICS_PORT:8002")
 if [ "${READ_ONLY:-1}" != 0 ]; then
-    ARGS+=(--read-only --tmpfs /tmp:rw,size=2g --cap-drop ALL --security-opt no-new-privileges)
+    ARGS+=(--read-only --tmpfs /tmp:rw,exec,size=2g --cap-drop ALL --security-opt no-new-privileges)
 fi
 if [ -z "${DETACH:-}" ]; then
     [ ! -t 0 ] || ARGS+=(-it)  # Ctrl-C reaches the launcher through the terminal
