@@ -70,7 +70,7 @@ CHECKPOINT ?= model_repository/gptj/1/checkpoint
 EVAL_ARGS ?=
 
 .PHONY: help setup setup-dev model triton test lint format clean k8s docker-lint scan \
-	loadtest prometheus prometheus-install api bench llama-server soak pbtxt eval
+	docker-base docker docker-run docker-check loadtest prometheus prometheus-install api bench llama-server soak pbtxt eval
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -196,6 +196,22 @@ k8s: setup  ## render the Kubernetes overlays into build/k8s/
 	kubectl kustomize k8s/prometheus-adapter > build/k8s/prometheus-adapter.yaml
 	kubectl kustomize k8s/base/api > build/k8s/openai-api.yaml
 	@echo "rendered: $$(ls build/k8s)"
+
+# Containers (docs/deployment.md): a Docker engine, e.g. Debian's docker.io; none of these is part
+# of make test or CI. BASE_IMAGE=<image> builds on another base; make docker-run takes HTTP_PORT,
+# GRPC_PORT, METRICS_PORT, TRITON_ADDRESS as make triton does (DETACH=1: in the background).
+docker-base:  ## build a Debian 12 + python3 base image from Debian's packages (debootstrap), for a machine that cannot pull python:3.11-slim-bookworm
+	bash scripts/docker-base.sh
+
+docker:  ## build the CPU server image codegen-triton:cpu, default model inside (on make docker-base's base where the public one cannot be pulled)
+	bash scripts/docker-build.sh cpu
+
+docker-run:  ## run codegen-triton:cpu on HTTP_PORT/GRPC_PORT/METRICS_PORT (8000-8002); docker stop or Ctrl-C ends it
+	HTTP_PORT=$(HTTP_PORT) GRPC_PORT=$(GRPC_PORT) METRICS_PORT=$(METRICS_PORT) \
+		TRITON_ADDRESS=$(TRITON_ADDRESS) bash scripts/docker-run.sh
+
+docker-check:  ## build, run, probe and stop the images and compose, one timed line per step (~20 min; not CI)
+	bash scripts/docker-check.sh
 
 docker-lint: setup-dev  ## hadolint every Dockerfile
 	$(BIN)/hadolint --config .hadolint.yaml docker/Dockerfile.*
