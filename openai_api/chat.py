@@ -191,7 +191,9 @@ async def create_chat_completion(request: Request, api: Authorized) -> Response:
         empty = FittedContext(job.prompts[0], 0, 0, None)
         return await stream_completion(api, request, job, empty, ChatChunks())
     try:
-        results = await run_choices(api, request, job.requests, job.stops)
+        # streamed even when whole: the template's special tokens are not in the unary
+        # ensemble's text (skipped by its detokenizer), so only a stream's pieces are the answer
+        results = await run_choices(api, request, job.requests, job.stops, streamed=True)
     except ClientLeftError:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     finally:
