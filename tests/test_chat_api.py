@@ -6,8 +6,8 @@ leaves stops its generation."""
 
 from __future__ import annotations
 
+import io
 import json
-import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,22 +16,15 @@ import httpx
 import openai
 import pytest
 from api_server import ApiServer, openai_client
+from chat_checkpoint import END_OF_TURN, with_chat_template
 from engine_hold import advance_until, engine_held, wait_for
 from server_metrics import cancels_sent, engine_counters
-from test_client_cancel import ASKED, assert_dropped, cancel_reached, in_flight
+from test_client_cancel import assert_dropped, cancel_reached, in_flight
 
-from client import CodegenClient
+from client import CodegenClient, cli
 from contract.tensors import STREAM_MODEL
 from openai_api import Settings
 
-# a template whose turns end with a special token of the tiny vocabulary that is not its end
-# token, so that the end of a turn is a stop word of its own
-TEMPLATE = (
-    "{% for message in messages %}{{ '### ' + message['role'] + '\n' + message['content'] + "
-    "'<fim_middle>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '### assistant\n' }}"
-    "{% endif %}"
-)
-END_OF_TURN = "<fim_middle>"
 MESSAGES = [
     {"role": "system", "content": "You complete Python."},
     {"role": "user", "content": "def fib(n):\n"},
@@ -58,12 +51,7 @@ CONTINUE_BODY = {
 @pytest.fixture(scope="module")
 def chat_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
     """The served checkpoint with a chat template in its tokenizer_config.json."""
-    folder = tmp_path_factory.mktemp("chat") / "checkpoint"
-    shutil.copytree(tiny_checkpoint, folder, ignore=shutil.ignore_patterns("openvino*"))
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["chat_template"] = TEMPLATE
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return folder
+    return with_chat_template(tiny_checkpoint, tmp_path_factory.mktemp("chat") / "checkpoint")
 
 
 @pytest.fixture(scope="module")
@@ -243,3 +231,25 @@ def test_a_client_that_leaves_before_the_answer_stops_its_generation(server, api
         sock.close()
         cancel_reached(server, model, sent_before)
     assert_dropped(server, before)
+
+
+# -- codegen chat ------------------------------------------------------------------------------
+
+
+def test_codegen_chat_streams_the_answer(api):
+    expected = chat(api).choices[0].message.content
+    system, question = MESSAGES[0]["content"], MESSAGES[1]["content"]
+    argv = ["chat", "--api-url", api.url, "--system", system, "--max-tokens", "24"]
+    out = io.StringIO()
+    assert cli.main([*argv, "--temperature", "0", question], stdout=out) == 0
+    assert out.getvalue() == expected
+    piped = io.StringIO()
+    code = cli.main([*argv, "--temperature", "0"], stdout=piped, stdin=io.StringIO(question))
+    assert code == 0 and piped.getvalue() == expected
+
+
+def test_codegen_chat_says_why_a_model_cannot_chat(plain_api):
+    err = io.StringIO()
+    code = cli.main(["chat", "--api-url", plain_api.url, "hi"], stdout=io.StringIO(), stderr=err)
+    assert code == cli.EXIT_SERVER_ERROR
+    assert "HTTP 400" in err.getvalue() and "has no chat template" in err.getvalue()
