@@ -17,6 +17,7 @@ from transformers import PreTrainedTokenizerFast
 
 from contract.chat import ChatError, ChatTemplate, end_of_turn, parse_messages
 from contract.model_tokens import prompt_head
+from modelbuild.checkpoint_files import install_tokenizer
 from modelbuild.corpus import read_texts, split
 from modelbuild.tokenizer import END_OF_TEXT
 from preprocessing.tokenize import Preprocessor
@@ -167,3 +168,13 @@ def test_the_developer_role_is_the_system_turn():
     assert parse_messages([{"role": "developer", "content": "x"}]) == [
         {"role": "system", "content": "x"}
     ]
+
+
+def test_an_imported_checkpoint_keeps_its_chat_template(qwen2, tmp_path):
+    """transformers saves the template apart (chat_template.jinja): the import copies it."""
+    source, dest = tmp_path / "source", tmp_path / "dest"
+    PreTrainedTokenizerFast.from_pretrained(str(qwen2)).save_pretrained(source)
+    assert (source / "chat_template.jinja").is_file()
+    dest.mkdir()
+    install_tokenizer(source, dest)
+    assert PreTrainedTokenizerFast.from_pretrained(str(dest)).chat_template == QWEN2
