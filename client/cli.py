@@ -6,6 +6,7 @@
     codegen complete --suffix "    return a" "def f(a):\n"  # fill in the middle
     echo "import numpy as np" | codegen complete --json
     codegen health
+    codegen chat "Write fib in Python" --system "Answer with code only."  # client/chat.py
 
 Exit codes: 0 done; 1 the server refused or failed the request (its message is printed), or
 is not ready; 2 usage error or an invalid option (refused before anything is sent);
@@ -23,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from client import chat
 from client.client import CodegenClient
 from client.request import CompletionRequest
 from client.results import (
@@ -103,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit codes: 0 ok, 1 server error or not ready, 2 usage or invalid option, "
         "3 server unreachable, 130 interrupted",
     )
-    commands = parser.add_subparsers(dest="command", metavar="{complete,health}")
+    commands = parser.add_subparsers(dest="command", metavar="{complete,health,chat}")
     server = _connection_options()
 
     complete = commands.add_parser(
@@ -227,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Say whether the server is ready and which models it serves.",
     )
     health.add_argument("--json", action="store_true", help="print the health as JSON")
+    chat.add_parser(commands)
     return parser
 
 
@@ -367,6 +370,8 @@ def main(
     try:
         if args.command == "health":
             return _health(args, out)
+        if args.command == "chat":
+            return chat.run(args, out, stdin if stdin is not None else sys.stdin)
         return _complete(args, out, stdin if stdin is not None else sys.stdin)
     except (UsageError, InvalidRequestError) as exc:
         err.write(f"codegen: error: {_name_flag(str(exc))}\n")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation import report, run
+from evaluation.instruct import humaneval_instruct
 from evaluation.launch import ServedModel
 from evaluation.local import LocalModel, describe_checkpoint
 from evaluation.problems import HUMANEVAL_STOPS, QUICK_EVERY, load_problems, select
@@ -44,6 +45,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", help="the model name to send (default: /v1/models' first)")
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
     parser.add_argument("--line-max-tokens", type=int, default=defaults.line_max_tokens)
+    parser.add_argument(
+        "--instruct-max-tokens",
+        type=int,
+        default=defaults.instruct_max_tokens,
+        help="an instruct HumanEval answer's budget (a model with a chat template)",
+    )
+    parser.add_argument(
+        "--no-lines", action="store_true", help="skip the next-line and infilling sections"
+    )
     parser.add_argument(
         "--timeout", type=float, default=defaults.timeout, help="seconds one program may run"
     )
@@ -84,6 +94,8 @@ def evaluate(args: argparse.Namespace, url: str, started_here: bool) -> dict[str
     settings = run.Settings(
         max_tokens=args.max_tokens,
         line_max_tokens=args.line_max_tokens,
+        instruct_max_tokens=args.instruct_max_tokens,
+        lines=not args.no_lines,
         timeout=args.timeout,
         concurrency=args.concurrency,
         transformers=args.transformers,
@@ -106,10 +118,14 @@ def evaluate(args: argparse.Namespace, url: str, started_here: bool) -> dict[str
         sandbox = run.sandbox_check(problems, settings)
         local = LocalModel(args.checkpoint) if settings.transformers != "none" else None
         humaneval = run.humaneval(problems, client, local, budget, settings)
-        line_local = local if settings.transformers == "all" else None
-        next_line = run.next_line(cases, client, line_local, budget, settings)
-        prefix_only = [row["served"] for row in next_line["cases"]]
-        infill = run.infill(problems, cases, prefix_only, client, budget, settings)
+        chats = chat_flag(server.get("models"))
+        instruct = humaneval_instruct(problems, client, local, budget, settings, chats)
+        next_line = infill = None
+        if settings.lines:
+            line_local = local if settings.transformers == "all" else None
+            next_line = run.next_line(cases, client, line_local, budget, settings)
+            prefix_only = [row["served"] for row in next_line["cases"]]
+            infill = run.infill(problems, cases, prefix_only, client, budget, settings)
     notes = {
         "all": "float32, greedy, every generation section",
         "none": "not run",
@@ -125,6 +141,7 @@ def evaluate(args: argparse.Namespace, url: str, started_here: bool) -> dict[str
             "problems": len(problems),
             "selection": selection(args),
             "max_tokens": settings.max_tokens,
+            "instruct_max_tokens": settings.instruct_max_tokens,
             "line_max_tokens": settings.line_max_tokens,
             "stops": list(HUMANEVAL_STOPS),
             "timeout": settings.timeout,
@@ -134,9 +151,18 @@ def evaluate(args: argparse.Namespace, url: str, started_here: bool) -> dict[str
         },
         "sandbox": sandbox,
         "humaneval": humaneval,
+        "humaneval_instruct": instruct,
         "next_line": next_line,
         "infill": infill,
     }
+
+
+def chat_flag(models: Any) -> bool | None:
+    """Whether ``/v1/models`` says the first model chats (None when it does not say)."""
+    try:
+        return models["data"][0].get("chat")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,9 +33,12 @@ class LocalModel:
             str(self.checkpoint), dtype=torch.float32
         ).eval()
 
-    def complete(self, prompt: str, max_tokens: int, stops: Sequence[str]) -> str:
+    def complete(
+        self, prompt: str, max_tokens: int, stops: Sequence[str], ends: Sequence[int] = ()
+    ) -> str:
         """The greedy continuation of ``prompt``, generation stopped at the first stop (the
-        caller cuts the text there)."""
+        caller cuts the text there), or at one of ``ends`` besides the end token (a chat
+        template's end of turn, a stop word on the server)."""
         from transformers import StoppingCriteria, StoppingCriteriaList
 
         # the BOS first, as preprocessing puts it (Gemma, Llama 2): the same tokens the server runs
@@ -61,7 +64,7 @@ class LocalModel:
                 top_p=None,
                 temperature=None,
                 repetition_penalty=1.0,
-                eos_token_id=self.shape.eos_token_id,
+                eos_token_id=[self.shape.eos_token_id, *ends],
                 pad_token_id=self.shape.eos_token_id,
                 stopping_criteria=StoppingCriteriaList([_AtStop()]),
             )

@@ -126,6 +126,34 @@ def humaneval_lines(section: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def instruct_lines(section: dict[str, Any] | None, plain: dict[str, Any]) -> list[str]:
+    """Instruct HumanEval beside plain completion's pass@1 (evaluation/instruct.py)."""
+    lines = ["## Instruct HumanEval pass@1 (greedy, through /v1/chat/completions)", ""]
+    if section is None or section["status"] != "ok":
+        reason = section["reason"] if section else "not run"
+        return [*lines, f"Skipped: {reason}.", ""]
+    rows = [("served", section["served"], plain["served"])]
+    if section["transformers"] is not None:
+        rows.append(("transformers, float32", section["transformers"], plain["transformers"]))
+    cells = [
+        (name, s["passed"], s["total"], percent(s["pass_at_1"], 1), percent(p["pass_at_1"], 1))
+        for name, s, p in rows
+        if p is not None
+    ]
+    header = ["path", "passed", "problems", "instruct pass@1", "plain completion pass@1"]
+    lines += table(header, cells, "lrrrr")
+    lines.append("")
+    if section["compared"]:
+        shown = section["mismatches"][:MISMATCH_ROWS]
+        lines.append(
+            f"Answers compared problem by problem: {len(section['mismatches'])} of "
+            f"{section['compared']} differ" + (f": {', '.join(shown)}." if shown else ".")
+        )
+    if section["errors"]:
+        lines += ["", f"Served requests that failed (counted as failures): {section['errors']}"]
+    return [*lines, ""]
+
+
 def next_line_lines(section: dict[str, Any]) -> list[str]:
     rows = [("served", section["served"])]
     if section["transformers"] is not None:
@@ -188,9 +216,10 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         *setup_lines(data),
         *humaneval_lines(data["humaneval"]),
-        *next_line_lines(data["next_line"]),
-        *infill_lines(data["infill"]),
+        *instruct_lines(data.get("humaneval_instruct"), data["humaneval"]),
     ]
+    if data.get("next_line") is not None:
+        lines += [*next_line_lines(data["next_line"]), *infill_lines(data["infill"])]
     return "\n".join(lines)
 
 

@@ -35,10 +35,12 @@ class Settings:
     """What one run measures and how (the report's ``settings``)."""
 
     max_tokens: int = 256
+    instruct_max_tokens: int = 512  # an instruct answer: prose around a code block
     line_max_tokens: int = 48
     timeout: float = 10.0
     concurrency: int = 4
     transformers: str = "all"  # both generation sections, HumanEval only, or none
+    lines: bool = True  # the next-line and infilling sections
 
 
 class Budget:

@@ -1,7 +1,8 @@
 """The served path: any OpenAI-compatible completions API, over plain HTTP (httpx).
 
 Only ``/v1/completions`` with ``prompt``, ``suffix``, ``max_tokens``, ``temperature`` 0 and
-``stop`` is used, so the same run scores this project's API, llama.cpp's server or vLLM's.
+``stop`` is used (and, for an instruct model, ``/v1/chat/completions`` with ``messages``), so
+the same run scores this project's API, llama.cpp's server or vLLM's.
 What the server says about itself (``/v1/models``, ``/health``, and Triton's engine settings
 when the server is this project's API) goes into the report, best effort.
 """
@@ -100,15 +101,9 @@ class CompletionsClient:
         }
         if request.suffix is not None:
             body["suffix"] = request.suffix
-        for attempt in range(RETRIES):
-            try:
-                response = self.http.post(f"{self.base_url}/completions", json=body)
-            except httpx.HTTPError as exc:
-                return Answer(error=f"{type(exc).__name__}: {exc}")
-            if response.status_code == 503 and attempt + 1 < RETRIES:
-                time.sleep(_retry_after(response))
-                continue
-            break
+        response = self._post("/completions", body)
+        if isinstance(response, Answer):
+            return response
         if response.status_code != 200:
             message = _error_message(response)
             if request.suffix is not None and refuses_suffix(response.status_code, message):
@@ -118,6 +113,58 @@ class CompletionsClient:
             return Answer(text=response.json()["choices"][0]["text"])
         except (ValueError, KeyError, IndexError, TypeError):
             return Answer(error=f"an answer without choices: {response.text[:200]}")
+
+    def chat(self, messages: list[dict[str, str]], max_tokens: int) -> Answer:
+        """One greedy chat answer (``/v1/chat/completions``); a failure is the answer's error."""
+        if max_tokens < 1:
+            return Answer(error="the conversation leaves no room in the model's context")
+        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens}
+        body["temperature"] = 0
+        response = self._post("/chat/completions", body)
+        if isinstance(response, Answer):
+            return response
+        if response.status_code != 200:
+            return Answer(error=f"HTTP {response.status_code}: {_error_message(response)}")
+        try:
+            return Answer(text=response.json()["choices"][0]["message"]["content"])
+        except (ValueError, KeyError, IndexError, TypeError):
+            return Answer(error=f"an answer without choices: {response.text[:200]}")
+
+    def chat_all(
+        self,
+        conversations: Sequence[list[dict[str, str]]],
+        max_tokens: Sequence[int],
+        concurrency: int,
+        desc: str,
+    ) -> list[Answer]:
+        """Chat answers in order, ``concurrency`` in flight, with a progress bar."""
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(conversations), desc=desc, unit="req", dynamic_ncols=True)
+
+        def one(pair: tuple[list[dict[str, str]], int]) -> Answer:
+            answer = self.chat(*pair)
+            bar.update(1)
+            return answer
+
+        try:
+            with ThreadPoolExecutor(max(1, concurrency)) as pool:
+                return list(pool.map(one, zip(conversations, max_tokens, strict=True)))
+        finally:
+            bar.close()
+
+    def _post(self, path: str, body: dict[str, Any]) -> httpx.Response | Answer:
+        """POST, retried on a 503 as the API asks; a transport failure is an error answer."""
+        for attempt in range(RETRIES):
+            try:
+                response = self.http.post(f"{self.base_url}{path}", json=body)
+            except httpx.HTTPError as exc:
+                return Answer(error=f"{type(exc).__name__}: {exc}")
+            if response.status_code == 503 and attempt + 1 < RETRIES:
+                time.sleep(_retry_after(response))
+                continue
+            break
+        return response
 
     def complete_all(
         self,

@@ -20,6 +20,10 @@ TOKENIZER_FILES = (
     "vocab.json",
     "merges.txt",
     "tokenizer.model",  # sentencepiece (Llama, Mistral): tokenizer.json is built from it if absent
+    # the chat template, where transformers saves it apart from tokenizer_config.json (the
+    # API's /v1/chat/completions renders it)
+    "chat_template.jinja",
+    "chat_template.json",
 )
 
 

@@ -6,8 +6,8 @@ server's, and sent over gRPC by :class:`client.CodegenClient`.
 
     python -m openai_api --port 8080 --triton localhost:8001      # or: make api
 
-Routes: ``POST /v1/completions``, ``POST /v1/engines/{engine}/completions``, ``GET /v1/models``,
-llama.cpp's ``POST /infill``,
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``,
+``POST /v1/engines/{engine}/completions``, ``GET /v1/models``, llama.cpp's ``POST /infill``,
 ``GET /health`` and the playground at ``/``. See README.md ("OpenAI-compatible API").
 """
 

@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             f"\nOpenAI-compatible API on http://{args.host}:{args.port} (Ctrl-C stops it)\n"
             f"  playground   http://{args.host}:{args.port}/\n"
             f"  completions  POST http://{args.host}:{args.port}/v1/completions\n"
+            f"  chat         POST http://{args.host}:{args.port}/v1/chat/completions\n"
             f"  Triton       grpc://{settings.triton_url}   API key: {key}\n",
             flush=True,
         )

@@ -13,6 +13,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from openai_api.chat import ChatSource
+from openai_api.chat import router as chat_router
 from openai_api.dependencies import ApiState, Slots, error_response
 from openai_api.errors import OpenAIError
 from openai_api.generation import Backend
@@ -48,6 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         slots=Slots(settings.max_concurrent),
         playground=resources.files("openai_api").joinpath("static/playground.html").read_text(),
     )
+    app.state.api.chat = ChatSource(app.state.api.backend)
     # the parts by name too, as before the routes moved to a router
     app.state.settings = app.state.api.settings
     app.state.backend = app.state.api.backend
@@ -56,4 +59,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.include_router(router)
     app.include_router(infill_router)
+    app.include_router(chat_router)
     return app

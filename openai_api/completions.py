@@ -54,10 +54,13 @@ async def run_choices(
     request: Request,
     requests: Sequence[CompletionRequest],
     stops: Sequence[str],
+    streamed: bool = False,
 ) -> list[ChoiceResult]:
     """Every choice, whole, in order; raises :class:`ClientLeftError` (after cancelling them
-    all) if the client leaves first."""
-    choices: list[PendingChoice] = [await api.call(api.backend.choice, r, stops) for r in requests]
+    all) if the client leaves first. ``streamed``: through ``ensemble_stream`` whatever the
+    request (a prompt with special tokens, which the unary ensemble's text does not echo)."""
+    choose = api.backend.open_stream if streamed else api.backend.choice
+    choices: list[PendingChoice] = [await api.call(choose, r, stops) for r in requests]
     work = asyncio.ensure_future(asyncio.gather(*(api.call(c.run) for c in choices)))
     if await done_before_client_left(request, work):
         return work.result()

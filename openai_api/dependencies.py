@@ -49,6 +49,7 @@ class ApiState:
     backend: Backend
     slots: Slots
     playground: str
+    chat: Any = None  # openai_api.chat.ChatSource: the served model's chat template
 
     async def call(self, function: Callable[..., Any], *args: Any) -> Any:
         """``function(*args)`` in a worker thread; a client-library error becomes the

@@ -82,13 +82,17 @@ async def models(api: Authorized) -> dict[str, Any]:
     to), once Triton serves the completion ensemble: a client that takes the first model
     listed can complete with it. Triton's other models (the stages, the engine) are not models
     a client can ask for; ``/health`` lists them. ``fim``: whether it takes a ``suffix`` (true
-    or false; null when Triton could not say), asked of Triton (:mod:`.capabilities`)."""
+    or false; null when Triton could not say), asked of Triton (:mod:`.capabilities`);
+    ``chat``: whether ``/v1/chat/completions`` takes it (it has a chat template, read from the
+    API's checkpoint once that is checked to be the served one: :mod:`openai_api.chat`)."""
     state = await api.call(api.backend.health)
     if not state.model_ready(ENSEMBLE_MODEL):
         return {"object": "list", "data": []}
     fim = await run_in_threadpool(takes_suffix, api.settings.triton_url)
+    chat = await api.call(api.chat.available)
     entry = {"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "codegen"}
-    return {"object": "list", "data": [{**entry, "aliases": list(MODEL_ALIASES), "fim": fim}]}
+    entry.update({"aliases": list(MODEL_ALIASES), "fim": fim, "chat": chat})
+    return {"object": "list", "data": [entry]}
 
 
 async def completions(api: ApiState, request: Request, path_model: str | None) -> Response:

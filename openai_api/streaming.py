@@ -109,11 +109,37 @@ async def primed(api: ApiState, request: Request, choices: Sequence[StreamedChoi
     raise ClientLeftError
 
 
+class CompletionChunks:
+    """The shape of a completion's chunks (``text_completion``); chat's differ only here
+    (:class:`openai_api.chat.ChatChunks`)."""
+
+    object = "text_completion"
+    id_prefix = "cmpl-"
+
+    def opening(self, index: int) -> dict[str, Any] | None:
+        """A choice's first chunk, before its text (none for a completion)."""
+        return None
+
+    def choice(self, index: int, text: str, result: ChoiceResult | None) -> dict[str, Any]:
+        return {
+            "text": text,
+            "index": index,
+            "logprobs": logprobs(result) if result else None,
+            "finish_reason": result.finish_reason if result else None,
+        }
+
+
 async def stream_completion(
-    api: ApiState, request: Request, job: CompletionJob, context: FittedContext
+    api: ApiState,
+    request: Request,
+    job: CompletionJob,
+    context: FittedContext,
+    shape: CompletionChunks | None = None,
 ) -> Response:
-    """The job's choices as OpenAI's completion chunks; the caller acquired a slot, which is
-    released when the stream ends. ``context``: what its repository context kept (usage)."""
+    """The job's choices as OpenAI's completion chunks (or ``shape``'s); the caller acquired a
+    slot, which is released when the stream ends. ``context``: what its repository context
+    kept (usage)."""
+    shape = shape or CompletionChunks()
     choices: list[StreamedChoice] = []
     released = False
 
@@ -136,29 +162,19 @@ async def stream_completion(
     except BaseException:
         cleanup()
         raise
-    completion_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    completion_id, created = f"{shape.id_prefix}{uuid.uuid4().hex}", int(time.time())
+    head = {"id": completion_id, "object": shape.object, "created": created, "model": job.model}
 
     def chunk(index: int, text: str, result: ChoiceResult | None = None) -> bytes:
-        return sse(
-            {
-                "id": completion_id,
-                "object": "text_completion",
-                "created": created,
-                "model": job.model,
-                "choices": [
-                    {
-                        "text": text,
-                        "index": index,
-                        "logprobs": logprobs(result) if result else None,
-                        "finish_reason": result.finish_reason if result else None,
-                    }
-                ],
-            }
-        )
+        return sse({**head, "choices": [shape.choice(index, text, result)]})
 
     async def events() -> AsyncIterator[bytes]:
         queue: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
+        for choice in choices:
+            opening = shape.opening(choice.index)
+            if opening is not None:
+                yield sse({**head, "choices": [opening]})
         if job.echo:
             for choice in choices:
                 yield chunk(choice.index, job.prompt_of(choice.index))
@@ -181,16 +197,8 @@ async def stream_completion(
                 running -= 1
         if job.include_usage:
             ordered = [results[i] for i in range(len(choices))]
-            yield sse(
-                {
-                    "id": completion_id,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": job.model,
-                    "choices": [],
-                    "usage": {**job_usage(job, ordered), **context.usage()},
-                }
-            )
+            usage = {**job_usage(job, ordered), **context.usage()}
+            yield sse({**head, "choices": [], "usage": usage})
         yield sse("[DONE]")
 
     return EventStream(events(), cleanup)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from api_server import ApiServer, openai_client
+from chat_checkpoint import with_chat_template
 
 from openai_api import Settings
 
@@ -125,3 +126,44 @@ def test_the_playground_streams_a_completion_in_a_browser(api, browser, tmp_path
     if os.environ.get("PLAYGROUND_SCREENSHOT"):  # how docs/playground.png was made
         shutil.copy(screenshot, os.environ["PLAYGROUND_SCREENSHOT"])
     print(f"screenshot: {screenshot}")
+
+
+@pytest.fixture(scope="module")
+def chat_api(server, tiny_checkpoint, tmp_path_factory) -> Iterator[ApiServer]:
+    """The API with a chat template in its checkpoint (tests/chat_checkpoint.py)."""
+    folder = with_chat_template(tiny_checkpoint, tmp_path_factory.mktemp("chat") / "checkpoint")
+    with ApiServer(Settings(triton_url=server.grpc_url, checkpoint=folder)) as running:
+        yield running
+
+
+def test_the_playground_chat_tab_holds_a_conversation(chat_api, browser):
+    from selenium.webdriver.common.by import By
+
+    browser.get(chat_api.url + "/")
+    browser.find_element(By.ID, "tab-chat").click()
+    assert browser.find_element(By.ID, "complete").text == "Send"
+    system = "You complete Python."
+    browser.find_element(By.ID, "system").send_keys(system)
+    for name, value in (("max_tokens", "16"), ("temperature", "0")):
+        browser.find_element(By.ID, name).clear()
+        browser.find_element(By.ID, name).send_keys(value)
+    messages = [{"role": "system", "content": system}]
+    for question in (PROMPT, "def add(a, b):\n"):
+        prompt = browser.find_element(By.ID, "prompt")
+        prompt.clear()
+        prompt.send_keys(question)
+        browser.find_element(By.ID, "complete").click()
+        deadline = time.monotonic() + 120
+        while browser.find_element(By.ID, "status").text != "done":
+            assert time.monotonic() < deadline, "the chat never finished"
+            assert not browser.find_element(By.ID, "error").text, "the playground shows an error"
+            time.sleep(0.05)
+        messages.append({"role": "user", "content": question})
+        expected = openai_client(chat_api).chat.completions.create(
+            model="ensemble", messages=messages, max_tokens=16, temperature=0
+        )
+        answer = expected.choices[0].message.content
+        shown = browser.execute_script("return document.querySelector('#output .gen').textContent")
+        assert shown == answer  # the second turn is answered with the first in its messages
+        messages.append({"role": "assistant", "content": answer})
+        assert browser.find_element(By.ID, "prompt").get_attribute("value") == ""
