@@ -162,10 +162,12 @@ def parse_chat(
     job = parse_completion(completion, None, max_choices)
     # every choice also stops at the end of a turn, on tokens (the engine's stop words); it is
     # a special token, so the text never shows it and job.stops (matched on text) leave it out.
-    # The one place chat sets a request option of its own: token healing, once the request
-    # builder has it, goes off here too (token_healing=False), since the prompt ends in the
-    # template's generation prompt, a boundary the model was trained on
-    requests = tuple(replace(r, stop_words=(*r.stop_words, *chat.stops)) for r in job.requests)
+    # Token healing is off: the prompt ends in the template's generation prompt, a boundary
+    # the model was trained on, not in the user's half-typed text
+    requests = tuple(
+        replace(r, stop_words=(*r.stop_words, *chat.stops), token_healing=False)
+        for r in job.requests
+    )
     return replace(job, requests=requests)
 
 

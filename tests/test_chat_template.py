@@ -20,6 +20,7 @@ from contract.model_tokens import prompt_head
 from modelbuild.checkpoint_files import install_tokenizer
 from modelbuild.corpus import read_texts, split
 from modelbuild.tokenizer import END_OF_TEXT
+from openai_api.chat import parse_chat
 from preprocessing.tokenize import Preprocessor
 
 # SmolLM2-135M-Instruct's template, as its GGUF (and so `make model`) carries it
@@ -178,3 +179,14 @@ def test_an_imported_checkpoint_keeps_its_chat_template(qwen2, tmp_path):
     dest.mkdir()
     install_tokenizer(source, dest)
     assert PreTrainedTokenizerFast.from_pretrained(str(dest)).chat_template == QWEN2
+
+
+def test_a_chat_request_stops_at_the_end_of_a_turn_and_is_not_healed(smollm2):
+    """The prompt ends in the template's generation prompt, a boundary the model was trained
+    on: token healing (on by default for plain completion) is off for every choice."""
+    body = {"messages": CONVERSATION[:2], "max_tokens": 8, "n": 2, "stop": ["\n\n"]}
+    job = parse_chat(body, chat_of(smollm2), count=len, context=512)
+    assert job.requests
+    for choice in job.requests:
+        assert choice.token_healing is False
+        assert "<|im_end|>" in choice.stop_words and "\n\n" in choice.stop_words
