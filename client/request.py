@@ -20,7 +20,13 @@ from contract.options import (
     InvalidRequestError,
     SamplingParams,
 )
-from contract.tensors import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, INPUT_SPECS, STOP_INPUT
+from contract.tensors import (
+    ENSEMBLE_INPUTS,
+    ENSEMBLE_OUTPUTS,
+    INPUT_SPECS,
+    RESULT_OUTPUT_NAMES,
+    STOP_INPUT,
+)
 from contract.words import encode_words
 
 
@@ -193,7 +199,8 @@ def stop_inputs(protocol: ModuleType, prompt: str = "") -> list:
 
 
 def requested_outputs(protocol: ModuleType) -> list:
-    return [protocol.InferRequestedOutput(spec.name) for spec in ENSEMBLE_OUTPUTS]
+    names = [spec.name for spec in ENSEMBLE_OUTPUTS] + list(RESULT_OUTPUT_NAMES)
+    return [protocol.InferRequestedOutput(name) for name in names]
 
 
 def generate_body(request: CompletionRequest) -> dict[str, str | int | float | bool]:
