@@ -13,6 +13,7 @@ does) or :meth:`~ResponseStream.abandon` (the connection dropped, as an editor d
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
 import queue
@@ -114,8 +115,8 @@ class ResponseStream:
 
 
 class GrpcStream(ResponseStream):
-    """A gRPC stream, on a client of its own (a gRPC client carries one stream at a time), or
-    on ``client``, which the caller keeps open for its next stream."""
+    """A gRPC stream on the transport's one channel (:meth:`Transport.stream_client`), or on
+    ``client``, which the caller keeps open for its next stream."""
 
     def __init__(
         self, transport: Transport, model: str, inputs: list, request_id: str, client: Any = None
@@ -123,12 +124,8 @@ class GrpcStream(ResponseStream):
         super().__init__(transport)
         self.module = transport.module
         self.model, self.request_id = model, request_id
-        self.own_client = client is None
-        self.client: Any = client
+        self.client: Any = client if client is not None else transport.stream_client()
         try:
-            if self.own_client:
-                address, ssl = transport.target.address, transport.target.ssl
-                self.client = self.module.InferenceServerClient(address, ssl=ssl)
             self.client.start_stream(callback=self._answer)
             self.client.async_stream_infer(
                 model, inputs, outputs=requested_outputs(self.module), request_id=request_id,
@@ -176,12 +173,9 @@ class GrpcStream(ResponseStream):
 
     def _end(self, cancel: bool) -> None:
         client, self.client = self.client, None
-        if client is not None:
+        if client is not None:  # its channel is the transport's: it stays open
             with contextlib.suppress(Exception):
                 client.stop_stream(cancel_requests=cancel)
-            if self.own_client:
-                with contextlib.suppress(Exception):
-                    client.close()
 
 
 class SseStream(ResponseStream):
@@ -272,6 +266,7 @@ class Transport(Closing):
         self.target = target if isinstance(target, Target) else resolve_target(target, "grpc")
         self.timeout, self.connect_timeout = timeout, connect
         self._client: Any = None
+        self._lock = threading.Lock()
 
     @functools.cached_property
     def module(self) -> ModuleType:
@@ -291,6 +286,17 @@ class Transport(Closing):
                               network_timeout=self.timeout)  # fmt: skip
             self._client = self.module.InferenceServerClient(self.target.address, **kwargs)
         return self._client
+
+    def stream_client(self) -> Any:
+        """A gRPC client for one stream, on :attr:`triton`'s channel. tritonclient keeps one
+        stream per client object, but a stream is one call on its client's channel, and HTTP/2
+        carries many calls on one connection: a copy of the unary client with no stream of its
+        own carries another stream on the same channel, instead of a new channel (a TCP
+        connection and its handshake) for every stream."""
+        with self._lock:
+            client = copy.copy(self.triton)
+        client._stream = None  # tritonclient's per-object stream slot
+        return client
 
     @functools.cached_property
     def http(self) -> Any:
