@@ -265,7 +265,7 @@ def _openvino(
         require_export(checkpoint), shape, dtype=dtype, prefix_caching=caching, threads=threads,
         **limits,
     )  # fmt: skip
-    setting = params.get("fallback", "torch")  # what the pipeline cannot honour: torch or none
+    setting = params.get("fallback", "none")  # what the pipeline cannot honour: none or torch
     engine, fallback = with_fallback(setting, engine, checkpoint, threads, **limits)
     return engine, (
         f"{shape.n_layer} layers, {shape.n_embd} wide, vocab {shape.vocab_size}, {dtype}, "
