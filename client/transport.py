@@ -13,7 +13,6 @@ does) or :meth:`~ResponseStream.abandon` (the connection dropped, as an editor d
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import json
 import queue
@@ -25,6 +24,7 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
+from client.channel import stream_client
 from client.request import CompletionRequest, generate_body, requested_outputs, stop_inputs
 from client.results import (
     Closing,
@@ -288,15 +288,9 @@ class Transport(Closing):
         return self._client
 
     def stream_client(self) -> Any:
-        """A gRPC client for one stream, on :attr:`triton`'s channel. tritonclient keeps one
-        stream per client object, but a stream is one call on its client's channel, and HTTP/2
-        carries many calls on one connection: a copy of the unary client with no stream of its
-        own carries another stream on the same channel, instead of a new channel (a TCP
-        connection and its handshake) for every stream."""
+        """A gRPC client for one stream, on :attr:`triton`'s channel (client/channel.py)."""
         with self._lock:
-            client = copy.copy(self.triton)
-        client._stream = None  # tritonclient's per-object stream slot
-        return client
+            return stream_client(self.triton)
 
     @functools.cached_property
     def http(self) -> Any:
