@@ -57,9 +57,10 @@ def serving_repository(tmp_path_factory, checkpoint: Path, backend: str) -> Path
     fallback = '"fallback" value: { string_value: "none" }'
     assert fallback in config.read_text()
     config.write_text(config.read_text().replace(fallback, fallback.replace("none", "torch")))
-    hooks = '"test_hooks" value: { string_value: "false" }'
+    hooks = '"hooks_file" value: { string_value: "" }'
     assert hooks in config.read_text()
-    config.write_text(config.read_text().replace(hooks, hooks.replace("false", "true")))
+    hold = Path(__file__).with_name("engine_hold_hook.py")  # tests/engine_hold.py drives it
+    config.write_text(config.read_text().replace(hooks, hooks.replace('""', f'"{hold}"')))
     return repo
 
 
