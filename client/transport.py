@@ -24,8 +24,9 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
+from client import request as wire
 from client.channel import stream_client
-from client.request import CompletionRequest, generate_body, requested_outputs, stop_inputs
+from client.request import CompletionRequest, generate_body, stop_inputs
 from client.results import (
     Closing,
     CodegenError,
@@ -128,7 +129,7 @@ class GrpcStream(ResponseStream):
         try:
             self.client.start_stream(callback=self._answer)
             self.client.async_stream_infer(
-                model, inputs, outputs=requested_outputs(self.module), request_id=request_id,
+                model, inputs, outputs=wire.requested_outputs(self.module), request_id=request_id,
                 enable_empty_final_response=True,
             )  # fmt: skip
         except Exception as exc:
@@ -267,6 +268,7 @@ class Transport(Closing):
         self.timeout, self.connect_timeout = timeout, connect
         self._client: Any = None
         self._lock = threading.Lock()
+        self._accounts: dict[str, bool] = {}  # model -> whether it gives the engine's account
 
     @functools.cached_property
     def module(self) -> ModuleType:
@@ -348,15 +350,21 @@ class Transport(Closing):
     ) -> Any:
         kwargs = {"client_timeout": self.timeout} if self.target.protocol == "grpc" else {}
         return self.call("infer", model, request.infer_inputs(self.module),
-                         outputs=requested_outputs(self.module), request_id=request_id,
+                         outputs=self.outputs(model), request_id=request_id,
                          **kwargs)  # fmt: skip
+
+    def outputs(self, model: str) -> list:
+        """What to ask ``model`` for: the engine's account only where it is served (asked once)."""
+        if model not in self._accounts:
+            self._accounts[model] = wire.gives_account(self.call("get_model_metadata", model))
+        return wire.requested_outputs(self.module, self._accounts[model])
 
     def stop(self, request_id: str) -> bool:
         """Stop the unary request with ``request_id`` still generating: True when it was
         stopped, False when nothing with that id was generating."""
         try:
             self.call("infer", ENSEMBLE_MODEL, stop_inputs(self.module),
-                      outputs=requested_outputs(self.module), request_id=request_id)  # fmt: skip
+                      outputs=self.outputs(ENSEMBLE_MODEL), request_id=request_id)  # fmt: skip
         except CodegenError as exc:
             if "no request with id" in str(exc):
                 return False
