@@ -43,12 +43,12 @@ from client import (
 )
 from contract.finish import STOP_WORD, openai_reason
 from openai_api.capabilities import count_tokens
+from openai_api.prompt_counter import PROBE_PROMPT, PromptCounter
 from openai_api.repo_context import ContextChunk, FittedContext, fit_context
 from openai_api.settings import DEFAULT_CONTEXT_TOKENS
 
 log = logging.getLogger("openai_api")
 
-PROBE_PROMPT = 'def probe(x):\n    """Ünïcode ✓ and\ttabs."""\n    return x  # 1234\n'
 # /health completes one token through both paths, at most every PROBE_EVERY_S seconds: a
 # model can say READY and still serve nothing (a wedged stub), and readiness must see that.
 PROBE_EVERY_S = 5.0
@@ -254,6 +254,7 @@ class Backend:
     ) -> None:
         self.triton_url = triton_url
         self.timeout_s = timeout_s
+        self.counter = PromptCounter(checkpoint)  # chat's template and counts
         # the prompt budget for repository context: the setting, within the model's context
         self.context_tokens = min(context_tokens, model_context(checkpoint) or context_tokens)
         self._local = threading.local()
