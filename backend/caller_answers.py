@@ -15,7 +15,7 @@ from backend.engine_calls import Call, EngineCalls
 from backend.io import FINAL, error_response, response, tokenize
 from backend.stop_request import answer_stop, stopped_message
 from contract.options import InvalidRequestError
-from contract.tensors import ENGINE_ERROR, STOP_INPUT
+from contract.tensors import ENGINE_ERROR, RESULT_OUTPUT_NAMES, STOP_INPUT
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
 from preprocessing.tokenize import Preprocessor
 
@@ -79,8 +79,9 @@ class _Pieces:
         self.want_log_probs = log_probs
         self.pending: list[float] = []  # log probs of tokens not yet sent
         self.cumulative = 0.0
+        self.account: dict[str, np.ndarray] = {}  # the engine's finish reason and counts
 
-    def _response(self, piece: str):
+    def _response(self, piece: str, final: bool = False):
         log_probs = self.pending if self.want_log_probs else [0.0] * len(self.pending)
         self.pending = []
         outputs = {
@@ -90,6 +91,8 @@ class _Pieces:
                                       dtype=np.float32),
             "output_log_probs": np.array([log_probs], dtype=np.float32),
         }  # fmt: skip
+        if final:
+            outputs.update(self.account)
         return response(outputs, self.call.requested)
 
     def push(self, token_ids: list[int], log_probs: list[float]) -> bool:
@@ -110,7 +113,7 @@ class _Pieces:
         return True
 
     def finish(self) -> None:
-        self.call.final(self._response(self.decoder.flush()))
+        self.call.final(self._response(self.decoder.flush(), final=True))
 
 
 def stream_pieces(
@@ -146,6 +149,12 @@ def stream_pieces(
                 wanted = False
                 continue  # an error is the last response: read to the end
             tokens = pb_utils.get_output_tensor_by_name(reply, "output_ids")
+            if tokens is None:  # the final response: what happened
+                pieces.account = {
+                    t.name(): np.array(t.as_numpy())
+                    for t in reply.output_tensors()
+                    if t.name() in RESULT_OUTPUT_NAMES
+                }
             if tokens is None or not wanted:
                 continue  # the final response carries nothing; or a cancelled stream drains
             chosen = pb_utils.get_output_tensor_by_name(reply, "output_log_probs").as_numpy()

@@ -25,7 +25,6 @@ from typing import Protocol
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "codegen-"
-CONTROL_PREFIX = "control:"  # a control message (tests' engine hold), not a key to cancel
 
 
 def channel_address(model: str, server_pid: int | None = None) -> str:
@@ -119,22 +118,17 @@ class CancelRegistry:
 
 
 class CancelListener:
-    """Receives cancel datagrams on the engine model's channel in a thread of its own.
-
-    A datagram ``control:<word>`` goes to ``on_control`` instead (None: refused), whose answer
-    is sent back to the sender's address: the tests hold the engine still this way."""
+    """Receives cancel datagrams on the engine model's channel in a thread of its own."""
 
     def __init__(
         self,
         model: str,
         on_cancel: Callable[[str], object],
         server_pid: int | None = None,
-        on_control: Callable[[str], str] | None = None,
     ) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(channel_address(model, server_pid))
         self.on_cancel = on_cancel
-        self.on_control = on_control
         self._closed = False
         self.thread = threading.Thread(target=self._serve, name="engine-cancels", daemon=True)
         self.thread.start()
@@ -142,26 +136,16 @@ class CancelListener:
     def _serve(self) -> None:
         while not self._closed:
             try:
-                data, sender = self.sock.recvfrom(256)
+                data = self.sock.recv(256)
             except OSError:
                 if self._closed:
                     return
                 log.exception("cancel channel failed")
                 continue
-            text = data.decode(errors="replace")
             try:
-                if text.startswith(CONTROL_PREFIX):
-                    self._control(text.removeprefix(CONTROL_PREFIX), sender)
-                else:
-                    self.on_cancel(text)
+                self.on_cancel(data.decode(errors="replace"))
             except Exception:  # a bad datagram must not end the listener
                 log.exception("could not handle %r", data)
-
-    def _control(self, word: str, sender) -> None:
-        answer = self.on_control(word) if self.on_control else "refused: no test hooks"
-        if sender:
-            with contextlib.suppress(OSError):
-                self.sock.sendto(answer.encode(), sender)
 
     def close(self) -> None:
         self._closed = True

@@ -27,7 +27,7 @@ import numpy as np
 from backend.io import FINAL, error_response, response
 from contract.tensors import ENGINE_ERROR
 from engine.interface import GenerationRequest, GenerationResult
-from engine.tensors import tensors_from_results
+from engine.tensors import result_account, tensors_from_results
 
 log = logging.getLogger(__name__)
 
@@ -252,8 +252,12 @@ class TokenStream:
 
     def _send_end(self, result: GenerationResult) -> None:
         message = result.error or (CANCELLED if result.finish_reason == "cancelled" else None)
-        if message is None:
-            self.sender.send(flags=FINAL)
+        if message is None:  # the end, with what happened (if the caller asked for it)
+            account = result_account([result])
+            if self.requested is None or not self.requested.isdisjoint(account):
+                self.sender.send(response(account, self.requested), flags=FINAL)
+            else:
+                self.sender.send(flags=FINAL)
         elif self.requested is None or ENGINE_ERROR.name in self.requested:
             error = np.array([[message.encode()]], dtype=np.object_)
             self.sender.send(response({ENGINE_ERROR.name: error}, self.requested), flags=FINAL)

@@ -23,7 +23,7 @@ import triton_python_backend_utils as pb_utils
 from backend.bls_ready import ReadyTeller, TellingSender, owner_pid
 from backend.cancel import CancelListener, CancelRegistry
 from backend.engine_answers import Deliveries, Reply, TokenStream
-from backend.engine_hold import EngineHold
+from backend.engine_hooks import EngineHooks, load_hooks
 from backend.io import FINAL, error_response, model_parameters, read_inputs, requested_outputs
 from contract import metrics as names
 from contract.options import DEFAULT_MAX_BEAM_WIDTH, EDITOR_STOP_REASONS, InvalidRequestError
@@ -96,7 +96,7 @@ class EngineMetrics:
         }
         if self._add(step):
             self.deliveries.call(self._updates())
-        self.after_step()  # the engine's thread: a held engine (EngineHold) waits here
+        self.after_step()  # the engine's thread: hooks that pause the engine wait here
 
     def on_fallback(self, reason: str) -> None:
         """(the submitting thread) A request went to the fallback engine, for ``reason``."""
@@ -161,12 +161,13 @@ class Stage:
     params: dict[str, str]
     cancels: CancelRegistry
     listener: CancelListener
-    hold: EngineHold
+    hooks: EngineHooks
     teller: ReadyTeller
     deliveries: Deliveries
 
     def stop(self) -> None:
         self.listener.close()
+        self.hooks.close()  # a paused engine goes on, so that it can stop
         self.engine.stop()
         self.deliveries.stop()  # what the engine answered last is still sent
         self.teller.close()
@@ -214,21 +215,21 @@ def start_engine(args: dict) -> Stage:
         engine, described = _torch(checkpoint, params, threads, device, limits)
     metrics.engine = engine
     cancels = CancelRegistry()
-    hold = EngineHold(params.get("test_hooks", "false") == "true")
+    hooks = load_hooks(params.get("hooks_file", ""), args["model_name"])
 
     def after_step() -> None:
         deliveries.keep_up()
-        hold.after_step(metrics.on_idle)  # a held engine's figures so far reach the server
+        hooks.after_step(metrics.on_idle)  # a paused engine's figures so far reach the server
 
     metrics.after_step = after_step
-    listener = CancelListener(args["model_name"], cancels.cancel, on_control=hold.control)
+    listener = CancelListener(args["model_name"], cancels.cancel)
     engine.start()
     threading.Thread(target=_exit_if_engine_dies, args=(engine,), daemon=True).start()
     pb_utils.Logger.log_info(
         f"{args['model_name']}: serving {checkpoint.resolve()} ({kind} backend, "
         f"{described}, KV-cache budget {engine.max_cache_tokens} positions)"
     )
-    return Stage(engine, checkpoint, params, cancels, listener, hold, ReadyTeller(), deliveries)
+    return Stage(engine, checkpoint, params, cancels, listener, hooks, ReadyTeller(), deliveries)
 
 
 def _torch(
@@ -265,7 +266,7 @@ def _openvino(
         require_export(checkpoint), shape, dtype=dtype, prefix_caching=caching, threads=threads,
         **limits,
     )  # fmt: skip
-    setting = params.get("fallback", "torch")  # what the pipeline cannot honour: torch or none
+    setting = params.get("fallback", "none")  # what the pipeline cannot honour: none or torch
     engine, fallback = with_fallback(setting, engine, checkpoint, threads, **limits)
     return engine, (
         f"{shape.n_layer} layers, {shape.n_embd} wide, vocab {shape.vocab_size}, {dtype}, "
@@ -333,9 +334,9 @@ def submit_requests(stage: Stage, requests) -> None:
             width = rows[0].beam.width
             reply = Reply(sender, len(rows), log_probs, width, done, stage.deliveries, requested)
             listeners = reply.listeners()
-        stage.hold.before_submit()
+        stage.hooks.before_submit()
         engine.wait_for_room(sum(row.rows for row in rows))
         for row, target, listener in zip(rows, targets, listeners, strict=True):
             listener.handle = target.submit(row, listener, checked=True)
             stage.cancels.track(key, listener.handle)
-        stage.hold.on_submitted()
+        stage.hooks.on_submitted()

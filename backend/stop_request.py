@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from backend.io import FINAL, error_response, response
+from contract.finish import CANCELLED
 from engine.interface import GenerationResult
 from engine.tensors import tensors_from_results
 
@@ -81,7 +82,7 @@ def answer_stop(
         return
     lengths = arrays["input_lengths"].reshape(-1).tolist()
     results = [
-        GenerationResult(row[:length].tolist(), [], [], "stop")
+        GenerationResult(row[:length].tolist(), [], [], CANCELLED)
         for row, length in zip(arrays["input_ids"], lengths, strict=True)
     ]
     sender.send(response(tensors_from_results(results, False), requested), flags=FINAL)

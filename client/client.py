@@ -12,10 +12,9 @@ with the same words the server would use.
         for piece in codegen.stream("def fib(n):", max_tokens=32):
             print(piece, end="", flush=True)
 
-Token counts: the ensemble returns ``sequence_length`` (prompt + generated tokens) but not the
-prompt's own length, and pads ``output_log_probs`` to the longest row of a batch, so a unary
-answer gives :attr:`Completion.total_tokens` only. A stream knows how many tokens each piece
-carries, so a streamed :class:`Completion` also has ``prompt_tokens`` and ``completion_tokens``.
+Token counts and why it ended: every final response carries the engine's account
+(``finish_reason``, ``prompt_tokens``, ``completion_tokens``; contract/finish.py), which
+:class:`Completion` holds, unary or streamed.
 
 Giving up cancels the generation on the server: a stream that is left, closed, cancelled
 (:meth:`CompletionStream.cancel`) or times out cancels its gRPC stream (or closes its HTTP
@@ -48,6 +47,7 @@ from client.results import (
     TimedOutError,
     resolve_target,
     split_completion,
+    unary_account,
 )
 from client.stream import CompletionStream
 from client.transport import Transport
@@ -173,6 +173,7 @@ class CodegenClient(Closing):
         lengths = result.as_numpy("sequence_length").reshape(n, k)
         cum = result.as_numpy("cum_log_probs").reshape(n, k)
         log_probs = result.as_numpy("output_log_probs").reshape(n, k, -1)
+        account = unary_account(result.as_numpy, n, k)
         want_log_probs = request.return_log_probs
         completions = []
         for i, prompt in enumerate(request.prompts):
@@ -197,6 +198,7 @@ class CodegenClient(Closing):
                     completion=best.completion,
                     text=best.text,
                     total_tokens=best.total_tokens,
+                    **account[i],
                     cum_log_prob=best.cum_log_prob if want_log_probs or k > 1 else None,
                     log_probs=best.log_probs,
                     latency_s=latency,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +21,13 @@ from contract.options import (
     InvalidRequestError,
     SamplingParams,
 )
-from contract.tensors import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, INPUT_SPECS, STOP_INPUT
+from contract.tensors import (
+    ENSEMBLE_INPUTS,
+    ENSEMBLE_OUTPUTS,
+    INPUT_SPECS,
+    RESULT_OUTPUT_NAMES,
+    STOP_INPUT,
+)
 from contract.words import encode_words
 
 
@@ -192,8 +199,18 @@ def stop_inputs(protocol: ModuleType, prompt: str = "") -> list:
     return to_infer_inputs(stop_tensors(prompt), protocol)
 
 
-def requested_outputs(protocol: ModuleType) -> list:
-    return [protocol.InferRequestedOutput(spec.name) for spec in ENSEMBLE_OUTPUTS]
+def requested_outputs(protocol: ModuleType, account: bool = True) -> list:
+    """The ensemble's outputs, and with ``account`` the engine's (finish reason, token counts)."""
+    names = [spec.name for spec in ENSEMBLE_OUTPUTS] + list(RESULT_OUTPUT_NAMES if account else ())
+    return [protocol.InferRequestedOutput(name) for name in names]
+
+
+def gives_account(metadata: Any) -> bool:
+    """Whether a model's metadata (gRPC message or HTTP dict) lists the engine's account; a
+    FasterTransformer export's ensemble does not, and Triton refuses an output it lacks."""
+    outputs = metadata["outputs"] if isinstance(metadata, dict) else metadata.outputs
+    names = {o["name"] if isinstance(o, dict) else o.name for o in outputs}
+    return set(RESULT_OUTPUT_NAMES) <= names
 
 
 def generate_body(request: CompletionRequest) -> dict[str, str | int | float | bool]:

@@ -7,13 +7,15 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Self, TypedDict
 from urllib.parse import urlsplit
 
+import numpy as np
+
 from contract.options import InvalidRequestError
-from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
+from contract.tensors import ENSEMBLE_MODEL, RESULT_OUTPUT_NAMES, STREAM_MODEL
 
 Protocol = Literal["grpc", "http"]
 PROTOCOLS: tuple[Protocol, ...] = ("grpc", "http")
@@ -151,9 +153,10 @@ class Completion:
     """One prompt's answer.
 
     ``text`` is what the server returned (prompt + completion); ``completion`` is the new text
-    alone. ``total_tokens`` counts prompt + generated tokens; ``prompt_tokens`` and
-    ``completion_tokens`` are known for streamed answers only (None otherwise, see the module
-    docstring). ``log_probs`` (one per generated token; in a batch, zero-padded to the longest
+    alone. ``total_tokens`` counts prompt + generated tokens; ``prompt_tokens`` (the prompt the
+    engine ran), ``completion_tokens`` and ``finish_reason`` (contract/finish.py) are the
+    engine's account (None from a server that does not give it). ``log_probs`` (one per
+    generated token; in a batch, zero-padded to the longest
     row) and ``cum_log_prob`` are set when log probs were asked for. ``latency_s`` is the wall
     time of the request; ``first_piece_s`` the time to the first streamed piece. A beam search
     (``beam_width`` > 1) fills ``beams``, best first; the other fields are then the best beam's.
@@ -165,6 +168,7 @@ class Completion:
     total_tokens: int
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    finish_reason: str | None = None
     cum_log_prob: float | None = None
     log_probs: tuple[float, ...] | None = None
     latency_s: float = 0.0
@@ -240,6 +244,37 @@ class Closing:
         self.close()
 
 
+def account(read: Callable[[str], Any]) -> dict[str, Any]:
+    """The engine's account of a streamed answer, from its last response (``read(name)``: the
+    output as an array, or None; none of them before the last response)."""
+    reason, prompt, completion = (read(name) for name in RESULT_OUTPUT_NAMES)
+    if reason is None:
+        return {}
+    first = reason.reshape(-1)[0]
+    return {
+        "finish_reason": first.decode() if isinstance(first, bytes) else str(first),
+        "prompt_tokens": None if prompt is None else int(prompt.reshape(-1)[0]),
+        "completion_tokens": None if completion is None else int(completion.reshape(-1)[0]),
+    }
+
+
+def unary_account(read: Callable[[str], Any], n: int, beams: int) -> list[dict[str, Any]]:
+    """The engine's account of each of ``n`` prompts of a unary answer (the best beam's), or
+    empty dicts from a server that does not give it."""
+    reason, prompt, completion = (read(name) for name in RESULT_OUTPUT_NAMES)
+    if reason is None or prompt is None or completion is None:
+        return [{} for _ in range(n)]
+    reasons, completions = reason.reshape(n, beams), completion.reshape(n, beams)
+    return [
+        {
+            "finish_reason": reasons[i, 0].decode(),
+            "prompt_tokens": int(prompt.reshape(n, -1)[i, 0]),
+            "completion_tokens": int(completions[i, 0]),
+        }
+        for i in range(n)
+    ]
+
+
 def _flat(value: Any) -> list:
     """A JSON value of a streamed tensor as a list (Triton writes one element as a scalar)."""
     return value if isinstance(value, list) else [value]
@@ -255,6 +290,10 @@ class Piece:
     cum_log_prob: float | None = None
     final: bool = False
     usage: dict[str, int] | None = None  # the OpenAI API's token counts
+    # the engine's account, on a Triton stream's last piece (contract/finish.py)
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
     arrived: float = field(default_factory=time.perf_counter)  # when it came off the wire
 
     @property
@@ -275,6 +314,7 @@ class Piece:
             sequence_length=int(result.as_numpy("sequence_length").reshape(-1)[0]),
             cum_log_prob=float(result.as_numpy("cum_log_probs").reshape(-1)[0]),
             final=bool(final is not None and final.bool_param),
+            **account(result.as_numpy),
         )
 
     @classmethod
@@ -286,6 +326,7 @@ class Piece:
             log_probs=[float(x) for x in _flat(data.get("output_log_probs", []))],
             sequence_length=int(_flat(data.get("sequence_length", 0))[0]),
             cum_log_prob=float(_flat(data.get("cum_log_probs", 0.0))[0]),
+            **account(lambda name: None if name not in data else np.array(_flat(data[name]))),
         )
 
     @classmethod

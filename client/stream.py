@@ -41,6 +41,7 @@ class CompletionStream(Closing, Iterator[str]):
         self._log_probs: list[float] = []
         self._first: Piece | None = None
         self._last: Piece | None = None
+        self._last_any: Piece | None = None
         self._first_piece_s: float | None = None
         self.completion: Completion | None = None
 
@@ -60,6 +61,7 @@ class CompletionStream(Closing, Iterator[str]):
             except StopIteration:
                 self._finish()
                 raise
+            self._last_any = piece
             if piece.sequence_length is not None:
                 self._first = self._first or piece
                 self._last = piece
@@ -81,13 +83,21 @@ class CompletionStream(Closing, Iterator[str]):
             completion=completion,
             text=self.prompt + completion,
             total_tokens=total,
-            prompt_tokens=total - generated if self._first else None,
-            completion_tokens=generated,
+            prompt_tokens=self._account(
+                "prompt_tokens", total - generated if self._first else None
+            ),
+            completion_tokens=self._account("completion_tokens", generated),
+            finish_reason=self._account("finish_reason", None),
             cum_log_prob=last.cum_log_prob if self._return_log_probs and last else None,
             log_probs=tuple(self._log_probs) if self._return_log_probs else None,
             latency_s=time.perf_counter() - self._started,
             first_piece_s=self._first_piece_s,
         )
+
+    def _account(self, name: str, otherwise):
+        """The engine's account on the last piece, or ``otherwise`` from a server without it."""
+        value = getattr(self._last_any, name, None) if self._last_any else None
+        return otherwise if value is None else value
 
     def cancel(self) -> None:
         """Cancel the request on the server, from any thread: a reader waiting for the next

@@ -24,7 +24,9 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
-from client.request import CompletionRequest, generate_body, requested_outputs, stop_inputs
+from client import request as wire
+from client.channel import stream_client
+from client.request import CompletionRequest, generate_body, stop_inputs
 from client.results import (
     Closing,
     CodegenError,
@@ -114,8 +116,8 @@ class ResponseStream:
 
 
 class GrpcStream(ResponseStream):
-    """A gRPC stream, on a client of its own (a gRPC client carries one stream at a time), or
-    on ``client``, which the caller keeps open for its next stream."""
+    """A gRPC stream on the transport's one channel (:meth:`Transport.stream_client`), or on
+    ``client``, which the caller keeps open for its next stream."""
 
     def __init__(
         self, transport: Transport, model: str, inputs: list, request_id: str, client: Any = None
@@ -123,15 +125,11 @@ class GrpcStream(ResponseStream):
         super().__init__(transport)
         self.module = transport.module
         self.model, self.request_id = model, request_id
-        self.own_client = client is None
-        self.client: Any = client
+        self.client: Any = client if client is not None else transport.stream_client()
         try:
-            if self.own_client:
-                address, ssl = transport.target.address, transport.target.ssl
-                self.client = self.module.InferenceServerClient(address, ssl=ssl)
             self.client.start_stream(callback=self._answer)
             self.client.async_stream_infer(
-                model, inputs, outputs=requested_outputs(self.module), request_id=request_id,
+                model, inputs, outputs=wire.requested_outputs(self.module), request_id=request_id,
                 enable_empty_final_response=True,
             )  # fmt: skip
         except Exception as exc:
@@ -176,12 +174,9 @@ class GrpcStream(ResponseStream):
 
     def _end(self, cancel: bool) -> None:
         client, self.client = self.client, None
-        if client is not None:
+        if client is not None:  # its channel is the transport's: it stays open
             with contextlib.suppress(Exception):
                 client.stop_stream(cancel_requests=cancel)
-            if self.own_client:
-                with contextlib.suppress(Exception):
-                    client.close()
 
 
 class SseStream(ResponseStream):
@@ -272,6 +267,8 @@ class Transport(Closing):
         self.target = target if isinstance(target, Target) else resolve_target(target, "grpc")
         self.timeout, self.connect_timeout = timeout, connect
         self._client: Any = None
+        self._lock = threading.Lock()
+        self._accounts: dict[str, bool] = {}  # model -> whether it gives the engine's account
 
     @functools.cached_property
     def module(self) -> ModuleType:
@@ -291,6 +288,11 @@ class Transport(Closing):
                               network_timeout=self.timeout)  # fmt: skip
             self._client = self.module.InferenceServerClient(self.target.address, **kwargs)
         return self._client
+
+    def stream_client(self) -> Any:
+        """A gRPC client for one stream, on :attr:`triton`'s channel (client/channel.py)."""
+        with self._lock:
+            return stream_client(self.triton)
 
     @functools.cached_property
     def http(self) -> Any:
@@ -348,15 +350,21 @@ class Transport(Closing):
     ) -> Any:
         kwargs = {"client_timeout": self.timeout} if self.target.protocol == "grpc" else {}
         return self.call("infer", model, request.infer_inputs(self.module),
-                         outputs=requested_outputs(self.module), request_id=request_id,
+                         outputs=self.outputs(model), request_id=request_id,
                          **kwargs)  # fmt: skip
+
+    def outputs(self, model: str) -> list:
+        """What to ask ``model`` for: the engine's account only where it is served (asked once)."""
+        if model not in self._accounts:
+            self._accounts[model] = wire.gives_account(self.call("get_model_metadata", model))
+        return wire.requested_outputs(self.module, self._accounts[model])
 
     def stop(self, request_id: str) -> bool:
         """Stop the unary request with ``request_id`` still generating: True when it was
         stopped, False when nothing with that id was generating."""
         try:
             self.call("infer", ENSEMBLE_MODEL, stop_inputs(self.module),
-                      outputs=requested_outputs(self.module), request_id=request_id)  # fmt: skip
+                      outputs=self.outputs(ENSEMBLE_MODEL), request_id=request_id)  # fmt: skip
         except CodegenError as exc:
             if "no request with id" in str(exc):
                 return False

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from contract.finish import EDITOR_STOPS
+
 DEFAULT_MAX_TOKENS = 64  # request_output_len a client sends when none is given
 MAX_SEED = 2**64  # random_seed is a uint64
 # Sampling values past these overflow float32 logits (a positive temperature of 1e-30 turns
@@ -109,8 +111,8 @@ class BeamParams:
 
 NO_BEAMS = BeamParams()
 
-# The finish reasons of the editor stop rules, one per rule.
-EDITOR_STOP_REASONS = ("single_line", "n_indent", "time_budget")
+# The finish reasons of the editor stop rules, one per rule (contract/finish.py).
+EDITOR_STOP_REASONS = EDITOR_STOPS
 MAX_INDENT = 1024  # columns; far past any real line
 
 

@@ -9,11 +9,12 @@ marked blocks that this module owns::
     # END GENERATED io
 
 Blocks: ``io`` in every model (its inputs and outputs); in the ensemble, ``preprocessing-inputs``
-(what the first step reads, :data:`~contract.tensors.ENSEMBLE_TO_PREPROCESSING`) and
-``options`` (each option passed to the model stage under its own name); ``parameters`` in the
-models that share one (:data:`~contract.parameters.MODEL_PARAMETERS`: the checkpoint's place,
-the fill-in-the-middle order). So a new option is written once, in the contract, and
-``make pbtxt`` declares and wires it everywhere.
+(what the first step reads, :data:`~contract.tensors.ENSEMBLE_TO_PREPROCESSING`),
+``options`` (each option passed to the model stage under its own name) and ``account`` (the
+model stage's :data:`~contract.tensors.RESULT_OUTPUTS`, mapped out under their own names);
+``parameters`` in the models that share one (:data:`~contract.parameters.MODEL_PARAMETERS`:
+the checkpoint's place, the fill-in-the-middle order). So a new option is written once, in the
+contract, and ``make pbtxt`` declares and wires it everywhere.
 
 ``python -m contract.pbtxt --write`` rewrites the blocks; ``--check`` (the default) lists the
 configs that differ and exits 1. ``tests/test_pbtxt.py`` and ``make triton`` run the check.
@@ -25,7 +26,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from contract.parameters import MODEL_PARAMETERS, Parameter
@@ -34,6 +35,7 @@ from contract.tensors import (
     ENSEMBLE_TO_PREPROCESSING,
     MODEL_IO,
     OPTION_INPUTS,
+    RESULT_OUTPUT_NAMES,
     TensorSpec,
 )
 
@@ -77,9 +79,11 @@ def _tensor_list(kind: str, specs: Sequence[TensorSpec]) -> list[str]:
     return [f"{kind} [", *body, "]"]
 
 
-def io_block(model: str) -> list[str]:
-    """``input [...]`` and ``output [...]`` exactly as the contract declares them."""
+def io_block(model: str, without: Collection[str] = ()) -> list[str]:
+    """``input [...]`` and ``output [...]`` exactly as the contract declares them (less the
+    outputs named in ``without``: the FasterTransformer export's, which it cannot produce)."""
     inputs, outputs = MODEL_IO[model]
+    outputs = tuple(spec for spec in outputs if spec.name not in without)
     return [*_tensor_list("input", inputs), *_tensor_list("output", outputs)]
 
 
@@ -97,6 +101,12 @@ def options_block() -> list[str]:
     return _input_map([(spec.name, spec.name) for spec in OPTION_INPUTS])
 
 
+def account_block(without: Collection[str] = ()) -> list[str]:
+    """The model-stage step: the engine's account leaves the ensemble under its own names."""
+    names = [name for name in RESULT_OUTPUT_NAMES if name not in without]
+    return [f'output_map {{ key: "{name}" value: "{name}" }}' for name in names]
+
+
 def _parameter(parameter: Parameter) -> list[str]:
     value = f'{{ string_value: "{parameter.value}" }}'
     return [*_comment(parameter.doc, ""), f'parameters {{ key: "{parameter.key}" value: {value} }}']
@@ -107,12 +117,13 @@ def parameters_block(model: str) -> list[str]:
     return [line for parameter in MODEL_PARAMETERS[model] for line in _parameter(parameter)]
 
 
-def blocks_for(model: str) -> dict[str, Callable[[], list[str]]]:
-    """The generated blocks a model's config must hold, by name."""
-    blocks: dict[str, Callable[[], list[str]]] = {"io": lambda: io_block(model)}
+def blocks_for(model: str, without: Collection[str] = ()) -> dict[str, Callable[[], list[str]]]:
+    """The generated blocks a model's config must hold, by name (``without``: outputs left out)."""
+    blocks: dict[str, Callable[[], list[str]]] = {"io": lambda: io_block(model, without)}
     if model == ENSEMBLE_MODEL:
         blocks["preprocessing-inputs"] = preprocessing_inputs_block
         blocks["options"] = options_block
+        blocks["account"] = lambda: account_block(without)
     if model in MODEL_PARAMETERS:
         blocks["parameters"] = lambda: parameters_block(model)
     return blocks
@@ -122,9 +133,10 @@ def _begin(block: str) -> str:
     return BEGIN.format(block=block, source=SOURCES.get(block, "contract/tensors.py"))
 
 
-def regenerate(text: str, model: str) -> str:
-    """``text`` with each generated block rewritten from the contract."""
-    wanted = blocks_for(model)
+def regenerate(text: str, model: str, without: Collection[str] = ()) -> str:
+    """``text`` with each generated block rewritten from the contract (less the outputs named
+    in ``without``)."""
+    wanted = blocks_for(model, without)
     found = [m["block"] for m in _BLOCK.finditer(text)]
     problems = []
     if missing := [b for b in wanted if b not in found]:

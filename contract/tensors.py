@@ -130,6 +130,31 @@ STREAM_OUTPUTS = (
     TensorSpec("output_log_probs", "TYPE_FP32", (-1,)),
 )
 
+# Not in the FasterTransformer contract: what happened, in every final response of the models
+# that generate (the seed's outputs stay as they were; a client that does not ask for these
+# does not get them).
+RESULT_OUTPUTS = (
+    TensorSpec(
+        "finish_reason",
+        "TYPE_STRING",
+        (-1,),
+        doc="not in the FasterTransformer contract: why each beam ended (contract/finish.py)",
+    ),
+    TensorSpec(
+        "prompt_tokens",
+        "TYPE_UINT32",
+        (1,),
+        doc="not in the FasterTransformer contract: the prompt's tokens, as the engine ran it",
+    ),
+    TensorSpec(
+        "completion_tokens",
+        "TYPE_UINT32",
+        (-1,),
+        doc="not in the FasterTransformer contract: the tokens each beam generated",
+    ),
+)
+RESULT_OUTPUT_NAMES = tuple(spec.name for spec in RESULT_OUTPUTS)
+
 PREPROCESSING_INPUTS = (
     TensorSpec("QUERY", "TYPE_STRING", (-1,)),
     TensorSpec("REQUEST_OUTPUT_LEN", "TYPE_UINT32", (-1,)),
@@ -201,10 +226,10 @@ STOP_INPUT = _scalar(
 )
 
 MODEL_IO = {
-    ENSEMBLE_MODEL: ((*ENSEMBLE_INPUTS, STOP_INPUT), ENSEMBLE_OUTPUTS),
-    STREAM_MODEL: ((*ENSEMBLE_INPUTS, STOP_INPUT), STREAM_OUTPUTS),
+    ENSEMBLE_MODEL: ((*ENSEMBLE_INPUTS, STOP_INPUT), (*ENSEMBLE_OUTPUTS, *RESULT_OUTPUTS)),
+    STREAM_MODEL: ((*ENSEMBLE_INPUTS, STOP_INPUT), (*STREAM_OUTPUTS, *RESULT_OUTPUTS)),
     PREPROCESSING_MODEL: (PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS),
-    MODEL_STAGE: ((*MODEL_STAGE_INPUTS, STOP_INPUT), MODEL_STAGE_OUTPUTS),
+    MODEL_STAGE: ((*MODEL_STAGE_INPUTS, STOP_INPUT), (*MODEL_STAGE_OUTPUTS, *RESULT_OUTPUTS)),
     POSTPROCESSING_MODEL: (POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS),
 }
 INPUT_SPECS = {spec.name: spec for spec in (*ENSEMBLE_INPUTS, STOP_INPUT)}
@@ -237,5 +262,5 @@ ENGINE_ERROR = TensorSpec(
     doc="a stream that fails or is cancelled after its first token ends with a response carrying"
     " only this (then the final flag), not an error response (contract/tensors.py says why)",
 )
-ENGINE_OUTPUTS = (*MODEL_STAGE_OUTPUTS, ENGINE_ERROR)
+ENGINE_OUTPUTS = (*MODEL_STAGE_OUTPUTS, *RESULT_OUTPUTS, ENGINE_ERROR)
 MODEL_IO[ENGINE_MODEL] = (ENGINE_INPUTS, ENGINE_OUTPUTS)

@@ -195,7 +195,29 @@ def tensors_from_results(
         "sequence_length": lengths,
         "cum_log_probs": cum_log_probs,
         "output_log_probs": log_probs,
+        **result_account(results, width),
     }
+
+
+def result_account(results: Sequence[GenerationResult], width: int = 1) -> dict[str, np.ndarray]:
+    """What happened to each row (contract.tensors.RESULT_OUTPUTS): finish_reason and
+    completion_tokens [N, beam] (a beam search's missing beams: its own reason, 0 tokens),
+    prompt_tokens [N, 1] (the prompt the engine ran)."""
+    reasons = np.empty((len(results), width), dtype=np.object_)
+    completion = np.zeros((len(results), width), dtype=np.uint32)
+    for i, result in enumerate(results):
+        reasons[i, :] = result.finish_reason.encode()
+        for beam, (ids, reason) in enumerate(_ends(result)):
+            reasons[i, beam] = reason.encode()
+            completion[i, beam] = len(ids)
+    prompt = np.array([[len(r.prompt_ids)] for r in results], dtype=np.uint32)
+    return {"finish_reason": reasons, "prompt_tokens": prompt, "completion_tokens": completion}
+
+
+def _ends(result: GenerationResult) -> list[tuple[list[int], str]]:
+    if result.beams is None:
+        return [(result.output_ids, result.finish_reason)]
+    return [(b.output_ids, b.finish_reason) for b in result.beams]
 
 
 def _beams(result: GenerationResult) -> list[tuple[list[int], list[float], float]]:

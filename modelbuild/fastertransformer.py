@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from contract.pbtxt import regenerate
+from contract.tensors import ENSEMBLE_MODEL, RESULT_OUTPUT_NAMES
 from engine.gptj import load_state_dict
 from modelbuild import importer
 
@@ -56,7 +58,11 @@ def model_stage_contract(model_repository: Path) -> tuple[list, list, int]:
     config = model_config.read(Path(model_repository) / MODEL_STAGE)
     name = model_config.DataType.Name
     inputs = [(t.name, name(t.data_type), tuple(t.dims), t.optional) for t in config.input]
-    outputs = [(t.name, name(t.data_type), tuple(t.dims)) for t in config.output]
+    outputs = [
+        (t.name, name(t.data_type), tuple(t.dims))
+        for t in config.output
+        if t.name not in RESULT_OUTPUT_NAMES  # the engine's account, which FT cannot give
+    ]
     return inputs, outputs, config.max_batch_size
 
 
@@ -352,6 +358,10 @@ def write_ft_model_repository(
             out_repository / stage,
             ignore=shutil.ignore_patterns("__pycache__"),
         )
+    # FasterTransformer gives no account of a generation (finish reason, token counts): the
+    # copied ensemble neither maps nor declares those outputs
+    ensemble = out_repository / ENSEMBLE_MODEL / "config.pbtxt"
+    ensemble.write_text(regenerate(ensemble.read_text(), ENSEMBLE_MODEL, RESULT_OUTPUT_NAMES))
     version = out_repository / MODEL_STAGE / "1"
     weights = write_ft_checkpoint(checkpoint, version, tp)
     tokenizer_dir = version / "checkpoint"

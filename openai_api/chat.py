@@ -5,7 +5,7 @@ The messages become one prompt, rendered once by the checkpoint's own chat templ
 checks the options, :mod:`openai_api.generation` generates, unary or streamed): the same
 engine, batch, prefix cache and cancellation. The end of a turn is a stop word. The template is
 read from the checkpoint the API has at hand (``--checkpoint``), and only once its tokenizer has
-been checked to be the served one (:class:`openai_api.generation.PromptCounter`).
+been checked to be the served one (:class:`openai_api.prompt_counter.PromptCounter`).
 """
 
 from __future__ import annotations

@@ -1,23 +1,22 @@
 """Generation behind the API: one choice at a time, blocking, in a worker thread.
 
-Two ways to the ensemble, both through :class:`client.CodegenClient`, both with exact token
-counts:
+Two ways to the ensemble, both through :class:`client.CodegenClient`:
 
-- **Streamed** (``stream: true``, and any request when no verified tokenizer is at hand): the
-  decoupled ``ensemble_stream``. Every piece says how many tokens it carries, so the counts are
-  the server's own; a stop sequence found in the text, or a client that leaves, cancels the
-  gRPC stream and the engine drops the sequence.
+- **Streamed** (``stream: true``, or stop sequences): the decoupled ``ensemble_stream``; a stop
+  sequence found in the text, or a client that leaves, cancels the gRPC stream and the engine
+  drops the sequence.
 - **Unary** (``stream: false`` and no stop sequences): the ``ensemble`` pipeline, exactly what
   gRPC and HTTP clients use, so the load test measures only this layer's overhead. Each goes
   with a request id of its own; a client that leaves gets it stopped by a stop request with
-  that id (``stop`` true: docs/api.md). The
-  ensemble returns ``sequence_length`` (prompt + generated tokens); the prompt's own length
-  comes from the served checkpoint's tokenizer, loaded the way ``preprocessing`` loads it,
-  and checked once against a streamed request (the server's own count) before it is trusted.
+  that id (``stop`` true: docs/api.md).
+
+Both report the engine's own account: the prompt tokens it ran, the tokens it generated and
+why it ended (contract/finish.py), which becomes ``usage`` and ``finish_reason``.
 
 OpenAI stop sequences are matched on text here and cut from the output, and the stream is then
 cancelled. They are also sent to the engine as stop words, which it matches on tokens; the text
-match also finds a sequence that the model spells with other tokens or that spans two pieces.
+match is still needed: OpenAI leaves the stop sequence out of the text, which the engine keeps,
+and it finds a sequence that the model spells with other tokens than the stop word's.
 """
 
 from __future__ import annotations
@@ -31,25 +30,25 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from client import (
     CodegenClient,
     CodegenError,
+    Completion,
     CompletionRequest,
     CompletionStream,
     Health,
-    ServerUnavailableError,
     resolve_target,
 )
-from contract.model_tokens import prompt_head
+from contract.finish import STOP_WORD, openai_reason
 from openai_api.capabilities import count_tokens
+from openai_api.prompt_counter import PROBE_PROMPT, PromptCounter
 from openai_api.repo_context import ContextChunk, FittedContext, fit_context
 from openai_api.settings import DEFAULT_CONTEXT_TOKENS
 
 log = logging.getLogger("openai_api")
 
-PROBE_PROMPT = 'def probe(x):\n    """Ünïcode ✓ and\ttabs."""\n    return x  # 1234\n'
 # /health completes one token through both paths, at most every PROBE_EVERY_S seconds: a
 # model can say READY and still serve nothing (a wedged stub), and readiness must see that.
 PROBE_EVERY_S = 5.0
@@ -63,13 +62,15 @@ class ChoiceResult:
     text: str
     prompt_tokens: int
     completion_tokens: int
-    finish_reason: str  # "stop" or "length"
+    finish_reason: str  # OpenAI's: "stop", "length" (contract.finish.openai_reason)
     log_probs: tuple[float, ...] | None = None
 
 
-def finish_reason(stopped: bool, completion_tokens: int, max_tokens: int) -> str:
-    """OpenAI's reason: "length" when max_tokens ran out (and no stop sequence ended it)."""
-    return "length" if not stopped and completion_tokens >= max_tokens else "stop"
+def engine_account(done: Completion) -> tuple[int, int, str]:
+    """(prompt tokens, completion tokens, the engine's finish reason) of a finished choice."""
+    if done.prompt_tokens is None or done.completion_tokens is None or not done.finish_reason:
+        raise CodegenError("the server's answer carries no token counts or finish reason")
+    return done.prompt_tokens, done.completion_tokens, done.finish_reason
 
 
 class StopMatcher:
@@ -108,10 +109,9 @@ class ChoiceStream(Iterator[str]):
     server when it is still generating.
     """
 
-    def __init__(self, stream: CompletionStream, stops: Sequence[str], max_tokens: int) -> None:
+    def __init__(self, stream: CompletionStream, stops: Sequence[str]) -> None:
         self._stream = stream
         self._matcher = StopMatcher(stops)
-        self._max_tokens = max_tokens
         self._done = False
         self._primed: list[str] = []
         self.result: ChoiceResult | None = None
@@ -156,13 +156,19 @@ class ChoiceStream(Iterator[str]):
 
     def _finish(self, stopped: bool) -> None:
         done = self._stream.completion
-        if done is None or done.prompt_tokens is None or done.completion_tokens is None:
+        if done is None:
             raise CodegenError("the stream ended without its token counts")
+        if stopped:  # this layer closed the stream at a stop sequence: the engine never ended it
+            prompt, generated, reason = done.prompt_tokens, done.completion_tokens, STOP_WORD
+            if prompt is None or generated is None:
+                raise CodegenError("the stream ended without its token counts")
+        else:
+            prompt, generated, reason = engine_account(done)
         self.result = ChoiceResult(
             text=self.text,
-            prompt_tokens=done.prompt_tokens,
-            completion_tokens=done.completion_tokens,
-            finish_reason=finish_reason(stopped, done.completion_tokens, self._max_tokens),
+            prompt_tokens=prompt,
+            completion_tokens=generated,
+            finish_reason=openai_reason(reason),
             log_probs=done.log_probs,
         )
 
@@ -211,94 +217,19 @@ class UnaryChoice:
     def run(self) -> ChoiceResult:
         client = self.backend.client()
         (done,) = client.send(self.request, request_id=self.request_id)
-        prompt_tokens = self.backend.counter.count(self.request.prompts[0])
-        generated = done.total_tokens - prompt_tokens
+        prompt_tokens, generated, reason = engine_account(done)
         log_probs = done.log_probs[:generated] if done.log_probs is not None else None
         return ChoiceResult(
             text=done.completion,
             prompt_tokens=prompt_tokens,
             completion_tokens=generated,
-            finish_reason=finish_reason(False, generated, self.request.max_tokens),
+            finish_reason=openai_reason(reason),
             log_probs=log_probs,
         )
 
     def cancel(self) -> None:
         """Send the stop request (blocking: call it from a worker thread)."""
         self.backend.client().stop(self.request_id)
-
-
-class PromptCounter:
-    """Counts prompt tokens with the served checkpoint's tokenizer, once it has been checked
-    against the server's own count (a streamed probe request)."""
-
-    def __init__(self, checkpoint: Path | None) -> None:
-        self.checkpoint = checkpoint
-        self._tokenizer: Any = None
-        self._head = 0  # tokens the tokenizer puts before a prompt (contract.model_tokens)
-        self._state = "unchecked"  # then "verified" or "unavailable"
-        self._lock = threading.Lock()
-
-    @property
-    def state(self) -> str:
-        return self._state
-
-    def count(self, prompt: str) -> int:
-        """As preprocessing counts: the text's tokens and what the tokenizer puts before any
-        prompt (a BOS)."""
-        return len(self._tokenizer.encode(prompt, add_special_tokens=False)) + self._head
-
-    def usable(self, client: CodegenClient) -> bool:
-        """Whether unary requests can be counted exactly (checked once, on first use)."""
-        if self._state != "unchecked":
-            return self._state == "verified"
-        with self._lock:
-            if self._state == "unchecked":
-                self._state = self._check(client)
-        return self._state == "verified"
-
-    def _check(self, client: CodegenClient) -> str:
-        if self.checkpoint is None or not (self.checkpoint / "config.json").exists():
-            log.warning(
-                "no checkpoint at %s: every request uses ensemble_stream for exact token "
-                "counts (pass --checkpoint to use the unary ensemble)",
-                self.checkpoint,
-            )
-            return "unavailable"
-        try:
-            from transformers import PreTrainedTokenizerFast
-
-            self._tokenizer = PreTrainedTokenizerFast.from_pretrained(str(self.checkpoint))
-            self._head = len(prompt_head(self._tokenizer, self.checkpoint))
-        except Exception as exc:
-            log.warning(
-                "cannot load the tokenizer in %s (%s): streaming only", self.checkpoint, exc
-            )
-            return "unavailable"
-        try:
-            stream = client.open_stream(
-                CompletionRequest((PROBE_PROMPT,), max_tokens=1, temperature=0.0)
-            )
-            with stream:
-                for _ in stream:
-                    pass
-            served = stream.completion.prompt_tokens if stream.completion else None
-        except ServerUnavailableError:
-            raise  # nothing to check against yet: check again on the next request
-        except CodegenError as exc:
-            log.warning("cannot check the tokenizer against the server (%s): streaming only", exc)
-            return "unavailable"
-        local = self.count(PROBE_PROMPT)
-        if served != local:
-            log.warning(
-                "the tokenizer in %s counts %s prompt tokens where the server counts %s: it is "
-                "not the served one, so every request uses ensemble_stream",
-                self.checkpoint,
-                local,
-                served,
-            )
-            return "unavailable"
-        log.info("prompt tokens counted with %s (checked against the server)", self.checkpoint)
-        return "verified"
 
 
 def model_context(checkpoint: Path | None) -> int | None:
@@ -323,7 +254,7 @@ class Backend:
     ) -> None:
         self.triton_url = triton_url
         self.timeout_s = timeout_s
-        self.counter = PromptCounter(checkpoint)
+        self.counter = PromptCounter(checkpoint)  # chat's template and counts
         # the prompt budget for repository context: the setting, within the model's context
         self.context_tokens = min(context_tokens, model_context(checkpoint) or context_tokens)
         self._local = threading.local()
@@ -380,15 +311,13 @@ class Backend:
             return problem
 
     def open_stream(self, request: CompletionRequest, stops: Sequence[str]) -> ChoiceStream:
-        return ChoiceStream(self.client().open_stream(request), stops, request.max_tokens)
+        return ChoiceStream(self.client().open_stream(request), stops)
 
     def choice(self, request: CompletionRequest, stops: Sequence[str]) -> PendingChoice:
-        """One non-streamed choice, to run: unary when prompt tokens can be counted exactly
-        and no stop sequence or suffix is asked for; else streamed, which stops at a stop
-        sequence found in the text even where the engine's token match misses it. Either can
-        be cancelled while it runs (a client that leaves)."""
-        # a FIM prompt's tokens are the server's to count (its sentinels): streamed
-        if stops or any(request.suffixes) or not self.counter.usable(self.client()):
+        """One non-streamed choice, to run: unary when no stop sequence is asked for; else
+        streamed, which stops at a stop sequence found in the text even where the engine's
+        token match misses it. Either can be cancelled while it runs (a client that leaves)."""
+        if stops:
             return self.open_stream(request, stops)
         return UnaryChoice(self, request)
 

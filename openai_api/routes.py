@@ -63,7 +63,6 @@ async def health(api: State) -> JSONResponse:
         "triton_version": state.server_version,
         "models": {m.name: m.state for m in state.models},
         "streaming": state.model_ready(STREAM_MODEL),
-        "prompt_token_count": api.backend.counter.state,
     }
     if problem is not None:
         body["reason"] = problem

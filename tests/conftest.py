@@ -53,9 +53,14 @@ def serving_repository(tmp_path_factory, checkpoint: Path, backend: str) -> Path
     setting = 'key: "backend" value: { string_value: "auto" }'
     assert setting in config.read_text(), "engine/config.pbtxt no longer selects its backend"
     config.write_text(config.read_text().replace(setting, setting.replace("auto", backend)))
-    hooks = '"test_hooks" value: { string_value: "false" }'
+    # the tests run what the openvino pipeline cannot honour on the torch fallback (opt-in)
+    fallback = '"fallback" value: { string_value: "none" }'
+    assert fallback in config.read_text()
+    config.write_text(config.read_text().replace(fallback, fallback.replace("none", "torch")))
+    hooks = '"hooks_file" value: { string_value: "" }'
     assert hooks in config.read_text()
-    config.write_text(config.read_text().replace(hooks, hooks.replace("false", "true")))
+    hold = Path(__file__).with_name("engine_hold_hook.py")  # tests/engine_hold.py drives it
+    config.write_text(config.read_text().replace(hooks, hooks.replace('""', f'"{hold}"')))
     return repo
 
 

@@ -1,6 +1,7 @@
 """Holding the engine still, so that a test's condition is true by construction rather than by
-the machine's speed: the engine model's ``EngineHold`` (backend/engine_hold.py, on in the test
-repository's config) is told through its cancel channel to hold, and answers once it holds.
+the machine's speed: the ``EngineHold`` that the tests' repository plugs into the engine model
+(tests/engine_hold_hook.py, named by its ``hooks_file``) is told through its own socket to hold,
+and answers once it holds.
 While held, the engine's thread waits after its current step and new requests wait before they
 reach the engine, however fast the machine is."""
 
@@ -14,8 +15,8 @@ import uuid
 from collections.abc import Callable
 
 import pytest
+from engine_hold_hook import control_address
 
-from backend.cancel import CONTROL_PREFIX, channel_address
 from contract.tensors import ENGINE_MODEL
 
 
@@ -23,9 +24,7 @@ def control(server, word: str) -> str:
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(f"\0codegen-test-{os.getpid()}-{uuid.uuid4().hex}")
         sock.settimeout(30)
-        sock.sendto(
-            (CONTROL_PREFIX + word).encode(), channel_address(ENGINE_MODEL, server.process.pid)
-        )
+        sock.sendto(word.encode(), control_address(ENGINE_MODEL, server.process.pid))
         return sock.recv(256).decode()
 
 

@@ -24,7 +24,13 @@ from client import (
 )
 from client.request import generate_body
 from contract import metrics as names
-from contract.tensors import ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS, STOP_INPUT, STREAM_MODEL
+from contract.tensors import (
+    ENSEMBLE_INPUTS,
+    ENSEMBLE_OUTPUTS,
+    RESULT_OUTPUTS,
+    STOP_INPUT,
+    STREAM_MODEL,
+)
 
 PROMPT = "def fib(n):\n"
 PROTOCOLS = ["grpc", "http"]
@@ -298,7 +304,8 @@ def test_health_and_metadata(codegen):
     metadata = codegen.model_metadata()
     inputs = {s.name for s in (*ENSEMBLE_INPUTS, STOP_INPUT)}
     assert {i["name"] for i in metadata["inputs"]} == inputs
-    assert {o["name"] for o in metadata["outputs"]} == {s.name for s in ENSEMBLE_OUTPUTS}
+    outputs = {s.name for s in (*ENSEMBLE_OUTPUTS, *RESULT_OUTPUTS)}  # the seed's and the account
+    assert {o["name"] for o in metadata["outputs"]} == outputs
     assert health.to_dict()["streaming"] is True
 
 

@@ -193,3 +193,10 @@ def test_the_contract_page_is_current():
 
     page = REPO_ROOT / "docs" / "contract.md"
     assert page.read_text() == render(), "run `make pbtxt` (python -m contract > docs/contract.md)"
+
+
+def test_the_default_server_runs_one_engine():
+    """The torch fallback (a second copy of the weights) is opt-in (issue 39): what the
+    openvino pipeline cannot honour is refused by name, saying to set fallback "torch"."""
+    params = model_config.parameters(load_config(ENGINE_MODEL))
+    assert params["fallback"] == "none"

@@ -183,11 +183,18 @@ def test_single_line_through_the_server_counts_its_stop_and_nothing_past_it(requ
     before = engine_count(server, names.ENGINE_EDITOR_STOPS)
     with CodegenClient(server.grpc_url) as client:
         options = sampled_with_a_newline(client, prompt)
-        free = client.complete(prompt, **options).completion
-        line = client.complete(prompt, single_line=True, **options).completion
-        streamed = "".join(client.stream(prompt, single_line=True, **options))
+        free = client.complete(prompt, **options)
+        line = client.complete(prompt, single_line=True, **options)
+        with client.stream(prompt, single_line=True, **options) as stream:
+            streamed = "".join(stream)
     # the same seed draws the same tokens up to the stop, which ends the answer at its newline
-    assert line == free[: free.index("\n") + 1] == streamed
+    assert line.completion == free.completion[: free.completion.index("\n") + 1] == streamed
+    # and the engine says so, with its own counts, unary and streamed alike (issue 39)
+    assert line.finish_reason == stream.completion.finish_reason == "single_line"
+    assert free.finish_reason in ("length", "end_id")
+    assert line.prompt_tokens == free.prompt_tokens == stream.completion.prompt_tokens
+    assert line.completion_tokens == stream.completion.completion_tokens
+    assert line.prompt_tokens + line.completion_tokens == line.total_tokens
     assert wait_count(server, names.ENGINE_EDITOR_STOPS, before + 2) >= before + 2
     assert engine_count(server, names.ENGINE_TOKENS_PAST_STOP) == 0
 

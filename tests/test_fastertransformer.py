@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from contract.tensors import RESULT_OUTPUT_NAMES
 from modelbuild import fastertransformer as ft
 from serving import model_config
 from serving.paths import MODEL_REPOSITORY
@@ -216,8 +217,10 @@ def test_model_stage_keeps_the_tensor_contract(ft_repository):
     input_ids = next(i[1] for i in inputs if i[0] == "input_ids")
     assert input_ids == model_config.DataType.Value("TYPE_UINT32")
     served = MODEL_REPOSITORY / "gptj" / "config.pbtxt"
-    if served.is_file():  # the python-engine stage exposes exactly the same tensors
-        assert contract(model_config.read(served)) == (inputs, outputs)
+    if served.is_file():  # the python-engine stage exposes the same tensors, and its account
+        served_inputs, served_outputs = contract(model_config.read(served))
+        assert served_inputs == inputs
+        assert {o for o in served_outputs if o[0] not in RESULT_OUTPUT_NAMES} == outputs
         assert config.max_batch_size == model_config.read(served).max_batch_size
 
 
@@ -226,11 +229,31 @@ def test_the_unary_pipelines_other_stages_are_copied_unchanged(ft_repository):
     served = {p.name for p in ft_repository.iterdir() if (p / "config.pbtxt").is_file()}
     # ensemble_stream runs the python engine itself: it has no place in a FasterTransformer repo
     assert served == {"ensemble", "preprocessing", "gptj", "postprocessing"}
+    ensemble_config = ft_repository / "ensemble" / "config.pbtxt"
     for stage in ft.COPIED_STAGES:
         for file in (source / stage).rglob("*"):
             if file.is_file() and "__pycache__" not in file.parts:
                 copy = ft_repository / stage / file.relative_to(source / stage)
-                assert copy.read_bytes() == file.read_bytes(), copy
+                if copy != ensemble_config:
+                    assert copy.read_bytes() == file.read_bytes(), copy
+
+
+def test_the_ensemble_maps_only_what_the_fastertransformer_stage_gives(ft_repository):
+    """The platform ensemble stays preprocessing -> gptj -> postprocessing; FT gives no account
+    (finish reason, token counts), so the copied ensemble neither maps nor declares it."""
+    ensemble = model_config.read(ft_repository / "ensemble")
+    served = model_config.read(MODEL_REPOSITORY / "ensemble")
+    assert ensemble.platform == "ensemble"
+    steps = [step.model_name for step in ensemble.ensemble_scheduling.step]
+    assert steps == ["preprocessing", "gptj", "postprocessing"]
+    ft_outputs = {t.name for t in model_config.read(ft_repository / "gptj").output}
+    mapped = set(ensemble.ensemble_scheduling.step[1].output_map)
+    assert mapped <= ft_outputs
+    assert {t.name for t in ensemble.output} == {
+        t.name for t in served.output if t.name not in RESULT_OUTPUT_NAMES
+    }
+    assert set(RESULT_OUTPUT_NAMES) <= {t.name for t in served.output}
+    assert list(ensemble.input) == list(served.input)
     # the tokenizer stays where preprocessing/postprocessing look for it
     assert (ft_repository / "gptj" / "1" / "checkpoint" / "tokenizer.json").is_file()
     assert not list((ft_repository / "gptj" / "1" / "checkpoint").glob("*.safetensors"))

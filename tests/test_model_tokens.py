@@ -278,7 +278,7 @@ def test_a_model_without_sentinels_refuses_suffix_on_every_path(llama, backend_i
 
 
 def test_a_llama_tokenizer_gets_its_bos_first_and_postprocessing_hides_it(llama):
-    from openai_api.generation import PromptCounter
+    from openai_api.prompt_counter import PromptCounter
 
     pre, post = Preprocessor(llama), Postprocessor(llama)
     bos = pre.tokenizer.bos_token_id
@@ -294,7 +294,7 @@ def test_a_llama_tokenizer_gets_its_bos_first_and_postprocessing_hides_it(llama)
     assert post.batch(sequence, None)[0].decode() == "def f(x):\n    return x"
     decoder = IncrementalDecoder(post, prompt_row(out))
     assert "".join(decoder.push(t) for t in completion) + decoder.flush() == "\n    return x"
-    # the API counts a unary prompt's tokens as preprocessing does
+    # the API's checked tokenizer (chat) counts a prompt's tokens as preprocessing does
     counter = PromptCounter(llama)
     counter._tokenizer, counter._head = pre.tokenizer, len(prompt_head(pre.tokenizer, llama))
     assert counter.count("def f(x):") == len(prompt_row(out))

@@ -173,8 +173,10 @@ def test_what_cannot_be_honoured_is_refused_with_what_to_do(engine, changes, mes
     honourable = {"max_new_tokens", "prompt_ids"} & set(changes) or (
         "beam" in changes and (changes["beam"].width > engine.max_beam_width)
     )
-    # what another backend can honour says so (engine/fallback.py runs it there)
+    # what another backend can honour says so (engine/fallback.py runs it there), and how to
+    # turn that on (the fallback is opt-in)
     assert isinstance(refused.value, NotHonouredError) == (not honourable)
+    assert ('set fallback "torch"' in str(refused.value)) == (not honourable)
     request.return_log_probs = False  # log probs not asked for: temperature is fine
     if "sampling" in changes:
         result = engine.generate(request)

@@ -36,7 +36,7 @@ class _Result:
             "cum_log_probs": np.array([[0.0]], dtype=np.float32),
             "output_log_probs": np.array([[0.0]], dtype=np.float32),
         }
-        return values[name]
+        return values.get(name)  # None for an output the answer lacks, as tritonclient
 
 
 class _FakeTriton:
@@ -49,7 +49,11 @@ class _FakeTriton:
         self.callback: Any = None
         self.cancelled: bool | None = None
         self.requests: list[list[str]] = []
+        self._channel: Any = None  # what a stream's client shares (client/channel.py)
         _FakeTriton.instances.append(self)
+
+    def __copy__(self) -> _FakeTriton:
+        return self  # a stream's client on the transport's channel: here, the fake itself
 
     def start_stream(self, callback: Any) -> None:
         self.callback = callback

@@ -5,11 +5,16 @@ prompt whole, as before."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
+from server_metrics import scrape
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from client import CodegenClient, CompletionRequest
+from contract import metrics as names
+from contract.finish import FINISH_REASONS
 from preprocessing.tokenize import Preprocessor
 
 # Prompts of the tiny model whose last token heals ('re' -> 'return', ' =' -> ' ==', ...).
@@ -66,3 +71,22 @@ def test_token_healing_false_sends_the_prompt_whole(server, reference):
             request = CompletionRequest(prompt, max_tokens=NEW, token_healing=False)
             unary = codegen.send(request)[0]
             assert unary.text == plain(reference, prompt), prompt
+
+
+def fallback_requests(server) -> float:
+    """Every sequence the engine sent to its torch fallback, whatever the reason."""
+    pattern = rf"^{names.ENGINE_FALLBACK_REQUESTS}{{[^}}]*}} (\S+)$"
+    return sum(float(v) for v in re.findall(pattern, scrape(server), re.MULTILINE))
+
+
+def test_the_openvino_pipeline_heals_a_default_request_itself(openvino_server):
+    """With the default fallback "none" a default request that heals must not need the torch
+    engine (it would be refused): the export written as `make model` writes it carries the
+    tokenizer, so the pipeline heals it, and no sequence reaches the fallback."""
+    before = fallback_requests(openvino_server)
+    with CodegenClient(openvino_server.grpc_url, "grpc") as codegen:
+        for prompt in PROMPTS:
+            unary = codegen.send(CompletionRequest(prompt, max_tokens=NEW))[0]
+            assert unary.text == prompt + unary.completion, prompt
+            assert unary.finish_reason in FINISH_REASONS, prompt
+    assert fallback_requests(openvino_server) == before

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from client.request import gives_account
 from client.results import CodegenError, Piece, Target, error_message
 from client.transport import ResponseStream, Transport
 
@@ -135,3 +136,52 @@ def test_a_reader_told_to_leave_at_its_first_piece_leaves_by_itself(api):
     piece = stream.read(10.0)
     assert piece is not None and piece.text == "ab"
     assert left["trickle"].wait(60.0)  # nobody called abandon(): the reader left on its own
+
+
+def test_a_stream_client_shares_its_transports_channel_and_never_closes_it():
+    """Every gRPC stream of a transport rides its one channel (client/channel.py): a stream's
+    client dropped (tritonclient closes a client when it is collected) leaves it open."""
+    import gc
+
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    transport = Transport(Target("grpc", "127.0.0.1:9"), timeout=5)
+    stream_client = transport.stream_client()
+    assert stream_client._client_stub is transport.triton._client_stub
+    del stream_client
+    gc.collect()
+    # the channel still works: the call reaches the network (nothing listens on port 9)
+    with pytest.raises(InferenceServerException):
+        transport.triton.is_server_live(client_timeout=2)
+    assert isinstance(transport.triton, grpcclient.InferenceServerClient)
+    transport.close()
+
+
+def test_the_engines_account_is_asked_for_only_where_the_ensemble_gives_it(monkeypatch):
+    """A FasterTransformer export's ensemble lacks finish_reason and the token counts, and
+    Triton refuses a request for an output the model lacks: the transport reads the model's
+    metadata once and asks for the account only where it is listed."""
+    from types import SimpleNamespace
+
+    from contract.tensors import ENSEMBLE_OUTPUTS, RESULT_OUTPUT_NAMES
+
+    seed = [spec.name for spec in ENSEMBLE_OUTPUTS]
+    served = {"ensemble": seed + list(RESULT_OUTPUT_NAMES), "ft": seed}
+    asked: list[str] = []
+
+    def metadata(method: str, model: str) -> SimpleNamespace:
+        assert method == "get_model_metadata"
+        asked.append(model)
+        return SimpleNamespace(outputs=[SimpleNamespace(name=name) for name in served[model]])
+
+    transport = Transport("localhost:1", timeout=1.0)
+    monkeypatch.setattr(transport, "call", metadata)
+    for model in ("ensemble", "ft", "ensemble", "ft"):
+        names = [output.name() for output in transport.outputs(model)]
+        assert names == served[model], model
+    assert asked == ["ensemble", "ft"]  # once per model
+    http_metadata = {"outputs": [{"name": name} for name in seed]}
+    assert not gives_account(http_metadata)
+    http_metadata["outputs"] += [{"name": name} for name in RESULT_OUTPUT_NAMES]
+    assert gives_account(http_metadata)
