@@ -25,7 +25,6 @@ from types import ModuleType
 from typing import Any
 
 from client import request as wire
-from client.channel import stream_client
 from client.request import CompletionRequest, generate_body, stop_inputs
 from client.results import (
     Closing,
@@ -116,7 +115,7 @@ class ResponseStream:
 
 
 class GrpcStream(ResponseStream):
-    """A gRPC stream on the transport's one channel (:meth:`Transport.stream_client`), or on
+    """A gRPC stream on a client of its own (:meth:`Transport.stream_client`), or on
     ``client``, which the caller keeps open for its next stream."""
 
     def __init__(
@@ -125,6 +124,7 @@ class GrpcStream(ResponseStream):
         super().__init__(transport)
         self.module = transport.module
         self.model, self.request_id = model, request_id
+        self.own_client = client is None
         self.client: Any = client if client is not None else transport.stream_client()
         try:
             self.client.start_stream(callback=self._answer)
@@ -174,9 +174,12 @@ class GrpcStream(ResponseStream):
 
     def _end(self, cancel: bool) -> None:
         client, self.client = self.client, None
-        if client is not None:  # its channel is the transport's: it stays open
+        if client is not None:
             with contextlib.suppress(Exception):
                 client.stop_stream(cancel_requests=cancel)
+            if self.own_client:
+                with contextlib.suppress(Exception):
+                    client.close()
 
 
 class SseStream(ResponseStream):
@@ -290,9 +293,11 @@ class Transport(Closing):
         return self._client
 
     def stream_client(self) -> Any:
-        """A gRPC client for one stream, on :attr:`triton`'s channel (client/channel.py)."""
-        with self._lock:
-            return stream_client(self.triton)
+        """A gRPC client for one stream, with a channel of its own. Streams sharing the unary
+        client's channel (a copy of it, client/channel.py) hung the editor profile's gRPC
+        typists (tests/test_loadtest_editor_server.py, under gevent): not used until that is
+        understood."""
+        return self.module.InferenceServerClient(self.target.address, ssl=self.target.ssl)
 
     @functools.cached_property
     def http(self) -> Any:

@@ -138,26 +138,6 @@ def test_a_reader_told_to_leave_at_its_first_piece_leaves_by_itself(api):
     assert left["trickle"].wait(60.0)  # nobody called abandon(): the reader left on its own
 
 
-def test_a_stream_client_shares_its_transports_channel_and_never_closes_it():
-    """Every gRPC stream of a transport rides its one channel (client/channel.py): a stream's
-    client dropped (tritonclient closes a client when it is collected) leaves it open."""
-    import gc
-
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import InferenceServerException
-
-    transport = Transport(Target("grpc", "127.0.0.1:9"), timeout=5)
-    stream_client = transport.stream_client()
-    assert stream_client._client_stub is transport.triton._client_stub
-    del stream_client
-    gc.collect()
-    # the channel still works: the call reaches the network (nothing listens on port 9)
-    with pytest.raises(InferenceServerException):
-        transport.triton.is_server_live(client_timeout=2)
-    assert isinstance(transport.triton, grpcclient.InferenceServerClient)
-    transport.close()
-
-
 def test_the_engines_account_is_asked_for_only_where_the_ensemble_gives_it(monkeypatch):
     """A FasterTransformer export's ensemble lacks finish_reason and the token counts, and
     Triton refuses a request for an output the model lacks: the transport reads the model's
