@@ -66,6 +66,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "HumanEval only, or not at all",
     )
     parser.add_argument(
+        "--no-token-healing",
+        action="store_true",
+        help="send token_healing false with every completion, and run transformers without "
+        "it (default: the server's default, on here, and transformers healing as it does)",
+    )
+    parser.add_argument(
         "--server-settings",
         help="what the server runs (backend, precision), "
         "for the report when the server does not say",
@@ -99,6 +105,7 @@ def evaluate(args: argparse.Namespace, url: str, started_here: bool) -> dict[str
         timeout=args.timeout,
         concurrency=args.concurrency,
         transformers=args.transformers,
+        token_healing=not args.no_token_healing,
     )
     problems = select(load_problems(), args.quick, args.limit)
     cases = run.all_cases(problems)
@@ -109,14 +116,18 @@ def evaluate(args: argparse.Namespace, url: str, started_here: bool) -> dict[str
             "or --transformers none"
         )
     budget = run.Budget(args.checkpoint if have_checkpoint else None)
-    with CompletionsClient(url, args.model) as client:
+    with CompletionsClient(url, args.model, token_healing=settings.token_healing) as client:
         server = {
             **client.describe(),
             "started_here": started_here,
             "settings_given": args.server_settings,
         }
         sandbox = run.sandbox_check(problems, settings)
-        local = LocalModel(args.checkpoint) if settings.transformers != "none" else None
+        local = (
+            LocalModel(args.checkpoint, healing=settings.token_healing)
+            if settings.transformers != "none"
+            else None
+        )
         humaneval = run.humaneval(problems, client, local, budget, settings)
         chats = chat_flag(server.get("models"))
         instruct = humaneval_instruct(problems, client, local, budget, settings, chats)
@@ -146,6 +157,7 @@ def evaluate(args: argparse.Namespace, url: str, started_here: bool) -> dict[str
             "stops": list(HUMANEVAL_STOPS),
             "timeout": settings.timeout,
             "concurrency": settings.concurrency,
+            "token_healing": "server default" if settings.token_healing else "off",
             "transformers": settings.transformers,
             "transformers_note": notes[settings.transformers],
         },

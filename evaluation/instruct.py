@@ -68,7 +68,7 @@ class LocalChat:
         self.local = local
 
     def answer(self, prompt: str, max_tokens: int) -> str:
-        return self.local.complete(prompt, max_tokens, (), self.ends)
+        return self.local.complete(prompt, max_tokens, (), self.ends, heal=False)
 
 
 def humaneval_instruct(

@@ -16,15 +16,26 @@ from typing import Any
 
 import torch
 
+from contract.healing import ORIGINAL_BIAS, TokenExtensions
 from contract.model_tokens import prompt_head
 from engine import ModelShape
 
 
 class LocalModel:
-    """Greedy completions of ``checkpoint`` by transformers on the CPU at float32."""
+    """Greedy completions of ``checkpoint`` by transformers on the CPU at float32.
 
-    def __init__(self, checkpoint: Path) -> None:
+    ``healing``: token healing as the server does it (docs/generation.md#token-healing): the
+    prompt's last token held back by the same rule (contract/healing.py, on the same token
+    texts) and the first generated token masked to the tokens that start with its text, + 1 on
+    the held-back one, through transformers' own ``logits_processor`` hook. transformers'
+    ``token_healing=True`` is not used: it strips and re-tokenizes the prompt (the differences
+    are listed in docs/generation.md), so it answers another prompt than the server's.
+    """
+
+    def __init__(self, checkpoint: Path, healing: bool = False) -> None:
         from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+        from preprocessing.token_texts import tokenizer_texts
 
         self.checkpoint = Path(checkpoint)
         self.shape = ModelShape.read(self.checkpoint)
@@ -32,25 +43,41 @@ class LocalModel:
         self.model = AutoModelForCausalLM.from_pretrained(
             str(self.checkpoint), dtype=torch.float32
         ).eval()
+        self.extensions = (
+            TokenExtensions(tokenizer_texts(self.tokenizer), self.tokenizer.all_special_ids)
+            if healing
+            else None
+        )
 
     def complete(
-        self, prompt: str, max_tokens: int, stops: Sequence[str], ends: Sequence[int] = ()
+        self,
+        prompt: str,
+        max_tokens: int,
+        stops: Sequence[str],
+        ends: Sequence[int] = (),
+        heal: bool = True,
     ) -> str:
         """The greedy continuation of ``prompt``, generation stopped at the first stop (the
         caller cuts the text there), or at one of ``ends`` besides the end token (a chat
-        template's end of turn, a stop word on the server)."""
-        from transformers import StoppingCriteria, StoppingCriteriaList
+        template's end of turn, a stop word on the server). ``heal``: token healing when the
+        model was loaded with it (off for chat, as the server does)."""
+        from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
         # the BOS first, as preprocessing puts it (Gemma, Llama 2): the same tokens the server runs
         head = prompt_head(self.tokenizer, self.checkpoint)
         ids = head + self.tokenizer.encode(prompt, add_special_tokens=False)
+        allowed = self._healed(ids, len(head)) if heal else ()
+        completion = self._completion_of(ids[:-1], ids[-1]) if allowed else self.decode
+        if allowed:
+            ids = ids[:-1]
         start = len(ids)
-        decode = self.decode
 
         class _AtStop(StoppingCriteria):
             def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> bool:
-                text = decode(input_ids[0, start:].tolist())
+                text = completion(input_ids[0, start:].tolist())
                 return any(stop in text for stop in stops)
+
+        processors = LogitsProcessorList([_FirstTokenMask(start, allowed)] if allowed else [])
 
         batch = torch.tensor([ids])
         with torch.inference_mode():
@@ -67,8 +94,30 @@ class LocalModel:
                 eos_token_id=[self.shape.eos_token_id, *ends],
                 pad_token_id=self.shape.eos_token_id,
                 stopping_criteria=StoppingCriteriaList([_AtStop()]),
+                logits_processor=processors,
             )
-        return decode(out[0, start:].tolist())
+        return completion(out[0, start:].tolist())
+
+    def _healed(self, ids: list[int], head: int) -> tuple[int, ...]:
+        """The tokens the first one may be when healing holds ``ids``' last token back (that
+        token first), as preprocessing decides it; () when nothing is held back."""
+        if self.extensions is None or not ids:
+            return ()
+        if len(ids) - head > 1 or head:
+            allowed = self.extensions.allowed(ids[-1])
+            return allowed if len(allowed) > 1 else ()
+        return ()
+
+    def _completion_of(self, kept: list[int], held: int) -> Callable[[list[int]], str]:
+        """The text after the user's prompt, as the server returns it: the kept prompt and the
+        generated tokens decoded together, the whole prompt's text (``held`` included) cut
+        off; the first generated token starts with the held-back text by the mask."""
+        user = len(self.decode([*kept, held]))
+
+        def completion(generated: list[int]) -> str:
+            return self.decode(kept + generated)[user:]
+
+        return completion
 
     def decode(self, ids: list[int]) -> str:
         """As ``postprocessing`` decodes: special tokens dropped, spaces kept as they are."""
@@ -88,6 +137,24 @@ class LocalModel:
             if progress is not None:
                 progress()
         return answers
+
+
+class _FirstTokenMask:
+    """transformers' logits-processor hook: at the first generated position, every token but
+    ``allowed`` masked out and + ``ORIGINAL_BIAS`` on the held-back one (``allowed[0]``), as
+    the torch engine's sampler does (engine/sampling.py)."""
+
+    def __init__(self, start: int, allowed: Sequence[int]) -> None:
+        self.start = start
+        self.allowed = torch.tensor(list(allowed))
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if input_ids.shape[1] != self.start:
+            return scores
+        masked = torch.full_like(scores, float("-inf"))
+        masked[:, self.allowed] = scores[:, self.allowed]
+        masked[:, self.allowed[0]] += ORIGINAL_BIAS
+        return masked
 
 
 def describe_checkpoint(checkpoint: Path) -> dict[str, Any]:

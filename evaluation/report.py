@@ -64,6 +64,8 @@ def setup_lines(data: dict[str, Any]) -> list[str]:
         f"- Problems: {settings['problems']} of 164 ({settings['selection']}); greedy "
         f"(temperature 0); HumanEval max_tokens {settings['max_tokens']} (capped by the context), "
         f"stops {settings['stops']}; lines: max_tokens {settings['line_max_tokens']}, stop `\\n`",
+        f"- Token healing: {settings.get('token_healing', 'server default')} (transformers "
+        "alone heals as the server does when it is on)",
         f"- Transformers: {settings['transformers_note']}; sandbox: `python -I`, "
         f"{settings['timeout']:g} s per program; {settings['concurrency']} requests in flight",
         f"- Sandbox check: {sandbox['passed']}/{sandbox['total']} canonical solutions pass"

@@ -41,6 +41,7 @@ class Settings:
     concurrency: int = 4
     transformers: str = "all"  # both generation sections, HumanEval only, or none
     lines: bool = True  # the next-line and infilling sections
+    token_healing: bool = True  # off: every completion sends token_healing false
 
 
 class Budget:

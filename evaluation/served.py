@@ -44,8 +44,18 @@ class Answer:
 class CompletionsClient:
     """Greedy completions from ``base_url`` (e.g. ``http://127.0.0.1:8080/v1``)."""
 
-    def __init__(self, base_url: str, model: str | None = None, timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        timeout: float = 600.0,
+        token_healing: bool = True,
+    ) -> None:
+        """``token_healing`` False: completions send ``token_healing: false`` (this project's
+        option); True sends nothing and leaves it to the server (this project heals plain
+        completions by default; another server ignores or lacks it)."""
         self.base_url = base_url.rstrip("/")
+        self.token_healing = token_healing
         self.http = httpx.Client(timeout=timeout)
         self.model = model or self.first_model() or DEFAULT_MODEL
 
@@ -101,6 +111,8 @@ class CompletionsClient:
         }
         if request.suffix is not None:
             body["suffix"] = request.suffix
+        if not self.token_healing:
+            body["token_healing"] = False
         response = self._post("/completions", body)
         if isinstance(response, Answer):
             return response

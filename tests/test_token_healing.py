@@ -161,6 +161,24 @@ def test_torch_greedy_equals_transformers_token_healing(engine, reference):
         assert tokenizer.decode(ids + result.output_ids) == tokenizer.decode(theirs[0]), prompt
 
 
+def test_make_evals_reference_heals_as_the_engine_does(engine, tiny_checkpoint):
+    """`make eval`'s transformers-alone side (evaluation/local.py: transformers' generate with
+    a first-token logits processor) gives the torch engine's healed text, and the text after
+    the prompt; without healing it answers the whole prompt."""
+    from evaluation.local import LocalModel
+
+    pre, eng = engine
+    post = Postprocessor(tiny_checkpoint)
+    local = LocalModel(tiny_checkpoint, healing=True)
+    for prompt in PROMPTS:
+        ids, held = tokenized(pre, prompt)
+        result = eng.generate(GenerationRequest(ids, 12, held_back=held))
+        served = post.decode(ids + result.output_ids)[len(prompt) :]
+        assert local.complete(prompt, 12, ()) == served, prompt
+        whole = eng.generate(GenerationRequest([*ids, held], 12))
+        assert local.complete(prompt, 12, (), heal=False) == post.decode(whole.output_ids)
+
+
 def test_every_first_token_starts_with_the_held_back_text(engine):
     pre, eng = engine
     ids, held = tokenized(pre, "x =")
