@@ -331,8 +331,12 @@ class Piece:
 
     @classmethod
     def from_openai(cls, data: dict[str, Any]) -> Piece:
-        """From one chunk of the OpenAI API's ``/v1/completions`` stream."""
-        text = "".join(c.get("text") or "" for c in data.get("choices", []))
+        """From one chunk of the OpenAI API's ``/v1/completions`` stream, or of its
+        ``/v1/chat/completions`` stream (the text in ``delta.content``)."""
+        choices = data.get("choices", [])
+        text = "".join(
+            c.get("text") or (c.get("delta") or {}).get("content") or "" for c in choices
+        )
         return cls(text=text, usage=data.get("usage"))
 
 

@@ -394,10 +394,10 @@ class Transport(Closing):
         url = f"{scheme}://{self.target.address}/v2/models/{STREAM_MODEL}/generate_stream"
         return SseStream(self, url, generate_body(request), Piece.from_generate)
 
-    def openai_stream(self, body: dict[str, Any]) -> ResponseStream:
-        """``POST /v1/completions`` with ``stream: true`` to the OpenAI-compatible API at
-        this transport's address."""
+    def openai_stream(self, body: dict[str, Any], route: str = "completions") -> ResponseStream:
+        """``POST /v1/completions`` (or ``/v1/chat/completions``: ``route``) with ``stream:
+        true`` to the OpenAI-compatible API at this transport's address."""
         scheme = "https" if self.target.ssl else "http"
-        url = f"{scheme}://{self.target.address}/v1/completions"
+        url = f"{scheme}://{self.target.address}/v1/{route}"
         body = {**body, "stream": True}
         return SseStream(self, url, body, Piece.from_openai, ends_with_done=True)

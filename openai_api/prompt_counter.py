@@ -58,7 +58,10 @@ class PromptCounter:
             log.warning("cannot load the tokenizer in %s (%s)", self.checkpoint, exc)
             return "unavailable"
         try:
-            request = CompletionRequest((PROBE_PROMPT,), max_tokens=1, temperature=0.0)
+            # whole: healing would hold the probe's last token back from the engine's count
+            request = CompletionRequest(
+                (PROBE_PROMPT,), max_tokens=1, temperature=0.0, token_healing=False
+            )
             served = client.send(request)[0].prompt_tokens  # the engine's own count
         except ServerUnavailableError:
             raise  # nothing to check against yet: check again on the next request

@@ -9,10 +9,11 @@ import random
 import pandas as pd
 import pytest
 
+from client.results import CodegenError, Piece
 from contract.corpus import held_out_files, stdlib_root
 from loadtest.editor.drill import DrillOutcome, drill_figures, points
 from loadtest.editor.protocols import Exchange, Sender, request_event
-from loadtest.editor.report import evaluate, system_figures, write_report
+from loadtest.editor.report import Target, evaluate, system_figures, write_report
 from loadtest.editor.suffix import ProbeError, SuffixMode, probe
 from loadtest.editor.typist import TypingStyle, Typist, keystroke, line_starts, pauses
 from loadtest.editor.window import (
@@ -323,3 +324,38 @@ def test_the_resend_probe_has_figures_of_its_own_apart_from_the_typists(tmp_path
     (tmp_path / "short.py").write_text("x\ny\n")
     found = points([tmp_path / "short.py", tmp_path / "a.py"], 0.75, 2, min_lines=4)
     assert found == [((tmp_path / "a.py").read_text(), 3 * 6)] * 2  # the files in turn
+
+
+def test_the_chat_drill_is_judged_beside_the_completion_drill():
+    """A model that chats is drilled again through /v1/chat/completions (drills["<system>
+    chat"]): its tokens after leaving count in the abandoned-requests target."""
+    figures = system_figures(_events(RECORDS), _windows(generated=500.0))
+    good = drill_figures([DrillOutcome("abandoned", 1, generated=2.0)])
+    bad = drill_figures([DrillOutcome("abandoned", 1, generated=9.0)])
+    (system,) = figures
+
+    def verdict(drills: dict) -> Target:
+        return next(t for t in evaluate(figures, drills, {}, True) if t.name.startswith("aband"))
+
+    assert (
+        "chat drill: 1.00 over 1 abandoned"
+        in verdict({system: good, f"{system} chat": good}).measured
+    )
+    assert verdict({system: good, f"{system} chat": bad}).verdict == "FAIL"
+
+
+def test_a_chat_sender_asks_the_chat_route_with_the_prefix_as_a_user_message():
+    sent = {}
+
+    class Recording:
+        def openai_stream(self, body, route="completions"):
+            sent.update(body=body, route=route)
+            raise CodegenError("recorded")
+
+    sender = Sender("openai", "127.0.0.1:1", max_tokens=8, chat=True)
+    object.__setattr__(sender, "transport", Recording())
+    assert sender.open("def f(x):\n", "", seed=3).error.endswith("recorded")
+    assert sent["route"] == "chat/completions"
+    assert sent["body"]["messages"] == [{"role": "user", "content": "def f(x):\n"}]
+    assert "prompt" not in sent["body"] and sent["body"]["seed"] == 3
+    assert Piece.from_openai({"choices": [{"delta": {"content": "x"}}]}).text == "x"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import shutil
 import sys
 import types
 from pathlib import Path
@@ -298,6 +299,31 @@ def test_a_llama_tokenizer_gets_its_bos_first_and_postprocessing_hides_it(llama)
     counter = PromptCounter(llama)
     counter._tokenizer, counter._head = pre.tokenizer, len(prompt_head(pre.tokenizer, llama))
     assert counter.count("def f(x):") == len(prompt_row(out))
+
+
+def test_the_api_checks_its_tokenizer_on_the_whole_probe_prompt(llama, tmp_path):
+    """The chat's tokenizer check compares its count with the engine's ``prompt_tokens``,
+    which leave out a token that healing holds back: the probe goes whole (on SmolLM2 its
+    last newline is held back, and every chat was refused as "not the served one")."""
+    from client.results import Completion
+    from openai_api.prompt_counter import PROBE_PROMPT, PromptCounter
+
+    pre = Preprocessor(llama)
+
+    class HealingServer:
+        def send(self, request):
+            (prompt,) = request.prompts
+            count = len(pre.head) + len(pre.encode(prompt))
+            healed = request.token_healing is not False
+            held = healed and pre.extensions.heals(pre.encode(prompt)[-1])
+            return [Completion(prompt, "", prompt, count, prompt_tokens=count - held)]
+
+    assert pre.extensions.heals(pre.encode(PROBE_PROMPT)[-1])  # else this shows nothing
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(llama, checkpoint)
+    (checkpoint / "config.json").write_text('{"model_type": "llama"}')
+    counter = PromptCounter(checkpoint)
+    assert counter.usable(HealingServer()) and counter.state == "verified"
 
 
 def test_gptj_prompts_stay_as_they_were(gptj):

@@ -19,6 +19,7 @@ from reporting.events import EventLog
 
 RESENT = "resent"  # the resend probe's event name and window, apart from the typists'
 DRILL_TOKENS = 200  # long enough that no answer can arrive before its first piece is read
+CHAT_DRILL = "chat"  # the drill again through /v1/chat/completions, for a model that chats
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,26 @@ def run_drill(system: System, prompts: Sequence[str]) -> dict:
         generated = after["generated"] - before["generated"] if before and after else None
         outcomes.append(replace(outcome, generated=generated))
     return drill_figures(outcomes)
+
+
+def chats(address: str) -> bool:
+    """Whether the OpenAI API at ``address`` says its first model has a chat template."""
+    import httpx
+
+    try:
+        models = httpx.get(f"http://{address}/v1/models", timeout=10).json()["data"]
+        return bool(models and models[0].get("chat"))
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return False
+
+
+def run_chat_drill(system: System, prompts: Sequence[str]) -> dict | None:
+    """The drill through ``/v1/chat/completions`` (each prompt one user message), for the
+    project's API in front of a model that chats; None otherwise."""
+    sender = system.sender
+    if not system.engine or sender.protocol != "openai" or not chats(sender.address):
+        return None
+    return run_drill(replace(system, sender=replace(sender, chat=True)), prompts)
 
 
 def run_resend(system: System, pairs: Sequence[tuple[str, str]], events: EventLog) -> None:

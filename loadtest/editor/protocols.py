@@ -81,6 +81,7 @@ class Sender:
     max_tokens: int
     one_line: bool = False  # end at the answer's first newline
     t_max_predict_ms: int = 0  # stop once this much time has passed and a newline was written
+    chat: bool = False  # the prefix as one user message to /v1/chat/completions (openai only)
     transport: Transport = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -100,13 +101,20 @@ class Sender:
         """``extra``: other files' chunks (``input_extra``, ``{"filename", "text"}``), which
         only the OpenAI API takes with a completion."""
         sent, rules = time.monotonic(), self.stops(n_indent)
-        if extra and self.protocol != "openai":
-            raise ValueError(f"input_extra goes through the openai protocol, not {self.protocol}")
+        if (extra or self.chat) and self.protocol != "openai":
+            raise ValueError(
+                f"input_extra and chat go through the openai protocol, not {self.protocol}"
+            )
         try:
             if self.protocol == "grpc":
                 request = CompletionRequest(prefix, self.max_tokens, seed=seed,
                                             suffix=suffix or None, **SAMPLING, **rules)  # fmt: skip
                 stream = self.transport.stream(request)
+            elif self.chat:
+                body = {"model": ENSEMBLE_MODEL, "max_tokens": self.max_tokens, "seed": seed,
+                        "messages": [{"role": "user", "content": prefix}], **SAMPLING,
+                        "stream_options": {"include_usage": True}, **rules}  # fmt: skip
+                stream = self.transport.openai_stream(body, "chat/completions")
             else:
                 body = {"model": ENSEMBLE_MODEL, "prompt": prefix, "max_tokens": self.max_tokens,
                         "stream_options": {"include_usage": True}, "seed": seed, **SAMPLING,

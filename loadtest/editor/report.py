@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from loadtest.editor.drill import RESENT
+from loadtest.editor.drill import CHAT_DRILL, RESENT
 from loadtest.editor.systems import LLAMA, OFF, ON
 from loadtest.metrics import reuse_share
 from reporting.charts import plt, save_figure
@@ -129,6 +129,9 @@ def evaluate(
         f, d = figures[system], drills.get(system)
         sources = [("typists", f["... per abandoned request (at most)"], f["abandoned"])]
         sources += [("drill", d["unread_per_abandoned"], d["abandoned"])] if d else []
+        chat = drills.get(f"{system} {CHAT_DRILL}")  # the same drill through the chat route
+        sources += [(f"{CHAT_DRILL} drill", chat["unread_per_abandoned"], chat["abandoned"])
+                    ] if chat else []  # fmt: skip
         for source, per, abandoned in sources:  # none abandoned: no verdict
             said = f"{per:.2f} over {abandoned} abandoned" if per is not None else "counters unread"
             parts.append(f"{system} {source}: {said if abandoned else 'none abandoned'}")
@@ -136,7 +139,7 @@ def evaluate(
             verdicts += [PASS if ok else NOT_MEASURED if per is None else FAIL] if abandoned else []
     worst = next((v for v in (FAIL, NOT_MEASURED) if v in verdicts), PASS)  # none: NOT MEASURED
     targets.append(Target("abandoned requests", f"<= {WASTE_PER_ABANDONED:g} tokens generated per "
-                          "abandoned request after its client left, the typists' and the drill's, "
+                          "abandoned request after its client left, the typists' and the drills', "
                           "each project system (tokens no reader got: an upper bound)",
                           "; ".join(parts), worst if verdicts else NOT_MEASURED))  # fmt: skip
     goal = "0 tokens generated past a one-line, n_indent or time-budget stop (engine counters)"

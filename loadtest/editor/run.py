@@ -25,7 +25,15 @@ from loadtest.editor.users import Windows
 # isort: on
 from contract.corpus import held_out_files
 from loadtest import console
-from loadtest.editor.drill import DRILL_TOKENS, after_check, points, run_drill, run_resend
+from loadtest.editor.drill import (
+    CHAT_DRILL,
+    DRILL_TOKENS,
+    after_check,
+    points,
+    run_chat_drill,
+    run_drill,
+    run_resend,
+)
 from loadtest.editor.protocols import SAMPLING
 from loadtest.editor.report import PASS, evaluate, system_figures, write_report
 from loadtest.editor.settings import mirrored, parse_args
@@ -90,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.drill:
                 drills[label] = d = run_drill(system, prompts)
                 log.info(f"drill, {label}: {d['unread_per_abandoned']} tokens after leaving, each")
+                if (chat := run_chat_drill(system, prompts)) is not None:
+                    drills[f"{label} {CHAT_DRILL}"] = chat
+                    per = chat["unread_per_abandoned"]
+                    log.info(f"drill, {label} {CHAT_DRILL}: {per} tokens after leaving, each")
             afters[label] = after_check(system.sender)
     frame, table = events.frame(), pd.DataFrame(rows)
     frame = frame[~(pd.to_numeric(frame["window"], errors="coerce") < 0)]  # warm-ups: not counted
