@@ -142,4 +142,3 @@ def test_a_run_scores_every_section_and_compares_the_backends(api, tiny_checkpoi
     assert filled["with_suffix"]["total"] == filled["prefix_only"]["total"] == cases
     assert not filled["errors"]
     assert Path(folder / "report.md").stat().st_size > 0
-
