@@ -61,16 +61,30 @@ class LocalModel:
         caller cuts the text there), or at one of ``ends`` besides the end token (a chat
         template's end of turn, a stop word on the server). ``heal``: token healing when the
         model was loaded with it (off for chat, as the server does)."""
-        from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
-
         # the BOS first, as preprocessing puts it (Gemma, Llama 2): the same tokens the server runs
         head = prompt_head(self.tokenizer, self.checkpoint)
         ids = head + self.tokenizer.encode(prompt, add_special_tokens=False)
         allowed = self._healed(ids, len(head)) if heal else ()
-        completion = self._completion_of(ids[:-1], ids[-1]) if allowed else self.decode
-        if allowed:
-            ids = ids[:-1]
-        start = len(ids)
+        if not allowed:
+            return self.generate(ids, max_tokens, stops, ends)
+        text = self._completion_of(ids[:-1], ids[-1])
+        return self.generate(ids[:-1], max_tokens, stops, ends, allowed, text)
+
+    def generate(
+        self,
+        ids: Sequence[int],
+        max_tokens: int,
+        stops: Sequence[str],
+        ends: Sequence[int] = (),
+        allowed: Sequence[int] = (),
+        text: Callable[[list[int]], str] | None = None,
+    ) -> str:
+        """The greedy continuation of the token ids ``ids``, as ``text`` reads the generated
+        ids (default: decoded alone), stopped at the first stop or end. ``allowed``: what the
+        first token may be (token healing), the held-back token first."""
+        from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+        start, completion = len(ids), text or self.decode
 
         class _AtStop(StoppingCriteria):
             def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> bool:
@@ -78,8 +92,7 @@ class LocalModel:
                 return any(stop in text for stop in stops)
 
         processors = LogitsProcessorList([_FirstTokenMask(start, allowed)] if allowed else [])
-
-        batch = torch.tensor([ids])
+        batch = torch.tensor([list(ids)])
         with torch.inference_mode():
             out = self.model.generate(
                 batch,

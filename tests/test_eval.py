@@ -142,3 +142,21 @@ def test_a_run_scores_every_section_and_compares_the_backends(api, tiny_checkpoi
     assert filled["with_suffix"]["total"] == filled["prefix_only"]["total"] == cases
     assert not filled["errors"]
     assert Path(folder / "report.md").stat().st_size > 0
+
+
+def test_the_fim_boundary_probe_heals_the_prefix_end_inside_the_layout(tiny_checkpoint):
+    """`python -m evaluation.fim_boundary`: a prefix ending inside a longer token (``re``) is
+    held back and its middle written after it; a prefix ending at a token nothing extends
+    (the tiny vocabulary's newline) is the same request both ways."""
+    from evaluation.fim_boundary import middles
+    from evaluation.local import LocalModel
+    from preprocessing.tokenize import Preprocessor
+
+    pre, local = Preprocessor(tiny_checkpoint), LocalModel(tiny_checkpoint)
+    assert pre.fim is not None
+    assert pre.extensions.heals(pre.encode("def f(x):\n    re")[-1])
+    whole, healed, held = middles(local, pre, "def f(x):\n    re", "\n", 6)
+    assert held and "\n" not in whole and "\n" not in healed
+    assert not pre.extensions.heals(pre.encode("x = 1\n")[-1])
+    whole, healed, held = middles(local, pre, "x = 1\n", "\n", 6)
+    assert not held and whole == healed
