@@ -52,6 +52,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="an instruct HumanEval answer's budget (a model with a chat template)",
     )
     parser.add_argument(
+        "--instruct-compare",
+        type=int,
+        help="transformers answers only the first N instruct problems (a 512-token answer "
+        "takes it minutes on 2 cores; the served side answers them all)",
+    )
+    parser.add_argument(
         "--no-lines", action="store_true", help="skip the next-line and infilling sections"
     )
     parser.add_argument(
@@ -106,6 +112,7 @@ def evaluate(args: argparse.Namespace, url: str, started_here: bool) -> dict[str
         concurrency=args.concurrency,
         transformers=args.transformers,
         token_healing=not args.no_token_healing,
+        instruct_compare=args.instruct_compare,
     )
     problems = select(load_problems(), args.quick, args.limit)
     cases = run.all_cases(problems)

@@ -103,7 +103,10 @@ def humaneval_instruct(
         bar, tick = _bar(len(problems), "transformers instruct HumanEval")
         try:
             alone = []
-            for text, room in zip(rendered, rooms, strict=True):
+            compare = (
+                len(problems) if settings.instruct_compare is None else settings.instruct_compare
+            )
+            for text, room in list(zip(rendered, rooms, strict=True))[:compare]:
                 alone.append(alone_chat.answer(text or "", room))
                 tick()
         finally:
@@ -120,7 +123,7 @@ def humaneval_instruct(
         }
         if answers[i].error:
             row["served"]["error"] = answers[i].error
-        if alone is not None:
+        if alone is not None and i < len(alone):
             row["transformers"] = {"answer": alone[i], "result": str(alone_out[i])}
         rows.append(row)
     compared = alone is not None
@@ -128,12 +131,13 @@ def humaneval_instruct(
         "status": "ok",
         "max_tokens": settings.instruct_max_tokens,
         "served": _score(served_out),
+        "served_compared": _score(served_out[: len(alone)]) if compared else None,
         "transformers": _score(alone_out) if compared else None,
-        "compared": len(problems) if compared else 0,
+        "compared": len(alone) if compared else 0,
         "mismatches": [
             r["task_id"]
             for r in rows
-            if compared and r["served"]["answer"] != r["transformers"]["answer"]
+            if "transformers" in r and r["served"]["answer"] != r["transformers"]["answer"]
         ],
         "errors": [r["task_id"] for r in rows if "error" in r["served"]],
         "problems": rows,

@@ -136,6 +136,9 @@ def instruct_lines(section: dict[str, Any] | None, plain: dict[str, Any]) -> lis
         return [*lines, f"Skipped: {reason}.", ""]
     rows = [("served", section["served"], plain["served"])]
     if section["transformers"] is not None:
+        if section["compared"] < section["served"]["total"]:  # --instruct-compare N
+            first = f"served, the first {section['compared']}"
+            rows.append((first, section["served_compared"], plain["served"]))
         rows.append(("transformers, float32", section["transformers"], plain["transformers"]))
     cells = [
         (name, s["passed"], s["total"], percent(s["pass_at_1"], 1), percent(p["pass_at_1"], 1))

@@ -42,6 +42,7 @@ class Settings:
     transformers: str = "all"  # both generation sections, HumanEval only, or none
     lines: bool = True  # the next-line and infilling sections
     token_healing: bool = True  # off: every completion sends token_healing false
+    instruct_compare: int | None = None  # transformers answers the first N instruct problems
 
 
 class Budget:

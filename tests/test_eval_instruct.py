@@ -57,8 +57,9 @@ def test_an_instruct_run_scores_beside_plain_completion_and_matches_transformers
     api, chat_checkpoint, tmp_path
 ):
     out = tmp_path / "results"
-    argv = ["--url", f"{api.url}/v1", "--checkpoint", str(chat_checkpoint), "--limit", "2"]
+    argv = ["--url", f"{api.url}/v1", "--checkpoint", str(chat_checkpoint), "--limit", "3"]
     argv += ["--out", str(out), "--no-lines", "--instruct-max-tokens", "48", "--max-tokens", "16"]
+    argv += ["--instruct-compare", "2"]  # transformers answers the first 2 of the 3
     assert main(argv) == 0
     (folder,) = out.iterdir()
     data = json.loads((folder / "report.json").read_text())
@@ -67,8 +68,9 @@ def test_an_instruct_run_scores_beside_plain_completion_and_matches_transformers
     assert "## Next-line accuracy" not in markdown and data["next_line"] is None
     section = data["humaneval_instruct"]
     assert section["status"] == "ok", section
-    assert section["served"]["total"] == section["transformers"]["total"] == 2
+    assert section["served"]["total"] == 3 and section["transformers"]["total"] == 2
     assert section["compared"] == 2 and not section["errors"]
+    assert section["served_compared"]["total"] == 2 and "served, the first 2" in markdown
     for row in section["problems"]:
         assert row["served"]["answer"] and row["served"]["result"]
     # greedy float32 on the torch engine, the same template: the served answers are
