@@ -88,8 +88,9 @@ class ReadyListener:
                     return
                 log.exception("the BLS ready socket failed")
                 continue
-            threading.Thread(target=self._read, args=(conn,), name="bls-ready-read",
-                             daemon=True).start()  # fmt: skip
+            threading.Thread(
+                target=self._read, args=(conn,), name="bls-ready-read", daemon=True
+            ).start()
 
     def _read(self, conn: socket.socket) -> None:
         with conn, conn.makefile("r", encoding="ascii", errors="replace") as lines:
@@ -142,8 +143,9 @@ class ReadyListener:
                 lambda: waiting.told > read or waiting.final, timeout=WORD_TIMEOUT_S
             )
         if not told:
-            log.warning("no word of a response to %s in %.0f s: reading anyway", key,
-                        WORD_TIMEOUT_S)  # fmt: skip
+            log.warning(
+                "no word of a response to %s in %.0f s: reading anyway", key, WORD_TIMEOUT_S
+            )
 
     def expect(self, key: str) -> None:
         """Count the engine's word on ``key`` from now on (before its request is sent)."""

@@ -87,10 +87,11 @@ class _Pieces:
         outputs = {
             "OUTPUT_0": np.array([[piece.encode("utf-8")]], dtype=np.object_),
             "sequence_length": np.array([[self.length]], dtype=np.uint32),
-            "cum_log_probs": np.array([[self.cumulative if self.want_log_probs else 0.0]],
-                                      dtype=np.float32),
+            "cum_log_probs": np.array(
+                [[self.cumulative if self.want_log_probs else 0.0]], dtype=np.float32
+            ),
             "output_log_probs": np.array([log_probs], dtype=np.float32),
-        }  # fmt: skip
+        }
         if final:
             outputs.update(self.account)
         return response(outputs, self.call.requested)

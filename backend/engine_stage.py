@@ -263,9 +263,13 @@ def _openvino(
     dtype = params.get("dtype", "float32")
     caching = params.get("prefix_caching", "true").lower() in ("1", "true", "yes", "on")
     engine = OpenVINOBackend(
-        require_export(checkpoint), shape, dtype=dtype, prefix_caching=caching, threads=threads,
+        require_export(checkpoint),
+        shape,
+        dtype=dtype,
+        prefix_caching=caching,
+        threads=threads,
         **limits,
-    )  # fmt: skip
+    )
     setting = params.get("fallback", "none")  # what the pipeline cannot honour: none or torch
     engine, fallback = with_fallback(setting, engine, checkpoint, threads, **limits)
     return engine, (

@@ -34,31 +34,44 @@ class _PeakCache:
         pass
 
 
-def _engine_beams(engine: TorchEngine, prompts: list[list[int]], new: int, width: int,
-                  ends: tuple[int, ...]) -> Beams:  # fmt: skip
+def _engine_beams(
+    engine: TorchEngine, prompts: list[list[int]], new: int, width: int, ends: tuple[int, ...]
+) -> Beams:
     started, pending = time.perf_counter(), [Pending() for _ in prompts]
     for prompt, listener in zip(prompts, pending, strict=True):
-        engine.submit(GenerationRequest(list(prompt), new, bad_words=[[end] for end in ends],
-                                        beam=BeamParams(width)), listener)  # fmt: skip
+        engine.submit(
+            GenerationRequest(
+                list(prompt), new, bad_words=[[end] for end in ends], beam=BeamParams(width)
+            ),
+            listener,
+        )
     best = [listener.wait().output_ids for listener in pending]  # wait() raises a failure
     return best, time.perf_counter() - started
 
 
-def _transformers_beams(model: Any, prompts: list[list[int]], new: int, width: int,
-                        ends: tuple[int, ...], device: str) -> Beams:  # fmt: skip
+def _transformers_beams(
+    model: Any, prompts: list[list[int]], new: int, width: int, ends: tuple[int, ...], device: str
+) -> Beams:
     batch, started = torch.tensor(prompts, device=device), time.perf_counter()
     with torch.inference_mode():
         out = model.generate(
-            batch, attention_mask=torch.ones_like(batch), max_new_tokens=new, min_new_tokens=new,
-            num_beams=width, do_sample=False, length_penalty=0.0, suppress_tokens=list(ends),
+            batch,
+            attention_mask=torch.ones_like(batch),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            num_beams=width,
+            do_sample=False,
+            length_penalty=0.0,
+            suppress_tokens=list(ends),
             renormalize_logits=True,  # bans before normalising, as the engine
             pad_token_id=ends[0],
-        )  # fmt: skip
+        )
     return [row[len(prompts[0]) :].tolist() for row in out], time.perf_counter() - started
 
 
-def _transformers_widths(model: ModelInfo, plan: Plan, prompts: list[list[int]],
-                         progress: Progress) -> dict[int, Beams]:  # fmt: skip
+def _transformers_widths(
+    model: ModelInfo, plan: Plan, prompts: list[list[int]], progress: Progress
+) -> dict[int, Beams]:
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(model.path), dtype=torch.float32)
@@ -66,8 +79,9 @@ def _transformers_widths(model: ModelInfo, plan: Plan, prompts: list[list[int]],
     for width in plan.beam_widths:
         progress(f"beams: transformers, width {width}")
         _transformers_beams(hf, prompts[:1], 2, width, model.banned, plan.device)  # warm-up
-        found[width] = _transformers_beams(hf, prompts, plan.beam_tokens, width, model.banned,
-                                           plan.device)  # fmt: skip
+        found[width] = _transformers_beams(
+            hf, prompts, plan.beam_tokens, width, model.banned, plan.device
+        )
     return found
 
 
@@ -92,10 +106,19 @@ def run_beams(plan: Plan, model: ModelInfo, progress: Progress) -> list[dict[str
         engine.stop()
     theirs = in_passing_thread(lambda: _transformers_widths(model, plan, prompts, progress))
     best = len(prompts) * new
-    return [{
-        "width": width, "prompts": len(prompts), "new_tokens": new,
-        "engine_tokens_per_s": best / ours_s, "engine_beam_tokens_per_s": width * best / ours_s,
-        "transformers_tokens_per_s": best / theirs[width][1],
-        "engine_over_transformers": theirs[width][1] / ours_s, "kv_cache_peak_mib": peak / 2**20,
-        "best_beams_agree": sum(a == b for a, b in zip(ours_ids, theirs[width][0], strict=True)),
-    } for width, ((ours_ids, ours_s), peak) in ours.items()]  # fmt: skip
+    return [
+        {
+            "width": width,
+            "prompts": len(prompts),
+            "new_tokens": new,
+            "engine_tokens_per_s": best / ours_s,
+            "engine_beam_tokens_per_s": width * best / ours_s,
+            "transformers_tokens_per_s": best / theirs[width][1],
+            "engine_over_transformers": theirs[width][1] / ours_s,
+            "kv_cache_peak_mib": peak / 2**20,
+            "best_beams_agree": sum(
+                a == b for a, b in zip(ours_ids, theirs[width][0], strict=True)
+            ),
+        }
+        for width, ((ours_ids, ours_s), peak) in ours.items()
+    ]

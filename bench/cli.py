@@ -46,8 +46,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def run_sections(plan: Plan, args: argparse.Namespace, models: list[Any], results: dict[str, Any],
-                 out: Path, log: Any, save: Any) -> None:  # fmt: skip
+def run_sections(
+    plan: Plan,
+    args: argparse.Namespace,
+    models: list[Any],
+    results: dict[str, Any],
+    out: Path,
+    log: Any,
+    save: Any,
+) -> None:
     """Each chosen section in turn, ``results`` saved after each."""
     default = next((m for m in models if m.key == "default"), None)
     if "kernels" in plan.sections:
@@ -67,8 +74,9 @@ def run_sections(plan: Plan, args: argparse.Namespace, models: list[Any], result
         results["beams"] = run_beams(plan, default, log)
         save()
     if "llama" in plan.sections:
-        results["llama"] = run_peer(args.checkpoint, plan.peer_half_window_s, out, log,
-                                    args.llama_parallel)  # fmt: skip
+        results["llama"] = run_peer(
+            args.checkpoint, plan.peer_half_window_s, out, log, args.llama_parallel
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,14 +105,18 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     info = machine(plan.device)
     results: dict[str, Any] = {
-        "started": started.isoformat(timespec="seconds"), "machine": info,
-        "machine_label": machine_label(info), "plan": plan.to_dict(),
-        "models": [{"name": m.name, "description": m.description, "path": str(m.path)}
-                   for m in models],
+        "started": started.isoformat(timespec="seconds"),
+        "machine": info,
+        "machine_label": machine_label(info),
+        "plan": plan.to_dict(),
+        "models": [
+            {"name": m.name, "description": m.description, "path": str(m.path)} for m in models
+        ],
         "notes": ["quick run: fewer batches, tokens and seconds; numbers are rough"]
-                 if plan.quick else [],
+        if plan.quick
+        else [],
         "load_start": load_average(),
-    }  # fmt: skip
+    }
 
     def save() -> None:
         results.update(elapsed=elapsed(), load_end=load_average())

@@ -35,8 +35,14 @@ from contract.tensors import (
 )
 
 # `make model MODEL=stdlib`'s shapes (modelbuild.train.BuildConfig); its end token is id 0
-STDLIB_SHAPE = {"vocab_size": 4096, "n_positions": 1024, "n_embd": 256, "n_layer": 4,
-                "n_head": 8, "rotary_dim": 16}  # fmt: skip
+STDLIB_SHAPE = {
+    "vocab_size": 4096,
+    "n_positions": 1024,
+    "n_embd": 256,
+    "n_layer": 4,
+    "n_head": 8,
+    "rotary_dim": 16,
+}
 PROMPT = " ".join(f"t{i}" for i in range(100, 120))  # 20 tokens of the word-level vocabulary
 
 
@@ -49,11 +55,15 @@ def stage_inputs(client: grpcclient.InferenceServerClient, request: CompletionRe
         return made
 
     given = request.tensors()
-    pre = [tensor(stage, given[name]) for stage, name in ENSEMBLE_TO_PREPROCESSING.items()
-           if name in given]  # fmt: skip
+    pre = [
+        tensor(stage, given[name])
+        for stage, name in ENSEMBLE_TO_PREPROCESSING.items()
+        if name in given
+    ]
     answer = client.infer(PREPROCESSING_MODEL, pre)
-    return [tensor(stage, answer.as_numpy(name))
-            for name, stage in PREPROCESSING_TO_MODEL_STAGE.items()]  # fmt: skip
+    return [
+        tensor(stage, answer.as_numpy(name)) for name, stage in PREPROCESSING_TO_MODEL_STAGE.items()
+    ]
 
 
 def measure(url: str, tokens: int, count: int, warmup: int) -> dict[str, dict]:
@@ -80,10 +90,13 @@ def measure(url: str, tokens: int, count: int, warmup: int) -> dict[str, dict]:
     del firsts[:warmup]
     times = {name: [s * 1000 for s in seconds] for name, seconds in times.items()}
     summary: dict[str, dict] = {
-        name: {"median_ms": round(statistics.median(ms), 2),
-               "p90_ms": round(statistics.quantiles(ms, n=10)[-1], 2), "min_ms": round(min(ms), 2)}
+        name: {
+            "median_ms": round(statistics.median(ms), 2),
+            "p90_ms": round(statistics.quantiles(ms, n=10)[-1], 2),
+            "min_ms": round(min(ms), 2),
+        }
         for name, ms in times.items()
-    }  # fmt: skip
+    }
     return {**summary, "tokens generated": {"per request": made[-1]}}
 
 

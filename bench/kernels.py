@@ -24,8 +24,9 @@ MODES = ("greedy", "sampled")
 REFERENCE_BUDGET_S = 30.0  # transformers' reference: fewer tokens past this (its row says so)
 
 
-def fit_tokens(probe_s: float, probe_tokens: int, budget_s: float, wanted: int,
-               minimum: int) -> int:  # fmt: skip
+def fit_tokens(
+    probe_s: float, probe_tokens: int, budget_s: float, wanted: int, minimum: int
+) -> int:
     """New tokens for a cell whose ``probe_tokens``-token probe took ``probe_s``: ``wanted`` if
     that fits ``budget_s`` at the probe's pace, else as many as fit, never below ``minimum``.
     The probe's pace includes its prefill, so the estimate errs on the slow side."""
@@ -46,15 +47,20 @@ def measure(
         started = time.perf_counter()
         counts = generate(runner, prompts, new, sampled, seed)
         if any(c != new for c in counts):  # a system that stops early is not faster
-            raise RuntimeError(f"{runner.system} generated {sorted(set(counts))} tokens instead "
-                               f"of {new}: the end token was not banned")  # fmt: skip
+            raise RuntimeError(
+                f"{runner.system} generated {sorted(set(counts))} tokens instead "
+                f"of {new}: the end token was not banned"
+            )
         return sum(counts), time.perf_counter() - started
 
     wanted = kplan.new_tokens
     generated, seconds = timed(PROBE_TOKENS, seed)
-    row = {"new_tokens": PROBE_TOKENS, "wanted_tokens": wanted, "repeats": 1,
-           "note": f"{PROBE_TOKENS} of {wanted} tokens (time budget; probe only, prefill "
-                   "included)"}  # fmt: skip
+    row = {
+        "new_tokens": PROBE_TOKENS,
+        "wanted_tokens": wanted,
+        "repeats": 1,
+        "note": f"{PROBE_TOKENS} of {wanted} tokens (time budget; probe only, prefill included)",
+    }
     if seconds < kplan.cell_budget_s:
         new = fit_tokens(seconds, PROBE_TOKENS, kplan.cell_budget_s, wanted, kplan.min_tokens)
         generated, seconds, repeats = 0, 0.0, 0
@@ -69,8 +75,9 @@ def measure(
 Rows = list[dict[str, Any]]
 
 
-def run_kernels(plan: Plan, models: list[ModelInfo], progress: Progress,
-                on_rows: Callable[[Rows], None]) -> Rows:  # fmt: skip
+def run_kernels(
+    plan: Plan, models: list[ModelInfo], progress: Progress, on_rows: Callable[[Rows], None]
+) -> Rows:
     """Every (model, dtype, system, batch, mode) cell; unsupported ones are rows with a note."""
     rows: Rows = []
 
@@ -88,8 +95,9 @@ def run_kernels(plan: Plan, models: list[ModelInfo], progress: Progress,
                     runner = TransformersRunner(model.path, dtype, plan.device)
                 else:
                     make = systems.OpenVINORunner if system == "openvino" else systems.EngineRunner
-                    runner = make(model.path, dtype, plan.device, max(kplan.batches),
-                                  kplan.prompt_tokens)  # fmt: skip
+                    runner = make(
+                        model.path, dtype, plan.device, max(kplan.batches), kplan.prompt_tokens
+                    )
             except Exception as exc:  # a load failure is a result, not the end of the run
                 reason = f"failed to load: {type(exc).__name__}: {exc}"[:200]
         for cell in cells:
@@ -97,8 +105,15 @@ def run_kernels(plan: Plan, models: list[ModelInfo], progress: Progress,
                 cell["note"] = reason
                 continue
             try:
-                cell.update(measure(runner, prompts[: cell["batch"]], kplan,
-                                    cell["mode"] == "sampled", plan.seed))  # fmt: skip
+                cell.update(
+                    measure(
+                        runner,
+                        prompts[: cell["batch"]],
+                        kplan,
+                        cell["mode"] == "sampled",
+                        plan.seed,
+                    )
+                )
                 said.append(f"b{cell['batch']} {cell['mode']} {rate(cell['tokens_per_s'])}")
             except Exception as exc:  # recorded; the other cells still run
                 cell["note"] = f"failed: {type(exc).__name__}: {exc}"[:200]
@@ -111,8 +126,9 @@ def run_kernels(plan: Plan, models: list[ModelInfo], progress: Progress,
 
     for model in models:
         kplan = plan.kernels[model.key]
-        prompts = random_prompts(max(kplan.batches), kplan.prompt_tokens, model.vocab_size,
-                                 model.banned, plan.seed)  # fmt: skip
+        prompts = random_prompts(
+            max(kplan.batches), kplan.prompt_tokens, model.vocab_size, model.banned, plan.seed
+        )
         for dtype, system in ((d, s) for d in plan.dtypes for s in plan.systems):
             in_passing_thread(lambda m=model, p=prompts, d=dtype, s=system: one_system(m, p, d, s))
     return rows
@@ -137,10 +153,16 @@ def transformers_reference(
 
         cell = in_passing_thread(once)
         tokens_per_s, new = cell["tokens_per_s"], cell["new_tokens"]
-        row.update({f"transformers_{dtype}_tokens_per_s": tokens_per_s,
-                    f"transformers_{dtype}_new_tokens": new})  # fmt: skip
-        progress(f"transformers generate {dtype}, {plan.clients} x {new} of {length} tokens: "
-                 f"{tokens_per_s:,.0f} tok/s")  # fmt: skip
+        row.update(
+            {
+                f"transformers_{dtype}_tokens_per_s": tokens_per_s,
+                f"transformers_{dtype}_new_tokens": new,
+            }
+        )
+        progress(
+            f"transformers generate {dtype}, {plan.clients} x {new} of {length} tokens: "
+            f"{tokens_per_s:,.0f} tok/s"
+        )
         if tokens_per_s > (row.get("transformers_static_tokens_per_s") or 0):
             row.update(transformers_static_tokens_per_s=tokens_per_s)
             row.update(transformers_static_dtype=dtype, transformers_static_new_tokens=new)

@@ -109,9 +109,14 @@ class BareTarget:
     ``end_id`` None bans ``eos`` (one id, or several) as bad words (the torch engine); an id
     stands in for the end token instead (openvino refuses bad words: bench/systems.py)."""
 
-    def __init__(self, backend: engine.GenerationBackend, prompts: Sequence[list[int]],
-                 eos: int | Sequence[int] | None, end_id: int | None = None,
-                 name: str = "bare") -> None:  # fmt: skip
+    def __init__(
+        self,
+        backend: engine.GenerationBackend,
+        prompts: Sequence[list[int]],
+        eos: int | Sequence[int] | None,
+        end_id: int | None = None,
+        name: str = "bare",
+    ) -> None:
         self.engine, self.prompts, self.end_id, self.name = backend, list(prompts), end_id, name
         ends = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
         self.bad = [[end] for end in ends] if end_id is None else []
@@ -121,10 +126,13 @@ class BareTarget:
     def submit(self, index: int, max_tokens: int) -> Pending:
         pending = Pending()
         request = engine.GenerationRequest(
-            self.prompts[index % len(self.prompts)], max_tokens,
-            sampling=SamplingParams(**SAMPLED, seed=index), bad_words=self.bad,
-            end_id=self.end_id, return_log_probs=False,
-        )  # fmt: skip
+            self.prompts[index % len(self.prompts)],
+            max_tokens,
+            sampling=SamplingParams(**SAMPLED, seed=index),
+            bad_words=self.bad,
+            end_id=self.end_id,
+            return_log_probs=False,
+        )
         with self._lock:
             self._pending.add(pending)
         pending.handle = self.engine.submit(request, pending)
@@ -153,9 +161,15 @@ class ServedTarget:
     The end tokens are banned as text (the model's own, e.g. SmolLM2's ``<|im_end|>``), or
     (openvino, which refuses bad words) a stand-in end id is sent."""
 
-    def __init__(self, url: str, prompts: Sequence[str], prompt_tokens: Sequence[int],
-                 end_id: int | None = None, name: str = "served",
-                 end_words: Sequence[str] = (END_OF_TEXT,)) -> None:  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        prompts: Sequence[str],
+        prompt_tokens: Sequence[int],
+        end_id: int | None = None,
+        name: str = "served",
+        end_words: Sequence[str] = (END_OF_TEXT,),
+    ) -> None:
         self.url, self.name = url, name
         self.end = {"end_id": end_id} if end_id is not None else {"bad_words": tuple(end_words)}
         self.prompts, self.prompt_tokens = list(prompts), list(prompt_tokens)
@@ -178,9 +192,14 @@ class ServedTarget:
             self._clients.pop().close()
 
 
-def closed_loop(target: BareTarget | ServedTarget, wanted: Sequence[int], window_s: float,
-                max_window_s: float, warmup_cap_s: float,
-                cancel_at_end: bool = False) -> Measurement:  # fmt: skip
+def closed_loop(
+    target: BareTarget | ServedTarget,
+    wanted: Sequence[int],
+    window_s: float,
+    max_window_s: float,
+    warmup_cap_s: float,
+    cancel_at_end: bool = False,
+) -> Measurement:
     """One thread per entry of ``wanted`` (its output length), each sending its next request as
     soon as the last is answered. The window opens once every client has had an answer (they no
     longer move in step) or after ``warmup_cap_s``; it lasts ``window_s``, stretched to two of the
@@ -196,15 +215,23 @@ def closed_loop(target: BareTarget | ServedTarget, wanted: Sequence[int], window
                 start = time.perf_counter()
                 got = target.request(index, tokens)
                 with lock:
-                    rows.append({"client": c, "wanted": tokens, "started_s": start - t0,
-                                 "latency_ms": (time.perf_counter() - start) * 1e3,
-                                 "tokens": got})  # fmt: skip
+                    rows.append(
+                        {
+                            "client": c,
+                            "wanted": tokens,
+                            "started_s": start - t0,
+                            "latency_ms": (time.perf_counter() - start) * 1e3,
+                            "tokens": got,
+                        }
+                    )
         except BaseException as exc:  # surfaced by the caller after the join
             errors.append(exc)
             stop.set()
 
-    threads = [threading.Thread(target=client, args=(c, n), daemon=True, name=f"bench-client-{c}")
-               for c, n in enumerate(wanted)]  # fmt: skip
+    threads = [
+        threading.Thread(target=client, args=(c, n), daemon=True, name=f"bench-client-{c}")
+        for c, n in enumerate(wanted)
+    ]
     for thread in threads:
         thread.start()
     while time.perf_counter() - t0 < warmup_cap_s and not stop.is_set():
@@ -228,8 +255,9 @@ def closed_loop(target: BareTarget | ServedTarget, wanted: Sequence[int], window
     return Measurement(pd.DataFrame(rows, columns=columns), w0, w1)
 
 
-def static_batches(target: BareTarget, clients: int, tokens: int,
-                   window_s: float) -> tuple[float, int, int]:  # fmt: skip
+def static_batches(
+    target: BareTarget, clients: int, tokens: int, window_s: float
+) -> tuple[float, int, int]:
     """The engine fed whole batches: ``clients`` requests at once, wait for all, repeat until
     ``window_s`` has passed. (tokens/s, rounds, requests short of ``tokens``)."""
     generated = rounds = short = 0
@@ -253,9 +281,15 @@ def timed(call: Callable[[], object], count: int, warmup: int = 2) -> list[float
     return seconds[warmup:]
 
 
-def forward_ceiling(model: engine.CausalLM, prompt_lengths: Sequence[int], rows: int, length: int,
-                    repeats: int = 100, seed: int = 0,
-                    budget_s: float = 15.0) -> float:  # fmt: skip
+def forward_ceiling(
+    model: engine.CausalLM,
+    prompt_lengths: Sequence[int],
+    rows: int,
+    length: int,
+    repeats: int = 100,
+    seed: int = 0,
+    budget_s: float = 15.0,
+) -> float:
     """Tokens/s of the model's decode forward pass alone, ``rows`` rows at the positions a closed
     loop of ``length``-token requests holds: no scheduler can beat it, so it says how far a
     throughput target is from what the model itself does here (at most ``budget_s`` of passes)."""
@@ -266,8 +300,9 @@ def forward_ceiling(model: engine.CausalLM, prompt_lengths: Sequence[int], rows:
     cache.reserve(rows, max(positions) + 1)
     tokens = [[rng.randrange(model.config.vocab_size)] for _ in range(rows)]
     at = torch.tensor(positions, device=weights.device)
-    segment = engine.Segment(torch.tensor(tokens, device=weights.device), at, torch.zeros_like(at),
-                      slice(0, rows))  # fmt: skip
+    segment = engine.Segment(
+        torch.tensor(tokens, device=weights.device), at, torch.zeros_like(at), slice(0, rows)
+    )
     for _ in range(3):
         model.step([segment], cache)
     seconds: list[float] = []
@@ -293,9 +328,14 @@ def served_engine_settings() -> dict[str, str | int]:
 
 
 @contextmanager
-def running_server(checkpoint: Path, workdir: Path, log_file: Path, device: str,
-                   backend: str = "torch",
-                   parameters: dict[str, str] | None = None) -> Iterator[ServedTriton]:  # fmt: skip
+def running_server(
+    checkpoint: Path,
+    workdir: Path,
+    log_file: Path,
+    device: str,
+    backend: str = "torch",
+    parameters: dict[str, str] | None = None,
+) -> Iterator[ServedTriton]:
     """Triton serving ``checkpoint`` from a fresh repository copy under ``workdir``; the device
     and backend go to the engine model through CODEGEN_DEVICE and CODEGEN_BACKEND, and
     ``parameters`` replace those of its config (KeyError for one it lacks: never ignored)."""

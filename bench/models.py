@@ -25,8 +25,14 @@ RANDOM_350M = CACHE / "gptj-350m-random"  # the 350M shape's random checkpoint, 
 END_OF_TEXT = "<|endoftext|>"
 
 # codegen-350M-mono's architecture (its GPT-J conversion): 356M parameters.
-SHAPE_350M = {"vocab_size": 51200, "n_positions": 2048, "n_embd": 1024, "n_layer": 20,
-              "n_head": 16, "rotary_dim": 32}  # fmt: skip
+SHAPE_350M = {
+    "vocab_size": 51200,
+    "n_positions": 2048,
+    "n_embd": 1024,
+    "n_layer": 20,
+    "n_head": 16,
+    "rotary_dim": 32,
+}
 EOS_350M = 50256  # where CodeGen's tokenizer has <|endoftext|>
 
 Progress = Callable[[str], None]
@@ -82,8 +88,18 @@ def describe_checkpoint(key: str, name: str, path: Path) -> ModelInfo:
     )
     ends = tuple(end_ids(path))
     eos = ends[0] if ends else config.eos_token_id
-    return ModelInfo(key, name, path, description, parameters, int(eos or 0),
-                     int(config.vocab_size), int(config.n_positions), family, ends)  # fmt: skip
+    return ModelInfo(
+        key,
+        name,
+        path,
+        description,
+        parameters,
+        int(eos or 0),
+        int(config.vocab_size),
+        int(config.n_positions),
+        family,
+        ends,
+    )
 
 
 def word_level_tokenizer(vocab_size: int, eos_id: int):
@@ -103,8 +119,13 @@ def word_level_tokenizer(vocab_size: int, eos_id: int):
     return PreTrainedTokenizerFast(tokenizer_object=backend, **ends)
 
 
-def build_random_gptj(folder: Path, shape: dict[str, int] = SHAPE_350M, eos_id: int = EOS_350M,
-                      progress: Progress = print, seed: int = 0) -> Path:  # fmt: skip
+def build_random_gptj(
+    folder: Path,
+    shape: dict[str, int] = SHAPE_350M,
+    eos_id: int = EOS_350M,
+    progress: Progress = print,
+    seed: int = 0,
+) -> Path:
     """Write (once) a randomly initialised GPT-J of ``shape`` with a word-level tokenizer of
     its vocabulary size into ``folder``; the 350M-shaped model by default."""
     if (folder / "config.json").is_file() and list(folder.glob("*.safetensors")):
@@ -131,10 +152,14 @@ def resolve_models(
     """The checkpoints of ``names``, building the 350M-shaped one when it is missing."""
     if "default" in names and not (default / "config.json").is_file():
         raise FileNotFoundError(f"no model at {default}: run `make model` first (about 5 minutes)")
-    return [describe_checkpoint("default", "default", default) if name == "default" else
-            describe_checkpoint("350m", "350m-random", build_random_gptj(RANDOM_350M,
-                                                                         progress=progress))
-            for name in names]  # fmt: skip
+    return [
+        describe_checkpoint("default", "default", default)
+        if name == "default"
+        else describe_checkpoint(
+            "350m", "350m-random", build_random_gptj(RANDOM_350M, progress=progress)
+        )
+        for name in names
+    ]
 
 
 def random_prompts(

@@ -82,8 +82,13 @@ def ask(
 ) -> None:
     """One streamed request, recorded as a row of ``log``; ``leave_first``: close the stream
     at its first piece of text (an editor that moved on)."""
-    body = {"model": "ensemble", "prompt": prompt, **ONE_LINE, **peer.body,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": "ensemble",
+        "prompt": prompt,
+        **ONE_LINE,
+        **peer.body,
+        "stream_options": {"include_usage": True},
+    }
     if leave_first:
         body.update(max_tokens=ABANDON_TOKENS, stop=[])
     sent, first, pieces, usage, error = time.perf_counter(), None, 0, {}, ""
@@ -105,15 +110,22 @@ def ask(
         outcome, error = "error", str(exc) or type(exc).__name__
     if first is None and outcome == "ok":  # an empty answer: it arrived with the end
         first = time.perf_counter() - sent
-    log.record(system=peer.name, kind="openai", name="abandon" if leave_first else "one-line",
-               latency_ms=(time.perf_counter() - sent) * 1e3,
-               first_token_ms=None if first is None else first * 1e3,
-               tokens=pieces if leave_first else usage.get("completion_tokens", pieces),
-               outcome=outcome, error=error, **row)  # fmt: skip
+    log.record(
+        system=peer.name,
+        kind="openai",
+        name="abandon" if leave_first else "one-line",
+        latency_ms=(time.perf_counter() - sent) * 1e3,
+        first_token_ms=None if first is None else first * 1e3,
+        tokens=pieces if leave_first else usage.get("completion_tokens", pieces),
+        outcome=outcome,
+        error=error,
+        **row,
+    )
 
 
-def closed_window(peer: Peer, prompts: list[str], clients: int, seconds: float, log: Any,
-                  window: str) -> None:  # fmt: skip
+def closed_window(
+    peer: Peer, prompts: list[str], clients: int, seconds: float, log: Any, window: str
+) -> None:
     """``clients`` threads, each sending its next prompt as soon as its last is answered,
     until ``seconds`` have passed; the window's CPU seconds are added to ``peer.cpu_s``."""
     counter, deadline = itertools.count(), time.perf_counter() + seconds
@@ -173,29 +185,54 @@ def both_servers(
     with ExitStack() as stack:
         progress("llama: starting Triton (openvino, the engine config as shipped) ...")
         log = out / "tritonserver-llama.log"
-        triton = stack.enter_context(running_server(checkpoint, CACHE / "serving", log, "cpu",
-                                                    "openvino"))  # fmt: skip
+        triton = stack.enter_context(
+            running_server(checkpoint, CACHE / "serving", log, "cpu", "openvino")
+        )
         api = stack.enter_context(ApiProcess(triton.grpc_url, out / "openai-api.log"))
-        llama = stack.enter_context(LlamaServer(
-            gguf, free_port(), out / "llama-server.log", parallel=parallel or max(CLIENTS),
-            ctx_size=int(kv_tokens) or 8192))  # fmt: skip
+        llama = stack.enter_context(
+            LlamaServer(
+                gguf,
+                free_port(),
+                out / "llama-server.log",
+                parallel=parallel or max(CLIENTS),
+                ctx_size=int(kv_tokens) or 8192,
+            )
+        )
         metrics = triton.endpoints.metrics_url
         assert triton.launcher is not None and triton.launcher.process is not None
         assert api.process is not None and llama.process is not None
-        progress(f"llama: both up; llama-server {gguf.name}, --parallel {llama.parallel}, "
-                 f"--ctx-size {llama.ctx_size}")  # fmt: skip
+        progress(
+            f"llama: both up; llama-server {gguf.name}, --parallel {llama.parallel}, "
+            f"--ctx-size {llama.ctx_size}"
+        )
         yield [
-            Peer(PROJECT, api.url, [triton.launcher.process.pid, api.process.pid],
-                 lambda: read_snapshot(metrics).value(names.ENGINE_GENERATED_TOKENS,
-                                                      model=ENGINE_MODEL)),
-            Peer(LLAMA, llama.url, [llama.process.pid],
-                 lambda: read_snapshot(f"{llama.url}/metrics").value(PREDICTED),
-                 body={"cache_prompt": True}, parallel=llama.parallel),
-        ]  # fmt: skip
+            Peer(
+                PROJECT,
+                api.url,
+                [triton.launcher.process.pid, api.process.pid],
+                lambda: read_snapshot(metrics).value(
+                    names.ENGINE_GENERATED_TOKENS, model=ENGINE_MODEL
+                ),
+            ),
+            Peer(
+                LLAMA,
+                llama.url,
+                [llama.process.pid],
+                lambda: read_snapshot(f"{llama.url}/metrics").value(PREDICTED),
+                body={"cache_prompt": True},
+                parallel=llama.parallel,
+            ),
+        ]
 
 
-def run_peer(checkpoint: Path, half_window_s: float, out: Path, progress: Progress,
-             parallel: int | None = None, seed: int = 0) -> dict[str, Any]:  # fmt: skip
+def run_peer(
+    checkpoint: Path,
+    half_window_s: float,
+    out: Path,
+    progress: Progress,
+    parallel: int | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
     """The section's results: per system and client count the summary of its rows, its CPU,
     and its wasted tokens per abandoned request; the rows in ``out/llama-events.csv``."""
     prompts = [mid_line(text) for text in code_prompts(PROMPTS, seed=seed)]
@@ -225,9 +262,12 @@ def run_peer(checkpoint: Path, half_window_s: float, out: Path, progress: Progre
     for row in rows:
         key = (system, clients) = (row["system"], row["clients"])
         cpu = result["cpu_s"][system].get(clients, 0.0)
-        row.update(tokens_per_s=float(rates[key]), cpu_s=cpu,
-                   cpu_ms_per_token=cpu * 1e3 / float(tokens[key]) if tokens[key] else None,
-                   cores_used=ratio(cpu, result["wall_s"][system].get(clients)))  # fmt: skip
+        row.update(
+            tokens_per_s=float(rates[key]),
+            cpu_s=cpu,
+            cpu_ms_per_token=cpu * 1e3 / float(tokens[key]) if tokens[key] else None,
+            cores_used=ratio(cpu, result["wall_s"][system].get(clients)),
+        )
     return {**result, "rows": rows}
 
 
@@ -245,27 +285,51 @@ def peer_ratio(results: dict[str, Any], figure: str, clients: int) -> float | No
 FIGURES = (
     ("first token p50 ms", "first_token_p50_ms", 0),
     ("first token p95 ms", "first_token_p95_ms", 0),
-    ("one line p50 ms", "latency_p50_ms", 0), ("one line p95 ms", "latency_p95_ms", 0),
-    ("tokens/s", "tokens_per_s", 1), ("CPU ms/token", "cpu_ms_per_token", 1),
-    ("cores used", "cores_used", 2), ("requests", "requests", 0), ("failures", "failures", 0),
-)  # fmt: skip
+    ("one line p50 ms", "latency_p50_ms", 0),
+    ("one line p95 ms", "latency_p95_ms", 0),
+    ("tokens/s", "tokens_per_s", 1),
+    ("CPU ms/token", "cpu_ms_per_token", 1),
+    ("cores used", "cores_used", 2),
+    ("requests", "requests", 0),
+    ("failures", "failures", 0),
+)
 
 
 def peer_table(results: dict[str, Any]) -> Table:
     """Per client count, each system's figures and the project/llama.cpp ratio."""
     section = results.get("llama") or {}
     wasted = section.get("wasted") or {}
-    lines = [(str(c), label, _row(results, PROJECT, c).get(figure),
-              _row(results, LLAMA, c).get(figure), digits)
-             for c in CLIENTS for label, figure, digits in FIGURES]  # fmt: skip
-    lines.append(("1", "tokens generated after the client left, per abandoned request",
-                  wasted.get(PROJECT), wasted.get(LLAMA), 1))  # fmt: skip
-    body = [[n, label, fmt(mine, digits), fmt(theirs, digits), fmt(ratio(mine, theirs), 2, "x")]
-            for n, label, mine, theirs, digits in lines]  # fmt: skip
+    lines = [
+        (
+            str(c),
+            label,
+            _row(results, PROJECT, c).get(figure),
+            _row(results, LLAMA, c).get(figure),
+            digits,
+        )
+        for c in CLIENTS
+        for label, figure, digits in FIGURES
+    ]
+    lines.append(
+        (
+            "1",
+            "tokens generated after the client left, per abandoned request",
+            wasted.get(PROJECT),
+            wasted.get(LLAMA),
+            1,
+        )
+    )
+    body = [
+        [n, label, fmt(mine, digits), fmt(theirs, digits), fmt(ratio(mine, theirs), 2, "x")]
+        for n, label, mine, theirs, digits in lines
+    ]
     parallel, half = section.get("llama_parallel", "engine batch"), section.get("half_window_s")
-    how = context(results, prose("peer", parallel=parallel, half=half),
-                  f"abandoned: {ABANDON_TOKENS}-token requests left at the first piece, counted "
-                  "by each server")  # fmt: skip
+    how = context(
+        results,
+        prose("peer", parallel=parallel, half=half),
+        f"abandoned: {ABANDON_TOKENS}-token requests left at the first piece, counted "
+        "by each server",
+    )
     headers = ["clients", "figure", " project", " llama.cpp", " project/llama.cpp"]
     title = "The project served vs llama.cpp's llama-server, same SmolLM2 weights"
     return title, how, headers, body

@@ -64,9 +64,12 @@ def measure(system: str, checkpoint: Path, length: int, repeats: int, new: int) 
     prompts = windows(length, repeats + 1, shape.vocab_size)
     if system.startswith("openvino"):
         backend = engine.OpenVINOBackend(
-            engine.require_export(checkpoint), shape, max_batch_size=4,
-            max_cache_tokens=16 * shape.context, prefix_caching=system == "openvino",
-        ).start()  # fmt: skip
+            engine.require_export(checkpoint),
+            shape,
+            max_batch_size=4,
+            max_cache_tokens=16 * shape.context,
+            prefix_caching=system == "openvino",
+        ).start()
     else:
         dtype = getattr(torch, system.split("-")[1])
         model = engine.in_passing_thread(lambda: engine.load_model(checkpoint, dtype=dtype))
@@ -90,15 +93,19 @@ def measure(system: str, checkpoint: Path, length: int, repeats: int, new: int) 
 
 def medians(pairs: list[list[tuple[float, float]]]) -> dict[str, float]:
     """Medians of the (cold, resent) pairs of (first token, answer) seconds."""
-    return {f"{kind}_{what}_s": statistics.median(p[k][w] for p in pairs)
-            for k, kind in enumerate(("cold", "resent"))
-            for w, what in enumerate(("first", "total"))}  # fmt: skip
+    return {
+        f"{kind}_{what}_s": statistics.median(p[k][w] for p in pairs)
+        for k, kind in enumerate(("cold", "resent"))
+        for w, what in enumerate(("first", "total"))
+    }
 
 
 def checkpoints(models: list[str], default: Path, log: Progress) -> dict[str, Path]:
     """The models' folders, with their OpenVINO exports (made once)."""
-    found = {key: default if key == "default" else build_random_gptj(RANDOM_350M, progress=log)
-             for key in models}  # fmt: skip
+    found = {
+        key: default if key == "default" else build_random_gptj(RANDOM_350M, progress=log)
+        for key in models
+    }
     for path in found.values():
         ensure_export(path)
     return found
@@ -112,9 +119,20 @@ def run_prefix(
     for key, path in checkpoints(models, default, log).items():
         for system in [s for s in SYSTEMS if s != "torch-bfloat16" or bf16_native()]:
             command = [
-                sys.executable, "-m", "bench.prefix", "--one", system, "--checkpoint", str(path),
-                "--length", str(PROMPT_TOKENS[key]), "--repeats", str(repeats), "--new", str(new),
-            ]  # fmt: skip
+                sys.executable,
+                "-m",
+                "bench.prefix",
+                "--one",
+                system,
+                "--checkpoint",
+                str(path),
+                "--length",
+                str(PROMPT_TOKENS[key]),
+                "--repeats",
+                str(repeats),
+                "--new",
+                str(new),
+            ]
             done = subprocess.run(command, capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 raise RuntimeError(f"{system} on {key} failed:\n{done.stderr[-3000:]}")
@@ -125,8 +143,9 @@ def run_prefix(
 
 
 def said(row: dict[str, Any]) -> str:
-    return ", ".join(f"{k[:-2].replace('_', ' ')} {v * 1000:,.0f} ms"
-                     for k, v in row.items() if k.endswith("_s"))  # fmt: skip
+    return ", ".join(
+        f"{k[:-2].replace('_', ' ')} {v * 1000:,.0f} ms" for k, v in row.items() if k.endswith("_s")
+    )
 
 
 def _served_once(client: Any, prompt: str, end_id: int, unary_prompt_tokens: int | None):
@@ -146,8 +165,9 @@ def _served_once(client: Any, prompt: str, end_id: int, unary_prompt_tokens: int
     return first or total, total
 
 
-def run_served_prefix(paths: dict[str, Path], repeats: int, out: Path,
-                      log: Progress) -> list[dict[str, Any]]:  # fmt: skip
+def run_served_prefix(
+    paths: dict[str, Path], repeats: int, out: Path, log: Progress
+) -> list[dict[str, Any]]:
     """An editor resending its file to Triton (openvino, its prefix cache on, as served), each
     model on a server of its own: the 350M shape through ``ensemble_stream`` (first piece and
     answer), the default model through the unary ``ensemble`` (cold over resent, the resent text
@@ -160,30 +180,44 @@ def run_served_prefix(paths: dict[str, Path], repeats: int, out: Path,
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
         head, pairs = len(prompt_head(tokenizer)), []  # what the server puts before a prompt
         with (
-            running_server(path, CACHE / "serving", out / f"tritonserver-prefix-{key}.log", "cpu",
-                           backend="openvino", parameters={"dtype": dtype}) as server,
+            running_server(
+                path,
+                CACHE / "serving",
+                out / f"tritonserver-prefix-{key}.log",
+                "cpu",
+                backend="openvino",
+                parameters={"dtype": dtype},
+            ) as server,
             CodegenClient(server.grpc_url, "grpc") as client,
-        ):  # fmt: skip
+        ):
             for window in windows(length, repeats + 1, shape.vocab_size):
                 if stream:  # the end token, named otherwise there, is replaced by its neighbour
                     eos = shape.eos_token_id
-                    texts = [" ".join(f"t{i if i != eos else i + 1}" for i in window[:n])
-                             for n in (length, length + MORE)]  # fmt: skip
+                    texts = [
+                        " ".join(f"t{i if i != eos else i + 1}" for i in window[:n])
+                        for n in (length, length + MORE)
+                    ]
                     counts = [None, None]
                 else:
                     text = tokenizer.decode(window[:length])
                     texts = [text, text + tokenizer.decode(window[length:])[:MORE]]
-                    counts = [head + len(tokenizer.encode(t, add_special_tokens=False))
-                              for t in texts]  # fmt: skip
-                pairs.append([_served_once(client, t, end_id, n)
-                              for t, n in zip(texts, counts, strict=True)])  # fmt: skip
+                    counts = [
+                        head + len(tokenizer.encode(t, add_special_tokens=False)) for t in texts
+                    ]
+                pairs.append(
+                    [_served_once(client, t, end_id, n) for t, n in zip(texts, counts, strict=True)]
+                )
         row = medians(pairs[1:])  # the first window warms the server up
         if stream:
             row = {"path": "ensemble_stream", **row}
         else:
             cold, resent = row["cold_total_s"], row["resent_total_s"]
-            row = {"path": "ensemble (unary)", "cold_total_s": cold, "resent_total_s": resent,
-                   "cold_over_resent": cold / resent}  # fmt: skip
+            row = {
+                "path": "ensemble (unary)",
+                "cold_total_s": cold,
+                "resent_total_s": resent,
+                "cold_over_resent": cold / resent,
+            }
         rows.append({"model": key, "dtype": dtype, "prompt_tokens": length, "new": NEW, **row})
         log(f"prefix served: {key} model, openvino {dtype}, {length}-token prompts: {said(row)}")
     return rows
@@ -202,8 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(args.one, args.checkpoint, args.length, args.repeats, args.new)))
         return 0
     print(f"machine: {machine_label(machine())}")  # the label names the CPU flags
-    rows = run_prefix(args.models.split(","), args.checkpoint or DEFAULT_CHECKPOINT,
-                      args.repeats, args.new)  # fmt: skip
+    rows = run_prefix(
+        args.models.split(","), args.checkpoint or DEFAULT_CHECKPOINT, args.repeats, args.new
+    )
     print(render_text(prefix_table(rows)))
     return 0
 

@@ -21,8 +21,10 @@ def agreement(reference: list[list[int]], other: list[list[int]]) -> tuple[float
     sequences equal throughout)."""
     matched = total = equal = 0
     for ref, out in zip(reference, other, strict=True):
-        same = next((i for i, (a, b) in enumerate(zip(ref, out, strict=False)) if a != b),
-                    min(len(ref), len(out)))  # fmt: skip
+        same = next(
+            (i for i, (a, b) in enumerate(zip(ref, out, strict=False)) if a != b),
+            min(len(ref), len(out)),
+        )
         matched, total, equal = matched + same, total + len(ref), equal + (ref == out)
     return (matched / total if total else 0.0), equal
 
@@ -47,9 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     variants = [f"openvino {dtype}" for dtype in OPENVINO_DTYPES]
     if not args.openvino_only:
         variants = [f"torch {dtype}" for dtype in ("float32", "bfloat16", "int8")] + variants
-    print(f"greedy tokens against transformers float32 greedy: {args.prompts} random prompts x "
-          f"{args.prompt_len} tokens, {args.new} new tokens; CPU flags "
-          f"{' '.join(cpu_flags()) or 'none'}")  # fmt: skip
+    print(
+        f"greedy tokens against transformers float32 greedy: {args.prompts} random prompts x "
+        f"{args.prompt_len} tokens, {args.new} new tokens; CPU flags "
+        f"{' '.join(cpu_flags()) or 'none'}"
+    )
     print(f"{'model':>14} {'variant':>18} {'agree before 1st diff':>22} {'equal sequences':>16}")
     for name, path in (("default", models.DEFAULT_CHECKPOINT), ("350m-random", None)):
         path = path or models.build_random_gptj(models.RANDOM_350M)
@@ -67,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
             generator.close()
             if variant != "transformers float32":
                 share, equal = agreement(tokens["transformers float32"], tokens[variant])
-                print(f"{name:>14} {variant:>18} {share:>22.1%} {equal:>10}/{args.prompts}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"{name:>14} {variant:>18} {share:>22.1%} {equal:>10}/{args.prompts}",
+                    flush=True,
+                )
     return 0
 
 

@@ -89,25 +89,46 @@ def parse_list(text: str | None, allowed: tuple[str, ...], what: str) -> tuple[s
     return tuple(item for item in allowed if item in items) if items else None
 
 
-def make_plan(quick: bool = False, only: str | None = None, device: str = "cpu",
-              models: str | None = None, dtypes: str | None = None, systems: str | None = None,
-              backends: str | None = None, lengths: str | None = None,
-              llama_available: bool | None = None,
-              checkpoint: Path = DEFAULT_CHECKPOINT) -> Plan:  # fmt: skip
+def make_plan(
+    quick: bool = False,
+    only: str | None = None,
+    device: str = "cpu",
+    models: str | None = None,
+    dtypes: str | None = None,
+    systems: str | None = None,
+    backends: str | None = None,
+    lengths: str | None = None,
+    llama_available: bool | None = None,
+    checkpoint: Path = DEFAULT_CHECKPOINT,
+) -> Plan:
     """The full plan, or the quick one (the same sections, each smaller), narrowed by the
     command line's choices. The ``llama`` section runs by default only where ``llama-server``
     is built (None: look); asked for by name without it, the error names the fix."""
     plan = Plan(device=device)
     if quick:
         plan = replace(
-            plan, quick=True, models=("default",), kernels=QUICK_KERNELS, lengths=(8, 32),
-            window_s=3.0, max_window_s=5.0, warmup_cap_s=10.0, mixed_long=128,
-            single_repeats=6, beam_tokens=16, prefix_repeats=1, peer_half_window_s=4.0,
-        )  # fmt: skip
+            plan,
+            quick=True,
+            models=("default",),
+            kernels=QUICK_KERNELS,
+            lengths=(8, 32),
+            window_s=3.0,
+            max_window_s=5.0,
+            warmup_cap_s=10.0,
+            mixed_long=128,
+            single_repeats=6,
+            beam_tokens=16,
+            prefix_repeats=1,
+            peer_half_window_s=4.0,
+        )
     changes: dict[str, Any] = {}
-    for name, text, allowed in (("sections", only, SECTIONS), ("models", models, MODELS),
-                                ("dtypes", dtypes, DTYPES), ("systems", systems, SYSTEMS),
-                                ("backends", backends, BACKENDS)):  # fmt: skip
+    for name, text, allowed in (
+        ("sections", only, SECTIONS),
+        ("models", models, MODELS),
+        ("dtypes", dtypes, DTYPES),
+        ("systems", systems, SYSTEMS),
+        ("backends", backends, BACKENDS),
+    ):
         if (chosen := parse_list(text, allowed, name)) is not None:
             changes[name] = chosen
     if "llama" in changes.get("sections", plan.sections):

@@ -42,15 +42,25 @@ def stand_in_end_id(vocab_size: int, eos_token_id: int) -> int:
     return last - 1 if last == eos_token_id else last
 
 
-def start_backend(checkpoint: Path, dtype: str, max_batch_size: int, max_prefill_tokens: int,
-                  prefix_caching: bool = True, max_cache_tokens: int = 0) -> Any:  # fmt: skip
+def start_backend(
+    checkpoint: Path,
+    dtype: str,
+    max_batch_size: int,
+    max_prefill_tokens: int,
+    prefix_caching: bool = True,
+    max_cache_tokens: int = 0,
+) -> Any:
     """The project's OpenVINOBackend on ``checkpoint``'s export, started (0 cache tokens: a
     full context per row, as the served config's 0 means)."""
     return engine.OpenVINOBackend(
-        engine.require_export(checkpoint), ModelShape.read(checkpoint), dtype=dtype,
-        max_batch_size=max_batch_size, max_prefill_tokens=max(max_prefill_tokens, max_batch_size),
-        prefix_caching=prefix_caching, max_cache_tokens=max_cache_tokens or None,
-    ).start()  # fmt: skip
+        engine.require_export(checkpoint),
+        ModelShape.read(checkpoint),
+        dtype=dtype,
+        max_batch_size=max_batch_size,
+        max_prefill_tokens=max(max_prefill_tokens, max_batch_size),
+        prefix_caching=prefix_caching,
+        max_cache_tokens=max_cache_tokens or None,
+    ).start()
 
 
 class PipelineGenerate:
@@ -82,9 +92,13 @@ class PipelineGenerate:
         import openvino_genai
 
         options = {"max_new_tokens": new, "min_new_tokens": new, "eos_token_id": self.eos}
-        configs = [openvino_genai.GenerationConfig(**options, **(
-            {"do_sample": True, "rng_seed": seed + i, **SAMPLED} if sampled else {}))
-            for i in range(len(prompts))]  # fmt: skip
+        configs = [
+            openvino_genai.GenerationConfig(
+                **options,
+                **({"do_sample": True, "rng_seed": seed + i, **SAMPLED} if sampled else {}),
+            )
+            for i in range(len(prompts))
+        ]
         tensors = [openvino.Tensor(np.array([p], dtype=np.int64)) for p in prompts]
         return [list(r.m_generation_ids[0]) for r in self.pipe.generate(tensors, configs)]
 
@@ -139,8 +153,9 @@ class EngineRunner:
 
     system = "engine"
 
-    def __init__(self, checkpoint: Path, dtype: str, device: str, max_batch_size: int,
-                 prompt_tokens: int) -> None:  # fmt: skip
+    def __init__(
+        self, checkpoint: Path, dtype: str, device: str, max_batch_size: int, prompt_tokens: int
+    ) -> None:
         kwargs = {"quantize": "int8"} if dtype == "int8" else {}
         model = in_passing_thread(  # so the engine's thread holds the only OpenMP pool
             lambda: load_model(checkpoint, dtype=TORCH_DTYPES[dtype], device=device, **kwargs)
@@ -176,20 +191,25 @@ class OpenVINORunner(EngineRunner):
 
     system = "openvino"
 
-    def __init__(self, checkpoint: Path, dtype: str, device: str, max_batch_size: int,
-                 prompt_tokens: int) -> None:  # fmt: skip
+    def __init__(
+        self, checkpoint: Path, dtype: str, device: str, max_batch_size: int, prompt_tokens: int
+    ) -> None:
         # no super().__init__(): it loads the torch model
         shape = ModelShape.read(checkpoint)
         self.end_id = stand_in_end_id(shape.vocab_size, shape.eos_token_id)
         self.engine = start_backend(
-            checkpoint, dtype, max_batch_size, max(4096, max_batch_size * prompt_tokens),
+            checkpoint,
+            dtype,
+            max_batch_size,
+            max(4096, max_batch_size * prompt_tokens),
             prefix_caching=False,  # static batches of random prompts share no prefix
-        )  # fmt: skip
+        )
         self.detail = f"OpenVINOBackend(dtype={dtype}), end_id={self.end_id} stands in"
 
     def request(self, prompt: list[int], new: int, sampling: SamplingParams) -> GenerationRequest:
-        return GenerationRequest(list(prompt), new, sampling=sampling, end_id=self.end_id,
-                                 return_log_probs=False)  # fmt: skip
+        return GenerationRequest(
+            list(prompt), new, sampling=sampling, end_id=self.end_id, return_log_probs=False
+        )
 
 
 class TransformersRunner:

@@ -44,8 +44,11 @@ def step_cost(
     """The engine's sampled-step over greedy-step time at ``batches``: the same tokens, so the
     time ratio is greedy tokens/s over sampled tokens/s."""
     comparison = kernel_comparison(kernels)
-    sampled = {(e["model"], e["dtype"], e["batch"]): e.get("engine")
-               for e in comparison if e["mode"] == "sampled"}  # fmt: skip
+    sampled = {
+        (e["model"], e["dtype"], e["batch"]): e.get("engine")
+        for e in comparison
+        if e["mode"] == "sampled"
+    }
     rows = []
     for e in comparison:
         greedy = e.get("engine")
@@ -54,11 +57,17 @@ def step_cost(
         if (sampled_rate := sampled.get((e["model"], e["dtype"], e["batch"]))) is None:
             continue
         value = ratio(greedy, sampled_rate)
-        rows.append({
-            "model": e["model"], "dtype": e["dtype"], "batch": e["batch"],
-            "greedy_tokens_per_s": greedy, "sampled_tokens_per_s": sampled_rate,
-            "sampled_over_greedy_time": value, "verdict": verdict(value, STEP_COST_MAX, True),
-        })  # fmt: skip
+        rows.append(
+            {
+                "model": e["model"],
+                "dtype": e["dtype"],
+                "batch": e["batch"],
+                "greedy_tokens_per_s": greedy,
+                "sampled_tokens_per_s": sampled_rate,
+                "sampled_over_greedy_time": value,
+                "verdict": verdict(value, STEP_COST_MAX, True),
+            }
+        )
     return rows
 
 
@@ -75,8 +84,15 @@ def _kernel_row(e: dict[str, Any], reasons: dict[str, str]) -> list[str]:
     counts = sorted({n for n in e["new_tokens"].values() if n})
     cut = [f"{s} {n}" for s, n in e["new_tokens"].items() if n and n < e["wanted_tokens"].get(s, n)]
     ratios = ("openvino_over_engine", "engine_over_transformers")
-    return [e["dtype"], str(e["batch"]), e["mode"], *cells, *(fmt(e[k], 2, "x") for k in ratios),
-            "/".join(str(n) for n in counts) or "—", ", ".join(cut)]  # fmt: skip
+    return [
+        e["dtype"],
+        str(e["batch"]),
+        e["mode"],
+        *cells,
+        *(fmt(e[k], 2, "x") for k in ratios),
+        "/".join(str(n) for n in counts) or "—",
+        ", ".join(cut),
+    ]
 
 
 def kernel_tables(results: dict[str, Any]) -> list[Table]:
@@ -92,22 +108,38 @@ def kernel_tables(results: dict[str, Any]) -> list[Table]:
         tokens = {k: kplan.get(k, "?") for k in ("prompt_tokens", "new_tokens")}
         settings = prose("kernels", device=plan["device"], **tokens)
         footnote = "; ".join(f"{k}: {v}" for k, v in reasons.items())
-        headers = ["dtype", " batch", "mode", *(f" {s} tok/s" for s in KERNEL_SYSTEMS),
-                   " openvino/engine", " engine/transformers", " new tokens",
-                   "fewer tokens (time budget)"]  # fmt: skip
-        tables.append((
-            f"Static batches: engine vs openvino vs transformers — {model}",
-            context(results, model_text(results, model), settings, footnote), headers, body,
-        ))  # fmt: skip
+        headers = [
+            "dtype",
+            " batch",
+            "mode",
+            *(f" {s} tok/s" for s in KERNEL_SYSTEMS),
+            " openvino/engine",
+            " engine/transformers",
+            " new tokens",
+            "fewer tokens (time budget)",
+        ]
+        tables.append(
+            (
+                f"Static batches: engine vs openvino vs transformers — {model}",
+                context(results, model_text(results, model), settings, footnote),
+                headers,
+                body,
+            )
+        )
     steps = step_cost(rows, plan.get("step_batches", (16, 64)))
     if steps:
-        headers, body = columns([
-            ("model", lambda s: s["model"]), ("dtype", lambda s: s["dtype"]),
-            (" batch", lambda s: str(s["batch"])), (" greedy tok/s", _rate("greedy_tokens_per_s")),
-            (" sampled tok/s", _rate("sampled_tokens_per_s")),
-            (" sampled/greedy time", _fmt("sampled_over_greedy_time", 2)),
-            ("target", lambda s: s["verdict"]),
-        ], steps)  # fmt: skip
+        headers, body = columns(
+            [
+                ("model", lambda s: s["model"]),
+                ("dtype", lambda s: s["dtype"]),
+                (" batch", lambda s: str(s["batch"])),
+                (" greedy tok/s", _rate("greedy_tokens_per_s")),
+                (" sampled tok/s", _rate("sampled_tokens_per_s")),
+                (" sampled/greedy time", _fmt("sampled_over_greedy_time", 2)),
+                ("target", lambda s: s["verdict"]),
+            ],
+            steps,
+        )
         how = "same static batches as above; time ratio = greedy tok/s / sampled tok/s"
         how = context(results, how, f"target <= {STEP_COST_MAX}")
         tables.append(("Engine: sampled step vs greedy step", how, headers, body))
@@ -117,27 +149,41 @@ def kernel_tables(results: dict[str, Any]) -> list[Table]:
 def beam_tables(results: dict[str, Any]) -> list[Table]:
     if not (rows := results.get("beams")):
         return []
-    headers, body = columns([
-        (" width", lambda r: str(r["width"])), (" engine tok/s", _rate("engine_tokens_per_s")),
-        (" every beam tok/s", _rate("engine_beam_tokens_per_s")),
-        (" transformers tok/s", _rate("transformers_tokens_per_s")),
-        (" engine / transformers", _fmt("engine_over_transformers", 2, "x")),
-        (" KV cache peak MiB", _fmt("kv_cache_peak_mib", 1)),
-        (" best beams equal", lambda r: f"{r['best_beams_agree']}/{r['prompts']}"),
-    ], rows)  # fmt: skip
+    headers, body = columns(
+        [
+            (" width", lambda r: str(r["width"])),
+            (" engine tok/s", _rate("engine_tokens_per_s")),
+            (" every beam tok/s", _rate("engine_beam_tokens_per_s")),
+            (" transformers tok/s", _rate("transformers_tokens_per_s")),
+            (" engine / transformers", _fmt("engine_over_transformers", 2, "x")),
+            (" KV cache peak MiB", _fmt("kv_cache_peak_mib", 1)),
+            (" best beams equal", lambda r: f"{r['best_beams_agree']}/{r['prompts']}"),
+        ],
+        rows,
+    )
     first, tokens = rows[0], results["plan"]["beam_prompt_tokens"]
-    how = prose("beams", prompts=first["prompts"], new_tokens=first["new_tokens"],
-                prompt_tokens=tokens)  # fmt: skip
+    how = prose(
+        "beams", prompts=first["prompts"], new_tokens=first["new_tokens"], prompt_tokens=tokens
+    )
     how = context(results, how)
     return [("Beam search: widths side by side with transformers", how, headers, body)]
 
 
 def _load_context(results: dict[str, Any], extra: str) -> str:
     load = results.get("load_settings", {})
-    return context(results, model_text(results, load.get("model", "default")), prose(
-        "load", dtype=load.get("dtype", "?"), openvino_dtype=load.get("openvino_dtype", "—"),
-        device=results["plan"]["device"], batch=load.get("max_batch_size", "?"),
-        end_id=load.get("openvino_end_id", "?")), extra)  # fmt: skip
+    return context(
+        results,
+        model_text(results, load.get("model", "default")),
+        prose(
+            "load",
+            dtype=load.get("dtype", "?"),
+            openvino_dtype=load.get("openvino_dtype", "—"),
+            device=results["plan"]["device"],
+            batch=load.get("max_batch_size", "?"),
+            end_id=load.get("openvino_end_id", "?"),
+        ),
+        extra,
+    )
 
 
 def throughput_verdict(row: dict[str, Any]) -> str:
@@ -163,22 +209,35 @@ def arrival_tables(results: dict[str, Any]) -> list[Table]:
     if not (rows := results.get("arrivals") or []):
         return []
     n = results["plan"]["clients"]
-    headers, body = columns([
-        (" output tokens", _length),
-        (" forward ceiling tok/s", _rate("forward_ceiling_tokens_per_s")),
-        (" bare tok/s", _rate("bare_tokens_per_s")), ("target", throughput_verdict),
-        (" served tok/s", _rate("served_tokens_per_s")),
-        (" served/bare", _fmt("served_over_bare", 2)),
-        ("target", lambda r: verdict(r.get("served_over_bare"), SERVED_OVER_BARE_MIN, False)),
-        (" static tok/s", _rate("static_tokens_per_s")),
-        (" continuous/static", _fmt("continuous_over_static", 2)),
-        ("target ", lambda r: verdict(r.get("continuous_over_static"),
-                                      CONTINUOUS_OVER_STATIC_MIN, False)),
-        ("windows (s)", lambda r: r.get("windows", "")),
-    ], rows)  # fmt: skip
-    how = prose("arrivals", n=n, throughput=f"{THROUGHPUT_TARGET:,.0f}",
-                length=THROUGHPUT_TARGET_LENGTH, served_over_bare=SERVED_OVER_BARE_MIN,
-                continuous_over_static=CONTINUOUS_OVER_STATIC_MIN)  # fmt: skip
+    headers, body = columns(
+        [
+            (" output tokens", _length),
+            (" forward ceiling tok/s", _rate("forward_ceiling_tokens_per_s")),
+            (" bare tok/s", _rate("bare_tokens_per_s")),
+            ("target", throughput_verdict),
+            (" served tok/s", _rate("served_tokens_per_s")),
+            (" served/bare", _fmt("served_over_bare", 2)),
+            ("target", lambda r: verdict(r.get("served_over_bare"), SERVED_OVER_BARE_MIN, False)),
+            (" static tok/s", _rate("static_tokens_per_s")),
+            (" continuous/static", _fmt("continuous_over_static", 2)),
+            (
+                "target ",
+                lambda r: verdict(
+                    r.get("continuous_over_static"), CONTINUOUS_OVER_STATIC_MIN, False
+                ),
+            ),
+            ("windows (s)", lambda r: r.get("windows", "")),
+        ],
+        rows,
+    )
+    how = prose(
+        "arrivals",
+        n=n,
+        throughput=f"{THROUGHPUT_TARGET:,.0f}",
+        length=THROUGHPUT_TARGET_LENGTH,
+        served_over_bare=SERVED_OVER_BARE_MIN,
+        continuous_over_static=CONTINUOUS_OVER_STATIC_MIN,
+    )
     how = _load_context(results, how)
     table = (f"Continuous arrivals: {n} closed-loop clients", how, headers, body)
     return [table, *openvino_arrival_tables(results)]
@@ -191,22 +250,33 @@ def openvino_arrival_tables(results: dict[str, Any]) -> list[Table]:
     if not rows:
         return []
     n = results["plan"]["clients"]
-    headers, body = columns([
-        (" output tokens", _length), (" torch bare tok/s", _rate("bare_tokens_per_s")),
-        (" torch served tok/s", _rate("served_tokens_per_s")),
-        (" openvino bare tok/s", _rate("openvino_bare_tokens_per_s")),
-        (" openvino served tok/s", _rate("openvino_served_tokens_per_s")),
-        (" openvino served/bare", _fmt("openvino_served_over_bare", 2)),
-        (" openvino/torch served", lambda r: fmt(ratio(r.get("openvino_served_tokens_per_s"),
-                                                       r.get("served_tokens_per_s")), 2)),
-        (" pipeline generate tok/s", _rate("pipeline_tokens_per_s")),
-        (" transformers generate tok/s", _rate("transformers_static_tokens_per_s")),
-        (" openvino short requests",
-         lambda r: str(r.get("openvino_short", 0) + r.get("openvino_served_short", 0))),
-    ], rows)  # fmt: skip
+    headers, body = columns(
+        [
+            (" output tokens", _length),
+            (" torch bare tok/s", _rate("bare_tokens_per_s")),
+            (" torch served tok/s", _rate("served_tokens_per_s")),
+            (" openvino bare tok/s", _rate("openvino_bare_tokens_per_s")),
+            (" openvino served tok/s", _rate("openvino_served_tokens_per_s")),
+            (" openvino served/bare", _fmt("openvino_served_over_bare", 2)),
+            (
+                " openvino/torch served",
+                lambda r: fmt(
+                    ratio(r.get("openvino_served_tokens_per_s"), r.get("served_tokens_per_s")), 2
+                ),
+            ),
+            (" pipeline generate tok/s", _rate("pipeline_tokens_per_s")),
+            (" transformers generate tok/s", _rate("transformers_static_tokens_per_s")),
+            (
+                " openvino short requests",
+                lambda r: str(r.get("openvino_short", 0) + r.get("openvino_served_short", 0)),
+            ),
+        ],
+        rows,
+    )
     how = _load_context(results, prose("openvino_arrivals", n=n))
-    return [(f"Continuous arrivals: openvino backend vs torch engine, {n} clients", how, headers,
-             body)]  # fmt: skip
+    return [
+        (f"Continuous arrivals: openvino backend vs torch engine, {n} clients", how, headers, body)
+    ]
 
 
 def mixed_tables(results: dict[str, Any]) -> list[Table]:
@@ -214,19 +284,30 @@ def mixed_tables(results: dict[str, Any]) -> list[Table]:
         return []
     plan = results["plan"]
     short, long, n = plan["mixed_short"], plan["mixed_long"], plan["mixed_clients"]
-    headers, body = columns([
-        ("path", lambda r: r["path"].replace("_", " ")),
-        (f" {short}-token alone ms", _fmt("alone_median_ms", 1)),
-        (f" {short}-token mixed ms", _fmt("mixed_median_ms", 1)),
-        (" slowdown", _fmt("slowdown", 2, "x")),
-        ("target", lambda r: verdict(r.get("slowdown"), MIXED_SLOWDOWN_MAX, at_most=True)),
-        (" samples alone/mixed",
-         lambda r: f"{r.get('alone_samples', 0)}/{r.get('mixed_samples', 0)}"),
-    ], rows)  # fmt: skip
+    headers, body = columns(
+        [
+            ("path", lambda r: r["path"].replace("_", " ")),
+            (f" {short}-token alone ms", _fmt("alone_median_ms", 1)),
+            (f" {short}-token mixed ms", _fmt("mixed_median_ms", 1)),
+            (" slowdown", _fmt("slowdown", 2, "x")),
+            ("target", lambda r: verdict(r.get("slowdown"), MIXED_SLOWDOWN_MAX, at_most=True)),
+            (
+                " samples alone/mixed",
+                lambda r: f"{r.get('alone_samples', 0)}/{r.get('mixed_samples', 0)}",
+            ),
+        ],
+        rows,
+    )
     how = prose("mixed", clients=2 * n, short=short, limit=MIXED_SLOWDOWN_MAX)
     how = _load_context(results, how)
-    return [(f"Mixed lengths: {n} clients x {short} tokens next to {n} x {long} tokens", how,
-             headers, body)]  # fmt: skip
+    return [
+        (
+            f"Mixed lengths: {n} clients x {short} tokens next to {n} x {long} tokens",
+            how,
+            headers,
+            body,
+        )
+    ]
 
 
 def single_tables(results: dict[str, Any]) -> list[Table]:
@@ -238,13 +319,28 @@ def single_tables(results: dict[str, Any]) -> list[Table]:
         bare, served = (single.get(f"{prefix}{path}_median_ms") for path in ("bare", "served"))
         if bare is not None or served is not None:
             gap = single.get(overhead)
-            body.append([backend, fmt(bare, 1), fmt(served, 1), fmt(gap, 1),
-                         verdict(gap, SERVED_OVERHEAD_MAX_MS, at_most=True)])  # fmt: skip
-    how = (f"medians over {single.get('repeats')} repeats; target served - bare <= "
-           f"{SERVED_OVERHEAD_MAX_MS:g} ms")  # fmt: skip
+            body.append(
+                [
+                    backend,
+                    fmt(bare, 1),
+                    fmt(served, 1),
+                    fmt(gap, 1),
+                    verdict(gap, SERVED_OVERHEAD_MAX_MS, at_most=True),
+                ]
+            )
+    how = (
+        f"medians over {single.get('repeats')} repeats; target served - bare <= "
+        f"{SERVED_OVERHEAD_MAX_MS:g} ms"
+    )
     headers = ["backend", " bare ms", " served ms", " served - bare ms", "target"]
-    return [(f"One request alone: {results['plan']['single_tokens']} tokens",
-             _load_context(results, how), headers, body)]  # fmt: skip
+    return [
+        (
+            f"One request alone: {results['plan']['single_tokens']} tokens",
+            _load_context(results, how),
+            headers,
+            body,
+        )
+    ]
 
 
 def _ms(name: str):
@@ -258,12 +354,16 @@ def prefix_table(rows: list[dict[str, Any]], served: bool = False) -> Table:
     """The bare prefix rows or (``served``) the rows through the server (bench/prefix.py)."""
     pad = " " if served else ""  # the served table right-aligns its figures
     labels = ("path", "dtype", " cold/resent") if served else ("system", "resent speed-up")
-    headers, body = columns([
-        ("model", lambda r: r["model"]), *((k, lambda r, k=k: r[k]) for k in labels[:-1]),
-        (f"{pad}prompt", lambda r: str(r["prompt_tokens"])),
-        *((pad + name[:-2].replace("_", " "), _ms(name)) for name in PREFIX_TIMES),
-        (labels[-1], lambda r: f"{r['cold_total_s'] / r['resent_total_s']:.1f}x"),
-    ], rows)  # fmt: skip
+    headers, body = columns(
+        [
+            ("model", lambda r: r["model"]),
+            *((k, lambda r, k=k: r[k]) for k in labels[:-1]),
+            (f"{pad}prompt", lambda r: str(r["prompt_tokens"])),
+            *((pad + name[:-2].replace("_", " "), _ms(name)) for name in PREFIX_TIMES),
+            (labels[-1], lambda r: f"{r['cold_total_s'] / r['resent_total_s']:.1f}x"),
+        ],
+        rows,
+    )
     how = prose("prefix_served" if served else "prefix", more=MORE, new=rows[0]["new"])
     where = "through the server" if served else ""
     return f"Prefix {where}: a long prompt resent".replace(" :", ":"), how, headers, body

@@ -27,12 +27,19 @@ def held_at(lengths: list[int], wanted: int) -> int | None:
     return None if not lengths else wanted if wanted in lengths else max(lengths)
 
 
-def _row(name: str, value: float | None, limit: float, at_most: bool, how: str,
-         unit: str = "x") -> dict[str, Any]:  # fmt: skip
+def _row(
+    name: str, value: float | None, limit: float, at_most: bool, how: str, unit: str = "x"
+) -> dict[str, Any]:
     met = value is not None and (value <= limit if at_most else value >= limit)
-    return {"target": name, "value": value, "limit": limit, "at_most": at_most, "unit": unit,
-            "verdict": "not measured" if value is None else "PASS" if met else "FAIL",
-            "how": how}  # fmt: skip
+    return {
+        "target": name,
+        "value": value,
+        "limit": limit,
+        "at_most": at_most,
+        "unit": unit,
+        "verdict": "not measured" if value is None else "PASS" if met else "FAIL",
+        "how": how,
+    }
 
 
 def _length_note(at: int | None, wanted: int) -> str:
@@ -44,17 +51,23 @@ def _length_note(at: int | None, wanted: int) -> str:
 def static_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     """openvino over the torch engine, static batches of 16 and 64, default model, greedy."""
     kernels = [k for k in results.get("kernels") or [] if k.get("plan_key") == "default"]
-    rates = {(k["system"], k["dtype"], k["batch"]): k.get("tokens_per_s")
-             for k in kernels if k["mode"] == "greedy"}  # fmt: skip
+    rates = {
+        (k["system"], k["dtype"], k["batch"]): k.get("tokens_per_s")
+        for k in kernels
+        if k["mode"] == "greedy"
+    }
     dtypes = [d for d in OPENVINO_DTYPES if any(k["dtype"] == d for k in kernels)]
     return [
-        _row(f"openvino >= {OPENVINO_OVER_TORCH_STATIC}x torch, static batch {batch}",
-             ratio(rates.get(("openvino", dtype, batch)), rates.get(("engine", dtype, batch))),
-             OPENVINO_OVER_TORCH_STATIC, False,
-             f"default model, {dtype} both, greedy, static batch {batch}")
+        _row(
+            f"openvino >= {OPENVINO_OVER_TORCH_STATIC}x torch, static batch {batch}",
+            ratio(rates.get(("openvino", dtype, batch)), rates.get(("engine", dtype, batch))),
+            OPENVINO_OVER_TORCH_STATIC,
+            False,
+            f"default model, {dtype} both, greedy, static batch {batch}",
+        )
         for batch in (16, 64)
         for dtype in dtypes or ["float32"]
-    ]  # fmt: skip
+    ]
 
 
 def served_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -68,29 +81,46 @@ def served_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     dtypes = f"openvino {load.get('openvino_dtype', '?')}, torch {load.get('dtype', '?')}"
     note = _length_note(at, SERVED_LENGTH)
     rows = [
-        _row(f"openvino served >= {OPENVINO_OVER_TORCH_SERVED}x torch served",
-             ratio(ov_served, row.get("served_tokens_per_s")), OPENVINO_OVER_TORCH_SERVED, False,
-             f"{clients} clients, {note}, load-test sampling; {dtypes}"),
-        _row(f"openvino served >= {SERVED_OVER_TRANSFORMERS}x transformers static generate",
-             ratio(ov_served, row.get("transformers_static_tokens_per_s")),
-             SERVED_OVER_TRANSFORMERS, False,
-             f"{clients} clients, {note}; transformers: a static batch of {clients}, "
-             f"{row.get('transformers_static_dtype', '?')} (its faster dtype), "
-             f"{row.get('transformers_static_new_tokens', '?')} new tokens (time budget)"),
-        _row(f"server >= {SERVED_OVER_PIPELINE}x the pipeline's own generate, same batch",
-             ratio(ov_served, row.get("pipeline_tokens_per_s")), SERVED_OVER_PIPELINE, False,
-             f"openvino served, {clients} clients vs ContinuousBatchingPipeline.generate on "
-             f"{clients} of the same prompts, {note}"),
-    ]  # fmt: skip
+        _row(
+            f"openvino served >= {OPENVINO_OVER_TORCH_SERVED}x torch served",
+            ratio(ov_served, row.get("served_tokens_per_s")),
+            OPENVINO_OVER_TORCH_SERVED,
+            False,
+            f"{clients} clients, {note}, load-test sampling; {dtypes}",
+        ),
+        _row(
+            f"openvino served >= {SERVED_OVER_TRANSFORMERS}x transformers static generate",
+            ratio(ov_served, row.get("transformers_static_tokens_per_s")),
+            SERVED_OVER_TRANSFORMERS,
+            False,
+            f"{clients} clients, {note}; transformers: a static batch of {clients}, "
+            f"{row.get('transformers_static_dtype', '?')} (its faster dtype), "
+            f"{row.get('transformers_static_new_tokens', '?')} new tokens (time budget)",
+        ),
+        _row(
+            f"server >= {SERVED_OVER_PIPELINE}x the pipeline's own generate, same batch",
+            ratio(ov_served, row.get("pipeline_tokens_per_s")),
+            SERVED_OVER_PIPELINE,
+            False,
+            f"openvino served, {clients} clients vs ContinuousBatchingPipeline.generate on "
+            f"{clients} of the same prompts, {note}",
+        ),
+    ]
     held: dict[int | None, int] = {}
     for wanted in BARE_LENGTHS:  # one row per length read (a quick run reads both at one)
         held.setdefault(held_at(sorted(arrivals), wanted), wanted)
     for at, wanted in held.items():
         row = arrivals.get(at, {}) if at is not None else {}
         for backend, prefix in (("openvino", "openvino_"), ("torch", "")):
-            rows.append(_row(f"served/bare >= {SERVED_OVER_BARE} ({backend})",
-                             row.get(f"{prefix}served_over_bare"), SERVED_OVER_BARE, False,
-                             f"{clients} clients, {_length_note(at, wanted)}"))  # fmt: skip
+            rows.append(
+                _row(
+                    f"served/bare >= {SERVED_OVER_BARE} ({backend})",
+                    row.get(f"{prefix}served_over_bare"),
+                    SERVED_OVER_BARE,
+                    False,
+                    f"{clients} clients, {_length_note(at, wanted)}",
+                )
+            )
     return rows
 
 
@@ -104,28 +134,53 @@ def prefix_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 
     how = "350M shape through ensemble_stream, openvino, 1,000-token prompt resent + 3 tokens"
     return [
-        _row(f"resent prompt: first token <= {RESENT_FIRST_TOKEN_MS:g} ms",
-             ms("resent_first_s"), RESENT_FIRST_TOKEN_MS, True, how, " ms"),
-        _row(f"resent prompt: 16-token answer <= {RESENT_ANSWER_MS:g} ms",
-             ms("resent_total_s"), RESENT_ANSWER_MS, True, how, " ms"),
-        _row(f"resent prompt answers >= {RESENT_SPEEDUP}x faster than cold",
-             unary.get("cold_over_resent"), RESENT_SPEEDUP, False,
-             "default model through the unary ensemble, openvino, 650-token prompt resent with "
-             "3 more characters, 16 tokens"),
-    ]  # fmt: skip
+        _row(
+            f"resent prompt: first token <= {RESENT_FIRST_TOKEN_MS:g} ms",
+            ms("resent_first_s"),
+            RESENT_FIRST_TOKEN_MS,
+            True,
+            how,
+            " ms",
+        ),
+        _row(
+            f"resent prompt: 16-token answer <= {RESENT_ANSWER_MS:g} ms",
+            ms("resent_total_s"),
+            RESENT_ANSWER_MS,
+            True,
+            how,
+            " ms",
+        ),
+        _row(
+            f"resent prompt answers >= {RESENT_SPEEDUP}x faster than cold",
+            unary.get("cold_over_resent"),
+            RESENT_SPEEDUP,
+            False,
+            "default model through the unary ensemble, openvino, 650-token prompt resent with "
+            "3 more characters, 16 tokens",
+        ),
+    ]
 
 
 def mixed_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     plan = results.get("plan", {})
     short, long = plan.get("mixed_short"), plan.get("mixed_long")
-    how = (f"{short}-token requests' median next to {long}-token ones over all "
-           f"{2 * plan.get('mixed_clients', 0)} clients asking for {short}")  # fmt: skip
+    how = (
+        f"{short}-token requests' median next to {long}-token ones over all "
+        f"{2 * plan.get('mixed_clients', 0)} clients asking for {short}"
+    )
     rows = []
     for r in results.get("mixed") or []:
         path = r["path"].replace("_", " ")
         backend = path if path.startswith("openvino") else f"torch {path}"
-        rows.append(_row(f"mixed lengths: short median <= {MIXED_SLOWDOWN:g}x alone ({backend})",
-                         r.get("slowdown"), MIXED_SLOWDOWN, True, how))  # fmt: skip
+        rows.append(
+            _row(
+                f"mixed lengths: short median <= {MIXED_SLOWDOWN:g}x alone ({backend})",
+                r.get("slowdown"),
+                MIXED_SLOWDOWN,
+                True,
+                how,
+            )
+        )
     return rows
 
 
@@ -134,17 +189,32 @@ def peer_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     slots = (results.get("llama") or {}).get("llama_parallel", "?")
     how = prose("peer_target", slots=slots)
     return [
-        _row(f"one-line p50 <= {ONE_LINE_AT_MOST:g}x llama.cpp's (4 clients)",
-             peer_ratio(results, "latency_p50_ms", 4), ONE_LINE_AT_MOST, True, how),
-        _row(f"tokens/s >= {TOKENS_AT_LEAST:g}x llama.cpp's (16 clients)",
-             peer_ratio(results, "tokens_per_s", 16), TOKENS_AT_LEAST, False, how),
-    ]  # fmt: skip
+        _row(
+            f"one-line p50 <= {ONE_LINE_AT_MOST:g}x llama.cpp's (4 clients)",
+            peer_ratio(results, "latency_p50_ms", 4),
+            ONE_LINE_AT_MOST,
+            True,
+            how,
+        ),
+        _row(
+            f"tokens/s >= {TOKENS_AT_LEAST:g}x llama.cpp's (16 clients)",
+            peer_ratio(results, "tokens_per_s", 16),
+            TOKENS_AT_LEAST,
+            False,
+            how,
+        ),
+    ]
 
 
 def target_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     peers = peer_rows(results) if results.get("llama") else []
-    return [*static_rows(results), *served_rows(results), *prefix_rows(results),
-            *mixed_rows(results), *peers]  # fmt: skip
+    return [
+        *static_rows(results),
+        *served_rows(results),
+        *prefix_rows(results),
+        *mixed_rows(results),
+        *peers,
+    ]
 
 
 def any_measured(results: dict[str, Any]) -> bool:
@@ -154,9 +224,16 @@ def any_measured(results: dict[str, Any]) -> bool:
 
 def targets_table(results: dict[str, Any]) -> Table:
     rows = target_rows(results)
-    body = [[r["target"], fmt(r["value"], 0 if r["unit"] == " ms" else 2, r["unit"]),
-             ("<= " if r["at_most"] else ">= ") + f"{r['limit']:g}{r['unit']}", r["verdict"],
-             r["how"]] for r in rows]  # fmt: skip
+    body = [
+        [
+            r["target"],
+            fmt(r["value"], 0 if r["unit"] == " ms" else 2, r["unit"]),
+            ("<= " if r["at_most"] else ">= ") + f"{r['limit']:g}{r['unit']}",
+            r["verdict"],
+            r["how"],
+        ]
+        for r in rows
+    ]
     passed, failed = (sum(r["verdict"] == v for r in rows) for v in ("PASS", "FAIL"))
     how = context(results, prose("targets"))
     title = f"Targets: {passed} PASS, {failed} FAIL, {len(rows) - passed - failed} not measured"

@@ -83,8 +83,12 @@ class Traffic:
             weights = in_passing_thread(  # the engine's thread is then the only OpenMP pool
                 lambda: load_model(self.model.path, systems.TORCH_DTYPES[dtype], self.plan.device)
             )
-            engine: Any = TorchEngine(weights, max_batch_size=batch, max_prefill_tokens=prefill,
-                                      max_cache_tokens=cache or None).start()  # fmt: skip
+            engine: Any = TorchEngine(
+                weights,
+                max_batch_size=batch,
+                max_prefill_tokens=prefill,
+                max_cache_tokens=cache or None,
+            ).start()
             target = load.BareTarget(engine, self.ids, self.model.banned)
         else:
             engine = systems.start_backend(
@@ -102,12 +106,24 @@ class Traffic:
         """Triton on a copy of the repository serving ``backend``; stopped on exit."""
         dtype, log = self.dtype(backend), self.out / f"tritonserver-{backend}.log"
         self.progress(f"starting Triton ({backend} backend, {dtype}) on a copy of the repository")
-        server = load.running_server(self.model.path, CACHE / "serving", log, self.plan.device,
-                                backend=backend, parameters={"dtype": dtype})  # fmt: skip
+        server = load.running_server(
+            self.model.path,
+            CACHE / "serving",
+            log,
+            self.plan.device,
+            backend=backend,
+            parameters={"dtype": dtype},
+        )
         with server as srv:
             end_id = None if backend == "torch" else self.end_id
-            target = load.ServedTarget(srv.grpc_url, self.texts, [len(i) for i in self.ids], end_id,
-                                  key(backend, "served"), self.model.end_words())  # fmt: skip
+            target = load.ServedTarget(
+                srv.grpc_url,
+                self.texts,
+                [len(i) for i in self.ids],
+                end_id,
+                key(backend, "served"),
+                self.model.end_words(),
+            )
             try:
                 if (got := target.request(0, 16)) != 16:
                     raise RuntimeError(f"the server made {got} tokens of 16: end token kept in")
@@ -130,8 +146,11 @@ class Traffic:
                 else:
                     path, m = system.name, load.closed_loop(system, [length] * plan.clients, *half)
                     rate = m.rate()
-                    for name, value in (("requests", len(m.frame)), ("short", m.short_of()),
-                                        ("window_s", m.window_s)):  # fmt: skip
+                    for name, value in (
+                        ("requests", len(m.frame)),
+                        ("short", m.short_of()),
+                        ("window_s", m.window_s),
+                    ):
                         row[f"{path}_{name}"] = row.get(f"{path}_{name}", 0) + value
                     row[f"{path}_window_s"] = round(row[f"{path}_window_s"])
                 rates.setdefault(path, []).append(rate)
@@ -139,12 +158,19 @@ class Traffic:
                 row[f"{path}_tokens_per_s"] = sum(values) / len(values)
                 row[f"{path}_window_rates"] = [round(v) for v in values]
             if targets[0].name == "bare":  # the torch engine fed whole batches
-                rate, rounds, short = load.static_batches(targets[0], plan.clients, length,
-                                                          plan.window_s)  # fmt: skip
+                rate, rounds, short = load.static_batches(
+                    targets[0], plan.clients, length, plan.window_s
+                )
                 row.update(static_tokens_per_s=rate, static_rounds=rounds, static_short=short)
-            self.progress(f"arrivals {length} tokens: " + ", ".join(
-                f"{k[:-len('_tokens_per_s')]} {v:,.0f}" for k, v in row.items()
-                if k.endswith("_tokens_per_s")) + " tok/s")  # fmt: skip
+            self.progress(
+                f"arrivals {length} tokens: "
+                + ", ".join(
+                    f"{k[: -len('_tokens_per_s')]} {v:,.0f}"
+                    for k, v in row.items()
+                    if k.endswith("_tokens_per_s")
+                )
+                + " tok/s"
+            )
 
     def drive(self, target: load.BareTarget | load.ServedTarget) -> None:
         """The mixed and single sections against one target."""
@@ -156,10 +182,16 @@ class Traffic:
             alone = load.closed_loop(target, [short] * (2 * n), *windows).latencies(short)
             both = load.closed_loop(target, [short] * n + [long] * n, *windows, cancel_at_end=True)
             mixed = both.latencies(short)
-            row = {"path": path, "alone_median_ms": load.median_ms(alone),
-                   "mixed_median_ms": load.median_ms(mixed)}  # fmt: skip
-            row.update(slowdown=ratio(row["mixed_median_ms"], row["alone_median_ms"]),
-                       alone_samples=len(alone), mixed_samples=len(mixed))  # fmt: skip
+            row = {
+                "path": path,
+                "alone_median_ms": load.median_ms(alone),
+                "mixed_median_ms": load.median_ms(mixed),
+            }
+            row.update(
+                slowdown=ratio(row["mixed_median_ms"], row["alone_median_ms"]),
+                alone_samples=len(alone),
+                mixed_samples=len(mixed),
+            )
             self.mixed.append(row)
             self.progress(f"mixed {path}: short requests' median {row['slowdown'] or 0:.2f}x alone")
         if "single" in plan.sections:
@@ -202,29 +234,42 @@ class Traffic:
             for backend in self.plan.backends:
                 served, bare = (row.get(f"{key(backend, p)}_tokens_per_s") for p in PATHS)
                 row[f"{key(backend, 'served')}_over_bare"] = ratio(served, bare)
-            row["continuous_over_static"] = ratio(row.get("bare_tokens_per_s"),
-                                                  row.get("static_tokens_per_s"))  # fmt: skip
+            row["continuous_over_static"] = ratio(
+                row.get("bare_tokens_per_s"), row.get("static_tokens_per_s")
+            )
             row["windows"] = "/".join(str(row[k]) for k in row if k.endswith("_window_s"))
         for backend in self.plan.backends:
             served, bare = (single.get(f"{key(backend, p)}_median_ms") for p in PATHS)
             overhead = "overhead_ms" if backend == "torch" else f"{backend}_served_overhead_ms"
             single[overhead] = served - bare if served is not None and bare is not None else None
         single["repeats"] = self.plan.single_repeats
-        found = {"arrivals": [self.arrivals[k] for k in sorted(self.arrivals)],
-                 "mixed": self.mixed, "single": single}  # fmt: skip
+        found = {
+            "arrivals": [self.arrivals[k] for k in sorted(self.arrivals)],
+            "mixed": self.mixed,
+            "single": single,
+        }
         results.update({name: rows for name, rows in found.items() if name in sections})
 
 
-def run_traffic(plan: Plan, model: ModelInfo, results: dict[str, Any], out: Path,
-                progress: Progress, save: Callable[[], None]) -> None:  # fmt: skip
+def run_traffic(
+    plan: Plan,
+    model: ModelInfo,
+    results: dict[str, Any],
+    out: Path,
+    progress: Progress,
+    save: Callable[[], None],
+) -> None:
     """Fill ``results`` with ``load_settings`` and the rows of the chosen traffic sections."""
     traffic = Traffic(plan, model, out, progress)
     ids = traffic.ids
     results["load_settings"] = {
-        "model": model.name, **traffic.settings, "backends": list(plan.backends),
-        "openvino_end_id": traffic.end_id, "prompts": len(ids),
+        "model": model.name,
+        **traffic.settings,
+        "backends": list(plan.backends),
+        "openvino_end_id": traffic.end_id,
+        "prompts": len(ids),
         "prompt_tokens_median": sorted(map(len, ids))[len(ids) // 2],
-    }  # fmt: skip
+    }
     for backend in plan.backends:  # one system at a time: never two on the CPU at once
         traffic.backend(backend)
         traffic.publish(results)

@@ -264,11 +264,27 @@ def _read_prompt(args: argparse.Namespace, stdin: TextIO | None) -> str:
 
 
 # CompletionRequest's fields that the command line names alike, and those it names otherwise
-_SAME_NAME = ("max_tokens", "top_k", "top_p", "temperature", "repetition_penalty", "seed",
-              "end_id", "start_id", "len_penalty", "suffix", "single_line", "n_indent",
-              "t_max_predict_ms", "token_healing")  # fmt: skip
-_FLAG_NAME = {"return_log_probs": "log_probs", "beam_width": "beams",
-              "beam_search_diversity_rate": "diversity_rate"}  # fmt: skip
+_SAME_NAME = (
+    "max_tokens",
+    "top_k",
+    "top_p",
+    "temperature",
+    "repetition_penalty",
+    "seed",
+    "end_id",
+    "start_id",
+    "len_penalty",
+    "suffix",
+    "single_line",
+    "n_indent",
+    "t_max_predict_ms",
+    "token_healing",
+)
+_FLAG_NAME = {
+    "return_log_probs": "log_probs",
+    "beam_width": "beams",
+    "beam_search_diversity_rate": "diversity_rate",
+}
 
 
 def _request(args: argparse.Namespace, prompt: str) -> CompletionRequest:

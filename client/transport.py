@@ -129,9 +129,12 @@ class GrpcStream(ResponseStream):
         try:
             self.client.start_stream(callback=self._answer)
             self.client.async_stream_infer(
-                model, inputs, outputs=wire.requested_outputs(self.module), request_id=request_id,
+                model,
+                inputs,
+                outputs=wire.requested_outputs(self.module),
+                request_id=request_id,
                 enable_empty_final_response=True,
-            )  # fmt: skip
+            )
         except Exception as exc:
             # a stream that failed (e.g. nothing listens) reports why through the callback,
             # which tritonclient calls just after it marks the stream invalid: wait for it
@@ -159,9 +162,12 @@ class GrpcStream(ResponseStream):
     def _send_stop(self) -> bool:
         """Send the stop request and wait (a little) until both it and the stream's request
         ended: True when both did."""
-        self.client.async_stream_infer(self.model, stop_inputs(self.module),
-                                       request_id=self.request_id,
-                                       enable_empty_final_response=True)  # fmt: skip
+        self.client.async_stream_infer(
+            self.model,
+            stop_inputs(self.module),
+            request_id=self.request_id,
+            enable_empty_final_response=True,
+        )
         ends, deadline = 0, time.monotonic() + STOP_WAIT_S
         while ends < 2 and (left := deadline - time.monotonic()) > 0:
             try:
@@ -287,8 +293,7 @@ class Transport(Closing):
         if self._client is None:
             kwargs: dict[str, Any] = {"ssl": self.target.ssl}
             if self.target.protocol == "http":
-                kwargs.update(connection_timeout=self.connect_timeout,
-                              network_timeout=self.timeout)  # fmt: skip
+                kwargs.update(connection_timeout=self.connect_timeout, network_timeout=self.timeout)
             self._client = self.module.InferenceServerClient(self.target.address, **kwargs)
         return self._client
 
@@ -330,8 +335,11 @@ class Transport(Closing):
             message = exc.message() or str(exc)
             if exc.status() == "StatusCode.UNAVAILABLE":
                 return ServerUnavailableError(self.url, message)
-            return timed_out if exc.status() == "StatusCode.DEADLINE_EXCEEDED" else (
-                CodegenError(message))  # fmt: skip
+            return (
+                timed_out
+                if exc.status() == "StatusCode.DEADLINE_EXCEEDED"
+                else (CodegenError(message))
+            )
         import httpx
         import requests
 
@@ -354,9 +362,14 @@ class Transport(Closing):
         self, request: CompletionRequest, request_id: str = "", model: str = ENSEMBLE_MODEL
     ) -> Any:
         kwargs = {"client_timeout": self.timeout} if self.target.protocol == "grpc" else {}
-        return self.call("infer", model, request.infer_inputs(self.module),
-                         outputs=self.outputs(model), request_id=request_id,
-                         **kwargs)  # fmt: skip
+        return self.call(
+            "infer",
+            model,
+            request.infer_inputs(self.module),
+            outputs=self.outputs(model),
+            request_id=request_id,
+            **kwargs,
+        )
 
     def outputs(self, model: str) -> list:
         """What to ask ``model`` for: the engine's account only where it is served (asked once)."""
@@ -368,8 +381,13 @@ class Transport(Closing):
         """Stop the unary request with ``request_id`` still generating: True when it was
         stopped, False when nothing with that id was generating."""
         try:
-            self.call("infer", ENSEMBLE_MODEL, stop_inputs(self.module),
-                      outputs=self.outputs(ENSEMBLE_MODEL), request_id=request_id)  # fmt: skip
+            self.call(
+                "infer",
+                ENSEMBLE_MODEL,
+                stop_inputs(self.module),
+                outputs=self.outputs(ENSEMBLE_MODEL),
+                request_id=request_id,
+            )
         except CodegenError as exc:
             if "no request with id" in str(exc):
                 return False

@@ -65,20 +65,32 @@ LAYOUTS = {
     for tokens in (
         LayoutTokens("starcoder", "StarCoder-style", STARCODER_TOKENS, orders=("psm", "spm")),
         LayoutTokens(
-            "codellama", "CodeLlama-style", CODELLAMA_TOKENS, stop="<EOT>",
-            orders=("psm", "spm"), spaced=True, bare_suffix=True,
+            "codellama",
+            "CodeLlama-style",
+            CODELLAMA_TOKENS,
+            stop="<EOT>",
+            orders=("psm", "spm"),
+            spaced=True,
+            bare_suffix=True,
         ),
         LayoutTokens(
-            "qwen", "Qwen2.5-Coder-style", QWEN_TOKENS, (QWEN_PAD, QWEN_END), stop=QWEN_END,
+            "qwen",
+            "Qwen2.5-Coder-style",
+            QWEN_TOKENS,
+            (QWEN_PAD, QWEN_END),
+            stop=QWEN_END,
             shown=frozenset({QWEN_END}),
         ),
         LayoutTokens("deepseek", "DeepSeek-Coder-style", DEEPSEEK_TOKENS),
         LayoutTokens(
-            "codegen2", "CodeGen2-style", CODEGEN2_TOKENS, stop=CODEGEN2_END_OF_MASK,
+            "codegen2",
+            "CodeGen2-style",
+            CODEGEN2_TOKENS,
+            stop=CODEGEN2_END_OF_MASK,
             shown=frozenset({CODEGEN2_END_OF_TEXT}),
         ),
     )
-}  # fmt: skip  # detection tries them in this order
+}  # detection tries them in this order
 
 
 def prompt_head(tokenizer, checkpoint: str | Path | None = None) -> list[int]:

@@ -369,9 +369,15 @@ class OpenVINOBackend(QueueWorker[_Request]):
         past: int = 0,
     ) -> None:
         self._answer(
-            entry, entry.tokens, entry.log_probs, reason, error,
-            beams=beams, reused_prompt_tokens=entry.reused, tokens_past_stop=past,
-        )  # fmt: skip
+            entry,
+            entry.tokens,
+            entry.log_probs,
+            reason,
+            error,
+            beams=beams,
+            reused_prompt_tokens=entry.reused,
+            tokens_past_stop=past,
+        )
 
 
 def _finished(handle) -> bool:

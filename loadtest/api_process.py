@@ -31,6 +31,17 @@ class ApiProcess(ChildServer):
 
     def start(self) -> ApiProcess:
         served = ["--checkpoint", str(self.checkpoint)] if self.checkpoint else []
-        return self.spawn([sys.executable, "-m", "openai_api", "--port", str(self.port),
-                           "--triton", self.grpc_url, "--log-level", "warning",
-                           *served])  # fmt: skip
+        return self.spawn(
+            [
+                sys.executable,
+                "-m",
+                "openai_api",
+                "--port",
+                str(self.port),
+                "--triton",
+                self.grpc_url,
+                "--log-level",
+                "warning",
+                *served,
+            ]
+        )

@@ -111,12 +111,13 @@ def window_figures(d: Deltas) -> dict[str, float | None]:
         "prompt_tokens": d.get(names.ENGINE_PROMPT_TOKENS, engine),
         "tokens_per_request": _ratio(generated, engine_requests),
         "engine_requests": engine_requests,
-        "engine_batch": _ratio(d.get(names.ENGINE_STEP_ROWS, engine),
-                               d.get(names.ENGINE_STEPS, engine)),
+        "engine_batch": _ratio(
+            d.get(names.ENGINE_STEP_ROWS, engine), d.get(names.ENGINE_STEPS, engine)
+        ),
         "triton_model_compute_infer_us": d.get(names.COMPUTE_INFER_DURATION_US, MODEL_STAGE),
         "queue_share": _ratio(queued, request_us),
         "engine_busy": _ratio(compute["model"] / 1e6, window),
-    }  # fmt: skip
+    }
     for model in MODELS:
         count = d.get(names.INFERENCE_COUNT, model)
         figures[f"count_{model}"] = count

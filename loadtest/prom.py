@@ -26,12 +26,21 @@ from serving.process import free_port
 
 # The counters the report reads (Prometheus stores them under their exposed names).
 COUNTERS = (
-    names.INFERENCE_COUNT, names.EXEC_COUNT, names.REQUEST_FAILURE, names.REQUEST_DURATION_US,
-    names.QUEUE_DURATION_US, names.COMPUTE_INFER_DURATION_US, names.ENGINE_REQUESTS,
-    names.ENGINE_QUEUE_DURATION_US, names.ENGINE_COMPUTE_DURATION_US, names.ENGINE_STEPS,
-    names.ENGINE_STEP_ROWS, names.ENGINE_PROMPT_TOKENS, names.ENGINE_PROMPT_TOKENS_REUSED,
+    names.INFERENCE_COUNT,
+    names.EXEC_COUNT,
+    names.REQUEST_FAILURE,
+    names.REQUEST_DURATION_US,
+    names.QUEUE_DURATION_US,
+    names.COMPUTE_INFER_DURATION_US,
+    names.ENGINE_REQUESTS,
+    names.ENGINE_QUEUE_DURATION_US,
+    names.ENGINE_COMPUTE_DURATION_US,
+    names.ENGINE_STEPS,
+    names.ENGINE_STEP_ROWS,
+    names.ENGINE_PROMPT_TOKENS,
+    names.ENGINE_PROMPT_TOKENS_REUSED,
     names.ENGINE_GENERATED_TOKENS,
-)  # fmt: skip
+)
 
 
 def _times(series: list[dict], start: float, end: float) -> list[float]:
@@ -151,5 +160,6 @@ def prometheus_for(
     with PrometheusServer(target, free_port(), folder / "prometheus", interval="1s") as server:
         own = PromSource(server.url, instance=target)
         own.wait_for_scrapes(3)  # the windows are aligned to its scrapes
-        yield PrometheusChoice(own, f"Prometheus started for this run at {server.url} "
-                                    f"(target {target}, every 1s)")  # fmt: skip
+        yield PrometheusChoice(
+            own, f"Prometheus started for this run at {server.url} (target {target}, every 1s)"
+        )

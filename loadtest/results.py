@@ -85,8 +85,10 @@ def checkpoint_info(model_repository: Path) -> dict[str, Any] | None:
     if not data and not config:
         return None
     sources = (data.get("build", {}), config)
-    figures = {name: next((s[k] for s in sources for k in keys if s.get(k) is not None), None)
-               for name, keys in CONFIG_KEYS.items()}  # fmt: skip
+    figures = {
+        name: next((s[k] for s in sources for k in keys if s.get(k) is not None), None)
+        for name, keys in CONFIG_KEYS.items()
+    }
     name = data.get("name") or _read_json(folder / "pretrained.json").get("name")
     return {
         "path": str(folder),

@@ -54,10 +54,14 @@ class PrometheusServer(ChildServer):
             raise FileNotFoundError(f"no `prometheus` on PATH: {INSTALL_HINT}")
         self.directory.mkdir(parents=True, exist_ok=True)
         self.config_file.write_text(render_config(self.target, self.interval))
-        command = [binary, f"--config.file={self.config_file}",
-                   f"--storage.tsdb.path={self.directory / 'data'}",
-                   "--storage.tsdb.retention.time=7d", "--web.enable-lifecycle",
-                   f"--web.listen-address=127.0.0.1:{self.port}"]  # fmt: skip
+        command = [
+            binary,
+            f"--config.file={self.config_file}",
+            f"--storage.tsdb.path={self.directory / 'data'}",
+            "--storage.tsdb.retention.time=7d",
+            "--web.enable-lifecycle",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+        ]
         return self.spawn(command, cwd=self.directory)
 
 
@@ -86,9 +90,12 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, shutdown)
     signal.signal(signal.SIGTERM, shutdown)
-    print(f"Prometheus is ready (Ctrl-C stops it): {server.url}, scraping http://{target}/metrics "
-          f"every {args.interval}; data in {server.directory}; the load test finds it there (or "
-          f"set PROMETHEUS_URL={server.url})", flush=True)  # fmt: skip
+    print(
+        f"Prometheus is ready (Ctrl-C stops it): {server.url}, scraping http://{target}/metrics "
+        f"every {args.interval}; data in {server.directory}; the load test finds it there (or "
+        f"set PROMETHEUS_URL={server.url})",
+        flush=True,
+    )
     code = server.process.wait() if server.process else 1
     return 0 if code in (0, -signal.SIGTERM) else code
 

@@ -98,10 +98,14 @@ class StressUser(User):
             StressUser.last_completion = time.monotonic()
         outcome = "error" if error else "ok" if completed else "abandoned"
         self.environment.events.request.fire(
-            request_type=self.pattern, name=name, response_time=(time.perf_counter() - began) * 1e3,
-            response_length=0, exception=CodegenError(error[:300]) if error else None,
-            start_time=wall, context={"outcome": outcome, "ended": ended},
-        )  # fmt: skip
+            request_type=self.pattern,
+            name=name,
+            response_time=(time.perf_counter() - began) * 1e3,
+            response_length=0,
+            exception=CodegenError(error[:300]) if error else None,
+            start_time=wall,
+            context={"outcome": outcome, "ended": ended},
+        )
 
     def leave(
         self, name: str, target: Any, keep: int | None, open_: Callable[[Transport], ResponseStream]
@@ -211,8 +215,11 @@ def released(metrics_url: str, timeout: float = 60.0) -> list[str]:
     deadline = time.monotonic() + timeout
     while True:
         series = read_snapshot(metrics_url).series.items()
-        held = [f"{name}{{model={dict(labels).get('model')}}} = {value:g}"
-                for (name, labels), value in series if name in gauges and value]  # fmt: skip
+        held = [
+            f"{name}{{model={dict(labels).get('model')}}} = {value:g}"
+            for (name, labels), value in series
+            if name in gauges and value
+        ]
         if not held or time.monotonic() > deadline:
             return held
         time.sleep(1.0)
@@ -225,16 +232,21 @@ def answers_at_once(grpc: str, timeout: float = 30.0) -> list[str]:
     request = CompletionRequest(("def answer():\n",), max_tokens=8)
     with Transport(grpc, timeout) as transport:
         inputs = []
-        for name, value in (("input_ids", [5, 6, 7, 8]), ("input_lengths", [4]),
-                            ("request_output_len", [4])):  # fmt: skip
+        for name, value in (
+            ("input_ids", [5, 6, 7, 8]),
+            ("input_lengths", [4]),
+            ("request_output_len", [4]),
+        ):
             inputs.append(transport.module.InferInput(name, [1, len(value)], "UINT32"))
             inputs[-1].set_data_from_numpy(np.array([value], dtype=np.uint32))
         for what, ask in (
             ("a unary request", lambda: transport.infer(request, "stress-after")),
-            ("a model-stage call", lambda: transport.call("infer", MODEL_STAGE, inputs,
-                                                           client_timeout=timeout)),
+            (
+                "a model-stage call",
+                lambda: transport.call("infer", MODEL_STAGE, inputs, client_timeout=timeout),
+            ),
             ("a stream", lambda: list(transport.stream(request).pieces())),
-        ):  # fmt: skip
+        ):
             try:
                 ask()
             except CodegenError as exc:
@@ -261,8 +273,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-requests", type=int, default=5000, help="per user")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, help="a folder for events.csv and Locust's reports")
-    parser.add_argument("--prompt-chars", type=lambda text: tuple(map(int, text.split(","))),
-                        default=(800, 1600), help="MIN,MAX, within the context")  # fmt: skip
+    parser.add_argument(
+        "--prompt-chars",
+        type=lambda text: tuple(map(int, text.split(","))),
+        default=(800, 1600),
+        help="MIN,MAX, within the context",
+    )
     args = parser.parse_args(argv)
     for address in (args.grpc, args.http, args.metrics, *([args.api] if args.api else [])):
         if address.split("://")[-1].rsplit(":", 1)[0] not in LOCAL:

@@ -105,8 +105,10 @@ class OpenAITarget(TritonTarget):
 
 def served_lines(m: MachineInfo, model: ModelInfo) -> list[str]:
     """The machine and the served model, as a report's bullet list."""
-    lines = [*machine_lines(dataclasses.asdict(m)),
-             f"- Triton Inference Server {model.triton_version or '?'} (CPU only)"]  # fmt: skip
+    lines = [
+        *machine_lines(dataclasses.asdict(m)),
+        f"- Triton Inference Server {model.triton_version or '?'} (CPU only)",
+    ]
     if c := model.checkpoint:
         family = {"gptj": "GPT-J", "llama": "Llama"}.get(c.get("family") or "gptj", c.get("family"))
         loss = (
@@ -118,10 +120,13 @@ def served_lines(m: MachineInfo, model: ModelInfo) -> list[str]:
             f"{(c['parameters'] or 0) / 1e6:.2f}M parameters{loss}"
         )
     if model.stage_parameters:
-        parameters = ", ".join(f"{k}={v}" for k, v in sorted(model.stage_parameters.items())
-                               if k != "checkpoint_path")  # fmt: skip
-        lines.append(f"- Engine (model `{ENGINE_MODEL}`, behind `{MODEL_STAGE}`): continuous "
-                     f"batching, {parameters}")  # fmt: skip
+        parameters = ", ".join(
+            f"{k}={v}" for k, v in sorted(model.stage_parameters.items()) if k != "checkpoint_path"
+        )
+        lines.append(
+            f"- Engine (model `{ENGINE_MODEL}`, behind `{MODEL_STAGE}`): continuous "
+            f"batching, {parameters}"
+        )
     return lines
 
 
@@ -129,11 +134,20 @@ USERS = "loadtest.sweep.locustfile:"
 TARGETS: dict[str, Target] = {
     target.protocol: target
     for target in (
-        Target("http", USERS + "HttpEnsembleUser", TritonTarget,
-               "KServe v2 over HTTP (Locust's FastHttpUser)"),
-        Target("grpc", USERS + "GrpcEnsembleUser", TritonTarget,
-               "tritonclient.grpc in a Locust user"),
-        Target("openai", USERS + "OpenAIUser", OpenAITarget,
-               "POST /v1/completions through the OpenAI-compatible API (its overhead over gRPC)"),
+        Target(
+            "http",
+            USERS + "HttpEnsembleUser",
+            TritonTarget,
+            "KServe v2 over HTTP (Locust's FastHttpUser)",
+        ),
+        Target(
+            "grpc", USERS + "GrpcEnsembleUser", TritonTarget, "tritonclient.grpc in a Locust user"
+        ),
+        Target(
+            "openai",
+            USERS + "OpenAIUser",
+            OpenAITarget,
+            "POST /v1/completions through the OpenAI-compatible API (its overhead over gRPC)",
+        ),
     )
-}  # fmt: skip
+}

@@ -168,10 +168,17 @@ def expected_gptj_keys(n_layer: int) -> set[str]:
         "lm_head.bias",
     }
     per_layer = (
-        "ln_1.weight", "ln_1.bias",
-        "attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight", "attn.out_proj.weight",
-        "mlp.fc_in.weight", "mlp.fc_in.bias", "mlp.fc_out.weight", "mlp.fc_out.bias",
-    )  # fmt: skip
+        "ln_1.weight",
+        "ln_1.bias",
+        "attn.q_proj.weight",
+        "attn.k_proj.weight",
+        "attn.v_proj.weight",
+        "attn.out_proj.weight",
+        "mlp.fc_in.weight",
+        "mlp.fc_in.bias",
+        "mlp.fc_out.weight",
+        "mlp.fc_out.bias",
+    )
     for layer in range(n_layer):
         keys.update(f"transformer.h.{layer}.{name}" for name in per_layer)
     return keys

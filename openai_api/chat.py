@@ -89,8 +89,12 @@ class ChatChunks(CompletionChunks):
     id_prefix = "chatcmpl-"
 
     def opening(self, index: int) -> dict[str, Any]:
-        return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                "finish_reason": None}  # fmt: skip
+        return {
+            "index": index,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
 
     def choice(self, index: int, text: str, result: ChoiceResult | None) -> dict[str, Any]:
         return {

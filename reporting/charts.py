@@ -37,8 +37,14 @@ def shade_phases(
         for ax in axes:
             ax.axvspan(begin, end, color=colors.get(name, "#eeeeee"), alpha=0.5, lw=0)
         if label_axis is not None:
-            label_axis.text(begin, 1.0, f" {name}", transform=label_axis.get_xaxis_transform(),
-                            va="top", fontsize=8)  # fmt: skip
+            label_axis.text(
+                begin,
+                1.0,
+                f" {name}",
+                transform=label_axis.get_xaxis_transform(),
+                va="top",
+                fontsize=8,
+            )
 
 
 def rolling(times: np.ndarray, values: np.ndarray, grid: np.ndarray, width: float, q: float):
@@ -49,9 +55,13 @@ def rolling(times: np.ndarray, values: np.ndarray, grid: np.ndarray, width: floa
 
 
 def latency_panel(
-    ax: Any, times: np.ndarray, values: np.ndarray, grid: np.ndarray, width: float,
+    ax: Any,
+    times: np.ndarray,
+    values: np.ndarray,
+    grid: np.ndarray,
+    width: float,
     labels: tuple[str, str, str],
-) -> None:  # fmt: skip
+) -> None:
     """Each value as a dot at its time, with its rolling p50 and p95 over ``width`` seconds on
     ``grid``; ``labels``: the dots', the y axis' and the x axis'."""
     dots, ylabel, xlabel = labels

@@ -15,8 +15,19 @@ import pandas as pd
 
 # The columns every row has, in order (docs/tooling.md, "The ledger's columns"); a profile's own
 # context keys follow them.
-COLUMNS = ("profile", "system", "window", "kind", "name", "started_s", "latency_ms",
-           "first_token_ms", "tokens", "outcome", "error")  # fmt: skip
+COLUMNS = (
+    "profile",
+    "system",
+    "window",
+    "kind",
+    "name",
+    "started_s",
+    "latency_ms",
+    "first_token_ms",
+    "tokens",
+    "outcome",
+    "error",
+)
 OUTCOMES = ("ok", "error", "abandoned", "shed")
 PERCENTILES = (0.5, 0.95, 0.99)
 
@@ -58,10 +69,14 @@ class EventLog:
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome {outcome!r}: one of {', '.join(OUTCOMES)}")
         self.record(
-            kind=request_type, name=name, latency_ms=float(response_time), outcome=outcome,
+            kind=request_type,
+            name=name,
+            latency_ms=float(response_time),
+            outcome=outcome,
             error="" if exception is None else str(exception) or type(exception).__name__,
-            started_s=(start_time - self._t0_wall) if start_time else None, **extra,
-        )  # fmt: skip
+            started_s=(start_time - self._t0_wall) if start_time else None,
+            **extra,
+        )
 
     def record(self, **row: Any) -> None:
         """Append a row directly (tools that measure without Locust, such as bare engines)."""
@@ -112,10 +127,18 @@ def summarize(frame: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
         tokens = float(pd.to_numeric(group["tokens"]).sum())
         row = dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True))
         row["requests"] = len(group)
-        row |= {name: int(outcomes.get(outcome, 0)) for name, outcome in
-                (("failures", "error"), ("abandoned", "abandoned"), ("shed", "shed"))}  # fmt: skip
-        row |= {"rps": len(ok) / span if span else None,
-                "tokens_per_s": tokens / span if span else None}  # fmt: skip
+        row |= {
+            name: int(outcomes.get(outcome, 0))
+            for name, outcome in (
+                ("failures", "error"),
+                ("abandoned", "abandoned"),
+                ("shed", "shed"),
+            )
+        }
+        row |= {
+            "rps": len(ok) / span if span else None,
+            "tokens_per_s": tokens / span if span else None,
+        }
         for column, label in (("latency_ms", "latency"), ("first_token_ms", "first_token")):
             values = pd.to_numeric(ok[column], errors="coerce").dropna()
             for q in PERCENTILES:

@@ -74,11 +74,22 @@ class LlamaServer(ChildServer):
 
     def command(self) -> list[str]:
         return [
-            str(llama_server_binary(self.binary)), "--model", str(self.gguf),
-            "--host", "127.0.0.1", "--port", str(self.port), "--parallel", str(self.parallel),
-            "--ctx-size", str(self.ctx_size), "--threads", str(self.threads), "--metrics",
+            str(llama_server_binary(self.binary)),
+            "--model",
+            str(self.gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--parallel",
+            str(self.parallel),
+            "--ctx-size",
+            str(self.ctx_size),
+            "--threads",
+            str(self.threads),
+            "--metrics",
             "--no-webui",
-        ]  # fmt: skip
+        ]
 
     def start(self) -> LlamaServer:
         return self.spawn(self.command(), cwd=REPO_ROOT)

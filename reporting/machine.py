@@ -13,10 +13,25 @@ from pathlib import Path
 from typing import Any
 
 # the vector-instruction flags that decide the engine's speed (bfloat16, int8), lscpu's names
-CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512vl", "avx512_bf16", "avx512_vnni", "amx_bf16",
-             "amx_int8")  # fmt: skip
-VERSIONS = ("torch", "transformers", "tritonclient", "nvidia-pytriton", "locust",
-            "openvino", "openvino-genai")  # fmt: skip
+CPU_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512vl",
+    "avx512_bf16",
+    "avx512_vnni",
+    "amx_bf16",
+    "amx_int8",
+)
+VERSIONS = (
+    "torch",
+    "transformers",
+    "tritonclient",
+    "nvidia-pytriton",
+    "locust",
+    "openvino",
+    "openvino-genai",
+)
 
 
 def _read(path: str) -> str:

@@ -50,13 +50,19 @@ class Endpoints:
         hostname, _, port = host.rpartition(":")
         if not hostname or not port.isdigit():
             raise ValueError(f"--host must be host:port, got {host!r}")
-        return cls(host, grpc or f"{hostname}:{int(port) + 1}",
-                   metrics_url or f"http://{hostname}:{int(port) + 2}/metrics")  # fmt: skip
+        return cls(
+            host,
+            grpc or f"{hostname}:{int(port) + 1}",
+            metrics_url or f"http://{hostname}:{int(port) + 2}/metrics",
+        )
 
     @classmethod
     def local(cls, ports: Ports) -> Endpoints:
-        return cls.from_host(f"127.0.0.1:{ports.http}", f"127.0.0.1:{ports.grpc}",
-                             f"http://127.0.0.1:{ports.metrics}/metrics")  # fmt: skip
+        return cls.from_host(
+            f"127.0.0.1:{ports.http}",
+            f"127.0.0.1:{ports.grpc}",
+            f"http://127.0.0.1:{ports.metrics}/metrics",
+        )
 
     @property
     def http_url(self) -> str:
@@ -131,10 +137,24 @@ class LauncherServer(ChildServer):
 
     def start(self) -> LauncherServer:
         ports = self.endpoints.ports
-        return self.spawn([sys.executable, "-m", "serving.triton", "--model-repository",
-                           str(self.model_repository), "--address", "127.0.0.1", "--http-port",
-                           str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port",
-                           str(ports.metrics)], cwd=REPO_ROOT)  # fmt: skip
+        return self.spawn(
+            [
+                sys.executable,
+                "-m",
+                "serving.triton",
+                "--model-repository",
+                str(self.model_repository),
+                "--address",
+                "127.0.0.1",
+                "--http-port",
+                str(ports.http),
+                "--grpc-port",
+                str(ports.grpc),
+                "--metrics-port",
+                str(ports.metrics),
+            ],
+            cwd=REPO_ROOT,
+        )
 
 
 @dataclass
@@ -164,11 +184,12 @@ class ServedTriton:
                 config = get_json(f"{url}/v2/models/{ENGINE_MODEL}/config")
                 self.facts.update(
                     triton_version=get_json(f"{url}/v2")["version"],
-                    stage_parameters={k: v.get("string_value")
-                                      for k, v in config.get("parameters", {}).items()},
+                    stage_parameters={
+                        k: v.get("string_value") for k, v in config.get("parameters", {}).items()
+                    },
                     dynamic_batching=config.get("dynamic_batching"),
                     instances=config.get("instance_group"),
-                )  # fmt: skip
+                )
             except Exception as exc:
                 self.facts = {"error": str(exc)}
         return self.facts
@@ -271,9 +292,12 @@ class Snapshot:
 def parse_metrics(text: str, taken_at: float = 0.0) -> Snapshot:
     """Parse Prometheus text exposition (Triton's ``/metrics``) into a :class:`Snapshot`."""
     # OpenMetrics' *_created companions are timestamps, not counts
-    series = {(sample.name, tuple(sorted(sample.labels.items()))): float(sample.value)
-              for family in text_string_to_metric_families(text) for sample in family.samples
-              if not sample.name.endswith("_created")}  # fmt: skip
+    series = {
+        (sample.name, tuple(sorted(sample.labels.items()))): float(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if not sample.name.endswith("_created")
+    }
     return Snapshot(taken_at, series, text)
 
 
@@ -298,8 +322,12 @@ class EngineState:
 
 
 def engine_state(metrics_url: str) -> EngineState:
-    gauges = (names.ENGINE_RUNNING, names.PENDING_REQUEST_COUNT, names.ENGINE_KV_CACHE_BYTES,
-              names.ENGINE_CANCELLED)  # fmt: skip
+    gauges = (
+        names.ENGINE_RUNNING,
+        names.PENDING_REQUEST_COUNT,
+        names.ENGINE_KV_CACHE_BYTES,
+        names.ENGINE_CANCELLED,
+    )
     return EngineState(*map(read_snapshot(metrics_url).gauge, gauges))
 
 

@@ -124,8 +124,7 @@ def answers(triton: TritonServer, timeout: float = 120.0) -> str | None:
 
 def _stacks(triton: TritonServer) -> str:
     """py-spy dumps of the server's python-backend stubs: where a wedged one waits."""
-    found = subprocess.run(["pgrep", "-P", str(triton.process.pid)], capture_output=True,
-                           text=True)  # fmt: skip
+    found = subprocess.run(["pgrep", "-P", str(triton.process.pid)], capture_output=True, text=True)
     dumps = []
     for pid in found.stdout.split():
         spy = str(Path(sys.executable).parent / "py-spy")

@@ -43,9 +43,21 @@ TRITON_METRICS = frozenset(
 
 # PromQL words that look like identifiers but are not metric names
 _KEYWORDS = {
-    "by", "without", "on", "ignoring", "group_left", "group_right", "bool",
-    "and", "or", "unless", "offset", "atan2", "inf", "nan",
-}  # fmt: skip
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "atan2",
+    "inf",
+    "nan",
+}
 _STRING = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`')
 _TEMPLATE = re.compile(r"<<[^>]*>>")  # prometheus-adapter's <<.LabelMatchers>> etc.
 _MATCHERS = re.compile(r"\{[^{}]*\}")

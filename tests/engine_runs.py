@@ -39,9 +39,13 @@ def prompts(count: int, seed: int = 1) -> list[list[int]]:
 
 def hf_greedy(model, prompt: list[int], new: int, **kwargs) -> list[int]:
     out = model.generate(
-        torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None,
-        pad_token_id=0, **kwargs,
-    )  # fmt: skip
+        torch.tensor([prompt]),
+        max_new_tokens=new,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        **kwargs,
+    )
     return out[0, len(prompt) :].tolist()
 
 

@@ -23,31 +23,45 @@ SHAPE = {
     "initializer_range": 0.1,  # larger than the default, so that logits are far from flat
 }
 LLAMA3_ROPE = {
-    "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
-}  # fmt: skip
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 WINDOW = 48  # qwen2's and starcoder2's sliding window: shorter than the OpenVINO tests' sequences
 # what each family's checkpoint exercises besides GQA: Llama 3.1's rope scaling; Qwen2's q/k/v
 # biases, tied embeddings, rope_theta 1e6 and a window on its second layer; Mistral plain;
 # Starcoder2's LayerNorm, GELU MLP, biases, tied embeddings and window
 FAMILIES: dict[str, tuple[type, type, dict]] = {
     "llama": (
-        transformers.LlamaConfig, transformers.LlamaForCausalLM,
+        transformers.LlamaConfig,
+        transformers.LlamaForCausalLM,
         {"rope_parameters": LLAMA3_ROPE},
     ),
     "qwen2": (
-        transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
-        {"tie_word_embeddings": True, "use_sliding_window": True, "sliding_window": WINDOW,
-         "max_window_layers": 1, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+        transformers.Qwen2Config,
+        transformers.Qwen2ForCausalLM,
+        {
+            "tie_word_embeddings": True,
+            "use_sliding_window": True,
+            "sliding_window": WINDOW,
+            "max_window_layers": 1,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+        },
     ),
     "mistral": (
-        transformers.MistralConfig, transformers.MistralForCausalLM, {"sliding_window": None}
+        transformers.MistralConfig,
+        transformers.MistralForCausalLM,
+        {"sliding_window": None},
     ),
     "starcoder2": (
-        transformers.Starcoder2Config, transformers.Starcoder2ForCausalLM,
+        transformers.Starcoder2Config,
+        transformers.Starcoder2ForCausalLM,
         {"sliding_window": WINDOW},
     ),
-}  # fmt: skip
+}
 
 
 def project_tokenizer() -> transformers.PreTrainedTokenizerFast:

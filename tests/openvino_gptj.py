@@ -24,9 +24,15 @@ def exported_gptj() -> tuple[GPTJForCausalLM, Path]:
     """The random GPT-J of test_gptj_engine.py (same seed and shape), exported to OpenVINO."""
     torch.manual_seed(0)
     config = HFConfig(
-        vocab_size=VOCAB, n_positions=256, n_embd=64, n_layer=2, n_head=4, rotary_dim=8,
-        bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        n_positions=256,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        rotary_dim=8,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = GPTJForCausalLM(config).eval()
     path = Path(tempfile.mkdtemp(prefix="openvino-gptj-"))
     atexit.register(shutil.rmtree, path, True)

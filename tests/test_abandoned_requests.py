@@ -63,12 +63,34 @@ def test_hundreds_of_abandoned_requests_leave_the_full_capacity(server, tmp_path
     deadline while queued or running, and streams read to their end, all at once: no error, no
     stall, and afterwards nothing is held and new requests are answered (loadtest/stress.py,
     on Locust, which patches its process with gevent: it runs in a process of its own)."""
-    run = subprocess.run([
-        sys.executable, "-m", "loadtest.stress", "--grpc", server.grpc_url, "--http",
-        server.http_url, "--metrics", server.metrics_url, "--duration", "60",
-        "--max-requests", "30", "--cancel-threads", "8", "--prompt-chars", "150,450",
-        "--stall", "120", "--out", str(tmp_path),
-    ], capture_output=True, text=True, timeout=600)  # fmt: skip
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadtest.stress",
+            "--grpc",
+            server.grpc_url,
+            "--http",
+            server.http_url,
+            "--metrics",
+            server.metrics_url,
+            "--duration",
+            "60",
+            "--max-requests",
+            "30",
+            "--cancel-threads",
+            "8",
+            "--prompt-chars",
+            "150,450",
+            "--stall",
+            "120",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
     assert run.stdout.rstrip().endswith("PASS")
     assert (tmp_path / "locust.html").stat().st_size > 0

@@ -18,12 +18,27 @@ def test_sigterm_stops_the_api_and_the_triton_it_started(model_repository, tmp_p
     api, http, grpc, metrics = free_ports(4)
     log = tmp_path / "api.log"
     process = subprocess.Popen(
-        [sys.executable, "-m", "openai_api", "--start-triton", "--port", str(api),
-         "--model-repository", str(model_repository), "--triton", f"localhost:{grpc}",
-         "--triton-http-port", str(http), "--triton-metrics-port", str(metrics),
-         "--checkpoint", str(model_repository / "gptj" / "1" / "checkpoint")],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "openai_api",
+            "--start-triton",
+            "--port",
+            str(api),
+            "--model-repository",
+            str(model_repository),
+            "--triton",
+            f"localhost:{grpc}",
+            "--triton-http-port",
+            str(http),
+            "--triton-metrics-port",
+            str(metrics),
+            "--checkpoint",
+            str(model_repository / "gptj" / "1" / "checkpoint"),
+        ],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     family: list[psutil.Process] = []
     try:
         wait_ready(f"http://127.0.0.1:{api}/health", process)

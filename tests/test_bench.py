@@ -33,9 +33,11 @@ def test_ratio_and_verdict():
 def requests(*rows: tuple[int, int, float, float, int]) -> pd.DataFrame:
     """Closed-loop rows from (client, wanted, start s, end s, tokens)."""
     return pd.DataFrame(
-        [{"client": c, "wanted": w, "started_s": a, "latency_ms": (b - a) * 1e3, "tokens": n}
-         for c, w, a, b, n in rows]
-    )  # fmt: skip
+        [
+            {"client": c, "wanted": w, "started_s": a, "latency_ms": (b - a) * 1e3, "tokens": n}
+            for c, w, a, b, n in rows
+        ]
+    )
 
 
 def test_windowed_rate_spreads_edge_requests_over_their_life():
@@ -141,9 +143,15 @@ def test_step_cost_and_comparison_ratios():
         ]
     ]
     rows.append(
-        {"model": "m", "dtype": "int8", "system": "engine", "batch": 16, "mode": "greedy",
-         "note": "not supported (no quantize)"}
-    )  # fmt: skip
+        {
+            "model": "m",
+            "dtype": "int8",
+            "system": "engine",
+            "batch": 16,
+            "mode": "greedy",
+            "note": "not supported (no quantize)",
+        }
+    )
     comparison = {(e["dtype"], e["batch"], e["mode"]): e for e in kernel_comparison(rows)}
     greedy16 = comparison[("float32", 16, "greedy")]
     assert greedy16["engine_over_transformers"] == pytest.approx(2.0)
@@ -176,17 +184,32 @@ def test_markdown_and_text_tables():
 def _results() -> dict:
     plan = make_plan(quick=True)
     kernels = [
-        {"model": "default", "plan_key": "default", "dtype": d, "system": s, "batch": b,
-         "mode": m, "tokens_per_s": v, "new_tokens": 16}
+        {
+            "model": "default",
+            "plan_key": "default",
+            "dtype": d,
+            "system": s,
+            "batch": b,
+            "mode": m,
+            "tokens_per_s": v,
+            "new_tokens": 16,
+        }
         for d in ("float32", "bfloat16")
         for s, v in (("engine", 900.0), ("transformers", 450.0))
         for b in (1, 16)
         for m in ("greedy", "sampled")
-    ]  # fmt: skip
+    ]
     kernels.append(
-        {"model": "default", "plan_key": "default", "dtype": "int8", "system": "engine",
-         "batch": 1, "mode": "greedy", "note": "not supported (no quantize parameter)"}
-    )  # fmt: skip
+        {
+            "model": "default",
+            "plan_key": "default",
+            "dtype": "int8",
+            "system": "engine",
+            "batch": 1,
+            "mode": "greedy",
+            "note": "not supported (no quantize parameter)",
+        }
+    )
     return {
         "started": "2026-01-01T00:00:00",
         "machine": {

@@ -28,8 +28,13 @@ from engine.interface import GenerationRequest, Handle
 
 def test_arrivals_measure_each_system_twice_in_mirrored_order():
     assert mirrored(["bare", "served", "pipeline"]) == [
-        "bare", "served", "pipeline", "pipeline", "served", "bare",
-    ]  # fmt: skip
+        "bare",
+        "served",
+        "pipeline",
+        "pipeline",
+        "served",
+        "bare",
+    ]
     assert mirrored(["bare"]) == ["bare", "bare"]
 
 
@@ -106,19 +111,31 @@ def test_agreement_counts_tokens_before_the_first_difference():
 def _results() -> dict:
     plan = make_plan()
     kernels = [
-        {"model": "default", "plan_key": "default", "dtype": d, "system": s, "batch": b,
-         "mode": "greedy", "tokens_per_s": v}
+        {
+            "model": "default",
+            "plan_key": "default",
+            "dtype": d,
+            "system": s,
+            "batch": b,
+            "mode": "greedy",
+            "tokens_per_s": v,
+        }
         for d in ("float32", "bfloat16")
         for b in (16, 64)
         for s, v in (("engine", 1000.0), ("openvino", 2000.0 if b == 16 else 1200.0))
-    ]  # fmt: skip
+    ]
     arrival = {
-        "length": 128, "bare_tokens_per_s": 1000.0, "served_tokens_per_s": 950.0,
-        "served_over_bare": 0.95, "openvino_bare_tokens_per_s": 2000.0,
-        "openvino_served_tokens_per_s": 1700.0, "openvino_served_over_bare": 0.85,
-        "pipeline_tokens_per_s": 2000.0, "transformers_static_tokens_per_s": 800.0,
+        "length": 128,
+        "bare_tokens_per_s": 1000.0,
+        "served_tokens_per_s": 950.0,
+        "served_over_bare": 0.95,
+        "openvino_bare_tokens_per_s": 2000.0,
+        "openvino_served_tokens_per_s": 1700.0,
+        "openvino_served_over_bare": 0.85,
+        "pipeline_tokens_per_s": 2000.0,
+        "transformers_static_tokens_per_s": 800.0,
         "transformers_static_dtype": "bfloat16",
-    }  # fmt: skip
+    }
     return {
         "machine": {"cores": 2, "cpu_flags": ["avx512_bf16"], "bf16_native": True},
         "machine_label": "2 cores, Test CPU",

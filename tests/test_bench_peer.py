@@ -86,8 +86,13 @@ def stand_in() -> Iterator[ThreadingHTTPServer]:
 
 def peer_on(server: ThreadingHTTPServer, name: str = LLAMA) -> Peer:
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    return Peer(name, url, [os.getpid()], lambda: float(server.generated),  # type: ignore[attr-defined]
-                body={"cache_prompt": True})  # fmt: skip
+    return Peer(
+        name,
+        url,
+        [os.getpid()],
+        lambda: float(server.generated),  # type: ignore[attr-defined]
+        body={"cache_prompt": True},
+    )
 
 
 def test_llama_runs_by_default_only_where_the_binary_is_built():
@@ -143,13 +148,17 @@ def test_wasted_tokens_are_the_counter_less_what_the_clients_read(stand_in):
 def results_with(project: dict, llama: dict) -> dict:
     rows = [{"system": PROJECT, "clients": c, **project} for c in (1, 4, 16)]
     rows += [{"system": LLAMA, "clients": c, **llama} for c in (1, 4, 16)]
-    return {"plan": {}, "llama": {"rows": rows, "wasted": {PROJECT: 0.0, LLAMA: 2.0},
-                                  "half_window_s": 4.0}}  # fmt: skip
+    return {
+        "plan": {},
+        "llama": {"rows": rows, "wasted": {PROJECT: 0.0, LLAMA: 2.0}, "half_window_s": 4.0},
+    }
 
 
 def test_the_report_gives_ratios_and_the_two_targets():
-    results = results_with({"latency_p50_ms": 300.0, "tokens_per_s": 50.0},
-                           {"latency_p50_ms": 200.0, "tokens_per_s": 40.0})  # fmt: skip
+    results = results_with(
+        {"latency_p50_ms": 300.0, "tokens_per_s": 50.0},
+        {"latency_p50_ms": 200.0, "tokens_per_s": 40.0},
+    )
     assert peer_ratio(results, "latency_p50_ms", 4) == 1.5
     title, _, headers, rows = peer_table(results)
     assert "llama.cpp" in title and headers[-1].strip() == "project/llama.cpp"

@@ -43,8 +43,14 @@ def test_the_engine_generates_transformers_tokens_on_the_tiny_checkpoint(tiny_ch
 
 def test_random_model_with_word_level_vocabulary_generates_too(tmp_path):
     """The 350M-shaped model's path (random GPT-J + made-up vocabulary), at a tiny shape."""
-    shape = {"vocab_size": 300, "n_positions": 128, "n_embd": 32, "n_layer": 2, "n_head": 4,
-             "rotary_dim": 4}  # fmt: skip
+    shape = {
+        "vocab_size": 300,
+        "n_positions": 128,
+        "n_embd": 32,
+        "n_layer": 2,
+        "n_head": 4,
+        "rotary_dim": 4,
+    }
     folder = build_random_gptj(tmp_path / "random", shape, eos_id=299, progress=lambda _: None)
     info = describe_checkpoint("350m", "random", folder)
     assert info.eos_token_id == 299 and info.vocab_size == 300

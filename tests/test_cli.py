@@ -81,9 +81,16 @@ def test_suffix_fills_in_the_middle(server, stream):
     request = CompletionRequest("def f(a):\n", 12, suffix="    return a\n")
     middle = CodegenClient(server.grpc_url).send(request)[0].completion
     run = codegen(
-        "complete", "def f(a):\n", *stream, "-n", "12", "--suffix", "    return a\n",
-        "--url", server.grpc_url,
-    )  # fmt: skip
+        "complete",
+        "def f(a):\n",
+        *stream,
+        "-n",
+        "12",
+        "--suffix",
+        "    return a\n",
+        "--url",
+        server.grpc_url,
+    )
     assert run.returncode == EXIT_OK, run.stderr
     assert run.stdout == middle
 

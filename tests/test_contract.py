@@ -93,17 +93,22 @@ def test_one_model_loads_the_checkpoint_and_every_engine_user_calls_it():
     assert path == "../gptj/1/checkpoint"
     assert (MODEL_REPOSITORY / ENGINE_MODEL / path).resolve() == checkpoint_dir().resolve()
     loaders = [
-        name for name in MODEL_IO
+        name
+        for name in MODEL_IO
         if (MODEL_REPOSITORY / name / "config.pbtxt").read_text().count("engine_max_batch_size")
-    ]  # fmt: skip
+    ]
     assert loaders == [ENGINE_MODEL]
 
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("temperature", float("inf")), ("temperature", float("nan")),
-     ("repetition_penalty", float("inf")), ("repetition_penalty", float("nan"))],
-)  # fmt: skip
+    [
+        ("temperature", float("inf")),
+        ("temperature", float("nan")),
+        ("repetition_penalty", float("inf")),
+        ("repetition_penalty", float("nan")),
+    ],
+)
 def test_non_finite_options_are_refused_naming_the_option(option, value):
     with pytest.raises(InvalidRequestError, match=f"{option} must be .* finite"):
         SamplingParams(**{option: value})
@@ -111,10 +116,12 @@ def test_non_finite_options_are_refused_naming_the_option(option, value):
 
 @pytest.mark.parametrize(
     ("option", "value", "message"),
-    [("temperature", 1e-30, "too small to sample with"),
-     ("repetition_penalty", 1e-30, r"must be in \[0.01, 100.0\]"),
-     ("repetition_penalty", 1e30, r"must be in \[0.01, 100.0\]")],
-)  # fmt: skip
+    [
+        ("temperature", 1e-30, "too small to sample with"),
+        ("repetition_penalty", 1e-30, r"must be in \[0.01, 100.0\]"),
+        ("repetition_penalty", 1e30, r"must be in \[0.01, 100.0\]"),
+    ],
+)
 def test_values_that_would_overflow_are_refused(option, value, message):
     with pytest.raises(InvalidRequestError, match=message):
         SamplingParams(**{option: value})

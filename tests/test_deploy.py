@@ -191,8 +191,10 @@ def test_hpa_scales_on_the_adapter_queue_time_metric(rendered, overlay):
     hpa = one(objects, "HorizontalPodAutoscaler")
     assert hpa["apiVersion"] == "autoscaling/v2"
     target = hpa["spec"]["scaleTargetRef"]
-    assert (target["kind"], target["name"]) == ("Deployment", one(objects, "Deployment")[
-        "metadata"]["name"])  # fmt: skip
+    assert (target["kind"], target["name"]) == (
+        "Deployment",
+        one(objects, "Deployment")["metadata"]["name"],
+    )
     (metric,) = hpa["spec"]["metrics"]
     assert metric["type"] == "Pods"
     served = {rule["name"]["as"]: rule for rule in deploy_metrics.adapter_rules()}
@@ -271,8 +273,9 @@ def test_compose_structure(compose):
 
 def test_prometheus_scrapes_the_server_and_loads_the_alerts(compose):
     config = yaml.safe_load((DOCKER / "prometheus" / "prometheus.yml").read_text())
-    targets = [t for job in config["scrape_configs"] for c in job["static_configs"]
-               for t in c["targets"]]  # fmt: skip
+    targets = [
+        t for job in config["scrape_configs"] for c in job["static_configs"] for t in c["targets"]
+    ]
     assert "triton:8002" in targets
     mounts = dict(v.split(":")[1::-1][:2] for v in compose["services"]["prometheus"]["volumes"])
     for rule_file in config["rule_files"]:

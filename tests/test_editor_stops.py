@@ -80,9 +80,15 @@ def test_bad_rules_are_refused_by_name():
 def checkpoint(tmp_path_factory):
     torch.manual_seed(0)
     config = HFConfig(
-        vocab_size=VOCAB, n_positions=256, n_embd=64, n_layer=2, n_head=4, rotary_dim=8,
-        bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        n_positions=256,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        rotary_dim=8,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     path = tmp_path_factory.mktemp("editor-gptj")
     GPTJForCausalLM(config).eval().save_pretrained(path)
     ensure_export(path)
@@ -209,9 +215,13 @@ def test_the_openai_api_and_infill_take_the_rules(server, tiny_checkpoint):
         with CodegenClient(server.grpc_url) as client:
             options = sampled_with_a_newline(client, prompt)
         body = {
-            "model": "codegen", "prompt": prompt, "max_tokens": 48, "seed": options["seed"],
-            "temperature": options["temperature"], "top_p": options["top_p"],
-        }  # fmt: skip
+            "model": "codegen",
+            "prompt": prompt,
+            "max_tokens": 48,
+            "seed": options["seed"],
+            "temperature": options["temperature"],
+            "top_p": options["top_p"],
+        }
         free = httpx.post(f"{api.url}/v1/completions", json=body, timeout=60).json()
         text = free["choices"][0]["text"]
         line = httpx.post(

@@ -24,9 +24,15 @@ BAN_END = [[0]]  # the end token: every request runs to its length
 def checkpoint(tmp_path_factory):
     torch.manual_seed(0)
     config = HFConfig(
-        vocab_size=VOCAB, n_positions=256, n_embd=64, n_layer=2, n_head=4, rotary_dim=8,
-        bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        n_positions=256,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        rotary_dim=8,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     path = tmp_path_factory.mktemp("faults-gptj")
     GPTJForCausalLM(config).eval().save_pretrained(path)
     return path

@@ -112,8 +112,12 @@ def test_a_run_scores_every_section_and_compares_the_backends(api, tiny_checkpoi
     (folder,) = out.iterdir()
     data = json.loads((folder / "report.json").read_text())
     markdown = (folder / "report.md").read_text()
-    for heading in ("## Setup", "## HumanEval pass@1", "## Next-line accuracy",
-                    "## Single-line infilling"):  # fmt: skip
+    for heading in (
+        "## Setup",
+        "## HumanEval pass@1",
+        "## Next-line accuracy",
+        "## Single-line infilling",
+    ):
         assert heading in markdown
     assert data["model"]["model_type"] == "gptj" and data["model"]["parameters"] > 0
     assert data["machine"]["cores"] and data["server"]["url"] == f"{api.url}/v1"
@@ -123,8 +127,11 @@ def test_a_run_scores_every_section_and_compares_the_backends(api, tiny_checkpoi
     humaneval = data["humaneval"]
     assert humaneval["served"]["total"] == humaneval["transformers"]["total"] == 3
     assert humaneval["compared"] == 3 and not humaneval["errors"]
-    assert [p["task_id"] for p in humaneval["problems"]] == ["HumanEval/0", "HumanEval/1",
-                                                              "HumanEval/2"]  # fmt: skip
+    assert [p["task_id"] for p in humaneval["problems"]] == [
+        "HumanEval/0",
+        "HumanEval/1",
+        "HumanEval/2",
+    ]
     for row in humaneval["problems"]:
         assert row["served"]["result"] and row["transformers"]["result"]
     # greedy float32 on the torch engine: the served completions are transformers' own

@@ -94,8 +94,9 @@ def reference(hf_model):
 
 def prompt(seed: int) -> list[int]:
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(1, VOCAB, (int(torch.randint(4, 30, (1,), generator=gen)),),
-                         generator=gen).tolist()  # fmt: skip
+    return torch.randint(
+        1, VOCAB, (int(torch.randint(4, 30, (1,), generator=gen)),), generator=gen
+    ).tolist()
 
 
 def test_the_wrapper_is_a_generation_backend(wrapped):

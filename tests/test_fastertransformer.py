@@ -118,14 +118,16 @@ def test_each_rank_holds_its_own_heads_in_ft_orientation(checkpoint, tmp_path, t
     state = load_file(checkpoint / "model.safetensors")
     local = N_EMBD // tp
     for rank in range(tp):
-        raw = np.fromfile(folder / f"model.layers.1.attention.query_key_value.weight.{rank}.bin",
-                          dtype="<f4").reshape(N_EMBD, 3, local)  # fmt: skip
+        raw = np.fromfile(
+            folder / f"model.layers.1.attention.query_key_value.weight.{rank}.bin", dtype="<f4"
+        ).reshape(N_EMBD, 3, local)
         heads = slice(rank * local, (rank + 1) * local)
         for i, proj in enumerate("qkv"):
             weight = state[f"transformer.h.1.attn.{proj}_proj.weight"]
             np.testing.assert_array_equal(raw[:, i, :], weight[heads].T.numpy())
-        dense = np.fromfile(folder / f"model.layers.1.attention.dense.weight.{rank}.bin",
-                            dtype="<f4").reshape(local, N_EMBD)  # fmt: skip
+        dense = np.fromfile(
+            folder / f"model.layers.1.attention.dense.weight.{rank}.bin", dtype="<f4"
+        ).reshape(local, N_EMBD)
         np.testing.assert_array_equal(
             dense, state["transformer.h.1.attn.out_proj.weight"].T[heads].numpy()
         )
@@ -212,8 +214,11 @@ def test_model_stage_keeps_the_tensor_contract(ft_repository):
     inputs, outputs = contract(config)
     assert {"input_ids", "request_output_len", "bad_words_list"} <= {i[0] for i in inputs}
     assert {o[0] for o in outputs} == {
-        "output_ids", "sequence_length", "cum_log_probs", "output_log_probs",
-    }  # fmt: skip
+        "output_ids",
+        "sequence_length",
+        "cum_log_probs",
+        "output_log_probs",
+    }
     input_ids = next(i[1] for i in inputs if i[0] == "input_ids")
     assert input_ids == model_config.DataType.Value("TYPE_UINT32")
     served = MODEL_REPOSITORY / "gptj" / "config.pbtxt"

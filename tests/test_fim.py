@@ -208,8 +208,13 @@ def test_the_fim_order_is_the_builds_unless_the_deployment_says(tiny_checkpoint,
     pre = Preprocessor(tiny_checkpoint)
     sentinels = [pre.tokenizer.convert_tokens_to_ids(t) for t in STARCODER_TOKENS]
     out = pre.tensors(request([b"def f(x):\n    "], [b"\n    return y\n"]))
-    expected = [sentinels[0], sentinels[1], *pre.encode("\n    return y\n"), sentinels[2],
-                *pre.encode("def f(x):\n    ")]  # fmt: skip
+    expected = [
+        sentinels[0],
+        sentinels[1],
+        *pre.encode("\n    return y\n"),
+        sentinels[2],
+        *pre.encode("def f(x):\n    "),
+    ]
     assert out["INPUT_ID"][0, : len(expected)].tolist() == expected
     with pytest.raises(ValueError, match="fim_order 'middle'"):
         Preprocessor(tiny_checkpoint, fim_order="middle")

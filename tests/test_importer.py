@@ -132,8 +132,11 @@ def test_codegen_import_writes_a_gptj_folder(imported_codegen):
     assert config["model_type"] == "gptj"
     assert config["architectures"] == ["GPTJForCausalLM"]
     assert (config["n_layer"], config["n_embd"], config["n_head"], config["rotary_dim"]) == (
-        2, 64, 4, 8,
-    )  # fmt: skip
+        2,
+        64,
+        4,
+        8,
+    )
     assert config["n_positions"] == 128
     keys = load_file(imported_codegen / "model.safetensors").keys()
     assert keys == importer.expected_gptj_keys(2)
@@ -202,9 +205,15 @@ def test_imported_tokenizer_round_trips(imported_codegen, tokenizer):
 def gptj_folder(tmp_path_factory, tokenizer):
     torch.manual_seed(1)
     config = transformers.GPTJConfig(
-        vocab_size=len(tokenizer), n_positions=64, n_embd=32, n_layer=2, n_head=4, rotary_dim=4,
-        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        rotary_dim=4,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     model = transformers.GPTJForCausalLM(config).eval()
     folder = tmp_path_factory.mktemp("gptj")
     # the old pickle format, as older hub checkpoints ship it

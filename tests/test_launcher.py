@@ -63,10 +63,22 @@ def launched(model_repository, log: Path) -> Iterator[Launched]:
     ports = free_ports(3)
     http, grpc, metrics = (str(port) for port in ports)
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "serving.triton", "--model-repository", str(model_repository),
-         "--http-port", http, "--grpc-port", grpc, "--metrics-port", metrics],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "serving.triton",
+            "--model-repository",
+            str(model_repository),
+            "--http-port",
+            http,
+            "--grpc-port",
+            grpc,
+            "--metrics-port",
+            metrics,
+        ],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     family: list[psutil.Process] = []
     try:
         wait_ready(f"http://127.0.0.1:{http}/v2/health/ready", launcher)

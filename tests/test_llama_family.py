@@ -23,8 +23,16 @@ from modelbuild.importer import CheckpointImportError, import_checkpoint
 from modelbuild.openvino_export import ensure_export
 
 ATOL = 1e-4
-TINY_CONFIG = {key: SHAPE[key] for key in ("hidden_size", "intermediate_size", "num_hidden_layers",
-               "num_attention_heads", "max_position_embeddings")}  # fmt: skip
+TINY_CONFIG = {
+    key: SHAPE[key]
+    for key in (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "max_position_embeddings",
+    )
+}
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +71,12 @@ def check_greedy(hf, batch: list[list[int]], new: list[int], results) -> None:
 def hf_greedy(model, prompt: list[int], new: int) -> list[int]:
     """transformers' greedy tokens, up to the end token (which the engines do not return)."""
     out = model.generate(
-        torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None,
+        torch.tensor([prompt]),
+        max_new_tokens=new,
+        do_sample=False,
+        eos_token_id=None,
         pad_token_id=model.config.eos_token_id,
-    )[0, len(prompt) :].tolist()  # fmt: skip
+    )[0, len(prompt) :].tolist()
     eos = model.config.eos_token_id
     return out[: out.index(eos)] if eos in out else out
 
@@ -104,8 +115,13 @@ def test_model_shape_reads_the_family(family, tokenizer):
 
 
 def test_a_list_of_end_ids_or_none_is_read(tmp_path):
-    config = {"model_type": "llama", "vocab_size": 300, "num_hidden_layers": 2,
-              "hidden_size": 64, "max_position_embeddings": 256}  # fmt: skip
+    config = {
+        "model_type": "llama",
+        "vocab_size": 300,
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "max_position_embeddings": 256,
+    }
     (tmp_path / "config.json").write_text(json.dumps({**config, "eos_token_id": [7, 9]}))
     assert ModelShape.read(tmp_path).eos_token_id == 7
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -273,14 +289,16 @@ def test_an_unsupported_model_type_is_refused_by_name_everywhere(tmp_path):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}},
-         "rope type 'yarn' is not implemented"),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}},
+            "rope type 'yarn' is not implemented",
+        ),
         ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope type 'dynamic'"),
         ({"hidden_act": "relu"}, "hidden_act 'relu'"),
         ({"partial_rotary_factor": 0.5}, "partial rotary factor"),
     ],
     ids=["yarn", "old-style-dynamic", "activation", "partial-rotary"],
-)  # fmt: skip
+)
 def test_what_the_torch_module_does_not_implement_is_refused_at_load(tmp_path, change, message):
     raw = {**TINY_CONFIG, "model_type": "llama", "vocab_size": 300}
     (tmp_path / "config.json").write_text(json.dumps({**raw, **change}))

@@ -27,9 +27,13 @@ def _repository(tmp_path: Path, files: dict[str, dict]) -> Path:
 
 def test_a_pretrained_llama_is_described_from_its_config(tmp_path):
     config = {
-        "model_type": "llama", "num_hidden_layers": 30, "hidden_size": 576,
-        "num_attention_heads": 9, "max_position_embeddings": 8192, "vocab_size": 49152,
-    }  # fmt: skip
+        "model_type": "llama",
+        "num_hidden_layers": 30,
+        "hidden_size": 576,
+        "num_attention_heads": 9,
+        "max_position_embeddings": 8192,
+        "vocab_size": 49152,
+    }
     repo = _repository(tmp_path, {"config.json": config, "pretrained.json": {"name": "smollm2"}})
     weights = {"model.embed_tokens.weight": torch.zeros(10, 4), "model.norm.weight": torch.ones(4)}
     save_file(weights, checkpoint_dir(repo) / "model.safetensors")
@@ -45,10 +49,17 @@ def test_a_pretrained_llama_is_described_from_its_config(tmp_path):
 
 def test_a_trained_gptj_keeps_its_build_figures(tmp_path):
     build = {
-        "name": "tiny-test-gptj", "parameters": 5_250_000, "held_out_loss": 1.5,
-        "build": {"n_layer": 4, "n_embd": 256, "n_head": 8, "n_positions": 1024,
-                  "vocab_size": 4096},
-    }  # fmt: skip
+        "name": "tiny-test-gptj",
+        "parameters": 5_250_000,
+        "held_out_loss": 1.5,
+        "build": {
+            "n_layer": 4,
+            "n_embd": 256,
+            "n_head": 8,
+            "n_positions": 1024,
+            "vocab_size": 4096,
+        },
+    }
     repo = _repository(tmp_path, {"build.json": build, "config.json": {"model_type": "gptj"}})
     info = checkpoint_info(repo)
     assert info is not None and info["family"] == "gptj" and info["parameters"] == 5_250_000

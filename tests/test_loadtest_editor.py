@@ -219,13 +219,15 @@ def _record(ttft_ms: float | None = None, read: int = 0, **fields) -> Exchange:
 
 
 RECORDS = [
-    *(_record(100.0 + i, 8, latency_s=(400.0 + i) / 1000, completion_tokens=10, finished=True)
-      for i in range(10)),
+    *(
+        _record(100.0 + i, 8, latency_s=(400.0 + i) / 1000, completion_tokens=10, finished=True)
+        for i in range(10)
+    ),
     *(_record(150.0, 3) for _ in range(20)),
     *(_record() for _ in range(10)),
     _record(error="HTTP 504: no answer within 12 s"),
     _record(error="HTTP 504: no answer within 7 s"),
-]  # fmt: skip
+]
 
 
 def _events(records, system: str = "cache-on", protocol: str = "openai") -> pd.DataFrame:
@@ -239,8 +241,9 @@ def _events(records, system: str = "cache-on", protocol: str = "openai") -> pd.D
 
 
 def _windows(system: str = "cache-on", **counters) -> pd.DataFrame:
-    return pd.DataFrame([{"system": system, "window": 0, "seconds": 10.0, "cpu_s": 4.0,
-                          **counters}])  # fmt: skip
+    return pd.DataFrame(
+        [{"system": system, "window": 0, "seconds": 10.0, "cpu_s": 4.0, **counters}]
+    )
 
 
 def test_the_figures_count_outcomes_and_percentiles_of_the_answered_only():
@@ -255,8 +258,15 @@ def test_the_figures_count_outcomes_and_percentiles_of_the_answered_only():
 
 
 def test_tokens_for_abandoned_requests_are_generated_minus_delivered():
-    windows = _windows(generated=500.0, sequences=41.0, cancelled=30.0, prompt=41_000.0,
-                       reused=20_500.0, editor_stops=10.0, past_stop=0.0)  # fmt: skip
+    windows = _windows(
+        generated=500.0,
+        sequences=41.0,
+        cancelled=30.0,
+        prompt=41_000.0,
+        reused=20_500.0,
+        editor_stops=10.0,
+        past_stop=0.0,
+    )
     f = system_figures(_events(RECORDS), windows)["cache-on"]
     assert f["tokens delivered"] == 10 * 10 + 20 * 3  # answered: server count; abandoned: read
     assert f["generated for abandoned, unread (at most)"] == 500 - 160
@@ -275,21 +285,39 @@ def test_the_report_is_written_from_the_event_table_with_a_loud_prefix_only_bann
     figures = system_figures(events, windows)
     drill = drill_figures([DrillOutcome("abandoned", 1, generated=g) for g in (2.0, 4.0)])
     run = dict(
-        name="test", started="2026-01-01T00:00:00", seconds=10.0,
-        command="python -m loadtest.editor --quick", protocol="openai",
+        name="test",
+        started="2026-01-01T00:00:00",
+        seconds=10.0,
+        command="python -m loadtest.editor --quick",
+        protocol="openai",
         settings={
-            "typists": 2, "window_s": 10.0, "windows": 1, "order": ["cache-on", "llama.cpp"],
-            "max_tokens": 32, "one_line": True, "t_max_predict_ms": 1000, "prompt_tokens": 1000,
-            "context": 1024, "anchor_chars": 512, "drill": 0, "seed": 0, "resend": 0,
-            "sampling": {"top_k": 40}, "pause": TypingStyle().pause_s, "warm_up": 0.0,
+            "typists": 2,
+            "window_s": 10.0,
+            "windows": 1,
+            "order": ["cache-on", "llama.cpp"],
+            "max_tokens": 32,
+            "one_line": True,
+            "t_max_predict_ms": 1000,
+            "prompt_tokens": 1000,
+            "context": 1024,
+            "anchor_chars": 512,
+            "drill": 0,
+            "seed": 0,
+            "resend": 0,
+            "sampling": {"top_k": 40},
+            "pause": TypingStyle().pause_s,
+            "warm_up": 0.0,
         },
         suffix={"requested": True, "send": False, "note": mode.note, "refused": True},
-        figures=figures, drills={"cache-on": drill},
+        figures=figures,
+        drills={"cache-on": drill},
         afters={"cache-on": "answered a plain request in 20 ms"},
         targets=evaluate(figures, {}, {"cache-on": "answered"}, one_line=True),
-        problems=[], machine=describe(), servers={"cache-on": "Triton"},
+        problems=[],
+        machine=describe(),
+        servers={"cache-on": "Triton"},
         load={"cache-on": (0.5, 1.0)},
-    )  # fmt: skip
+    )
     paths = write_report(tmp_path, events, windows, run)
     assert {p.name for p in paths} >= {"summary.json", "events.csv", "windows.csv", "report.md"}
     report = (tmp_path / "report.md").read_text()
@@ -313,8 +341,15 @@ def test_the_resend_probe_has_figures_of_its_own_apart_from_the_typists(tmp_path
     log = EventLog(profile="editor", system="cache-on")
     for first, latency in ((20.0, 60.0), (40.0, 100.0), (None, 60_000.0)):
         outcome = "ok" if first else "error"
-        log.record(window="resent", name="resent", kind="openai", first_token_ms=first,
-                   latency_ms=latency, tokens=3, outcome=outcome)  # fmt: skip
+        log.record(
+            window="resent",
+            name="resent",
+            kind="openai",
+            first_token_ms=first,
+            latency_ms=latency,
+            tokens=3,
+            outcome=outcome,
+        )
     f = system_figures(pd.concat([events, log.frame()]), _windows())["cache-on"]
     assert f["requests"] == 42 and f["errors"] == 2  # the typists' figures alone
     assert f["resent +3 chars: first token p50 ms"] == pytest.approx(30.0)

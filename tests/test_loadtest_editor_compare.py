@@ -195,11 +195,14 @@ def test_drill_prompts_take_the_files_in_turn_up_to_their_middle_line(tmp_path):
 
 def _record(outcome: str, ttft: float | None = None, read: int = 0) -> Exchange:
     return Exchange(
-        first_token_s=None if ttft is None else ttft / 1000, pieces=read, tokens_read=read,
-        latency_s=None if ttft is None else (ttft + 200) / 1000, finished=outcome == "ok",
+        first_token_s=None if ttft is None else ttft / 1000,
+        pieces=read,
+        tokens_read=read,
+        latency_s=None if ttft is None else (ttft + 200) / 1000,
+        finished=outcome == "ok",
         completion_tokens=10 if outcome == "ok" else None,
         error="HTTP 500: boom" if outcome == "error" else "",
-    )  # fmt: skip
+    )
 
 
 def _figures(
@@ -220,8 +223,17 @@ def _figures(
         log.on_request(**request_event(record, window, 1.0, 0, "grpc", True, log._t0_wall))
     delivered = 10 * (10 if ttft is not None else 0) + 2 * abandoned
     counters = {"generated": delivered + wasted, "editor_stops": 10.0, "past_stop": past_stop}
-    windows = pd.DataFrame([{"system": "s", "window": 0, "seconds": 10.0, "cpu_s": 1.0,
-                             **(counters if counted else {})}])  # fmt: skip
+    windows = pd.DataFrame(
+        [
+            {
+                "system": "s",
+                "window": 0,
+                "seconds": 10.0,
+                "cpu_s": 1.0,
+                **(counters if counted else {}),
+            }
+        ]
+    )
     return system_figures(log.frame(), windows)["s"]
 
 

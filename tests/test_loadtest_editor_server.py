@@ -21,19 +21,30 @@ OUTCOMES = ("answered", "abandoned", "error")
 def _run(server, tmp_path, protocol: str, *extra: str) -> dict:
     out = tmp_path / protocol
     command = [
-        sys.executable, "-m", "loadtest.editor",
-        "--protocol", protocol,
-        "--typists", "2",
-        "--duration", "8",
-        "--host", server.http_url,
-        "--grpc-url", server.grpc_url,
-        "--metrics-url", server.metrics_url,
-        "--model-repository", str(server.model_repository),
-        "--out", str(out),
+        sys.executable,
+        "-m",
+        "loadtest.editor",
+        "--protocol",
+        protocol,
+        "--typists",
+        "2",
+        "--duration",
+        "8",
+        "--host",
+        server.http_url,
+        "--grpc-url",
+        server.grpc_url,
+        "--metrics-url",
+        server.metrics_url,
+        "--model-repository",
+        str(server.model_repository),
+        "--out",
+        str(out),
         "--no-compare",
-        "--drill", "2",
+        "--drill",
+        "2",
         *extra,
-    ]  # fmt: skip
+    ]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     print(done.stdout[-5000:], done.stderr[-5000:], sep="\n")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -85,8 +96,9 @@ def test_a_short_run_balances_its_books(server, tmp_path, protocol):
 @pytest.mark.parametrize("protocol", ["grpc", "openai"])
 def test_requests_abandoned_at_once_leave_the_server_answering(server, tmp_path, protocol):
     # 400 tokens cannot stream back within 10 ms: every request is abandoned
-    summary = _run(server, tmp_path, protocol, "--pause", "0.005,0.01", "--max-tokens", "400",
-                   "--no-one-line")  # fmt: skip
+    summary = _run(
+        server, tmp_path, protocol, "--pause", "0.005,0.01", "--max-tokens", "400", "--no-one-line"
+    )
     f = summary["figures"][SINGLE]
     assert f["requests"] >= 2 and f["abandoned"] == f["requests"], f
     assert f["errors"] == 0 and f["answered"] == 0
@@ -100,15 +112,24 @@ def test_the_comparison_types_on_two_servers_it_starts_with_the_cache_on_and_off
 ):
     out = tmp_path / "compare"
     command = [
-        sys.executable, "-m", "loadtest.editor",
-        "--protocol", "grpc",
-        "--typists", "2",
-        "--duration", "4",
-        "--windows", "1",
-        "--model-repository", str(openvino_model_repository),
-        "--out", str(out),
-        "--drill", "2",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "loadtest.editor",
+        "--protocol",
+        "grpc",
+        "--typists",
+        "2",
+        "--duration",
+        "4",
+        "--windows",
+        "1",
+        "--model-repository",
+        str(openvino_model_repository),
+        "--out",
+        str(out),
+        "--drill",
+        "2",
+    ]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     print(done.stdout[-5000:], done.stderr[-5000:], sep="\n")
     # 0: every target met; 3: a target missed (on a tiny model the cache may not pay): both

@@ -86,21 +86,52 @@ codegen_engine_running_sequences{{model="engine"}} {running}
 """
 
 START = dict(
-    fail_other=8, fail_backend=0, count=333, gptj_exec=279, post_exec=292, pre_exec=294,
-    ens_request=266162392, gptj_queue=779079, post_queue=747953, pre_queue=361538,
-    gptj_infer=429748, post_infer=302448, pre_infer=577105, engine_requests=333,
-    engine_queue=23152671.456, engine_compute=62991749.754, steps=1742, rows=7913, tokens=7888,
-    pending=0, running=4,
-)  # fmt: skip
+    fail_other=8,
+    fail_backend=0,
+    count=333,
+    gptj_exec=279,
+    post_exec=292,
+    pre_exec=294,
+    ens_request=266162392,
+    gptj_queue=779079,
+    post_queue=747953,
+    pre_queue=361538,
+    gptj_infer=429748,
+    post_infer=302448,
+    pre_infer=577105,
+    engine_requests=333,
+    engine_queue=23152671.456,
+    engine_compute=62991749.754,
+    steps=1742,
+    rows=7913,
+    tokens=7888,
+    pending=0,
+    running=4,
+)
 # 10 s later: 200 requests more, in 50 gptj executions and 100 pre/post executions.
 END = START | dict(
-    fail_other=9, fail_backend=1, count=533, gptj_exec=329, post_exec=392, pre_exec=394,
-    ens_request=266162392 + 200 * 500_000, gptj_queue=779079 + 20_000,
-    post_queue=747953 + 30_000, pre_queue=361538 + 10_000, gptj_infer=429748 + 40_000,
-    post_infer=302448 + 80_000, pre_infer=577105 + 160_000, engine_requests=533,
-    engine_queue=23152671.456 + 2_000_000, engine_compute=62991749.754 + 8_000_000,
-    steps=1742 + 1000, rows=7913 + 6000, tokens=7888 + 6400, pending=3, running=6,
-)  # fmt: skip
+    fail_other=9,
+    fail_backend=1,
+    count=533,
+    gptj_exec=329,
+    post_exec=392,
+    pre_exec=394,
+    ens_request=266162392 + 200 * 500_000,
+    gptj_queue=779079 + 20_000,
+    post_queue=747953 + 30_000,
+    pre_queue=361538 + 10_000,
+    gptj_infer=429748 + 40_000,
+    post_infer=302448 + 80_000,
+    pre_infer=577105 + 160_000,
+    engine_requests=533,
+    engine_queue=23152671.456 + 2_000_000,
+    engine_compute=62991749.754 + 8_000_000,
+    steps=1742 + 1000,
+    rows=7913 + 6000,
+    tokens=7888 + 6400,
+    pending=3,
+    running=6,
+)
 
 
 def snapshot(values: dict, at: float):
@@ -150,9 +181,18 @@ def test_counter_increase_handles_resets_and_new_series():
 
 def test_a_server_restart_inside_the_window_is_a_counter_reset():
     restarted = START | dict(
-        count=12, gptj_exec=3, pre_exec=6, post_exec=6, engine_compute=400_000, steps=30,
-        rows=90, tokens=96, engine_requests=12, ens_request=6_000_000, fail_other=0,
-    )  # fmt: skip
+        count=12,
+        gptj_exec=3,
+        pre_exec=6,
+        post_exec=6,
+        engine_compute=400_000,
+        steps=30,
+        rows=90,
+        tokens=96,
+        engine_requests=12,
+        ens_request=6_000_000,
+        fail_other=0,
+    )
     d = snapshot_deltas(snapshot(START, 0.0), snapshot(restarted, 10.0))
     assert d.get("nv_inference_count", "ensemble") == 12
     assert d.get("codegen_engine_steps_total", "engine") == 30
@@ -247,12 +287,17 @@ class FakeClient:
         end = float(params["time"])
         start = end - int(query.rsplit("[", 1)[1].removesuffix("ms]")) / 1000
         return [
-            {"metric": {"__name__": metric, "model": m, "instance": "t"},
-             "values": [[at, str(value(at))] for at in self.scrapes
-                        if start < at <= end and value(at) is not None]}
+            {
+                "metric": {"__name__": metric, "model": m, "instance": "t"},
+                "values": [
+                    [at, str(value(at))]
+                    for at in self.scrapes
+                    if start < at <= end and value(at) is not None
+                ],
+            }
             for (metric, m), value in self.series.items()
             if metric in asked and (model is None or model.group(1) == m)
-        ]  # fmt: skip
+        ]
 
 
 def test_prometheus_window_runs_from_its_first_to_its_last_scrape_inside():
@@ -328,8 +373,13 @@ def _stats(name: str, batches: dict[int, tuple[int, int]]) -> dict:
 def test_execution_busy_time_counts_each_execution_once():
     # recorded from the preprocessing stage: 580 requests in 437 executions; the metrics port
     # reported 799262 us, which is sum(batch size x execution time), not the busy time
-    recorded = {1: (344, 406317715), 2: (60, 95945391), 3: (20, 34316743), 4: (12, 19957968),
-                8: (1, 2317359)}  # fmt: skip
+    recorded = {
+        1: (344, 406317715),
+        2: (60, 95945391),
+        3: (20, 34316743),
+        4: (12, 19957968),
+        8: (1, 2317359),
+    }
     stats = {"model_stats": [_stats("preprocessing", recorded), _stats("postprocessing", {})]}
     busy = execution_busy_us(stats)
     assert busy["preprocessing"] == pytest.approx(558855.176)

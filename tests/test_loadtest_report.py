@@ -36,12 +36,25 @@ def _events() -> EventLog:
         log.stamp(phase="measure")
         for i in range(198):
             outcome, error = ("error", "boom") if i == 7 else ("ok", "")
-            log.record(kind="POST", name="ensemble", latency_ms=200.0, started_s=3 + i / 20,
-                       outcome=outcome, error=error)  # fmt: skip
+            log.record(
+                kind="POST",
+                name="ensemble",
+                latency_ms=200.0,
+                started_s=3 + i / 20,
+                outcome=outcome,
+                error=error,
+            )
         log.stamp(phase="stream")
         for _ in range(12):
-            log.record(kind="grpc-stream", name=STREAM_NAME, latency_ms=400.0, outcome="ok",
-                       error="", first_token_ms=80.0, tokens=length)  # fmt: skip
+            log.record(
+                kind="grpc-stream",
+                name=STREAM_NAME,
+                latency_ms=400.0,
+                outcome="ok",
+                error="",
+                first_token_ms=80.0,
+                tokens=length,
+            )
         for _ in range(300):
             log.record(kind="grpc-stream", name=ITL_NAME, latency_ms=9.0, outcome="ok", error="")
         log.stamp(phase="after")
@@ -51,10 +64,18 @@ def _events() -> EventLog:
 def _window(length: int) -> dict:
     deltas = snapshot_deltas(snapshot(START, 100.0), snapshot(END, 110.0))
     source = "Prometheus' increase()" if length == 8 else "Triton's /metrics"
-    return {"output_len": length, "source": source, "window_s": deltas.window_s,
-            "client_window_s": 10.0, "length_start_s": 0.0, "window_start_s": 3.2,
-            "window_end_s": 13.2, "busy_share": {"preprocessing": 0.015, "postprocessing": None},
-            "drained": True, "deltas": deltas.as_dict()}  # fmt: skip
+    return {
+        "output_len": length,
+        "source": source,
+        "window_s": deltas.window_s,
+        "client_window_s": 10.0,
+        "length_start_s": 0.0,
+        "window_start_s": 3.2,
+        "window_end_s": 13.2,
+        "busy_share": {"preprocessing": 0.015, "postprocessing": None},
+        "drained": True,
+        "deltas": deltas.as_dict(),
+    }
 
 
 @pytest.fixture
@@ -75,14 +96,30 @@ def folder(tmp_path):
         },
     )
     machine = MachineInfo("a CPU", 2, 7.7, "none", "Linux", "3.12", "2.13.0", "2.47", "2.73")
-    settings = {"lengths": list(LENGTHS), "users": 4, "duration_s": 6.0, "warmup_s": 3.0,
-                "protocol": "http", "host": "localhost:8000", "stream_users": 1,
-                "metrics_url": "http://localhost:8002/metrics", "stream_duration_s": 3.0,
-                "prompts": 300, "prompt_seed": 0, "sampling": {"top_k": 40}}  # fmt: skip
-    run = {"name": "20260101-000000-http", "started": "2026-01-01T00:00:00", "seconds": 42.0,
-           "command": "python -m loadtest.sweep --quick", "settings": settings,
-           "prometheus": "Prometheus at http://127.0.0.1:9090 (target 127.0.0.1:8002)",
-           "machine": dataclasses.asdict(machine), "model": dataclasses.asdict(model)}  # fmt: skip
+    settings = {
+        "lengths": list(LENGTHS),
+        "users": 4,
+        "duration_s": 6.0,
+        "warmup_s": 3.0,
+        "protocol": "http",
+        "host": "localhost:8000",
+        "stream_users": 1,
+        "metrics_url": "http://localhost:8002/metrics",
+        "stream_duration_s": 3.0,
+        "prompts": 300,
+        "prompt_seed": 0,
+        "sampling": {"top_k": 40},
+    }
+    run = {
+        "name": "20260101-000000-http",
+        "started": "2026-01-01T00:00:00",
+        "seconds": 42.0,
+        "command": "python -m loadtest.sweep --quick",
+        "settings": settings,
+        "prometheus": "Prometheus at http://127.0.0.1:9090 (target 127.0.0.1:8002)",
+        "machine": dataclasses.asdict(machine),
+        "model": dataclasses.asdict(model),
+    }
     windows = [_window(length) for length in LENGTHS]
     (tmp_path / RUN).write_text(json.dumps({"run": run, "windows": windows}))
     return tmp_path
@@ -118,8 +155,12 @@ def test_a_window_no_request_completed_in_has_no_latency_but_tritons_figures():
 def test_the_report_is_drawn_from_the_event_table_and_the_windows(folder):
     paths = write_report(folder)
     names = {p.name for p in paths}
-    charts = {"rps_latency.png", "stage_shares.png", "timeseries_len_0008.png",
-              "timeseries_len_0032.png"}  # fmt: skip
+    charts = {
+        "rps_latency.png",
+        "stage_shares.png",
+        "timeseries_len_0008.png",
+        "timeseries_len_0032.png",
+    }
     assert names == charts | {"report.md"}
     for name in charts:
         assert (folder / name).stat().st_size > 10_000

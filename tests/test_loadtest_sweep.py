@@ -29,20 +29,34 @@ MODELS = ("ensemble", "preprocessing", "gptj", "postprocessing")
 def run(server, tmp_path_factory):
     out = tmp_path_factory.mktemp("loadtest") / "run"
     command = [
-        sys.executable, "-m", "loadtest.sweep",
-        "--lengths", ",".join(map(str, LENGTHS)),
-        "--users", str(USERS),
-        "--duration", "6",
-        "--warmup", "3",
-        "--stream-users", "1",
-        "--stream-duration", "2",
-        "--host", server.http_url,
-        "--grpc-url", server.grpc_url,
-        "--metrics-url", server.metrics_url,
-        "--prometheus", "off",  # the metrics port: its readings bracket Locust's window
-        "--model-repository", str(server.model_repository),
-        "--out", str(out),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "loadtest.sweep",
+        "--lengths",
+        ",".join(map(str, LENGTHS)),
+        "--users",
+        str(USERS),
+        "--duration",
+        "6",
+        "--warmup",
+        "3",
+        "--stream-users",
+        "1",
+        "--stream-duration",
+        "2",
+        "--host",
+        server.http_url,
+        "--grpc-url",
+        server.grpc_url,
+        "--metrics-url",
+        server.metrics_url,
+        "--prometheus",
+        "off",  # the metrics port: its readings bracket Locust's window
+        "--model-repository",
+        str(server.model_repository),
+        "--out",
+        str(out),
+    ]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     print(done.stdout[-6000:], done.stderr[-6000:], sep="\n")
     assert done.returncode == 0, done.stderr[-3000:]

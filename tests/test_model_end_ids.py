@@ -37,9 +37,12 @@ def project_tokenizer():
 def free_greedy(model, prompt: list[int], new: int) -> list[int]:
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None,
+            torch.tensor([prompt]),
+            max_new_tokens=new,
+            do_sample=False,
+            eos_token_id=None,
             pad_token_id=0,
-        )  # fmt: skip
+        )
     return out[0, len(prompt) :].tolist()
 
 

@@ -94,9 +94,11 @@ def spiece(texts) -> tuple[dict[str, int], list[tuple[str, str]]]:
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=True)
     alphabet = sorted(set("".join(texts)) - {" "})
     trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=alphabet,
+        vocab_size=400,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=alphabet,
         show_progress=False,
-    )  # fmt: skip
+    )
     tokenizer.train_from_iterator(texts, trainer)
     state = json.loads(tokenizer.to_str())["model"]
     return state["vocab"], [tuple(m) for m in state["merges"]]

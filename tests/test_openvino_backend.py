@@ -78,8 +78,10 @@ def test_seeded_sampling_does_not_depend_on_batch_neighbours(engine):
     prompt = prompts(1, seed=9)[0]
     seeded = GenerationRequest(prompt, 24, SamplingParams(top_k=20, top_p=0.9, seed=7))
     alone = engine.generate(seeded)
-    crowd = [GenerationRequest(p, 30, SamplingParams(top_k=5, seed=i)) for i, p in
-             enumerate(prompts(5, seed=10))]  # fmt: skip
+    crowd = [
+        GenerationRequest(p, 30, SamplingParams(top_k=5, seed=i))
+        for i, p in enumerate(prompts(5, seed=10))
+    ]
     mixed = run_concurrently(engine, [*crowd[:2], seeded, *crowd[2:]])
     assert mixed[2].output_ids == alone.output_ids
     other = engine.generate(GenerationRequest(prompt, 24, SamplingParams(top_k=20, seed=8)))

@@ -31,9 +31,15 @@ STORED = {"float32": set(), "int8": {"u8"}, "int4": {"i4"}}
 def checkpoint(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     config = HFConfig(
-        vocab_size=300, n_positions=256, n_embd=64, n_layer=2, n_head=4, rotary_dim=8,
-        bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+        vocab_size=300,
+        n_positions=256,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        rotary_dim=8,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     path = tmp_path_factory.mktemp("weights-gptj")
     GPTJForCausalLM(config).eval().save_pretrained(path)
     return path

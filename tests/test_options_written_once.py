@@ -181,10 +181,25 @@ def test_the_codegen_command_has_a_flag_for_every_contract_option():
 
 # OpenAI's own completions parameters (its API reference), the names an OpenAI client sends.
 OPENAI_FIELDS = (
-    "model", "prompt", "suffix", "max_tokens", "temperature", "top_p", "n", "stream",
-    "stream_options", "logprobs", "echo", "stop", "presence_penalty", "frequency_penalty",
-    "best_of", "logit_bias", "user", "seed",
-)  # fmt: skip
+    "model",
+    "prompt",
+    "suffix",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "echo",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "best_of",
+    "logit_bias",
+    "user",
+    "seed",
+)
 
 
 def api_tensors(body: dict[str, Any]) -> dict[str, np.ndarray]:

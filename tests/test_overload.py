@@ -38,9 +38,15 @@ def small_server(model_repository, tmp_path_factory):
     tiny = json.loads((checkpoint / "config.json").read_text())
     torch.manual_seed(0)
     slow = GPTJConfig(
-        vocab_size=tiny["vocab_size"], n_positions=2048, n_embd=512, n_layer=8, n_head=8,
-        rotary_dim=16, bos_token_id=tiny["bos_token_id"], eos_token_id=tiny["eos_token_id"],
-    )  # fmt: skip
+        vocab_size=tiny["vocab_size"],
+        n_positions=2048,
+        n_embd=512,
+        n_layer=8,
+        n_head=8,
+        rotary_dim=16,
+        bos_token_id=tiny["bos_token_id"],
+        eos_token_id=tiny["eos_token_id"],
+    )
     for weights in checkpoint.glob("*.safetensors"):
         weights.unlink()
     GPTJForCausalLM(slow).save_pretrained(checkpoint)  # beside the tiny model's tokenizer

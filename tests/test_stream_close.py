@@ -146,11 +146,12 @@ def test_a_stream_to_a_server_that_is_down_says_so_though_the_reason_comes_late(
 
     def down(self, model, inputs, **kw):
         unavailable = InferenceServerException("failed to connect", "StatusCode.UNAVAILABLE")
-        report = threading.Timer(0.05, self.callback, kwargs={"result": None,
-                                                              "error": unavailable})  # fmt: skip
+        report = threading.Timer(0.05, self.callback, kwargs={"result": None, "error": unavailable})
         report.start()
-        raise InferenceServerException("The stream is no longer in valid state, the error "
-                                       "detail is reported through provided callback.")  # fmt: skip
+        raise InferenceServerException(
+            "The stream is no longer in valid state, the error "
+            "detail is reported through provided callback."
+        )
 
     monkeypatch.setattr(_FakeTriton, "async_stream_infer", down)
     with pytest.raises(ServerUnavailableError):

@@ -18,8 +18,10 @@ from client.request import gives_account
 from client.results import CodegenError, Piece, Target, error_message
 from client.transport import ResponseStream, Transport
 
-EVENTS = [{"choices": [{"text": "ab"}]}, {"choices": [{"text": ""}], "usage": {"prompt_tokens": 3,
-          "completion_tokens": 2}}]  # fmt: skip
+EVENTS = [
+    {"choices": [{"text": "ab"}]},
+    {"choices": [{"text": ""}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+]
 REFUSAL = {"error": {"message": "suffix is not supported", "param": "suffix"}}
 ROUTES = ("hold", "late", "trickle")
 left = {route: threading.Event() for route in ROUTES}  # the server saw the client go

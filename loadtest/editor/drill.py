@@ -49,8 +49,11 @@ def abandon_at_first_piece(exchange: Exchange, limit_s: float = 60.0) -> DrillOu
 def points(files: Sequence[Path], share: float, count: int, min_lines: int = 0) -> list:
     """``count`` (text, cursor) at the line start ``share`` down each file, the files in turn."""
     texts = filter(None, map(read_text, files))
-    found = ((text, starts[int(len(starts) * share)]) for text in texts
-             if len(starts := line_starts(text)) > min_lines)  # fmt: skip
+    found = (
+        (text, starts[int(len(starts) * share)])
+        for text in texts
+        if len(starts := line_starts(text)) > min_lines
+    )
     return list(itertools.islice(itertools.cycle(found), count))
 
 
@@ -62,14 +65,18 @@ def drill_figures(outcomes: Sequence[DrillOutcome]) -> dict:
     generated = sum(o.generated or 0.0 for o in outcomes) if counted else None
     each = [o.generated - o.tokens_read for o in gone if o.generated is not None]
     return {
-        "requests": len(outcomes), "abandoned": len(gone), "max_tokens": DRILL_TOKENS,
+        "requests": len(outcomes),
+        "abandoned": len(gone),
+        "max_tokens": DRILL_TOKENS,
         "answered": sum(o.outcome == "ok" for o in outcomes),
-        "errors": sum(o.outcome == "error" for o in outcomes), "tokens_read": read,
-        "generated": generated, "unread_each": each,
+        "errors": sum(o.outcome == "error" for o in outcomes),
+        "tokens_read": read,
+        "generated": generated,
+        "unread_each": each,
         "unread_per_abandoned": (generated - read) / len(gone) if counted and gone else None,
         "spread": f" (median {median(each):.1f}, most {max(each):.0f})." if each else ".",
         "error_messages": [o.error for o in outcomes if o.error],
-    }  # fmt: skip
+    }
 
 
 def run_drill(system: System, prompts: Sequence[str]) -> dict:
@@ -119,11 +126,16 @@ def run_resend(system: System, pairs: Sequence[tuple[str, str]], events: EventLo
                 exchange.error = exchange.error or "no answer within 60 s"
         first = exchange.first_token_s
         events.record(
-            system=system.label, window=RESENT, kind=system.sender.protocol, name=RESENT,
+            system=system.label,
+            window=RESENT,
+            kind=system.sender.protocol,
+            name=RESENT,
             latency_ms=1000 * (exchange.latency_s or time.monotonic() - exchange.sent),  # failed
-            first_token_ms=None if first is None else 1000 * first, outcome=exchange.outcome,
-            tokens=exchange.completion_tokens or exchange.tokens_read, error=exchange.error,
-        )  # fmt: skip
+            first_token_ms=None if first is None else 1000 * first,
+            outcome=exchange.outcome,
+            tokens=exchange.completion_tokens or exchange.tokens_read,
+            error=exchange.error,
+        )
 
 
 def after_check(sender: Sender) -> str:

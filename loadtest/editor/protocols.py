@@ -107,20 +107,34 @@ class Sender:
             )
         try:
             if self.protocol == "grpc":
-                request = CompletionRequest(prefix, self.max_tokens, seed=seed,
-                                            suffix=suffix or None, **SAMPLING, **rules)  # fmt: skip
+                request = CompletionRequest(
+                    prefix, self.max_tokens, seed=seed, suffix=suffix or None, **SAMPLING, **rules
+                )
                 stream = self.transport.stream(request)
             elif self.chat:
-                body = {"model": ENSEMBLE_MODEL, "max_tokens": self.max_tokens, "seed": seed,
-                        "messages": [{"role": "user", "content": prefix}], **SAMPLING,
-                        "stream_options": {"include_usage": True}, **rules}  # fmt: skip
+                body = {
+                    "model": ENSEMBLE_MODEL,
+                    "max_tokens": self.max_tokens,
+                    "seed": seed,
+                    "messages": [{"role": "user", "content": prefix}],
+                    **SAMPLING,
+                    "stream_options": {"include_usage": True},
+                    **rules,
+                }
                 stream = self.transport.openai_stream(body, "chat/completions")
             else:
-                body = {"model": ENSEMBLE_MODEL, "prompt": prefix, "max_tokens": self.max_tokens,
-                        "stream_options": {"include_usage": True}, "seed": seed, **SAMPLING,
-                        **rules, **({SUFFIX: suffix} if suffix else {}),
-                        **({"cache_prompt": True} if self.protocol == "llama" else {}),
-                        **({"input_extra": list(extra)} if extra else {})}  # fmt: skip
+                body = {
+                    "model": ENSEMBLE_MODEL,
+                    "prompt": prefix,
+                    "max_tokens": self.max_tokens,
+                    "stream_options": {"include_usage": True},
+                    "seed": seed,
+                    **SAMPLING,
+                    **rules,
+                    **({SUFFIX: suffix} if suffix else {}),
+                    **({"cache_prompt": True} if self.protocol == "llama" else {}),
+                    **({"input_extra": list(extra)} if extra else {}),
+                }
                 stream = self.transport.openai_stream(body)
         except CodegenError as exc:
             return Exchange(sent=sent, error=f"cannot send to {self.address}: {exc}"[:300])
@@ -133,8 +147,14 @@ def indent_at(text: str, cursor: int) -> int:
     return len(line) - len(line.lstrip(" \t"))
 
 
-def type_pause(sender: Sender, clipper: Clipper, with_suffix: bool, visit: Visit,
-               seed: int, extra: Sequence[dict] = ()) -> tuple[Exchange, Window]:  # fmt: skip
+def type_pause(
+    sender: Sender,
+    clipper: Clipper,
+    with_suffix: bool,
+    visit: Visit,
+    seed: int,
+    extra: Sequence[dict] = (),
+) -> tuple[Exchange, Window]:
     """One pause's request: sent, read until answered or the next keystroke, then abandoned;
     ``extra``: other files' chunks sent with it (``input_extra``)."""
     pause, exchange = visit.pause, Exchange()
@@ -151,23 +171,37 @@ def type_pause(sender: Sender, clipper: Clipper, with_suffix: bool, visit: Visit
     return exchange, window
 
 
-def request_event(exchange: Exchange, window: Window, pause_s: float, typist: int,
-                  protocol: str, one_line: bool, wall: float) -> dict:  # fmt: skip
+def request_event(
+    exchange: Exchange,
+    window: Window,
+    pause_s: float,
+    typist: int,
+    protocol: str,
+    one_line: bool,
+    wall: float,
+) -> dict:
     """Locust's ``request`` event, the editor's columns in ``context``; ``ok``: answered."""
     outcome = exchange.outcome
     first, latency = exchange.first_token_s, exchange.latency_s if outcome == "ok" else None
     # answered: the server's count of the whole answer; abandoned: the pieces read before leaving
     delivered = (outcome == "ok" and exchange.completion_tokens) or exchange.tokens_read
     return dict(
-        request_type=protocol, name="one-line" if one_line else "completion",
+        request_type=protocol,
+        name="one-line" if one_line else "completion",
         response_time=pause_s * 1000 if latency is None else round(latency * 1000, 1),
-        response_length=exchange.tokens_read, start_time=wall,
+        response_length=exchange.tokens_read,
+        start_time=wall,
         exception=RuntimeError(exchange.error) if outcome == "error" else None,
         context={
-            "outcome": outcome, "tokens": delivered, "typist": typist, "one_line": one_line,
+            "outcome": outcome,
+            "tokens": delivered,
+            "typist": typist,
+            "one_line": one_line,
             "first_token_ms": None if first is None else round(first * 1000, 1),
-            "pause_s": round(pause_s, 3), "prefix_tokens": window.prefix_tokens,
-            "suffix_tokens": window.suffix_tokens, "pieces": exchange.pieces,
+            "pause_s": round(pause_s, 3),
+            "prefix_tokens": window.prefix_tokens,
+            "suffix_tokens": window.suffix_tokens,
+            "pieces": exchange.pieces,
             "tokens_read": exchange.tokens_read,
         },
-    )  # fmt: skip
+    )

@@ -74,24 +74,32 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"cannot run the editor profile: {exc}") from None
         (log.warning if mode.refused else log.info)(mode.note)
         events, style = EventLog(profile="editor"), TypingStyle(pause_s=args.pause)
-        windows = Windows(files, args.typists, clipper, mode.send, style, args.seed,
-                          args.one_line, events)  # fmt: skip
+        windows = Windows(
+            files, args.typists, clipper, mode.send, style, args.seed, args.one_line, events
+        )
         order, window_s = mirrored(list(systems), args.windows), args.duration / args.windows
-        log.info(f"{args.typists} typists over {len(files)} files, windows of {window_s:.0f} s: "
-                 f"{', '.join(order)}; prompts up to {clipper.budget} tokens")  # fmt: skip
+        log.info(
+            f"{args.typists} typists over {len(files)} files, windows of {window_s:.0f} s: "
+            f"{', '.join(order)}; prompts up to {clipper.budget} tokens"
+        )
         load, rows, problems = {label: (os.getloadavg()[0], 0.0) for label in systems}, [], []
         warm_ups = [(-n, label, args.warm_up) for n, label in enumerate(systems, 1)]  # not counted
         for number, label, seconds in (warm_ups if args.warm_up else []) + [
-                (n, label, window_s) for n, label in enumerate(order)]:  # fmt: skip
+            (n, label, window_s) for n, label in enumerate(order)
+        ]:
             row = windows.run(systems[label], number, seconds, problems)
             if number >= 0:
                 rows.append(row)
                 load[label] = (load[label][0], os.getloadavg()[0])
         drill_clipper = Clipper(tokenizer, budget, DRILL_TOKENS)
-        prompts = [drill_clipper.clip(text, at, False).prefix  # up to the middle line
-                   for text, at in points(files, 0.5, args.drill)]  # fmt: skip
-        pairs = [(clipper.clip(text, at, False).prefix, clipper.clip(text, at + 3, False).prefix)
-                 for text, at in points(files, 0.75, args.resend, 4)]  # fmt: skip
+        prompts = [
+            drill_clipper.clip(text, at, False).prefix  # up to the middle line
+            for text, at in points(files, 0.5, args.drill)
+        ]
+        pairs = [
+            (clipper.clip(text, at, False).prefix, clipper.clip(text, at + 3, False).prefix)
+            for text, at in points(files, 0.75, args.resend, 4)
+        ]
         drills, afters = {}, {}
         for label, system in systems.items():
             run_resend(system, pairs, events)
@@ -109,17 +117,43 @@ def main(argv: list[str] | None = None) -> int:
     targets = evaluate(figures, drills, afters, args.one_line)
     problems += [f"{s}: after: {a}" for s, a in afters.items() if not a.startswith("answered")]
     command = " ".join(["python -m loadtest.editor", *(sys.argv[1:] if argv is None else argv)])
-    write_report(out, frame, table, {
-        "name": out.name, "started": datetime.fromtimestamp(started).isoformat(timespec="seconds"),
-        "seconds": round(time.time() - started, 1), "command": command, "protocol": args.protocol,
-        "settings": {**vars(args), "window_s": window_s, "order": order, "context": context,
-                     "prompt_tokens": clipper.budget, "files": len(files), "sampling": SAMPLING,
-                     "resend": len(pairs), "t_max_predict_ms": T_MAX_PREDICT_MS},
-        "suffix": vars(mode), "figures": figures, "drills": drills, "afters": afters,
-        "targets": targets, "problems": problems, "machine": describe(), "servers": servers,
-        "load": load})  # fmt: skip
-    for line in [f"target: {t.verdict} {t.name}: {t.measured}" for t in targets] + [
-            f"problem: {p}" for p in problems] + [f"report: {out / 'report.md'}"]:  # fmt: skip
+    write_report(
+        out,
+        frame,
+        table,
+        {
+            "name": out.name,
+            "started": datetime.fromtimestamp(started).isoformat(timespec="seconds"),
+            "seconds": round(time.time() - started, 1),
+            "command": command,
+            "protocol": args.protocol,
+            "settings": {
+                **vars(args),
+                "window_s": window_s,
+                "order": order,
+                "context": context,
+                "prompt_tokens": clipper.budget,
+                "files": len(files),
+                "sampling": SAMPLING,
+                "resend": len(pairs),
+                "t_max_predict_ms": T_MAX_PREDICT_MS,
+            },
+            "suffix": vars(mode),
+            "figures": figures,
+            "drills": drills,
+            "afters": afters,
+            "targets": targets,
+            "problems": problems,
+            "machine": describe(),
+            "servers": servers,
+            "load": load,
+        },
+    )
+    for line in (
+        [f"target: {t.verdict} {t.name}: {t.measured}" for t in targets]
+        + [f"problem: {p}" for p in problems]
+        + [f"report: {out / 'report.md'}"]
+    ):
         log.info(line)
     passed = all(t.verdict == PASS for t in targets) or not args.compare
     return 1 if problems else 0 if passed else TARGETS_MISSED

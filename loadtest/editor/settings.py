@@ -17,41 +17,69 @@ DEFAULTS, QUICK = (4, 90.0, 90.0), (2, 25.0, 20.0)
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Endpoints]:
     """The arguments, the preset's values filled in, and where Triton answers."""
-    p = argparse.ArgumentParser("python -m loadtest.editor", description=__doc__,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        "python -m loadtest.editor",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     add, flag = p.add_argument, argparse.BooleanOptionalAction
-    # fmt: off
     add("--protocol", choices=("openai", "grpc"), default="openai", help="OpenAI SSE or gRPC")
-    add("--compare", action=flag, default=True, help="two servers this run starts: the prefix "
-        "cache on and off, or the project and --peer; --no-compare: the server at --host")
+    add(
+        "--compare",
+        action=flag,
+        default=True,
+        help="two servers this run starts: the prefix "
+        "cache on and off, or the project and --peer; --no-compare: the server at --host",
+    )
     add("--peer", choices=("llama",), help="llama.cpp's llama-server (make llama-server)")
     add("--one-line", action=flag, default=True, help="every request stops at its first newline")
     add("--host", default="127.0.0.1:8000", help="Triton's HTTP host:port, for --no-compare")
     add("--grpc-url", help="Triton's gRPC host:port (none: HTTP port + 1)")
     add("--metrics-url", help="Triton's metrics URL (none: HTTP port + 2)")
     add("--no-suffix", action="store_true", help="send prefixes only")
-    add("--pause", type=lambda t: tuple(map(float, t.split(","))), default=TypingStyle().pause_s,
-        metavar="MIN,MAX", help="seconds")
+    add(
+        "--pause",
+        type=lambda t: tuple(map(float, t.split(","))),
+        default=TypingStyle().pause_s,
+        metavar="MIN,MAX",
+        help="seconds",
+    )
     add("--windows", type=int, default=2, help="windows per system, mirrored: A B B A")
     add("--warm-up", type=float, default=0.0, help="seconds typed on each system first, uncounted")
     add("--prompt-tokens", type=int, default=1024, help="prefix + suffix at most (Continue's cap)")
     add("--peer-threads", type=int, help="llama-server's --threads (none: every core)")
     add("--peer-slots", type=int, help="llama-server's --parallel (none: one per typist)")
     add("--max-tokens", type=int, default=32, help="tokens per completion")
-    add("--anchor-chars", type=int, default=512, help="the prefix's cut moves in steps of this "
-        "many characters, at a line start, so a prefix cache can reuse it; 0: the exact tail")
-    add("--drill", type=int, default=8, help=f"{DRILL_TOKENS}-token completions "
-        "left at their first piece, per system")
-    add("--resend", type=int, default=8, help="prompts read one at a time, each then resent 3 "
-        "characters on, per system")
+    add(
+        "--anchor-chars",
+        type=int,
+        default=512,
+        help="the prefix's cut moves in steps of this "
+        "many characters, at a line start, so a prefix cache can reuse it; 0: the exact tail",
+    )
+    add(
+        "--drill",
+        type=int,
+        default=8,
+        help=f"{DRILL_TOKENS}-token completions left at their first piece, per system",
+    )
+    add(
+        "--resend",
+        type=int,
+        default=8,
+        help="prompts read one at a time, each then resent 3 characters on, per system",
+    )
     add("--seed", type=int, default=0, help="the typists' schedules and the sampling")
     add("--typists", type=int, help=f"{DEFAULTS[0]}; --quick {QUICK[0]}")
-    add("--duration", type=float, help=f"seconds typed per system: {DEFAULTS[2]:.0f}, alone "
-        f"{DEFAULTS[1]:.0f}; --quick {QUICK[2]:.0f}, alone {QUICK[1]:.0f}")
+    add(
+        "--duration",
+        type=float,
+        help=f"seconds typed per system: {DEFAULTS[2]:.0f}, alone "
+        f"{DEFAULTS[1]:.0f}; --quick {QUICK[2]:.0f}, alone {QUICK[1]:.0f}",
+    )
     add("--quick", action="store_true", help="a short run: the quick presets")
     add("--out", type=Path, help="run folder (loadtest/results/<time>-editor-...)")
     add("--model-repository", type=Path, default=MODEL_REPOSITORY)
-    # fmt: on
     args = p.parse_args(argv)
     typists, single_s, half_s = QUICK if args.quick else DEFAULTS
     args.typists = args.typists or typists

@@ -33,11 +33,14 @@ T_MAX_PREDICT_MS = 1000  # both servers' time-budget stop: llama.vim's follow-up
 ON, OFF, PROJECT, LLAMA, SINGLE = "cache-on", "cache-off", "project", "llama.cpp", "as configured"
 # the counters every system gives, by the same names (the stops: the engine's alone)
 ENGINE_COUNTERS = {
-    "generated": names.ENGINE_GENERATED_TOKENS, "prompt": names.ENGINE_PROMPT_TOKENS,
-    "reused": names.ENGINE_PROMPT_TOKENS_REUSED, "sequences": names.ENGINE_REQUESTS,
-    "cancelled": names.ENGINE_CANCELLED, "editor_stops": names.ENGINE_EDITOR_STOPS,
+    "generated": names.ENGINE_GENERATED_TOKENS,
+    "prompt": names.ENGINE_PROMPT_TOKENS,
+    "reused": names.ENGINE_PROMPT_TOKENS_REUSED,
+    "sequences": names.ENGINE_REQUESTS,
+    "cancelled": names.ENGINE_CANCELLED,
+    "editor_stops": names.ENGINE_EDITOR_STOPS,
     "past_stop": names.ENGINE_TOKENS_PAST_STOP,
-}  # fmt: skip
+}
 CACHING = re.compile(r'(key:\s*"prefix_caching"\s*value:\s*\{\s*string_value:\s*")([^"]*)(")')
 
 
@@ -57,8 +60,11 @@ class System:
         if self.engine:
             return {k: snapshot.value(v, model=ENGINE_MODEL) for k, v in ENGINE_COUNTERS.items()}
         prefilled, cached = snapshot.value(llama.PREFILLED), snapshot.value(llama.CACHED)
-        return {"generated": snapshot.value(llama.PREDICTED), "prompt": prefilled + cached,
-                "reused": cached}  # fmt: skip
+        return {
+            "generated": snapshot.value(llama.PREDICTED),
+            "prompt": prefilled + cached,
+            "reused": cached,
+        }
 
     def busy(self) -> int | None:
         """Requests held; None: unknown."""
@@ -102,8 +108,10 @@ def triton_system(label: str, sender: Sender, metrics_url: str, pids: list[int])
 def set_caching(config: str, caching: bool) -> str:
     """The engine's config.pbtxt with its one ``prefix_caching`` parameter set."""
     if (found := len(CACHING.findall(config))) != 1:
-        raise ValueError(f"the engine config has {found} prefix_caching parameters (expected one)"
-                         ": the comparison cannot turn the prefix cache on and off")  # fmt: skip
+        raise ValueError(
+            f"the engine config has {found} prefix_caching parameters (expected one)"
+            ": the comparison cannot turn the prefix cache on and off"
+        )
     return CACHING.sub(lambda m: m[1] + ("true" if caching else "false") + m[3], config)
 
 
@@ -124,8 +132,10 @@ def check_caching(log_file: Path, expected: bool) -> None:
     """The engine logs "prefix cache on|off" as it loads: it must run the setting asked for."""
     text = log_file.read_text(errors="replace") if log_file.exists() else ""
     if not (said := re.findall(r"prefix cache (on|off)", text)):  # openvino's log says it
-        raise SystemExit(f"the engine did not log whether its prefix cache is on ({log_file}): "
-                         "only the openvino backend has one, to compare on and off")  # fmt: skip
+        raise SystemExit(
+            f"the engine did not log whether its prefix cache is on ({log_file}): "
+            "only the openvino backend has one, to compare on and off"
+        )
     if said[-1] != (want := "on" if expected else "off"):
         raise SystemExit(f"the engine says its prefix cache is {said[-1]}, expected {want}")
 
@@ -138,8 +148,15 @@ def open_systems(
     plan = [(SINGLE, args.model_repository, endpoints, None)]
     if args.compare:
         halves = [(PROJECT, True)] if args.peer else [(ON, True), (OFF, False)]
-        plan = [(label, cache_repository(args.model_repository, copies / label, on),
-                 Endpoints.local(Ports(*free_ports(3))), on) for label, on in halves]  # fmt: skip
+        plan = [
+            (
+                label,
+                cache_repository(args.model_repository, copies / label, on),
+                Endpoints.local(Ports(*free_ports(3))),
+                on,
+            )
+            for label, on in halves
+        ]
     systems, servers = {}, {}
     for label, repository, where, caching in plan:
         log.info(f"--- {label}: starting the project's Triton ---")
@@ -149,30 +166,43 @@ def open_systems(
         if caching is not None:
             if not triton.started:
                 raise SystemExit(f"a server already answered at {where.host}: not one of ours")
-            shutil.copy2(repository / ENGINE_MODEL / "config.pbtxt",
-                         out / label / "engine_config.pbtxt")  # fmt: skip
+            shutil.copy2(
+                repository / ENGINE_MODEL / "config.pbtxt", out / label / "engine_config.pbtxt"
+            )
             check_caching(out / label / "tritonserver.log", caching)
         if not server.model_ready(STREAM_MODEL):
             raise SystemExit(f"`{STREAM_MODEL}` is not ready at {where.host}")
-        pids = [p.process.pid for p in (triton.served.launcher if triton.started else None,
-                getattr(server, "api", None)) if getattr(p, "process", None)]  # fmt: skip
+        pids = [
+            p.process.pid
+            for p in (
+                triton.served.launcher if triton.started else None,
+                getattr(server, "api", None),
+            )
+            if getattr(p, "process", None)
+        ]
         address = where.grpc if args.protocol == "grpc" else server.users_url[len("http://") :]
         sender = Sender(args.protocol, address, args.max_tokens, **stops)
         systems[label] = triton_system(label, sender, where.metrics_url, pids)
-        servers[label] = (f"the project's Triton at {where.host}, "
-                          f"engine {server.describe().stage_parameters}")  # fmt: skip
+        servers[label] = (
+            f"the project's Triton at {where.host}, engine {server.describe().stage_parameters}"
+        )
     if args.peer == "llama":
         gguf = llama.checkpoint_gguf(checkpoint_dir(args.model_repository))
         # one slot per typist: at 64 it answered none in time (docs/editor-load.md)
         slots = args.peer_slots or args.typists
         ctx = slots * (args.prompt_tokens + args.max_tokens + MARGIN_TOKENS)
-        server = llama.LlamaServer(gguf, free_ports(1)[0], out / LLAMA / "llama-server.log",
-                                   slots, ctx_size=ctx, threads=args.peer_threads)  # fmt: skip
+        server = llama.LlamaServer(
+            gguf,
+            free_ports(1)[0],
+            out / LLAMA / "llama-server.log",
+            slots,
+            ctx_size=ctx,
+            threads=args.peer_threads,
+        )
         log.info(f"--- {LLAMA}: {gguf.name}, {slots} slots, context {ctx} ---")
         stack.callback(server.stop)
         server.start().wait_ready()
         sender = Sender("llama", server.url.removeprefix("http://"), args.max_tokens, **stops)
-        systems[LLAMA] = System(LLAMA, sender, f"{server.url}/metrics", [server.process.pid],
-                                False)  # fmt: skip
+        systems[LLAMA] = System(LLAMA, sender, f"{server.url}/metrics", [server.process.pid], False)
         servers[LLAMA] = f"llama-server {' '.join(server.command()[1:])}"
     return systems, servers

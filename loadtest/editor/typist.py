@@ -87,8 +87,9 @@ def pauses(text: str, rng: random.Random, style: TypingStyle) -> list[Pause]:
 class Typist:
     """A seeded walk through ``files`` (:data:`MIN_FILE_BYTES` or more when any)."""
 
-    def __init__(self, index: int, files: Sequence[Path], seed: int,
-                 style: TypingStyle = TypingStyle()) -> None:  # fmt: skip
+    def __init__(
+        self, index: int, files: Sequence[Path], seed: int, style: TypingStyle = TypingStyle()
+    ) -> None:
         self.style, self.rng = style, random.Random(seed * 1_000_003 + index)
         long = [p for p in files if p.is_file() and p.stat().st_size >= MIN_FILE_BYTES]
         self.files = long or list(files)

@@ -72,9 +72,17 @@ class EditorTypist(User):
         exchange, window = type_pause(
             sender, w.clipper, w.with_suffix, self.visit, seed, self.context_chunks(self.visit)
         )
-        self.environment.events.request.fire(**request_event(
-            exchange, window, self.visit.pause.pause_s, self.index, sender.protocol, w.one_line,
-            wall))  # fmt: skip
+        self.environment.events.request.fire(
+            **request_event(
+                exchange,
+                window,
+                self.visit.pause.pause_s,
+                self.index,
+                sender.protocol,
+                w.one_line,
+                wall,
+            )
+        )
 
 
 @dataclass
@@ -97,11 +105,24 @@ class Windows:
             problems.append(f"{system.label} held requests before window {number}")
         self.events.stamp(system=system.label, window=number)
         before, cpu, began = system.counters(), system.cpu_s(), time.monotonic()
-        walks = self.walks.setdefault(system.label, {
-            i: Walk(Typist(i, self.files, self.seed, self.style).visits())
-            for i in range(self.typists)})  # fmt: skip
-        typist = type("Typist", (EditorTypist,), dict(system=system, windows=self, walks=walks,
-                      until=began + seconds, numbers=itertools.count()))  # fmt: skip
+        walks = self.walks.setdefault(
+            system.label,
+            {
+                i: Walk(Typist(i, self.files, self.seed, self.style).visits())
+                for i in range(self.typists)
+            },
+        )
+        typist = type(
+            "Typist",
+            (EditorTypist,),
+            dict(
+                system=system,
+                windows=self,
+                walks=walks,
+                until=began + seconds,
+                numbers=itertools.count(),
+            ),
+        )
         environment = Environment(user_classes=[typist])
         self.events.attach(environment)
         runner = environment.create_local_runner()
@@ -117,14 +138,20 @@ class Windows:
         rows = self.events.frame().query("window == @number")
         n, first = rows["outcome"].value_counts(), rows.query("outcome == 'ok'").first_token_ms
         first = first.dropna().astype(float)
-        log.info(f"editor {system.label} window {number} {typed:.0f}s | {self.typists} typists | "
-                 f"answered {n.get('ok', 0)} abandoned {n.get('abandoned', 0)} errors "
-                 f"{n.get('error', 0)} | first token p50 "
-                 + (f"{first.median():.0f} ms" if len(first) else "-")
-                 + ("" if self.with_suffix else " | PREFIX-ONLY"))  # fmt: skip
+        log.info(
+            f"editor {system.label} window {number} {typed:.0f}s | {self.typists} typists | "
+            f"answered {n.get('ok', 0)} abandoned {n.get('abandoned', 0)} errors "
+            f"{n.get('error', 0)} | first token p50 "
+            + (f"{first.median():.0f} ms" if len(first) else "-")
+            + ("" if self.with_suffix else " | PREFIX-ONLY")
+        )
         if not system.drain(DRAIN_S):
             problems.append(f"{system.label} did not drain within {DRAIN_S:.0f} s")
         after = system.counters()
-        return {"system": system.label, "window": number, "seconds": round(typed, 1),
-                "cpu_s": system.cpu_s() - cpu,
-                **{k: after[k] - before.get(k, 0.0) for k in after}}  # fmt: skip
+        return {
+            "system": system.label,
+            "window": number,
+            "seconds": round(typed, 1),
+            "cpu_s": system.cpu_s() - cpu,
+            **{k: after[k] - before.get(k, 0.0) for k in after},
+        }

@@ -45,8 +45,10 @@ class CheckpointTokenizer:
 
     def __init__(self, checkpoint: Path) -> None:
         if not (path := Path(checkpoint) / "tokenizer.json").exists():
-            raise FileNotFoundError(f"no tokenizer at {path} to clip prompts with: run `make "
-                                    "model`, or pass --model-repository")  # fmt: skip
+            raise FileNotFoundError(
+                f"no tokenizer at {path} to clip prompts with: run `make "
+                "model`, or pass --model-repository"
+            )
         self.tokenizer = Tokenizer.from_file(str(path))
 
     def offsets(self, text: str) -> list[tuple[int, int]]:
@@ -72,16 +74,19 @@ class Clipper:
 
     def __post_init__(self) -> None:
         if self.budget < 16:
-            raise ValueError(f"a context of {self.context} tokens leaves {self.budget} for "
-                             f"the prompt after {self.max_tokens}: ask for fewer")  # fmt: skip
+            raise ValueError(
+                f"a context of {self.context} tokens leaves {self.budget} for "
+                f"the prompt after {self.max_tokens}: ask for fewer"
+            )
 
     @property
     def budget(self) -> int:
         """Prompt tokens (prefix + suffix) a request may carry."""
         return self.context - self.max_tokens - MARGIN_TOKENS
 
-    def clip(self, text: str, cursor: int, with_suffix: bool,
-             suffix_at: int | None = None) -> Window:  # fmt: skip
+    def clip(
+        self, text: str, cursor: int, with_suffix: bool, suffix_at: int | None = None
+    ) -> Window:
         """The suffix (from ``suffix_at``) takes up to ``suffix_share``, the prefix the rest."""
         suffix, suffix_tokens = "", 0
         if with_suffix:

@@ -23,23 +23,37 @@ UNAVAILABLE, VALIDATION, UNCLEAR = "unavailable", "validation", "unclear"
 CATEGORIES = (VALIDATION, QUEUE_FULL, TIMEOUT, CANCELLED, UNAVAILABLE, UNCLEAR)
 
 # Names a validation message may name, longest first ("runtime_top_p" before "top_p").
-OPTION_NAMES = tuple(sorted({*INPUT_SPECS, "request_output_len", "input_lengths", "max_tokens",
-                             "prompt"}, key=len, reverse=True))  # fmt: skip
+OPTION_NAMES = tuple(
+    sorted(
+        {*INPUT_SPECS, "request_output_len", "input_lengths", "max_tokens", "prompt"},
+        key=len,
+        reverse=True,
+    )
+)
 
 # Tried in this order, most specific first: a dead stub is never taken for a bad option.
-_PATTERNS = {category: re.compile(pattern, re.IGNORECASE) for category, pattern in (
-    (UNAVAILABLE, r"stub process|not healthy|unavailable|connection refused|failed to connect|"
-     r"socket closed|connection reset|broken pipe|is not ready|unknown model|"
-     r"no available version|server is (shutting down|stopping)|remotedisconnected|"
-     r"connection ?closed|connection aborted|eof occurred|stub.*(died|exited|unhealthy)"),
-    (CANCELLED, r"cancel"),
-    (QUEUE_FULL, r"exceeds maximum queue size|queue (is )?full"),
-    (TIMEOUT, r"timeout expired|deadline exceeded|timed out|time ?out"),
-    (VALIDATION, r"must be|over the limit|not valid utf-8|exceeds the model's context|"
-     r"is not supported|empty prompt|prompt is empty|is required|invalid token|"
-     r"outside the vocabulary|not one csv row|unexpected (shape|datatype)|"
-     r"expected .* (shape|datatype)"),
-)}  # fmt: skip
+_PATTERNS = {
+    category: re.compile(pattern, re.IGNORECASE)
+    for category, pattern in (
+        (
+            UNAVAILABLE,
+            r"stub process|not healthy|unavailable|connection refused|failed to connect|"
+            r"socket closed|connection reset|broken pipe|is not ready|unknown model|"
+            r"no available version|server is (shutting down|stopping)|remotedisconnected|"
+            r"connection ?closed|connection aborted|eof occurred|stub.*(died|exited|unhealthy)",
+        ),
+        (CANCELLED, r"cancel"),
+        (QUEUE_FULL, r"exceeds maximum queue size|queue (is )?full"),
+        (TIMEOUT, r"timeout expired|deadline exceeded|timed out|time ?out"),
+        (
+            VALIDATION,
+            r"must be|over the limit|not valid utf-8|exceeds the model's context|"
+            r"is not supported|empty prompt|prompt is empty|is required|invalid token|"
+            r"outside the vocabulary|not one csv row|unexpected (shape|datatype)|"
+            r"expected .* (shape|datatype)",
+        ),
+    )
+}
 
 
 def classify_error(message: str) -> str:
@@ -50,9 +64,14 @@ def classify_error(message: str) -> str:
 
 def named_option(message: str) -> str | None:
     """The first option or input name the message mentions."""
-    return next((name for name in OPTION_NAMES
-                 if re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message)),
-                None)  # fmt: skip
+    return next(
+        (
+            name
+            for name in OPTION_NAMES
+            if re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message)
+        ),
+        None,
+    )
 
 
 UNARY_GRPC, UNARY_HTTP, STREAM = "unary_grpc", "unary_http", "stream"
@@ -111,33 +130,56 @@ _LINE, _FILLER = b"value = compute(value, index) + offset\n", b"x = 1  # filler\
 _nan, _inf = float("nan"), float("inf")
 
 
-INVALID_CASES = tuple(Case(*row) for row in (
-    ("top_p_1.5", "runtime_top_p", 1.5, ("runtime_top_p",)),
-    ("empty_prompt", "INPUT_0", b"", ("INPUT_0",)),
-    ("prompt_over_context", "INPUT_0", OVER_CONTEXT, ("context",)),
-    ("invalid_utf8", "INPUT_0", b"def f(\xff\xfe):\n", ("INPUT_0",)),
-    ("too_many_stop_words", "INPUT_3",
-     ",".join(f"w{i}" for i in range(MAX_WORDS_PER_LIST + 1)).encode(), ("INPUT_3",)),
-    ("stop_word_too_long", "INPUT_3",  # one word of twice the tokens a word may have
-     " ".join(f"tok{i}" for i in range(MAX_TOKENS_PER_WORD * 2)).encode(), ("INPUT_3",)),
-    ("max_tokens_0", "INPUT_1", 0, ("request_output_len", "INPUT_1")),
-    ("temperature_-1", "temperature", -1.0, ("temperature",)),
-    ("repetition_penalty_0", "repetition_penalty", 0.0, ("repetition_penalty",)),
-    ("beam_width_64", "beam_width", 64, ("beam_width",)),
-))  # fmt: skip
-HOSTILE_CASES = tuple(Case(*row) for row in (
-    ("prompt_at_byte_cap", "INPUT_0",
-     (_FILLER * (MAX_PROMPT_BYTES // len(_FILLER) + 1))[:MAX_PROMPT_BYTES], ("context",)),
-    ("prompt_over_byte_cap", "INPUT_0", b"y" * (MAX_PROMPT_BYTES + 1), ("INPUT_0",)),
-    ("huge_max_tokens", "INPUT_1", 2**32 - 1, ("request_output_len", "INPUT_1", "context")),
-    ("many_bad_words", "INPUT_2", ",".join(f"zq{i}" for i in range(MAX_WORDS_PER_LIST)).encode(),
-     (), ("bad_words",)),
-    ("tiny_temperature", "temperature", 1e-30, ("temperature",)),  # overflows the logits
-    ("temperature_nan", "temperature", _nan, ("temperature",)),
-    ("temperature_inf", "temperature", _inf, ("temperature",)),
-    ("top_p_nan", "runtime_top_p", _nan, ("runtime_top_p",)),
-    ("repetition_penalty_inf", "repetition_penalty", _inf, ("repetition_penalty",)),
-))  # fmt: skip
+INVALID_CASES = tuple(
+    Case(*row)
+    for row in (
+        ("top_p_1.5", "runtime_top_p", 1.5, ("runtime_top_p",)),
+        ("empty_prompt", "INPUT_0", b"", ("INPUT_0",)),
+        ("prompt_over_context", "INPUT_0", OVER_CONTEXT, ("context",)),
+        ("invalid_utf8", "INPUT_0", b"def f(\xff\xfe):\n", ("INPUT_0",)),
+        (
+            "too_many_stop_words",
+            "INPUT_3",
+            ",".join(f"w{i}" for i in range(MAX_WORDS_PER_LIST + 1)).encode(),
+            ("INPUT_3",),
+        ),
+        (
+            "stop_word_too_long",
+            "INPUT_3",  # one word of twice the tokens a word may have
+            " ".join(f"tok{i}" for i in range(MAX_TOKENS_PER_WORD * 2)).encode(),
+            ("INPUT_3",),
+        ),
+        ("max_tokens_0", "INPUT_1", 0, ("request_output_len", "INPUT_1")),
+        ("temperature_-1", "temperature", -1.0, ("temperature",)),
+        ("repetition_penalty_0", "repetition_penalty", 0.0, ("repetition_penalty",)),
+        ("beam_width_64", "beam_width", 64, ("beam_width",)),
+    )
+)
+HOSTILE_CASES = tuple(
+    Case(*row)
+    for row in (
+        (
+            "prompt_at_byte_cap",
+            "INPUT_0",
+            (_FILLER * (MAX_PROMPT_BYTES // len(_FILLER) + 1))[:MAX_PROMPT_BYTES],
+            ("context",),
+        ),
+        ("prompt_over_byte_cap", "INPUT_0", b"y" * (MAX_PROMPT_BYTES + 1), ("INPUT_0",)),
+        ("huge_max_tokens", "INPUT_1", 2**32 - 1, ("request_output_len", "INPUT_1", "context")),
+        (
+            "many_bad_words",
+            "INPUT_2",
+            ",".join(f"zq{i}" for i in range(MAX_WORDS_PER_LIST)).encode(),
+            (),
+            ("bad_words",),
+        ),
+        ("tiny_temperature", "temperature", 1e-30, ("temperature",)),  # overflows the logits
+        ("temperature_nan", "temperature", _nan, ("temperature",)),
+        ("temperature_inf", "temperature", _inf, ("temperature",)),
+        ("top_p_nan", "runtime_top_p", _nan, ("runtime_top_p",)),
+        ("repetition_penalty_inf", "repetition_penalty", _inf, ("repetition_penalty",)),
+    )
+)
 CASES = {case.name: case for case in (*INVALID_CASES, *HOSTILE_CASES)}
 TRANSPORTS = {INVALID: ("grpc", "http", "stream"), HOSTILE: ("grpc", "http")}
 

@@ -63,14 +63,21 @@ def kinds(frame: pd.DataFrame) -> pd.DataFrame:
         rejected = group.loc[group["status"] == c.REJECTED, "category"].value_counts()
         ok = pd.to_numeric(group.loc[group["status"] == c.OK, "latency_ms"]) / 1000
         p50, p99 = ok.quantile([0.5, 0.99]) if len(ok) and kind != "all" else (None, None)
-        rows.append({
-            "kind": kind, "sent": len(group), c.OK: int(status.get(c.OK, 0)),
-            "rejected": ", ".join(f"{k} {rejected[k]}" for k in c.CATEGORIES if k in rejected)
-            or "0", "rejected_n": int(status.get(c.REJECTED, 0)),
-            **{k: int(status.get(k, 0)) for k in (c.ABANDONED, c.UNANSWERED)},
-            "unclear": int(rejected.get(c.UNCLEAR, 0)),
-            "unexpected": int((~group["expected"].astype(bool)).sum()), "p50 s": p50, "p99 s": p99,
-        })  # fmt: skip
+        rows.append(
+            {
+                "kind": kind,
+                "sent": len(group),
+                c.OK: int(status.get(c.OK, 0)),
+                "rejected": ", ".join(f"{k} {rejected[k]}" for k in c.CATEGORIES if k in rejected)
+                or "0",
+                "rejected_n": int(status.get(c.REJECTED, 0)),
+                **{k: int(status.get(k, 0)) for k in (c.ABANDONED, c.UNANSWERED)},
+                "unclear": int(rejected.get(c.UNCLEAR, 0)),
+                "unexpected": int((~group["expected"].astype(bool)).sum()),
+                "p50 s": p50,
+                "p99 s": p99,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -83,13 +90,20 @@ def cases(frame: pd.DataFrame) -> pd.DataFrame:
         ends = zip(group["status"], group["category"], strict=True)
         outcomes = Counter(s if s != c.REJECTED else f"{s}/{k}" for s, k in ends)
         messages = [m for m in pd.concat([group[~group["expected"]], group])["error"] if m]
-        rows.append({"case": name, "kind": group["kind"].iloc[0], "sent": len(group),
-                     "must be": c.must_get(c.CASES[name]),
-                     "as expected": int(group["expected"].sum()),
-                     "outcomes": ", ".join(f"{k} {v}" for k, v in outcomes.items()),
-                     "message": messages[0][:160] if messages else ""})  # fmt: skip
-    return pd.DataFrame(rows, columns=["case", "kind", "sent", "must be", "as expected",
-                                       "outcomes", "message"])  # fmt: skip
+        rows.append(
+            {
+                "case": name,
+                "kind": group["kind"].iloc[0],
+                "sent": len(group),
+                "must be": c.must_get(c.CASES[name]),
+                "as expected": int(group["expected"].sum()),
+                "outcomes": ", ".join(f"{k} {v}" for k, v in outcomes.items()),
+                "message": messages[0][:160] if messages else "",
+            }
+        )
+    return pd.DataFrame(
+        rows, columns=["case", "kind", "sent", "must be", "as expected", "outcomes", "message"]
+    )
 
 
 def error_messages(frame: pd.DataFrame, limit: int = 30) -> pd.DataFrame:
@@ -98,8 +112,9 @@ def error_messages(frame: pd.DataFrame, limit: int = 30) -> pd.DataFrame:
     failed = frame[frame["status"].isin((c.REJECTED, c.UNANSWERED)) & (frame["error"] != "")]
     counts: Counter[tuple[str, str]] = Counter()
     example: dict[tuple[str, str], str] = {}
-    for status, category, message in zip(*(failed[k] for k in ("status", "category", "error")),
-                                         strict=True):  # fmt: skip
+    for status, category, message in zip(
+        *(failed[k] for k in ("status", "category", "error")), strict=True
+    ):
         key = (category or status, re.sub(r"\d+", "N", message[:160]))
         counts[key] += 1
         example.setdefault(key, message[:200])
@@ -113,18 +128,30 @@ def accounting_checks(table: pd.DataFrame, sent: int, ended: int) -> list[Check]
     total, valid = table.iloc[-1], table[table["kind"].isin(c.VALID_KINDS)]
     ends = total["ok"] + total["rejected_n"] + total["abandoned"] + total["unanswered"]
     return [
-        Check("every request accounted for", PASS if sent == ended and total["sent"] == ends
-              else FAIL, f"sent {sent}, ended {ended}; measured {total['sent']} = ok "
-              f"{total['ok']} + rejected {total['rejected_n']} + abandoned {total['abandoned']} "
-              f"+ unanswered {total['unanswered']}"),
-        Check("nothing unanswered", PASS if total["unanswered"] == 0 else FAIL,
-              f"{total['unanswered']} request(s) had no answer within the deadline"),
-        Check("valid requests answered", PASS if valid["unexpected"].sum() == 0 else FAIL,
-              f"{valid['ok'].sum()} of {valid['sent'].sum()} answered; "
-              f"{valid['unexpected'].sum()} refused for something other than overload"),
-        Check("every error classified", PASS if not total["unclear"] else WARN,
-              f"{total['unclear']} error text(s) matched no category (see the error list)"),
-    ]  # fmt: skip
+        Check(
+            "every request accounted for",
+            PASS if sent == ended and total["sent"] == ends else FAIL,
+            f"sent {sent}, ended {ended}; measured {total['sent']} = ok "
+            f"{total['ok']} + rejected {total['rejected_n']} + abandoned {total['abandoned']} "
+            f"+ unanswered {total['unanswered']}",
+        ),
+        Check(
+            "nothing unanswered",
+            PASS if total["unanswered"] == 0 else FAIL,
+            f"{total['unanswered']} request(s) had no answer within the deadline",
+        ),
+        Check(
+            "valid requests answered",
+            PASS if valid["unexpected"].sum() == 0 else FAIL,
+            f"{valid['ok'].sum()} of {valid['sent'].sum()} answered; "
+            f"{valid['unexpected'].sum()} refused for something other than overload",
+        ),
+        Check(
+            "every error classified",
+            PASS if not total["unclear"] else WARN,
+            f"{total['unclear']} error text(s) matched no category (see the error list)",
+        ),
+    ]
 
 
 def case_check(table: pd.DataFrame, kind: str) -> Check:
@@ -133,28 +160,42 @@ def case_check(table: pd.DataFrame, kind: str) -> Check:
         return Check(f"{kind} requests", SKIP, "none sent (the mix gives them no weight)")
     wrong = list(group.loc[group["as expected"] != group["sent"], "case"])
     what = "" if kind == c.INVALID else ", or answered when legal"
-    return Check(f"{kind} requests rejected naming the option{what}", FAIL if wrong else PASS,
-                 f"{group['sent'].sum()} sent over {len(group)} cases"
-                 + (f"; wrong: {', '.join(wrong)}" if wrong else ""))  # fmt: skip
+    return Check(
+        f"{kind} requests rejected naming the option{what}",
+        FAIL if wrong else PASS,
+        f"{group['sent'].sum()} sent over {len(group)} cases"
+        + (f"; wrong: {', '.join(wrong)}" if wrong else ""),
+    )
 
 
-def server_checks(ready: str, idle: EngineState | None, after: EngineState | None,
-                  drain_s: float) -> list[Check]:  # fmt: skip
+def server_checks(
+    ready: str, idle: EngineState | None, after: EngineState | None, drain_s: float
+) -> list[Check]:
     """Ready after the soak, the engine idle after the drain, its KV cache back to idle."""
     running, pending = (after.running, after.pending) if after else ("?", "?")
     found = [
-        Check("server ready after the soak", PASS if ready == "200" else FAIL,
-              f"/v2/health/ready answered {ready}"),
-        Check("engine idle after the drain", PASS if after and after.running == 0
-              and not after.pending else FAIL,
-              f"running sequences {running}, pending requests {pending} after {drain_s:.1f}s"),
-    ]  # fmt: skip
+        Check(
+            "server ready after the soak",
+            PASS if ready == "200" else FAIL,
+            f"/v2/health/ready answered {ready}",
+        ),
+        Check(
+            "engine idle after the drain",
+            PASS if after and after.running == 0 and not after.pending else FAIL,
+            f"running sequences {running}, pending requests {pending} after {drain_s:.1f}s",
+        ),
+    ]
     kv, base = after and after.kv_cache_bytes, (idle and idle.kv_cache_bytes) or 0.0
-    return [*found, Check("KV cache back to idle", SKIP, "not exported "
-                          "(codegen_engine_kv_cache_bytes)") if kv is None else
-            Check("KV cache back to idle", PASS if kv <= base * 1.01 + 2**20 else WARN,
-                  f"{kv / 2**20:.1f} MiB after the drain vs {base / 2**20:.1f} MiB "
-                  "idle")]  # fmt: skip
+    return [
+        *found,
+        Check("KV cache back to idle", SKIP, "not exported (codegen_engine_kv_cache_bytes)")
+        if kv is None
+        else Check(
+            "KV cache back to idle",
+            PASS if kv <= base * 1.01 + 2**20 else WARN,
+            f"{kv / 2**20:.1f} MiB after the drain vs {base / 2**20:.1f} MiB idle",
+        ),
+    ]
 
 
 EDITOR_FIGURES = ("first_token_p50_ms", "first_token_p95_ms", "latency_p50_ms", "latency_p95_ms")
@@ -167,11 +208,13 @@ def editor_figures(rows: pd.DataFrame) -> dict[str, Any]:
     status = rows["status"].value_counts()
     answered, abandoned = int(status.get(c.OK, 0)), int(status.get(c.ABANDONED, 0))
     return {
-        "requests": len(rows), "answered": answered, "abandoned": abandoned,
+        "requests": len(rows),
+        "answered": answered,
+        "abandoned": abandoned,
         "errors": len(rows) - answered - abandoned,
         "prompt_tokens_sent": float(prompt.sum(axis=1).mean()) if len(rows) else None,
         **{k: None if pd.isna(found.get(k)) else float(found[k]) for k in EDITOR_FIGURES},
-    }  # fmt: skip
+    }
 
 
 def editor_check(phase: dict[str, Any]) -> Check:
@@ -185,10 +228,14 @@ def editor_check(phase: dict[str, Any]) -> Check:
     if phase["stuck_typists"]:
         problems.append(f"{phase['stuck_typists']} typist(s) stuck")
     suffix = "" if phase["suffix"]["send"] else " (PREFIX-ONLY: the server refused the suffix)"
-    return Check(name, PASS if f["errors"] == 0 and not problems else FAIL,
-                 f"{f['requests']} sent: {f['answered']} answered, {f['abandoned']} abandoned, "
-                 f"{f['errors']} failed; first token p50 {f['first_token_p50_ms'] or 0:.0f} ms"
-                 + suffix + ("; " + "; ".join(problems) if problems else ""))  # fmt: skip
+    return Check(
+        name,
+        PASS if f["errors"] == 0 and not problems else FAIL,
+        f"{f['requests']} sent: {f['answered']} answered, {f['abandoned']} abandoned, "
+        f"{f['errors']} failed; first token p50 {f['first_token_p50_ms'] or 0:.0f} ms"
+        + suffix
+        + ("; " + "; ".join(problems) if problems else ""),
+    )
 
 
 @dataclass(frozen=True)
@@ -205,8 +252,14 @@ class Stall:
     engine: str = ""  # what the engine did meanwhile, to tell why
 
 
-def longest_stall(phase: str, rows: pd.DataFrame, begin: float, end: float,
-                  max_stall_s: float = 5.0, reference_s: float | None = None) -> Stall:  # fmt: skip
+def longest_stall(
+    phase: str,
+    rows: pd.DataFrame,
+    begin: float,
+    end: float,
+    max_stall_s: float = 5.0,
+    reference_s: float | None = None,
+) -> Stall:
     """The longest interval in [begin, end] between two progress events (an answer in full, a
     stream's first text) or a phase edge, counting only time with a request in flight: typists
     all typing is no stall. An unanswered request is in flight to the phase's end. The bound:
@@ -242,8 +295,10 @@ def stall_line(s: Stall) -> str:
     at = f" from t={s.at_s:.0f} s" if s.at_s is not None else ""
     alone = f", a request alone took {s.reference_s:.2f} s" if s.reference_s is not None else ""
     engine = f"; engine meanwhile: {s.engine}" if s.engine else ""
-    return (f"{s.phase}: {s.seconds:.1f} s{at} ({s.progress_events} progress events; bound "
-            f"{s.bound_s:g} s{alone}){engine}")  # fmt: skip
+    return (
+        f"{s.phase}: {s.seconds:.1f} s{at} ({s.progress_events} progress events; bound "
+        f"{s.bound_s:g} s{alone}){engine}"
+    )
 
 
 def stall_check(stalls: Sequence[Stall], max_stall_s: float) -> Check:
@@ -251,9 +306,12 @@ def stall_check(stalls: Sequence[Stall], max_stall_s: float) -> Check:
     name = f"no stall over max({max_stall_s:g} s, {STALL_FACTOR} lone requests)"
     if not stalls:
         return Check(name, SKIP, "no phase measured")
-    return Check(name, FAIL if any(s.seconds > s.bound_s for s in stalls) else PASS,
-                 "longest time with requests in flight and none answered or streaming: "
-                 + "; ".join(stall_line(s) for s in stalls))  # fmt: skip
+    return Check(
+        name,
+        FAIL if any(s.seconds > s.bound_s for s in stalls) else PASS,
+        "longest time with requests in flight and none answered or streaming: "
+        + "; ".join(stall_line(s) for s in stalls),
+    )
 
 
 def rss_check(samples: Sequence[int] | None, tolerance: float, strict: bool) -> Check:
@@ -262,14 +320,21 @@ def rss_check(samples: Sequence[int] | None, tolerance: float, strict: bool) -> 
     of the first (max, not mean: a leak raises the peaks). Growth warns, or fails if
     ``strict``."""
     if samples is None or len(samples) < 6:
-        return Check(RSS_CHECK, SKIP, "RSS not measured: tritonserver's process not found on "
-                     "this machine" if samples is None else f"too few samples after warm-up "
-                     f"({len(samples)} < 6): run longer")  # fmt: skip
+        return Check(
+            RSS_CHECK,
+            SKIP,
+            "RSS not measured: tritonserver's process not found on this machine"
+            if samples is None
+            else f"too few samples after warm-up ({len(samples)} < 6): run longer",
+        )
     third = len(samples) // 3
     first, last = max(samples[:third]), max(samples[-third:])
     growth = last / first - 1
     flat = growth <= tolerance
-    return Check(RSS_CHECK, PASS if flat else FAIL if strict else WARN,
-                 f"{'flat' if flat else 'growing'}: last third max {last / 2**20:,.0f} MiB vs "
-                 f"first third max {first / 2**20:,.0f} MiB ({growth:+.1%}, tolerance "
-                 f"{tolerance:.0%})")  # fmt: skip
+    return Check(
+        RSS_CHECK,
+        PASS if flat else FAIL if strict else WARN,
+        f"{'flat' if flat else 'growing'}: last third max {last / 2**20:,.0f} MiB vs "
+        f"first third max {first / 2**20:,.0f} MiB ({growth:+.1%}, tolerance "
+        f"{tolerance:.0%})",
+    )

@@ -41,8 +41,9 @@ def tritonserver(served: ServedTriton) -> psutil.Process | None:
         if launcher is not None and launcher.process is not None:
             candidates = psutil.Process(launcher.process.pid).children(recursive=True)
         else:
-            candidates = [p for p in psutil.process_iter(["cmdline"])
-                          if flag in (p.info["cmdline"] or [])]  # fmt: skip
+            candidates = [
+                p for p in psutil.process_iter(["cmdline"]) if flag in (p.info["cmdline"] or [])
+            ]
         return next((p for p in candidates if p.name() == "tritonserver"), None)
     return None
 
@@ -93,9 +94,11 @@ class Sampler:
             return ""
         a, b = inside[0], inside[-1]
         running, pending = (max(s[k] or 0 for s in inside) for k in ("running", "pending"))
-        return (f"{b['steps'] - a['steps']:.0f} steps in {b['t_s'] - a['t_s']:.0f} s, up to "
-                f"{running:.0f} sequences running and {pending:.0f} requests pending in "
-                "Triton")  # fmt: skip
+        return (
+            f"{b['steps'] - a['steps']:.0f} steps in {b['t_s'] - a['t_s']:.0f} s, up to "
+            f"{running:.0f} sequences running and {pending:.0f} requests pending in "
+            "Triton"
+        )
 
 
 def http_status(url: str, timeout: float = 2.0) -> str:
@@ -117,15 +120,23 @@ def stub_kill_drill(
     if not s.drill:
         return {"done": False, "note": "skipped (--no-drill)"}
     if not handle.started or handle.launcher.process is None:
-        return {"done": False, "note": "skipped: the server was found running, not started by "
-                "the soak (the drill never kills a server it did not start)"}  # fmt: skip
+        return {
+            "done": False,
+            "note": "skipped: the server was found running, not started by "
+            "the soak (the drill never kills a server it did not start)",
+        }
     server = tritonserver(handle)
     if (stub := find_stub(server) if server else None) is None:
         return {"done": False, "note": f"skipped: no {ENGINE_MODEL} python-backend stub found"}
     launcher, http = handle.launcher.process, s.endpoints.http_url
-    urls = {"live": f"{http}/v2/health/live", "ready": f"{http}/v2/health/ready",
-            **{f"{m} ready": f"{http}/v2/models/{m}/ready"
-               for m in (ENGINE_MODEL, ENSEMBLE_MODEL, STREAM_MODEL)}}  # fmt: skip
+    urls = {
+        "live": f"{http}/v2/health/live",
+        "ready": f"{http}/v2/health/ready",
+        **{
+            f"{m} ready": f"{http}/v2/models/{m}/ready"
+            for m in (ENGINE_MODEL, ENSEMBLE_MODEL, STREAM_MODEL)
+        },
+    }
     params = replace(params, deadline_s=min(params.deadline_s, DEADLINE_S))
     long = replace(params, max_tokens=params.long_tokens)  # still running at the kill
     sent: list[gevent.Greenlet] = []
@@ -177,20 +188,25 @@ def stub_kill_drill(
     stubs = {e["value"] for e in timeline if e["what"] == f"{ENGINE_MODEL} stub"}
     failed = [r for r in requests.ended if r["status"] != OK]
     return {
-        "done": True, "stub": stub_info, "killed_at": killed_at.isoformat(timespec="seconds"),
+        "done": True,
+        "stub": stub_info,
+        "killed_at": killed_at.isoformat(timespec="seconds"),
         "note": f"SIGKILL to the {ENGINE_MODEL} stub of the server this soak started; watched "
         f"{min(WINDOW_S, time.monotonic() - killed):.0f} s",
         "server_ready_turned_false_after_s": unwell.get("ready"),
         "stage_ready_turned_false_after_s": unwell.get(f"{ENGINE_MODEL} ready"),
-        "launcher_exit": f"code {code} after {exited_at:.1f} s" if code is not None
-        and exited_at is not None else f"still running after {WINDOW_S:.0f} s",
-        "launcher_exit_code": code, "tritonserver_exit": last.get("tritonserver"),
+        "launcher_exit": f"code {code} after {exited_at:.1f} s"
+        if code is not None and exited_at is not None
+        else f"still running after {WINDOW_S:.0f} s",
+        "launcher_exit_code": code,
+        "tritonserver_exit": last.get("tritonserver"),
         "stub_restarted": bool(stubs - {"none", f"pid {stub.pid}"}),
-        "requests": len(requests.ended), "requests_failed": len(failed),
+        "requests": len(requests.ended),
+        "requests_failed": len(failed),
         "requests_failed_clearly": sum(r["category"] not in ("", "unclear") for r in failed),
         "timeline": timeline,  # the first three started before the kill, the probes after it
         "in_flight": [r for r in requests.ended if r["started"] < killed_wall],
-    }  # fmt: skip
+    }
 
 
 def drill_check(drill: dict[str, Any]) -> Check:

@@ -87,8 +87,14 @@ class SoakPlan:
             return True
         tokens1, self.window = self.tokens(), None
         rate = (tokens1 - tokens0) / span if tokens0 is not None and tokens1 is not None else 0.0
-        step = {"clients": level, "rps": done / span, "tokens_per_s": rate,
-                "window_s": round(span, 1), "done": done, "closed": now}  # fmt: skip
+        step = {
+            "clients": level,
+            "rps": done / span,
+            "tokens_per_s": rate,
+            "window_s": round(span, 1),
+            "done": done,
+            "closed": now,
+        }
         self.steps.append(step)
         measure = "tokens_per_s" if rate else "rps"
         if self.best is None or step[measure] > self.best[measure] * (1 + self.ramp_gain):
@@ -96,16 +102,20 @@ class SoakPlan:
         else:
             self.flat += 1
         if self.flat >= self.ramp_patience:
-            self.note = (f"throughput stopped rising at {self.best['clients']} clients: {level} "
-                         f"gave {step[measure]:.1f} {measure.replace('_', ' ')} vs "
-                         f"{self.best[measure]:.1f} (needs +{self.ramp_gain:.0%})")  # fmt: skip
+            self.note = (
+                f"throughput stopped rising at {self.best['clients']} clients: {level} "
+                f"gave {step[measure]:.1f} {measure.replace('_', ' ')} vs "
+                f"{self.best[measure]:.1f} (needs +{self.ramp_gain:.0%})"
+            )
         elif self.level + 1 < len(self.levels):
             self.level += 1
             return True
         else:
-            self.note = (f"throughput still rising at the last level ({level}, --max-clients)"
-                         if self.flat == 0 else f"the ramp ended at --max-clients {level}; best "
-                         f"at {self.best['clients']}")  # fmt: skip
+            self.note = (
+                f"throughput still rising at the last level ({level}, --max-clients)"
+                if self.flat == 0
+                else f"the ramp ended at --max-clients {level}; best at {self.best['clients']}"
+            )
         self.saturation = self.best["clients"]
         return False
 

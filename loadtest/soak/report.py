@@ -20,11 +20,25 @@ from reporting.charts import plt, save_figure, shade_phases
 from reporting.events import markdown
 from reporting.tables import templates
 
-KIND_COLUMNS = ["kind", "sent", "ok", "rejected", "abandoned", "unanswered", "unexpected",
-                "p50 s", "p99 s"]  # fmt: skip
+KIND_COLUMNS = [
+    "kind",
+    "sent",
+    "ok",
+    "rejected",
+    "abandoned",
+    "unanswered",
+    "unexpected",
+    "p50 s",
+    "p99 s",
+]
 TEMPLATES = Path(__file__).with_name("report.md")
-COLORS = {"ramp": "#fff2cc", "soak": "#e2f0d9", "editor": "#e4dff2", "drain": "#deebf7",
-          "drill": "#f8cbad"}  # fmt: skip
+COLORS = {
+    "ramp": "#fff2cc",
+    "soak": "#e2f0d9",
+    "editor": "#e4dff2",
+    "drain": "#deebf7",
+    "drill": "#f8cbad",
+}
 
 
 def _plain(frame: pd.DataFrame) -> pd.DataFrame:
@@ -46,22 +60,34 @@ def render_report(result: dict[str, Any], frame: pd.DataFrame) -> str:
     case_table, errors = checks.cases(rows), checks.error_messages(rows)
     check_table = pd.DataFrame([asdict(c) for c in result["checks"]])
     memory = next((c.detail for c in result["checks"] if c.name == checks.RSS_CHECK), "")
-    return Template(templates(TEMPLATES)["report"]).substitute(
-        started_at=result["started_at"], server=result["server"].get("description", "?"),
-        machine=s["machine"], wall=f"{result['wall_s']:.0f}", clients=s["clients"],
-        saturation=sat["clients"], duration=f"{s['duration']:.0f}", max_tokens=s["max_tokens"],
-        deadline=f"{s['deadline']:.0f}", max_stall=s["max_stall"],
-        stall_factor=checks.STALL_FACTOR,
-        checks=table(check_table.set_axis(["check", "result", "detail"], axis=1)),
-        kinds=table(checks.kinds(rows)[KIND_COLUMNS], digits=2), ramp=_saturation(sat),
-        cases="" if case_table.empty else f"## Invalid and hostile cases\n\n{table(case_table)}"
-        "\n\n",
-        errors=table(errors) if not errors.empty else "None.",
-        memory=memory, editor=_editor(result["editor"]),
-        stalls="\n".join(f"- {checks.stall_line(stall)}" for stall in result["stalls"]),
-        drain="\n".join(f"- {k}: {v}" for k, v in result["drain"].items()),
-        drill="\n".join(_drill(result["drill"])),
-    ) + "\n"  # fmt: skip
+    return (
+        Template(templates(TEMPLATES)["report"]).substitute(
+            started_at=result["started_at"],
+            server=result["server"].get("description", "?"),
+            machine=s["machine"],
+            wall=f"{result['wall_s']:.0f}",
+            clients=s["clients"],
+            saturation=sat["clients"],
+            duration=f"{s['duration']:.0f}",
+            max_tokens=s["max_tokens"],
+            deadline=f"{s['deadline']:.0f}",
+            max_stall=s["max_stall"],
+            stall_factor=checks.STALL_FACTOR,
+            checks=table(check_table.set_axis(["check", "result", "detail"], axis=1)),
+            kinds=table(checks.kinds(rows)[KIND_COLUMNS], digits=2),
+            ramp=_saturation(sat),
+            cases=""
+            if case_table.empty
+            else f"## Invalid and hostile cases\n\n{table(case_table)}\n\n",
+            errors=table(errors) if not errors.empty else "None.",
+            memory=memory,
+            editor=_editor(result["editor"]),
+            stalls="\n".join(f"- {checks.stall_line(stall)}" for stall in result["stalls"]),
+            drain="\n".join(f"- {k}: {v}" for k, v in result["drain"].items()),
+            drill="\n".join(_drill(result["drill"])),
+        )
+        + "\n"
+    )
 
 
 def _saturation(sat: dict[str, Any]) -> str:
@@ -78,11 +104,14 @@ def _editor(editor: dict[str, Any]) -> str:
     f, suffix = editor["figures"], editor["suffix"]
     refused = not suffix["send"] and suffix["requested"]
     return Template(templates(TEMPLATES)["editor"]).substitute(
-        {k: f"{v or 0:.0f}" for k, v in f.items()}, typists=editor["typists"],
-        duration=f"{editor['duration_s']:.0f}", max_tokens=editor["max_tokens"],
-        budget=editor["prompt_budget_tokens"], suffix=suffix["note"],
+        {k: f"{v or 0:.0f}" for k, v in f.items()},
+        typists=editor["typists"],
+        duration=f"{editor['duration_s']:.0f}",
+        max_tokens=editor["max_tokens"],
+        budget=editor["prompt_budget_tokens"],
+        suffix=suffix["note"],
         refused=f"**{suffix['note']}**\n\n" if refused else "",
-    )  # fmt: skip
+    )
 
 
 def _drill(drill: dict[str, Any]) -> list[str]:
@@ -94,8 +123,10 @@ def _drill(drill: dict[str, Any]) -> list[str]:
     lines = [str(drill["note"]), "", *(f"- {k}: {drill[k]}" for k in keys), "", table(timeline)]
     if drill["in_flight"]:
         lines += ["", "Requests in flight when the stub died:", ""]
-        lines += [f"- {r['transport']}: {r['status']} {r['category']} {r['message'][:200]}"
-                  for r in drill["in_flight"]]  # fmt: skip
+        lines += [
+            f"- {r['transport']}: {r['status']} {r['category']} {r['message'][:200]}"
+            for r in drill["in_flight"]
+        ]
     return lines
 
 
@@ -104,12 +135,23 @@ def console_table(result: dict[str, Any], frame: pd.DataFrame) -> str:
     kinds = checks.kinds(checks.measured(frame))[KIND_COLUMNS]
     text = kinds.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.2f}")
     width = max((len(c.name) for c in result["checks"]), default=10)
-    return "\n".join(["", text, "", *(f"  {c.status:4}  {c.name:<{width}}  {c.detail}"
-                                      for c in result["checks"])])  # fmt: skip
+    return "\n".join(
+        [
+            "",
+            text,
+            "",
+            *(f"  {c.status:4}  {c.name:<{width}}  {c.detail}" for c in result["checks"]),
+        ]
+    )
 
 
-def draw_chart(path: Path, samples: Sequence[dict[str, Any]], frame: pd.DataFrame,
-               phases: Sequence[tuple[str, float, float]], title: str) -> Path:  # fmt: skip
+def draw_chart(
+    path: Path,
+    samples: Sequence[dict[str, Any]],
+    frame: pd.DataFrame,
+    phases: Sequence[tuple[str, float, float]],
+    title: str,
+) -> Path:
     """RSS over time above the latency of the accepted requests over time, phases shaded."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
     rss = [(s["t_s"], s["rss_bytes"] / 2**20) for s in samples if s["rss_bytes"]]
@@ -130,18 +172,32 @@ def draw_chart(path: Path, samples: Sequence[dict[str, Any]], frame: pd.DataFram
     return save_figure(fig, path, title)
 
 
-def write_run(out: Path, result: dict[str, Any], frame: pd.DataFrame, samples: Sequence[dict],
-              phases: Sequence[tuple[str, float, float]]) -> list[Path]:  # fmt: skip
+def write_run(
+    out: Path,
+    result: dict[str, Any],
+    frame: pd.DataFrame,
+    samples: Sequence[dict],
+    phases: Sequence[tuple[str, float, float]],
+) -> list[Path]:
     """summary.json, report.md, soak.png and samples.csv (events.csv: the run's own)."""
     out.mkdir(parents=True, exist_ok=True)
     frame, rows = checks.soak_rows(frame), checks.measured(frame)
-    summary = {**result, "failed": bool(failed(result)), "phases": phases,
-               "kinds": _plain(checks.kinds(rows).drop(columns="rejected")).to_dict("records"),
-               **{k: _plain(f(rows)).to_dict("records") for k, f in (
-                   ("cases", checks.cases), ("errors", checks.error_messages))}}  # fmt: skip
+    summary = {
+        **result,
+        "failed": bool(failed(result)),
+        "phases": phases,
+        "kinds": _plain(checks.kinds(rows).drop(columns="rejected")).to_dict("records"),
+        **{
+            k: _plain(f(rows)).to_dict("records")
+            for k, f in (("cases", checks.cases), ("errors", checks.error_messages))
+        },
+    }
     paths = [out / "summary.json", out / "report.md", out / "samples.csv"]
-    text = json.dumps(summary, indent=2, default=lambda v: asdict(v) if is_dataclass(v)
-                      else getattr(v, "item", v.__str__)())  # fmt: skip
+    text = json.dumps(
+        summary,
+        indent=2,
+        default=lambda v: asdict(v) if is_dataclass(v) else getattr(v, "item", v.__str__)(),
+    )
     paths[0].write_text(text + "\n")
     paths[1].write_text(render_report(result, frame))
     pd.DataFrame(samples, columns=SAMPLE_COLUMNS).to_csv(paths[2], index=False)

@@ -64,11 +64,13 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def parse_args(argv: list[str] | None = None) -> Settings:
-    p = argparse.ArgumentParser(prog="python -m loadtest.soak", formatter_class=_Help,
-                                description="make soak: a bounded load and fault test of the "
-                                "served ensemble on this machine (docs/soak.md).")  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m loadtest.soak",
+        formatter_class=_Help,
+        description="make soak: a bounded load and fault test of the "
+        "served ensemble on this machine (docs/soak.md).",
+    )
     add = p.add_argument
-    # fmt: off
     add("--host", default="127.0.0.1:8000", help="Triton's HTTP host:port (local)")
     add("--grpc-url", help="Triton's gRPC host:port (default: HTTP port + 1)")
     add("--metrics-url", help="Triton's metrics URL (default: HTTP port + 2)")
@@ -77,30 +79,52 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     add("--clients", type=COUNT, help="soak clients (default: 2 x saturation)")
     add("--ramp-step", type=SECONDS, default=8.0, help="seconds per ramp level")
     add("--ramp-gain", type=ZERO_OK, default=0.10, help="rise in throughput that goes on ramping")
-    add("--ramp-patience", type=COUNT, default=2, help="levels in a row without that rise that "
-        "stop the ramp (2: one noisy level on a shared machine does not)")
+    add(
+        "--ramp-patience",
+        type=COUNT,
+        default=2,
+        help="levels in a row without that rise that "
+        "stop the ramp (2: one noisy level on a shared machine does not)",
+    )
     add("--max-clients", type=COUNT, default=32, help="the ramp's last level")
     add("--max-tokens", type=COUNT, default=32, help="tokens per valid request")
     add("--long-tokens", type=COUNT, default=256, help="tokens asked by clients that then vanish")
     add("--prompt-chars", type=COUNT, default=600, help="longest code prompt")
-    add("--deadline", type=SECONDS, default=180.0, help="seconds without an answer that make a "
-        "request unanswered (Triton's queue policy rejects at 120)")
+    add(
+        "--deadline",
+        type=SECONDS,
+        default=180.0,
+        help="seconds without an answer that make a "
+        "request unanswered (Triton's queue policy rejects at 120)",
+    )
     add("--warmup", type=ZERO_OK, help="soak seconds before RSS counts (default: duration/6)")
     add("--rss-every", type=SECONDS, default=2.0, help="seconds between RSS and engine samples")
     add("--rss-tolerance", type=ZERO_OK, default=0.10, help="RSS growth still called flat")
-    add("--editor-duration", type=ZERO_OK, default=60.0, help="seconds of typists through the "
-        "OpenAI API, each request abandoned at the next keystroke (0 skips it)")
+    add(
+        "--editor-duration",
+        type=ZERO_OK,
+        default=60.0,
+        help="seconds of typists through the "
+        "OpenAI API, each request abandoned at the next keystroke (0 skips it)",
+    )
     add("--editor-typists", type=COUNT, default=4, help="typists of the editor phase")
     add("--editor-max-tokens", type=COUNT, default=64, help="tokens per editor completion")
-    add("--max-stall", type=SECONDS, default=5.0, help="longest seconds with requests in flight "
-        "and none answered or streaming before the stall check fails")
-    add("--mix", default=",".join(f"{k}={w}" for k, w in c.DEFAULT_MIX.items()),
-        help="kind=weight,... over " + ", ".join(c.KINDS))
+    add(
+        "--max-stall",
+        type=SECONDS,
+        default=5.0,
+        help="longest seconds with requests in flight "
+        "and none answered or streaming before the stall check fails",
+    )
+    add(
+        "--mix",
+        default=",".join(f"{k}={w}" for k, w in c.DEFAULT_MIX.items()),
+        help="kind=weight,... over " + ", ".join(c.KINDS),
+    )
     add("--strict-rss", action="store_true", help="fail (not warn) on RSS growth")
     add("--no-drill", dest="drill", action="store_false", help="skip the stub-kill drill")
     add("--out", type=Path, help="run folder (default: loadtest/results/soak-<time>)")
     add("--model-repository", type=Path, default=MODEL_REPOSITORY)
-    # fmt: on
     s = p.parse_args(argv)
     try:
         s.endpoints = Endpoints.from_host(s.host, s.grpc_url, s.metrics_url)
@@ -124,14 +148,23 @@ class Soak:
         self.events = EventLog(profile="soak", system=handle.description)
         self.sampler = Sampler(handle, lambda: time.time() - self.origin, s.rss_every)
         prompts = tuple(code_prompts(300, s.seed, max_chars=s.prompt_chars))
-        self.params = ClientParams(s.endpoints, prompts, s.max_tokens, s.long_tokens, s.deadline,
-                                   model_context(s.model_repository))  # fmt: skip
-        self.env = Environment(user_classes=[users.SoakUser, users.SoakTypist],
-                               stop_timeout=s.deadline + 10)  # fmt: skip
+        self.params = ClientParams(
+            s.endpoints,
+            prompts,
+            s.max_tokens,
+            s.long_tokens,
+            s.deadline,
+            model_context(s.model_repository),
+        )
+        self.env = Environment(
+            user_classes=[users.SoakUser, users.SoakTypist], stop_timeout=s.deadline + 10
+        )
         self.events.attach(self.env)
         self.requests = Requests(self.env.events)
-        self.found: dict[str, Any] = {"editor": {"done": False, "note": "not reached"},
-                                      "unanswered_at_close": 0}  # fmt: skip
+        self.found: dict[str, Any] = {
+            "editor": {"done": False, "note": "not reached"},
+            "unanswered_at_close": 0,
+        }
 
     def _tokens(self) -> float | None:
         """The engine's generated-token counter (None: not exported): the ramp's measure."""
@@ -144,10 +177,17 @@ class Soak:
         """The shape's stages in turn (ramp, soak, editor and drain), a progress line each."""
         s, runner = self.s, self.env.create_local_runner()
         answered = self.requests.ended  # the ramp's measure: requests answered since t
-        plan = SoakPlan(s.duration, lambda t: sum(r["status"] == c.OK and r["ended"] >= t
-                                                  for r in answered), self._tokens,
-                        s.saturation, s.clients, s.ramp_step, s.ramp_gain, s.ramp_patience,
-                        s.max_clients)  # fmt: skip
+        plan = SoakPlan(
+            s.duration,
+            lambda t: sum(r["status"] == c.OK and r["ended"] >= t for r in answered),
+            self._tokens,
+            s.saturation,
+            s.clients,
+            s.ramp_step,
+            s.ramp_gain,
+            s.ramp_patience,
+            s.max_clients,
+        )
         self.requests.window = lambda: plan.stage or ""
         users.SoakUser.prepare(self.params, self.requests, plan, s.mix, s.seed)
         self.env.shape_class = users.SoakShape(plan, time.time)
@@ -158,9 +198,11 @@ class Soak:
                 stage = self.sampler.phase = plan.stage
                 self.events.stamp(window=stage)  # the typists' rows; the mix names its own
                 ends = self.events.frame()["outcome"].value_counts().to_dict()
-                log.info(f"stage: {stage} ({runner.user_count} users now); so far: sent "
-                         f"{self.requests.sent}, in flight {len(self.requests.in_flight)}, "
-                         f"ended {ends}")  # fmt: skip
+                log.info(
+                    f"stage: {stage} ({runner.user_count} users now); so far: sent "
+                    f"{self.requests.sent}, in flight {len(self.requests.in_flight)}, "
+                    f"ended {ends}"
+                )
             if stage == c.EDITOR and c.EDITOR not in plan.ended:
                 self._editor(runner)
                 plan.finish(c.EDITOR, time.time())
@@ -193,12 +235,18 @@ class Soak:
         if (editor := self.found["editor"]).get("done"):
             window = tuple(t - self.origin for t in editor["window"])
             phases.append((c.EDITOR, window, editor.get("lone_first_token_s")))
-        found = [checks.longest_stall(name, frame[frame["window"] == name], *window,
-                                      self.s.max_stall, lone)
-                 for name, window, lone in phases]  # fmt: skip
-        return [replace(st, engine=self.sampler.during(st.at_s, st.until_s))
-                if st.at_s is not None and st.until_s is not None else st
-                for st in found]  # fmt: skip
+        found = [
+            checks.longest_stall(
+                name, frame[frame["window"] == name], *window, self.s.max_stall, lone
+            )
+            for name, window, lone in phases
+        ]
+        return [
+            replace(st, engine=self.sampler.during(st.at_s, st.until_s))
+            if st.at_s is not None and st.until_s is not None
+            else st
+            for st in found
+        ]
 
     def rss_samples(self, plan: SoakPlan) -> list[int] | None:
         """The server's RSS through the soak phase after the warm-up (None: not found)."""
@@ -206,8 +254,11 @@ class Soak:
             return None
         soak = next(((b, e) for n, b, e in plan.stages if n == SOAK), (0.0, 0.0))
         first, last = soak[0] - self.origin + self.s.warmup, soak[1] - self.origin
-        return [x["rss_bytes"] for x in self.sampler.samples if x["phase"] == SOAK
-                and x["rss_bytes"] and first <= x["t_s"] <= last]  # fmt: skip
+        return [
+            x["rss_bytes"]
+            for x in self.sampler.samples
+            if x["phase"] == SOAK and x["rss_bytes"] and first <= x["t_s"] <= last
+        ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,42 +303,67 @@ def main(argv: list[str] | None = None) -> int:
     stalls = soak.stalls(plan, rows, lone_s)
     found = [
         *checks.accounting_checks(table, soak.requests.sent, mixed),
-        checks.case_check(cases, c.INVALID), checks.case_check(cases, c.HOSTILE),
-        *checks.server_checks(ready, idle, after, drain_s), checks.editor_check(editor),
+        checks.case_check(cases, c.INVALID),
+        checks.case_check(cases, c.HOSTILE),
+        *checks.server_checks(ready, idle, after, drain_s),
+        checks.editor_check(editor),
         checks.stall_check(stalls, s.max_stall),
         checks.rss_check(soak.rss_samples(plan), s.rss_tolerance, s.strict_rss),
         drill_check(drill),
-    ]  # fmt: skip
+    ]
     total, m = table.iloc[-1], describe()
-    cancelled = (after.cancelled - idle.cancelled if after and idle and None not in
-                 (after.cancelled, idle.cancelled) else None)  # fmt: skip
+    cancelled = (
+        after.cancelled - idle.cancelled
+        if after and idle and None not in (after.cancelled, idle.cancelled)
+        else None
+    )
     result = {
-        "started_at": started_at, "wall_s": time.monotonic() - wall,
-        "settings": {**vars(s), "clients": plan.soak_clients,
-                     "machine": f"{m['cores']} cores (load average {m['load_average']} at the "
-                     f"start), {m['memory_gib']} GiB RAM, {m['cpu']}, flags "
-                     f"{' '.join(m['cpu_flags']) or 'none'}",
-                     "stuck_users": soak.found.get("stuck_users"),
-                     "unanswered_at_close": soak.found["unanswered_at_close"]},
-        "server": {"description": handle.description, "started_by_soak": handle.started,
-                   "launcher_exit_code_at_stop": launcher_code, **handle.info()},
+        "started_at": started_at,
+        "wall_s": time.monotonic() - wall,
+        "settings": {
+            **vars(s),
+            "clients": plan.soak_clients,
+            "machine": f"{m['cores']} cores (load average {m['load_average']} at the "
+            f"start), {m['memory_gib']} GiB RAM, {m['cpu']}, flags "
+            f"{' '.join(m['cpu_flags']) or 'none'}",
+            "stuck_users": soak.found.get("stuck_users"),
+            "unanswered_at_close": soak.found["unanswered_at_close"],
+        },
+        "server": {
+            "description": handle.description,
+            "started_by_soak": handle.started,
+            "launcher_exit_code_at_stop": launcher_code,
+            **handle.info(),
+        },
         "saturation": plan.summary(),
-        "total": {"rejected": int(total["rejected_n"]),
-                  **{k: int(total[k]) for k in ("sent", "ok", "abandoned", "unanswered")}},
-        "drain": {"ready_after_soak": ready, "drain_s": round(drain_s, 1),
-                  "idle_before": idle and asdict(idle), "after_drain": after and asdict(after),
-                  "engine_cancelled_during_soak": cancelled,
-                  "clients_abandoned_during_soak": int(total["abandoned"])},
-        "drill": drill, "editor": editor, "stalls": stalls, "checks": found,
-    }  # fmt: skip
+        "total": {
+            "rejected": int(total["rejected_n"]),
+            **{k: int(total[k]) for k in ("sent", "ok", "abandoned", "unanswered")},
+        },
+        "drain": {
+            "ready_after_soak": ready,
+            "drain_s": round(drain_s, 1),
+            "idle_before": idle and asdict(idle),
+            "after_drain": after and asdict(after),
+            "engine_cancelled_during_soak": cancelled,
+            "clients_abandoned_during_soak": int(total["abandoned"]),
+        },
+        "drill": drill,
+        "editor": editor,
+        "stalls": stalls,
+        "checks": found,
+    }
     phases = [(n, b - soak.origin, e - soak.origin) for n, b, e in plan.stages if e is not None]
     paths = write_run(s.out, result, frame, soak.sampler.samples, phases)
     print(console_table(result, frame), flush=True)
     written = ", ".join(p.name for p in [s.out / "events.csv", *soak.locust_files, *paths])
     print(f"\nwritten: {written} in {s.out}", flush=True)
     if failed(result):
-        print(f"SOAK FAILED ({', '.join(failed(result))}): see {s.out / 'report.md'} for the "
-              "requests and error texts behind it", flush=True)  # fmt: skip
+        print(
+            f"SOAK FAILED ({', '.join(failed(result))}): see {s.out / 'report.md'} for the "
+            "requests and error texts behind it",
+            flush=True,
+        )
         return 1
     print("soak passed", flush=True)
     return 0

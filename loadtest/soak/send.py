@@ -68,22 +68,38 @@ class Requests:
         if (entry := self.in_flight.pop(ticket, None)) is None:
             return
         kind, case, transport, started, window = entry
-        self.ended.append({"transport": transport, "started": started, "ended": time.time(),
-                           "status": outcome.status, "category": outcome.category,
-                           "message": outcome.message[:400]})  # fmt: skip
+        self.ended.append(
+            {
+                "transport": transport,
+                "started": started,
+                "ended": time.time(),
+                "status": outcome.status,
+                "category": outcome.category,
+                "message": outcome.message[:400],
+            }
+        )
         if self.events is None:
             return
         first, failed = outcome.first_token_s, outcome.status in (c.REJECTED, c.UNANSWERED)
         self.events.request.fire(
-            request_type=kind, name=case or kind, response_time=(time.time() - started) * 1000,
-            response_length=0, exception=CodegenError(outcome.message) if failed else None,
+            request_type=kind,
+            name=case or kind,
+            response_time=(time.time() - started) * 1000,
+            response_length=0,
+            exception=CodegenError(outcome.message) if failed else None,
             start_time=started,
-            context={"outcome": {c.OK: "ok", c.ABANDONED: "abandoned"}.get(outcome.status)
-                     or ("shed" if outcome.category in SHED else "error"),
-                     "first_token_ms": None if first is None else first * 1000, "tokens": 0,
-                     "window": window, "status": outcome.status, "category": outcome.category,
-                     "case": case, "transport": transport},
-        )  # fmt: skip
+            context={
+                "outcome": {c.OK: "ok", c.ABANDONED: "abandoned"}.get(outcome.status)
+                or ("shed" if outcome.category in SHED else "error"),
+                "first_token_ms": None if first is None else first * 1000,
+                "tokens": 0,
+                "window": window,
+                "status": outcome.status,
+                "category": outcome.category,
+                "case": case,
+                "transport": transport,
+            },
+        )
 
     def close(self, reason: str) -> int:
         """End everything still in flight as unanswered; how many there were."""
@@ -111,17 +127,25 @@ class Client:
 
     def valid_request(self, max_tokens: int | None = None) -> CompletionRequest:
         i = self.rng.randrange(len(self.params.prompts))  # the seed is the prompt's index
-        return CompletionRequest(self.params.prompts[i],
-                                 max_tokens=max_tokens or self.params.max_tokens, seed=i,
-                                 **SAMPLING)  # fmt: skip
+        return CompletionRequest(
+            self.params.prompts[i],
+            max_tokens=max_tokens or self.params.max_tokens,
+            seed=i,
+            **SAMPLING,
+        )
 
     def run(self, kind: str, case: str = "", transport: str = "") -> Outcome:
         """Send one request of ``kind`` and report how it ended."""
-        transport = transport or {
-            c.UNARY_GRPC: "grpc", c.UNARY_HTTP: "http", c.STREAM: self.rng.choice(STREAMS),
-            c.VANISH_STREAM: self.rng.choice(STREAMS),
-            c.VANISH_UNARY: self.rng.choice(("grpc", "raw-http")),
-        }[kind]  # fmt: skip
+        transport = (
+            transport
+            or {
+                c.UNARY_GRPC: "grpc",
+                c.UNARY_HTTP: "http",
+                c.STREAM: self.rng.choice(STREAMS),
+                c.VANISH_STREAM: self.rng.choice(STREAMS),
+                c.VANISH_UNARY: self.rng.choice(("grpc", "raw-http")),
+            }[kind]
+        )
         ticket = self.requests.begin(kind, case, transport)
         try:
             outcome = self._send(kind, case, transport)
@@ -158,8 +182,13 @@ class Client:
         wire = self.transports[transport]
         kwargs = {"client_timeout": timeout} if transport == "grpc" else {}
         try:
-            wire.call("infer", ENSEMBLE_MODEL, to_infer_inputs(tensors, wire.module),
-                      outputs=requested_outputs(wire.module), **kwargs)  # fmt: skip
+            wire.call(
+                "infer",
+                ENSEMBLE_MODEL,
+                to_infer_inputs(tensors, wire.module),
+                outputs=requested_outputs(wire.module),
+                **kwargs,
+            )
         except TimedOutError:
             wire.close()  # a connection given up on is not reused
             if vanishing:
@@ -172,9 +201,12 @@ class Client:
         return Outcome(c.OK)
 
     def stream(
-        self, transport: str, request: CompletionRequest, leave_after: int | None,
+        self,
+        transport: str,
+        request: CompletionRequest,
+        leave_after: int | None,
         inputs: list | None = None,
-    ) -> Outcome:  # fmt: skip
+    ) -> Outcome:
         """A stream to its final answer, or closed after ``leave_after`` pieces (abandoning is
         closing the stream); ``inputs``: raw tensors in the request's place."""
         wire = self.transports["grpc" if transport in ("stream-grpc", "stream") else "http"]
@@ -187,8 +219,9 @@ class Client:
                 pieces += bool(piece.text)
                 if leave_after is not None and pieces >= leave_after:
                     stream.close()
-                    return Outcome(c.ABANDONED, "", f"left after {pieces} piece(s) (on purpose)",
-                                   first)  # fmt: skip
+                    return Outcome(
+                        c.ABANDONED, "", f"left after {pieces} piece(s) (on purpose)", first
+                    )
         except TimedOutError as exc:
             return Outcome(c.UNANSWERED, "", str(exc), first)
         except CodegenError as exc:
@@ -199,8 +232,9 @@ class Client:
         """POST to ``generate`` and drop the connection unread after ``after`` seconds."""
         url = f"{self.params.endpoints.http_url}/v2/models/{ENSEMBLE_MODEL}/generate"
         try:
-            response = httpx.post(url, json=generate_body(request),
-                                  timeout=httpx.Timeout(after, connect=10.0))  # fmt: skip
+            response = httpx.post(
+                url, json=generate_body(request), timeout=httpx.Timeout(after, connect=10.0)
+            )
         except httpx.ReadTimeout:
             return Outcome(c.ABANDONED, "", f"connection dropped after {after:.2f} s (on purpose)")
         if response.status_code == 200:

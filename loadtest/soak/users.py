@@ -53,8 +53,14 @@ class SoakUser(User):
     wait_time = constant(0)
 
     @classmethod
-    def prepare(cls, params: ClientParams, requests: Requests, plan: SoakPlan,
-                mix: dict[str, int], seed: int) -> None:  # fmt: skip
+    def prepare(
+        cls,
+        params: ClientParams,
+        requests: Requests,
+        plan: SoakPlan,
+        mix: dict[str, int],
+        seed: int,
+    ) -> None:
         cls.params, cls.requests, cls.plan, cls.seed = params, requests, plan, seed
         cls.kinds, cls.numbers = schedule(mix), itertools.count()
         cls.rotations = {kind: rotation(kind) for kind in (INVALID, HOSTILE)}
@@ -122,34 +128,48 @@ def editor_phase(s: Any, runner: Any) -> dict[str, Any]:
         alone = sender.open(w.prefix, w.suffix, s.seed, 0, neighbour_chunks(files, visit.path))
         if not alone.wait(time.monotonic() + 120.0):
             alone.abandon()
-        log.info(f"editor phase: an editor-sized request alone: first token "
-                 f"{alone.first_token_s or 0:.2f} s")  # fmt: skip
+        log.info(
+            f"editor phase: an editor-sized request alone: first token "
+            f"{alone.first_token_s or 0:.2f} s"
+        )
         failures: list[str] = []
-        runner.environment.events.user_error.add_listener(lambda user_instance, exception, tb:
-            failures.append(f"typist {getattr(user_instance, 'index', '?')}: {exception!r}")
-        )  # fmt: skip
+        runner.environment.events.user_error.add_listener(
+            lambda user_instance, exception, tb: failures.append(
+                f"typist {getattr(user_instance, 'index', '?')}: {exception!r}"
+            )
+        )
         began, begin = time.monotonic(), time.time()
-        walks = {i: Walk(Typist(i, files, s.seed, SOAK_STYLE).visits())
-                 for i in range(s.editor_typists)}  # fmt: skip
+        walks = {
+            i: Walk(Typist(i, files, s.seed, SOAK_STYLE).visits()) for i in range(s.editor_typists)
+        }
         system = triton_system("soak", sender, s.endpoints.metrics_url, [])
         SoakTypist.system, SoakTypist.walks, SoakTypist.files = system, walks, files
         SoakTypist.windows = SimpleNamespace(clipper=clipper, with_suffix=mode.send, one_line=False)
         SoakTypist.until, SoakTypist.origin = began + s.editor_duration, began
         SoakTypist.numbers = itertools.count()
-        log.info(f"editor phase: {s.editor_typists} typists through the API for "
-                 f"{s.editor_duration:.0f}s, prompts up to {clipper.budget} tokens of the file "
-                 f"and chunks of other files")  # fmt: skip
+        log.info(
+            f"editor phase: {s.editor_typists} typists through the API for "
+            f"{s.editor_duration:.0f}s, prompts up to {clipper.budget} tokens of the file "
+            f"and chunks of other files"
+        )
         runner.start(s.editor_typists, spawn_rate=100, user_classes=[SoakTypist])
         hard_end = began + s.editor_duration + SOAK_STYLE.longest_step_s + 30
         while (runner.user_count or time.monotonic() < began + 1) and time.monotonic() < hard_end:
             gevent.sleep(0.5)
     finally:
         api.stop()
-    return {"done": True, "typists": s.editor_typists, "duration_s": s.editor_duration,
-            "max_tokens": s.editor_max_tokens, "prompt_budget_tokens": clipper.budget,
-            "lone_first_token_s": alone.first_token_s, "suffix": asdict(mode),
-            "stuck_typists": runner.user_count,
-            "typist_failures": failures, "window": (begin, time.time())}  # fmt: skip
+    return {
+        "done": True,
+        "typists": s.editor_typists,
+        "duration_s": s.editor_duration,
+        "max_tokens": s.editor_max_tokens,
+        "prompt_budget_tokens": clipper.budget,
+        "lone_first_token_s": alone.first_token_s,
+        "suffix": asdict(mode),
+        "stuck_typists": runner.user_count,
+        "typist_failures": failures,
+        "window": (begin, time.time()),
+    }
 
 
 def write_locust_reports(environment: Any, out: Path) -> list[Path]:

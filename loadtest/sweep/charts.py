@@ -32,12 +32,21 @@ def draw_charts(
         f"{info['settings']['protocol'].upper()} users"
     )
     table = table.apply(pd.to_numeric, errors="coerce")
-    paths = [chart_rps_latency(table, out / RPS_LATENCY_CHART, title),
-             chart_shares(table.fillna(0), out / STAGE_SHARES_CHART, title)]  # fmt: skip
+    paths = [
+        chart_rps_latency(table, out / RPS_LATENCY_CHART, title),
+        chart_shares(table.fillna(0), out / STAGE_SHARES_CHART, title),
+    ]
     for (_, row), window in zip(table.iterrows(), run["windows"], strict=True):
         length = int(row["output_len"])
-        paths.append(chart_timeseries(row, window, frame, out / timeseries_chart(length),
-                                      f"Output length {length}: {title}"))  # fmt: skip
+        paths.append(
+            chart_timeseries(
+                row,
+                window,
+                frame,
+                out / timeseries_chart(length),
+                f"Output length {length}: {title}",
+            )
+        )
     return paths
 
 
@@ -61,16 +70,33 @@ def chart_rps_latency(table: pd.DataFrame, path: Path, title: str) -> Path:
         ax.set_ylabel(label, color=color)
         ax.set_ylim(0, max(values.max(), 0) * 1.35 or 1)
     for x, y in zip(lengths, table["rps"].fillna(0), strict=True):
-        left.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 7),
-                      ha="center", fontsize=9, color="#1f77b4")  # fmt: skip
+        left.annotate(
+            f"{y:.2f}",
+            (x, y),
+            textcoords="offset points",
+            xytext=(0, 7),
+            ha="center",
+            fontsize=9,
+            color="#1f77b4",
+        )
     _length_axis(left, lengths)
     left.set_title("Throughput")
     left.legend(handles=left.get_lines() + tokens.get_lines(), loc="upper right", fontsize=9)
     for key in ("mean", "p50", "p90", "p95", "p99"):
-        right.plot(lengths, table[f"latency_{key}_ms"], "-", marker=MARKERS[key], label=key,
-                   color=COLORS[key], lw=2 if key in ("mean", "p50") else 1.3)  # fmt: skip
-    right.set(yscale="log", ylabel="response time (ms, log scale)",
-              title="Latency (client side, the event table)")  # fmt: skip
+        right.plot(
+            lengths,
+            table[f"latency_{key}_ms"],
+            "-",
+            marker=MARKERS[key],
+            label=key,
+            color=COLORS[key],
+            lw=2 if key in ("mean", "p50") else 1.3,
+        )
+    right.set(
+        yscale="log",
+        ylabel="response time (ms, log scale)",
+        title="Latency (client side, the event table)",
+    )
     right.legend(fontsize=9)
     _length_axis(right, lengths)
     return save_figure(fig, path, title)
@@ -96,15 +122,37 @@ def chart_shares(table: pd.DataFrame, path: Path, title: str) -> Path:
     percent = 100 * t[[f"share_{PRE}", f"share_{POST}"]].set_axis(
         ["preprocessing", "postprocessing"], axis=1
     )
-    _bars(shares, percent, ["#1f77b4", "#2ca02c"], "{:.2f}%", "Stage compute vs the model stage",
-          "% of the model stage's compute time")  # fmt: skip
-    _bars(queue, 100 * t[["queue_share"]].set_axis(["queue"], axis=1), ["#d62728"], "{:.1f}%",
-          "Time spent queued", "% of the request time")  # fmt: skip
+    _bars(
+        shares,
+        percent,
+        ["#1f77b4", "#2ca02c"],
+        "{:.2f}%",
+        "Stage compute vs the model stage",
+        "% of the model stage's compute time",
+    )
+    _bars(
+        queue,
+        100 * t[["queue_share"]].set_axis(["queue"], axis=1),
+        ["#d62728"],
+        "{:.1f}%",
+        "Time spent queued",
+        "% of the request time",
+    )
     batches = t[[f"batch_{PRE}", f"batch_{MODEL_STAGE}", f"batch_{POST}", "engine_batch"]]
-    batches.columns = ["preprocessing", "gptj (Triton batcher)", "postprocessing",
-                       "engine running batch"]  # fmt: skip
-    _bars(batch, batches, ["#1f77b4", "#7f7f7f", "#2ca02c", "#ff7f0e"], "{:.1f}",
-          "Batching (count / exec_count; engine rows / steps)", "mean batch size")  # fmt: skip
+    batches.columns = [
+        "preprocessing",
+        "gptj (Triton batcher)",
+        "postprocessing",
+        "engine running batch",
+    ]
+    _bars(
+        batch,
+        batches,
+        ["#1f77b4", "#7f7f7f", "#2ca02c", "#ff7f0e"],
+        "{:.1f}",
+        "Batching (count / exec_count; engine rows / steps)",
+        "mean batch size",
+    )
     return save_figure(fig, path, title)
 
 
@@ -129,8 +177,13 @@ def chart_timeseries(
     if row["stream_requests"]:
         phases.append(("streaming", stop, end - 1))
     shade_phases((top, bottom), phases, PHASE_COLORS, label_axis=top)
-    top.bar(np.arange(len(counts)) + 0.5, counts, width=1.0, color="#9ecae1",
-            label="completed in each second")  # fmt: skip
+    top.bar(
+        np.arange(len(counts)) + 0.5,
+        counts,
+        width=1.0,
+        color="#9ecae1",
+        label="completed in each second",
+    )
     # over the seconds elapsed so far at the start, then over the rolling window
     rate = [((times > t - width) & (times <= t)).sum() / min(width, max(t, 0.5)) for t in grid]
     top.plot(grid, rate, color="#1f77b4", lw=2, label=f"rolling rate ({width:.0f} s)")
@@ -142,7 +195,10 @@ def chart_timeseries(
     top.set_ylabel("requests/s")
     top.grid(True, alpha=0.3)
     top.legend(loc="upper right", fontsize=8)
-    labels = ("each request (at completion)", "response time (ms)",
-              "seconds since the users started")  # fmt: skip
+    labels = (
+        "each request (at completion)",
+        "response time (ms)",
+        "seconds since the users started",
+    )
     latency_panel(bottom, times, latency, grid, width, labels)
     return save_figure(fig, path, title, dpi=100)

@@ -46,8 +46,12 @@ def load_settings(environment: Any) -> LoadSettings:
 @events.init_command_line_parser.add_listener
 def _arguments(parser: Any) -> None:
     for name, default in LoadSettings._field_defaults.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default),
-                            env_var=f"LOADTEST_{name.upper()}", default=default)  # fmt: skip
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=type(default),
+            env_var=f"LOADTEST_{name.upper()}",
+            default=default,
+        )
 
 
 @lru_cache(maxsize=8)
@@ -165,9 +169,14 @@ class _TransportUser(User):
         self.transport.close()
 
     def _fire(self, name: str, seconds: float, error: Exception | None = None, **context: Any):
-        self.environment.events.request.fire(request_type=self.request_type, name=name,
-                                             response_time=seconds * 1000, response_length=0,
-                                             exception=error, context=context)  # fmt: skip
+        self.environment.events.request.fire(
+            request_type=self.request_type,
+            name=name,
+            response_time=seconds * 1000,
+            response_length=0,
+            exception=error,
+            context=context,
+        )
 
 
 class GrpcEnsembleUser(_TransportUser):

@@ -30,15 +30,23 @@ TEMPLATES = Path(__file__).parents[1] / "templates" / "report.md"
 PRE, POST = STAGES[0], STAGES[-1]
 # the summary table: header, the row's column, its format ("%": a share as a percentage)
 SUMMARY = (
-    ("output len", "output_len", "d"), ("requests", "requests", "d"), ("RPS", "rps", ".2f"),
-    ("mean ms", "latency_mean_ms", ",.0f"), ("p50", "latency_p50_ms", ",.0f"),
-    ("p90", "latency_p90_ms", ",.0f"), ("p95", "latency_p95_ms", ",.0f"),
-    ("p99", "latency_p99_ms", ",.0f"), ("failures", "failures", "d"),
-    ("tokens/s", "tokens_per_s", ",.0f"), ("tokens/req", "tokens_per_request", ".1f"),
-    ("batch pre / gptj / post", "batches", "s"), ("engine batch", "engine_batch", ".1f"),
+    ("output len", "output_len", "d"),
+    ("requests", "requests", "d"),
+    ("RPS", "rps", ".2f"),
+    ("mean ms", "latency_mean_ms", ",.0f"),
+    ("p50", "latency_p50_ms", ",.0f"),
+    ("p90", "latency_p90_ms", ",.0f"),
+    ("p95", "latency_p95_ms", ",.0f"),
+    ("p99", "latency_p99_ms", ",.0f"),
+    ("failures", "failures", "d"),
+    ("tokens/s", "tokens_per_s", ",.0f"),
+    ("tokens/req", "tokens_per_request", ".1f"),
+    ("batch pre / gptj / post", "batches", "s"),
+    ("engine batch", "engine_batch", ".1f"),
     ("pre % of model", "share_preprocessing", ".2%"),
-    ("post % of model", "share_postprocessing", ".2%"), ("queue share", "queue_share", ".2%"),
-)  # fmt: skip
+    ("post % of model", "share_postprocessing", ".2%"),
+    ("queue share", "queue_share", ".2%"),
+)
 
 
 def _figures(values: pd.Series, prefix: str, keys: tuple[str, ...]) -> dict[str, float | None]:
@@ -105,8 +113,10 @@ def _fill(template: str, /, **values: Any) -> str:
 def summary_table(table: pd.DataFrame) -> str:
     """The summary, one row per output length."""
     text = _Figures().format_field
-    batches = [" / ".join(text(row[f"batch_{m}"], ".2f") for m in (PRE, MODEL_STAGE, POST))
-               for _, row in table.iterrows()]  # fmt: skip
+    batches = [
+        " / ".join(text(row[f"batch_{m}"], ".2f") for m in (PRE, MODEL_STAGE, POST))
+        for _, row in table.iterrows()
+    ]
     whole = {c: table[c].astype(int) for c in ("output_len", "requests", "failures")}
     table = table.assign(batches=batches, **whole)
     cells = {header: [text(v, fmt) for v in table[column]] for header, column, fmt in SUMMARY}
@@ -119,13 +129,24 @@ def render(run: dict[str, Any], table: pd.DataFrame) -> str:
     machine = served_lines(MachineInfo(**info["machine"]), ModelInfo(**info["model"]))
     windows = zip(table.iterrows(), run["windows"], strict=True)
     sections = [_length_section(row, window, s["stream_users"]) for (_, row), window in windows]
-    return _fill(
-        "report", run=info, settings=s, machine="\n".join(machine),
-        protocol=s["protocol"].upper(), lengths=" vs ".join(str(n) for n in s["lengths"]),
-        stream_setup=_fill("stream_setup" if s["stream_users"] else "no_stream_setup", settings=s),
-        summary_table=summary_table(table), length_sections="\n".join(sections),
-        rps_latency_chart=charts.RPS_LATENCY_CHART, stage_shares_chart=charts.STAGE_SHARES_CHART,
-    ) + "\n"  # fmt: skip
+    return (
+        _fill(
+            "report",
+            run=info,
+            settings=s,
+            machine="\n".join(machine),
+            protocol=s["protocol"].upper(),
+            lengths=" vs ".join(str(n) for n in s["lengths"]),
+            stream_setup=_fill(
+                "stream_setup" if s["stream_users"] else "no_stream_setup", settings=s
+            ),
+            summary_table=summary_table(table),
+            length_sections="\n".join(sections),
+            rps_latency_chart=charts.RPS_LATENCY_CHART,
+            stage_shares_chart=charts.STAGE_SHARES_CHART,
+        )
+        + "\n"
+    )
 
 
 def metric_listing(increases: dict[str, dict[str, float]]) -> list[str]:
@@ -137,9 +158,14 @@ def metric_listing(increases: dict[str, dict[str, float]]) -> list[str]:
     lines = []
     for metric in (names.INFERENCE_COUNT, names.EXEC_COUNT, names.COMPUTE_INFER_DURATION_US):
         lines += [f'{metric}{{model="{m}"}} {increase(metric, m):.0f}' for m in MODELS] + [""]
-    for metric in (names.ENGINE_COMPUTE_DURATION_US, names.ENGINE_STEPS, names.ENGINE_STEP_ROWS,
-                   names.ENGINE_GENERATED_TOKENS, names.ENGINE_PROMPT_TOKENS,
-                   names.ENGINE_PROMPT_TOKENS_REUSED):  # fmt: skip
+    for metric in (
+        names.ENGINE_COMPUTE_DURATION_US,
+        names.ENGINE_STEPS,
+        names.ENGINE_STEP_ROWS,
+        names.ENGINE_GENERATED_TOKENS,
+        names.ENGINE_PROMPT_TOKENS,
+        names.ENGINE_PROMPT_TOKENS_REUSED,
+    ):
         lines.append(f'{metric}{{model="{ENGINE_MODEL}"}} {increase(metric, ENGINE_MODEL):.0f}')
     received = increase(names.ENGINE_PROMPT_TOKENS, ENGINE_MODEL)
     reused = increase(names.ENGINE_PROMPT_TOKENS_REUSED, ENGINE_MODEL)
@@ -156,11 +182,15 @@ def _length_section(row: pd.Series, window: dict[str, Any], stream_users: int) -
         optional.append(_fill("stream", **row, users=stream_users))
     gptj, batch = row[f"count_{MODEL_STAGE}"], row[f"batch_{MODEL_STAGE}"]
     return _fill(
-        "length", **row, chart=charts.timeseries_chart(row["output_len"]),
-        metric_listing="\n".join(metric_listing(window["deltas"])), pre_busy=busy[PRE],
-        post_busy=busy[POST], gptj_executions=0 if pd.isna(batch) else gptj / batch,
+        "length",
+        **row,
+        chart=charts.timeseries_chart(row["output_len"]),
+        metric_listing="\n".join(metric_listing(window["deltas"])),
+        pre_busy=busy[PRE],
+        post_busy=busy[POST],
+        gptj_executions=0 if pd.isna(batch) else gptj / batch,
         optional="".join(f"\n{line}" for line in optional),
-    )  # fmt: skip
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -122,12 +122,14 @@ class Sweep:
             "length_start_s": started - self.origin,
             "window_start_s": start.taken_at - self.origin,
             "window_end_s": end.taken_at - self.origin,
-            "busy_share": busy_shares(start_busy, end_busy,
-                                      deltas.get("codegen_engine_compute_duration_us_total",
-                                                 ENGINE_MODEL)),
+            "busy_share": busy_shares(
+                start_busy,
+                end_busy,
+                deltas.get("codegen_engine_compute_duration_us_total", ENGINE_MODEL),
+            ),
             "drained": state is not None and state.idle,
             "deltas": deltas.as_dict(),
-        }  # fmt: skip
+        }
         r = length_row(self.events.frame(), window)
         n = lambda key, digits=0, scale=1: f"{scale * (r[key] or 0):.{digits}f}"  # noqa: E731
         log.info(
@@ -140,8 +142,9 @@ class Sweep:
         return window
 
     def _environment(self, user_class: type, options: argparse.Namespace) -> Environment:
-        env = Environment(user_classes=[user_class], host=self.server.users_url,
-                          parsed_options=options)  # fmt: skip
+        env = Environment(
+            user_classes=[user_class], host=self.server.users_url, parsed_options=options
+        )
         self.events.attach(env)
         env.create_local_runner()
         return env
@@ -200,18 +203,27 @@ def main(argv: list[str] | None = None) -> int:
         log.info(prometheus.note)
         sweep = Sweep(s, server, prometheus.source, stream)
         per_length = s.warmup + s.duration + stream * s.stream_duration
-        log.info(f"lengths {list(s.lengths)}, {s.users} {s.protocol} users: ~"
-                 f"{format_duration(len(s.lengths) * per_length)} plus draining")  # fmt: skip
+        log.info(
+            f"lengths {list(s.lengths)}, {s.users} {s.protocol} users: ~"
+            f"{format_duration(len(s.lengths) * per_length)} plus draining"
+        )
         started = time.time()
         windows = [sweep.run_length(length) for length in s.lengths]
         sweep.events.save(s.out / EVENTS)
         settings = {
-            "lengths": list(s.lengths), "users": s.users, "duration_s": s.duration,
-            "warmup_s": s.warmup, "protocol": s.protocol, "host": s.endpoints.host,
-            "metrics_url": s.endpoints.metrics_url, "stream_users": s.stream_users * stream,
-            "stream_duration_s": s.stream_duration * stream, "prompts": s.prompts,
-            "prompt_seed": s.prompt_seed, "sampling": locustfile.SAMPLING,
-        }  # fmt: skip
+            "lengths": list(s.lengths),
+            "users": s.users,
+            "duration_s": s.duration,
+            "warmup_s": s.warmup,
+            "protocol": s.protocol,
+            "host": s.endpoints.host,
+            "metrics_url": s.endpoints.metrics_url,
+            "stream_users": s.stream_users * stream,
+            "stream_duration_s": s.stream_duration * stream,
+            "prompts": s.prompts,
+            "prompt_seed": s.prompt_seed,
+            "sampling": locustfile.SAMPLING,
+        }
         run = {
             "name": s.out.name,
             "started": datetime.fromtimestamp(started).isoformat(timespec="seconds"),

@@ -41,9 +41,14 @@ class TritonPythonModel:
                 answer_stream_stop(self.calls, sender, client_id)
                 continue
             stream_pieces(
-                self.calls, self.preprocessor, self.postprocessor, sender, arrays,
-                requested_outputs(request), client_id,
-            )  # fmt: skip
+                self.calls,
+                self.preprocessor,
+                self.postprocessor,
+                sender,
+                arrays,
+                requested_outputs(request),
+                client_id,
+            )
         return None
 
     def finalize(self):
