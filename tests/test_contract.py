@@ -153,7 +153,7 @@ ALLOWED: dict[str, set[str]] = {
     "loadtest": {"contract", "client", "serving", "openai_api", "reporting"},
     "openai_api": {"contract", "client", "serving"},
     "bench": {"contract", "engine", "client", "serving", "loadtest", "modelbuild", "reporting"},
-    "evaluation": {"contract", "engine", "serving", "bench", "reporting"},
+    "evaluation": {"contract", "engine", "preprocessing", "serving", "bench", "reporting"},
 }
 FORBIDDEN: dict[str, set[str]] = {
     "contract": {"torch", "triton_python_backend_utils", "tritonclient", "transformers"},
@@ -207,3 +207,20 @@ def test_the_default_server_runs_one_engine():
     openvino pipeline cannot honour is refused by name, saying to set fallback "torch"."""
     params = model_config.parameters(load_config(ENGINE_MODEL))
     assert params["fallback"] == "none"
+
+
+def test_ruff_format_decides_every_layout():
+    """No skip markers or off/on blocks for the formatter: it lays out every file."""
+    import subprocess
+
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    markers = ("# fmt: " + "skip", "# fmt: " + "off", "# fmt: " + "on")  # not this file's own
+    found = [
+        f"{name}:{number}"
+        for name in tracked
+        for number, line in enumerate((REPO_ROOT / name).read_text().splitlines(), 1)
+        if any(marker in line for marker in markers)
+    ]
+    assert not found, f"layout packed by hand, not left to ruff format: {found}"
