@@ -31,7 +31,7 @@ from torch.nn import functional as F  # noqa: N812
 from engine.cache import KVCache, Segment, StepPlan, plan_segment, wanted_tokens
 from engine.families import GEMMA3, first_id, model_type
 from engine.llama import fuse, load_state_dict
-from engine.weights import check_quantize, placed
+from engine.weights import FromCheckpoint, check_quantize, placed
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 ROPE_TYPES = ("default", "linear")
@@ -270,9 +270,12 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(config.n_embd, config.norm_eps)
 
 
-class Gemma3(nn.Module):
+class Gemma3(FromCheckpoint, nn.Module):
     """Gemma 3's text model, loaded from ``Gemma3ForCausalLM`` weights (output tied to the
     embedding)."""
+
+    config_class = Gemma3Config
+    read_state = staticmethod(load_state_dict)
 
     def __init__(self, config: Gemma3Config) -> None:
         super().__init__()
@@ -285,21 +288,6 @@ class Gemma3(nn.Module):
         # one buffer each ([full, sliding]), so engine/weights.py keeps them float32
         self.register_buffer("cos", torch.stack([t[0] for t in tables]), persistent=False)
         self.register_buffer("sin", torch.stack([t[1] for t in tables]), persistent=False)
-
-    @classmethod
-    def from_checkpoint(
-        cls,
-        path: str | Path,
-        dtype: torch.dtype = torch.float32,
-        device: str = "cpu",
-        quantize: str | None = None,
-    ) -> Gemma3:
-        """Load a Hugging Face folder (config.json + *.safetensors), as ``Llama`` does."""
-        path = Path(path)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"no checkpoint at {path}: run `make model` first")
-        config = Gemma3Config.from_checkpoint(path)
-        return cls.from_state_dict(config, load_state_dict(path), dtype, device, quantize)
 
     @classmethod
     def from_state_dict(

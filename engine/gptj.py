@@ -32,7 +32,7 @@ from engine.cache import (
     split_long_rows,
     wanted_tokens,
 )
-from engine.weights import check_quantize, placed, read_safetensors
+from engine.weights import FromCheckpoint, check_quantize, placed, read_safetensors
 
 __all__ = ["GPTJ", "GPTJConfig", "KVCache", "Segment", "StepPlan", "split_long_rows"]
 
@@ -194,8 +194,11 @@ class Transformer(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
 
 
-class GPTJ(nn.Module):
+class GPTJ(FromCheckpoint, nn.Module):
     """GPT-J for causal LM, loaded from ``GPTJForCausalLM`` weights (q/k/v fused on load)."""
+
+    config_class = GPTJConfig
+    read_state = staticmethod(load_state_dict)
 
     def __init__(self, config: GPTJConfig) -> None:
         super().__init__()
@@ -205,26 +208,6 @@ class GPTJ(nn.Module):
         cos, sin = rotary_tables(config)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
-
-    @classmethod
-    def from_checkpoint(
-        cls,
-        path: str | Path,
-        dtype: torch.dtype = torch.float32,
-        device: str = "cpu",
-        quantize: str | None = None,
-    ) -> GPTJ:
-        """Load a Hugging Face GPT-J folder (config.json + *.safetensors) onto ``device``.
-
-        ``dtype`` bfloat16 halves memory; ``quantize="int8"`` replaces every linear layer by
-        torch's dynamically quantized int8 one (weights int8, activations quantized per call;
-        float32 and CPU only).
-        """
-        path = Path(path)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"no checkpoint at {path}: run `make model` first")
-        config = GPTJConfig.from_checkpoint(path)
-        return cls.from_state_dict(config, load_state_dict(path), dtype, device, quantize)
 
     @classmethod
     def from_state_dict(

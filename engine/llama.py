@@ -29,7 +29,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from engine.cache import KVCache, Segment, StepPlan, plan_segment, wanted_tokens
 from engine.families import LLAMA_FAMILY, first_id, model_type, sliding_window
-from engine.weights import check_quantize, placed, read_safetensors
+from engine.weights import FromCheckpoint, check_quantize, placed, read_safetensors
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
@@ -284,8 +284,17 @@ class Backbone(nn.Module):
         self.norm = norm(config)
 
 
-class Llama(nn.Module):
+def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint folder's *.safetensors (shards too), less the rotary
+    buffers some older Llama checkpoints saved."""
+    return read_safetensors(path, leave_out=("rotary_emb.inv_freq",))
+
+
+class Llama(FromCheckpoint, nn.Module):
     """A Llama-family causal LM, loaded from its ``*ForCausalLM`` weights."""
+
+    config_class = LlamaConfig
+    read_state = staticmethod(load_state_dict)
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
@@ -297,22 +306,6 @@ class Llama(nn.Module):
         cos, sin = rotary_tables(config)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
-
-    @classmethod
-    def from_checkpoint(
-        cls,
-        path: str | Path,
-        dtype: torch.dtype = torch.float32,
-        device: str = "cpu",
-        quantize: str | None = None,
-    ) -> Llama:
-        """Load a Hugging Face folder (config.json + *.safetensors), as ``GPTJ.from_checkpoint``
-        does (``dtype``, ``quantize="int8"`` on the CPU in float32)."""
-        path = Path(path)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"no checkpoint at {path}: run `make model` first")
-        config = LlamaConfig.from_checkpoint(path)
-        return cls.from_state_dict(config, load_state_dict(path), dtype, device, quantize)
 
     @classmethod
     def from_state_dict(
@@ -358,12 +351,6 @@ class Llama(nn.Module):
             x = block(x, cache.keys[layer], cache.values[layer], plans)
         x = x[wanted_tokens(segments, plans)]
         return self.lm_head(self.model.norm(x)).float()
-
-
-def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint folder's *.safetensors (shards too), less the rotary
-    buffers some older Llama checkpoints saved."""
-    return read_safetensors(path, leave_out=("rotary_emb.inv_freq",))
 
 
 def fuse(state: dict[str, torch.Tensor], config: LlamaConfig) -> dict[str, torch.Tensor]:

@@ -1,9 +1,11 @@
 """Loading a checkpoint's weights into one of the engine's modules (engine/gptj.py,
-engine/llama.py): the same steps for every family, written once."""
+engine/llama.py, engine/gemma3.py): the same steps for every family, written once."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from safetensors.torch import load_file
@@ -58,3 +60,33 @@ def placed(
     if quantize == "int8":
         model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
     return model
+
+
+class FromCheckpoint:
+    """``from_checkpoint`` for a module class, written once: the folder's config.json read by
+    the class's ``config_class``, its weights by ``read_state`` (the family's own tensors to
+    leave out), and both handed to the class's ``from_state_dict``."""
+
+    config_class: ClassVar[Any]
+    read_state: ClassVar[Callable[[Path], dict[str, torch.Tensor]]]
+    from_state_dict: ClassVar[Callable[..., Any]]
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | Path,
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+        quantize: str | None = None,
+    ) -> Any:
+        """Load a Hugging Face folder (config.json + *.safetensors) onto ``device``.
+
+        ``dtype`` bfloat16 halves memory; ``quantize="int8"`` replaces every linear layer by
+        torch's dynamically quantized int8 one (weights int8, activations quantized per call;
+        float32 and CPU only).
+        """
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"no checkpoint at {path}: run `make model` first")
+        config = cls.config_class.from_checkpoint(path)
+        return cls.from_state_dict(config, cls.read_state(path), dtype, device, quantize)
