@@ -43,11 +43,8 @@ def middles(local: LocalModel, pre: Preprocessor, prefix: str, suffix: str, toke
     allowed = pre.extensions.allowed(held) if held is not None else ()
     if len(allowed) < 2:  # nothing held back: the same request
         return trim(whole, LINE_STOPS), trim(whole, LINE_STOPS), False
-    kept, user = before[:-1], len(local.decode(before))
-
-    def text(generated: list[int]) -> str:
-        return local.decode(kept + generated)[user:]
-
+    kept = before[:-1]
+    text = local.text_after(kept, before[-1])
     ids = head + pre.fim.prompt(kept, after)
     healed = local.generate(ids, tokens, LINE_STOPS, ends, allowed, text)
     return trim(whole, LINE_STOPS), trim(healed, LINE_STOPS), True

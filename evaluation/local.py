@@ -67,7 +67,7 @@ class LocalModel:
         allowed = self._healed(ids, len(head)) if heal else ()
         if not allowed:
             return self.generate(ids, max_tokens, stops, ends)
-        text = self._completion_of(ids[:-1], ids[-1])
+        text = self.text_after(ids[:-1], ids[-1])
         return self.generate(ids[:-1], max_tokens, stops, ends, allowed, text)
 
     def generate(
@@ -121,7 +121,7 @@ class LocalModel:
             return allowed if len(allowed) > 1 else ()
         return ()
 
-    def _completion_of(self, kept: list[int], held: int) -> Callable[[list[int]], str]:
+    def text_after(self, kept: list[int], held: int) -> Callable[[list[int]], str]:
         """The text after the user's prompt, as the server returns it: the kept prompt and the
         generated tokens decoded together, the whole prompt's text (``held`` included) cut
         off; the first generated token starts with the held-back text by the mask."""
