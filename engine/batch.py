@@ -56,9 +56,15 @@ class Row:
         """Whether this row answers its request: all do but the extra beams of a search."""
         return self.group is None or self is self.group.beams[0]
 
+    @property
+    def answer_from(self) -> int:
+        """Where the answer's own tokens start in ``tokens``: a healed row's first token begins
+        with the user's held-back text, so a stop word may not end on it."""
+        return len(self.request.prompt_ids) + bool(self.heal)
+
     def stopped(self, token: int) -> bool:
         """Whether appending ``token`` completed a stop word (checks only words ending in it)."""
-        produced = len(self.tokens) - len(self.request.prompt_ids)
+        produced = len(self.tokens) - self.answer_from
         return any(
             len(word) <= produced and tuple(self.tokens[-len(word) :]) == word
             for word in self.stops.get(token, ())
@@ -66,7 +72,7 @@ class Row:
 
     def completes_stop(self, before: list[int], token: int) -> bool:
         """Whether ``token`` after the tokens ``before`` completes one of the stop words."""
-        produced = len(before) + 1 - len(self.request.prompt_ids)
+        produced = len(before) + 1 - self.answer_from
         return any(
             len(word) <= produced and tuple(before[len(before) + 1 - len(word) :]) == word[:-1]
             for word in self.stops.get(token, ())

@@ -12,6 +12,9 @@ engine model), character by character:
   character (a blank line counts, as in llama.cpp's server);
 - once ``t_max_predict_ms`` have passed since the first token and the answer holds a
   newline, it ends at the token in hand (llama.cpp's rule: the first line is always whole).
+
+With token healing the first token starts with the user's held-back text (a newline, say):
+that text is the prompt's, not the answer's, and the rules read the first token without it.
 """
 
 from __future__ import annotations
@@ -33,9 +36,16 @@ class LineStops:
     """One request's rules and what it has written so far."""
 
     def __init__(
-        self, rules: EditorStops, texts: Sequence[str], clock: Callable[[], float] | None = None
+        self,
+        rules: EditorStops,
+        texts: Sequence[str],
+        held_back: int | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        """``held_back``: the prompt's token that healing held back (its text is skipped at the
+        start of the first generated token)."""
         self.rules, self.texts, self.clock = rules, texts, clock or now
+        self._skip = len(texts[held_back]) if held_back is not None else 0
         self._first: float | None = None
         self._newlines = 0
         self._indent = 0
@@ -48,6 +58,7 @@ class LineStops:
         if self._first is None:
             self._first = now
         text = self.texts[token] if 0 <= token < len(self.texts) else ""
+        text, self._skip = text[self._skip :], 0  # the held-back text is the user's
         n_indent = self.rules.n_indent
         for char in text:
             under = self._newlines and self._line_start and self._indent < n_indent

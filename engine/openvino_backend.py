@@ -88,9 +88,11 @@ class _Request:
     lines: LineStops | None = None  # the editor's stop rules, when it sent any
 
     def stopped(self) -> bool:
-        """Whether the newest generated token completed a stop word."""
+        """Whether the newest generated token completed a stop word; a healed request's first
+        token begins with the user's held-back text, so no stop word ends on it."""
         words = self.stops.get(self.tokens[-1], ()) if self.tokens else ()
-        return any(tuple(self.tokens[-len(w) :]) == w for w in words if len(w) <= len(self.tokens))
+        produced = len(self.tokens) - (self.request.held_back is not None)
+        return any(tuple(self.tokens[-len(w) :]) == w for w in words if len(w) <= produced)
 
 
 class OpenVINOBackend(QueueWorker[_Request]):
@@ -178,7 +180,7 @@ class OpenVINOBackend(QueueWorker[_Request]):
         stops = request.stops_by_last_token()
         entry = _Request(request, listener, handle, time.perf_counter(), end_id, stops)
         if request.editor.active and self.token_texts is not None:
-            entry.lines = LineStops(request.editor, self.token_texts)
+            entry.lines = LineStops(request.editor, self.token_texts, request.held_back)
         return entry
 
     def _take_running(self) -> list[_Request]:

@@ -123,7 +123,7 @@ class TorchEngine(QueueWorker[Row]):
         stops = request.stops_by_last_token()
         row = Row(request, listener, handle, time.perf_counter(), end_id, prompt, stops)
         if request.editor.active and self.token_texts is not None:
-            row.lines = LineStops(request.editor, self.token_texts)
+            row.lines = LineStops(request.editor, self.token_texts, request.held_back)
         if request.held_back is not None and self.extensions is not None:
             row.heal = self.extensions.allowed(request.held_back)
         return row

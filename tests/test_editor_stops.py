@@ -31,10 +31,14 @@ VOCAB = 300
 PROMPT = [5, 17, 99, 23, 5, 8]
 
 
-def verdicts(rules: EditorStops, pieces: list[str], clock=None) -> list[tuple[bool, str | None]]:
-    """Each piece as one token's text, fed until a rule ends the answer."""
-    stops, out = LineStops(rules, pieces, clock), []
-    for token in range(len(pieces)):
+def verdicts(
+    rules: EditorStops, pieces: list[str], clock=None, held_back: int | None = None
+) -> list[tuple[bool, str | None]]:
+    """Each piece as one token's text, fed until a rule ends the answer (``held_back``: the
+    index of a piece that stands for the prompt's held-back token; not fed)."""
+    stops, out = LineStops(rules, pieces, held_back, clock), []
+    tokens = [t for t in range(len(pieces)) if t != held_back]
+    for token in tokens:
         out.append(stops.verdict(token))
         if out[-1][1] is not None:
             break
@@ -67,6 +71,18 @@ def test_the_time_budget_ends_the_answer_once_it_has_a_newline():
     ticks = itertools.count(0.0, 0.010)
     got = verdicts(EditorStops(t_max_predict_ms=25), ["\n", "a", "b", "c", "d"], ticks.__next__)
     assert got[-1] == (True, "time_budget") and len(got) == 4  # has a newline: ends at 30 ms
+
+
+def test_the_held_back_text_of_a_healed_answer_is_the_prompts_not_the_answers():
+    """Healing held back the prompt's newline and the first token re-spells it with the next
+    line's indentation: the newline is the user's, so single_line ends at the next one."""
+    pieces = ["\n", "\n    for", " x", ":\n", "    y"]  # piece 0: the held-back token
+    got = verdicts(EditorStops(single_line=True), pieces, held_back=0)
+    assert got == [(True, None), (True, None), (True, "single_line")]
+    assert verdicts(EditorStops(single_line=True), pieces[1:])[0] == (True, "single_line")
+    # n_indent: the first line continues the cursor's, as without healing
+    got = verdicts(EditorStops(n_indent=4), ["\n", "\n", "  y", "\n", "z"], held_back=0)
+    assert got == [(True, None), (True, None), (True, None), (False, "n_indent")]  # at "z"
 
 
 def test_bad_rules_are_refused_by_name():

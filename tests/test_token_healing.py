@@ -179,6 +179,24 @@ def test_make_evals_reference_heals_as_the_engine_does(engine, tiny_checkpoint):
         assert local.complete(prompt, 12, (), heal=False) == post.decode(whole.output_ids)
 
 
+def first_token_is_no_stop(backend, pre, prompt: str) -> None:
+    """A stop word that is the healed first token does not end the answer there: that token
+    starts with the user's own held-back text (a newline held back and re-spelled as
+    itself, Gemma's case with `stop: ["\\n"]`, ended every answer empty)."""
+    ids, held = tokenized(pre, prompt)
+    free = backend.generate(GenerationRequest(ids, 6, held_back=held))
+    first = free.output_ids[0]
+    stopped = backend.generate(GenerationRequest(ids, 6, stop_words=[[first]], held_back=held))
+    assert len(stopped.output_ids) > 1, (prompt, stopped)
+    assert stopped.output_ids == free.output_ids[: len(stopped.output_ids)]
+
+
+def test_a_stop_word_never_ends_a_healed_answer_at_its_first_token(engine):
+    pre, eng = engine
+    for prompt in PROMPTS:
+        first_token_is_no_stop(eng, pre, prompt)
+
+
 def test_every_first_token_starts_with_the_held_back_text(engine):
     pre, eng = engine
     ids, held = tokenized(pre, "x =")
@@ -227,6 +245,7 @@ def test_openvino_heals_with_the_export_tokenizer_and_refuses_without(tiny_check
             assert result.error is None and pre.tokenizer.decode(
                 ids + result.output_ids
             ).startswith(prompt), prompt
+            first_token_is_no_stop(backend, pre, prompt)
     finally:
         backend.stop()
     bare = tmp_path / "openvino"
