@@ -4,7 +4,8 @@ evaluation.fim_boundary --checkpoint DIR``.
 The server heals the end of a plain prompt (docs/generation.md#token-healing) but sends a
 fill-in-the-middle prompt whole, because healing inside the FIM layout was not measured. This
 measures it, with transformers alone on a checkpoint that has FIM tokens, on `make eval`'s
-single-line infilling cases (every non-blank line of every HumanEval solution cut out): each
+single-line infilling cases (every non-blank line of every HumanEval solution cut out; with
+``--cut mid`` the cursor in the middle of the line, the rest of it to write): each
 middle written twice, greedy, from the layout the server builds (preprocessing's tokenizer, FIM
 layout and order),
 
@@ -21,13 +22,14 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from evaluation.local import LocalModel
-from evaluation.problems import LINE_STOPS, line_scores, load_problems, select, trim
+from evaluation.problems import LINE_STOPS, LineCase, line_scores, load_problems, select, trim
 from evaluation.run import Budget, all_cases, execute
 from preprocessing.tokenize import Preprocessor
 
@@ -50,10 +52,22 @@ def middles(local: LocalModel, pre: Preprocessor, prefix: str, suffix: str, toke
     return trim(whole, LINE_STOPS), trim(healed, LINE_STOPS), True
 
 
-def measure(checkpoint: Path, quick: bool, limit: int | None, tokens: int) -> dict[str, Any]:
+def mid_line(case: LineCase) -> LineCase:
+    """The cursor in the middle of the cut line, after its indentation and half its text (an
+    editor's cursor is often inside a word): the rest of the line is the middle to write."""
+    indent = len(case.target) - len(case.target.lstrip())
+    at = indent + (len(case.target) - indent) // 2
+    return replace(case, prefix=case.prefix + case.target[:at], target=case.target[at:])
+
+
+def measure(
+    checkpoint: Path, quick: bool, limit: int | None, tokens: int, cut: str = "line"
+) -> dict[str, Any]:
     problems = select(load_problems(), quick, limit)
     by_id = {p["task_id"]: p for p in problems}
     cases = all_cases(problems)
+    if cut == "mid":
+        cases = [mid_line(case) for case in cases]
     pre, local = Preprocessor(checkpoint), LocalModel(checkpoint)
     if pre.fim is None:
         raise SystemExit(f"{checkpoint} has no fill-in-the-middle tokens: nothing to measure")
@@ -103,17 +117,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--limit", type=int)
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument(
+        "--cut",
+        choices=("line", "mid"),
+        default="line",
+        help="the cursor at the cut line's start (make eval's cases) or in its middle",
+    )
     parser.add_argument("--out", type=Path, default=Path("eval/results"))
     args = parser.parse_args(argv)
     begin = time.monotonic()
-    result = measure(args.checkpoint, args.quick, args.limit, args.max_tokens)
+    result = measure(args.checkpoint, args.quick, args.limit, args.max_tokens, args.cut)
+    result["cut"] = args.cut
     result["duration_s"] = round(time.monotonic() - begin, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"fim-boundary-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(result, indent=1))
     print(
-        f"{result['cases']} cases ({result['fim']}), the prefix's last token held back in "
-        f"{result['held_back']}, middles differing in {result['differ']}:"
+        f"{result['cases']} cases ({result['fim']}, cursor at the line's {args.cut}), the "
+        f"prefix's last token held back in {result['held_back']}, middles differing in "
+        f"{result['differ']}:"
     )
     for k in ("whole", "healed"):
         r = result[k]

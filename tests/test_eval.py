@@ -167,3 +167,13 @@ def test_the_fim_boundary_probe_heals_the_prefix_end_inside_the_layout(tiny_chec
     assert not pre.extensions.heals(pre.encode("x = 1\n")[-1])
     whole, healed, held = middles(local, pre, "x = 1\n", "\n", 6)
     assert not held and whole == healed
+
+
+def test_a_mid_line_cursor_cuts_after_the_indentation_and_half_the_text():
+    from evaluation.fim_boundary import mid_line
+    from evaluation.problems import LineCase
+
+    case = LineCase("HumanEval/0", 0, "def f(x):\n", "    return x", "\n")
+    mid = mid_line(case)
+    assert (mid.prefix, mid.target) == ("def f(x):\n    retu", "rn x")
+    assert mid.prefix + mid.target + mid.suffix == case.prefix + case.target + case.suffix
