@@ -59,7 +59,7 @@ class CompletionRequest:
     single_line: bool = False
     n_indent: int = 0
     t_max_predict_ms: int = 0
-    token_healing: bool | None = None  # None: the server's default (on, off with a suffix)
+    token_healing: bool | None = None  # None: the server's default (on)
     sampling: SamplingParams = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -108,7 +108,7 @@ ENSEMBLE_INPUTS = (
         optional=True,
         doc="not in the FasterTransformer contract: the text after the cursor (fill-in-the-middle)",
     ),
-    # Absent: on for plain completion, off for fill-in-the-middle (contract/healing.py).
+    # Absent: on; with a suffix the prefix's end is healed inside the layout (contract/healing.py).
     _scalar(
         "token_healing",
         "TYPE_BOOL",

@@ -91,7 +91,7 @@ class LocalModel:
                 text = completion(input_ids[0, start:].tolist())
                 return any(stop in text for stop in stops)
 
-        processors = LogitsProcessorList([_FirstTokenMask(start, allowed)] if allowed else [])
+        processors = LogitsProcessorList([FirstTokenMask(start, allowed)] if allowed else [])
         batch = torch.tensor([list(ids)])
         with torch.inference_mode():
             out = self.model.generate(
@@ -152,7 +152,7 @@ class LocalModel:
         return answers
 
 
-class _FirstTokenMask:
+class FirstTokenMask:
     """transformers' logits-processor hook: at the first generated position, every token but
     ``allowed`` masked out and + ``ORIGINAL_BIAS`` on the held-back one (``allowed[0]``), as
     the torch engine's sampler does (engine/sampling.py)."""

@@ -139,7 +139,7 @@ def parse_infill(body: Any) -> InfillJob:
             options[name] = float(value)
     if (top_k := _number(body, "top_k", (int,))) is not None:
         options["top_k"] = top_k
-    healing = body.get("token_healing")  # absent: the server's default (off with a suffix)
+    healing = body.get("token_healing")  # absent: the server's default (on)
     if healing is not None and not isinstance(healing, bool):
         raise bad_option("token_healing", f"token_healing must be true or false, got {healing!r}")
     options["token_healing"] = healing

@@ -90,20 +90,12 @@ class _Texts:
                         f"{MAX_WORDS_PER_LIST}"
                     )
             self.words[name] = rows
-        # token healing: on for plain completion unless the request says false; never for
-        # fill-in-the-middle (docs/generation.md#token-healing measured why)
-        asked: list[bool | None] = [None] * len(self.prompts)
+        # token healing: on unless the request says false; with a suffix, the prefix's end is
+        # healed inside the fill-in-the-middle layout (docs/generation.md#token-healing)
+        self.healing = [True] * len(self.prompts)
         if "token_healing" in inputs:
             flags = _column(inputs["token_healing"])
-            asked = [bool(flags[min(i, len(flags) - 1)]) for i in range(len(self.prompts))]
-        for i, flag in enumerate(asked):
-            if flag and self.suffixes[i]:
-                raise InvalidRequestError(
-                    f"token_healing is not done with a suffix (row {i} fills in the middle, "
-                    "where the prompt ends in the layout's own middle token, not in the user's "
-                    "text): send token_healing false or leave it out"
-                )
-        self.healing = [flag is not False and not self.suffixes[i] for i, flag in enumerate(asked)]
+            self.healing = [bool(flags[min(i, len(flags) - 1)]) for i in range(len(self.prompts))]
 
     def texts(self, with_suffixes: bool = True) -> list[str]:
         words = [w for rows in self.words.values() for row in rows for w in row]
@@ -193,17 +185,25 @@ class Preprocessor:
                 name: [[next(ids) for _ in row] for row in rows]
                 for name, rows in item.words.items()
             }
+            fim_held: list[int | None] = [None] * len(prompts)  # None: not a FIM row
             for i, text in enumerate(item.suffixes):
                 if text and self.fim is not None:
-                    prompts[i] = self.fim.prompt(prompts[i], suffixes[i])
+                    # the prefix's own last token is held back, wherever the layout puts it
+                    fim_held[i] = self._hold_back(prompts[i], True) if item.healing[i] else -1
+                    prefix = prompts[i][:-1] if fim_held[i] != -1 else prompts[i]
+                    prompts[i] = self.fim.prompt(prefix, suffixes[i])
             try:
-                answers.append(self._tensors(item, prompts, words))
+                answers.append(self._tensors(item, prompts, words, fim_held))
             except InvalidRequestError as exc:
                 answers.append(exc)
         return answers
 
     def _tensors(
-        self, item: _Texts, prompts: list[list[int]], words: dict[str, list[list[list[int]]]]
+        self,
+        item: _Texts,
+        prompts: list[list[int]],
+        words: dict[str, list[list[list[int]]]],
+        fim_held: list[int | None],
     ) -> Tensors:
         for i, row in enumerate(prompts):
             if not row:
@@ -222,8 +222,15 @@ class Preprocessor:
         for i, suffix in enumerate(item.suffixes):
             fim_stop = [self.fim_stop] if suffix and self.fim_stop else []  # CodeGen2's <eom>
             stops[i] = [*stops[i], *fim_stop, *self.end_stops]
-        held = [self._hold_back(row) if item.healing[i] else -1 for i, row in enumerate(prompts)]
-        prompts = [row[:-1] if held[i] >= 0 else row for i, row in enumerate(prompts)]
+        held, kept = [], []
+        for i, row in enumerate(prompts):
+            if fim_held[i] is not None:  # held back from the prefix before the layout was built
+                held.append(fim_held[i])
+                kept.append(row)
+            else:
+                held.append(self._hold_back(row) if item.healing[i] else -1)
+                kept.append(row[:-1] if held[-1] >= 0 else row)
+        prompts = kept
         if self.head:
             prompts = [[*self.head, *row] for row in prompts]
         ids = np.zeros((len(prompts), max(len(r) for r in prompts)), dtype=np.uint32)
@@ -238,11 +245,14 @@ class Preprocessor:
             "HELD_BACK_ID": np.array([[h] for h in held], dtype=np.int32),
         }
 
-    def _hold_back(self, prompt: list[int]) -> int:
-        """The prompt's last token when healing holds it back (its text is a proper prefix of
-        another token's), else -1. A one-token prompt keeps it unless a BOS leads it: the model
-        needs a token to condition on."""
+    def _hold_back(self, prompt: list[int], fim: bool = False) -> int:
+        """The prompt's (or a FIM prefix's) last token when healing holds it back (its text
+        is a proper prefix of another token's), else -1. A one-token prompt keeps it unless a
+        BOS leads it, or the FIM layout's tokens and suffix: the model needs a token to
+        condition on."""
+        if not prompt:
+            return -1
         last = prompt[-1]
-        if (len(prompt) > 1 or self.head) and self.extensions.heals(last):
+        if (len(prompt) > 1 or self.head or fim) and self.extensions.heals(last):
             return last
         return -1

@@ -13,12 +13,15 @@ import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from conftest import serve
-from transformers import GPTJForCausalLM, PreTrainedTokenizerFast
+from transformers import GPTJForCausalLM, LogitsProcessorList, PreTrainedTokenizerFast
 from tritonclient.utils import InferenceServerException
 
 from client import CodegenClient
 from client.request import CompletionRequest, requested_outputs
+from contract.healing import TokenExtensions
 from contract.tensors import PREPROCESSING_MODEL, STREAM_MODEL
+from evaluation.local import FirstTokenMask
+from preprocessing.token_texts import tokenizer_texts
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
 PREFIX = "def add(a, b):\n    "
@@ -29,31 +32,41 @@ SUFFIX = "\n    return total\n"
 def reference(tiny_checkpoint):
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tiny_checkpoint))
     model = GPTJForCausalLM.from_pretrained(str(tiny_checkpoint)).eval()
-    return tokenizer, model
+    extensions = TokenExtensions(tokenizer_texts(tokenizer), tokenizer.all_special_ids)
+    return tokenizer, model, extensions
 
 
 def fim_greedy(
-    reference, prefix: str, suffix: str, new: int, order: str = "spm"
+    reference, prefix: str, suffix: str, new: int, order: str = "spm", heal: bool = True
 ) -> tuple[str, int, int]:
     """transformers' greedy middle for the StarCoder SPM prompt (the order the project's model
     is built for, so the server's default) or PSM prompt, the prompt's tokens and the generated
-    ones (the end token not counted, as the server counts)."""
-    tokenizer, model = reference
+    ones (the end token not counted, as the server counts). ``heal``: the prefix's last token
+    held back when a longer token starts with it, and the first token made to extend it (the
+    server's default, docs/generation.md#token-healing)."""
+    tokenizer, model, extensions = reference
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     pre, suf, mid = tokenizer.convert_tokens_to_ids(
         ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
     )
-    ids = [pre, *encode(prefix), suf, *encode(suffix), mid]
-    if order == "spm":
-        ids = [pre, suf, *encode(suffix), mid, *encode(prefix)]
+    before, after = encode(prefix), encode(suffix)
+    allowed = extensions.allowed(before[-1]) if heal and before else ()
+    kept = before[:-1] if len(allowed) > 1 else before
+    ids = [pre, *kept, suf, *after, mid] if order == "psm" else [pre, suf, *after, mid, *kept]
+    processors = [FirstTokenMask(len(ids), allowed)] if kept != before else []
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([ids]), max_new_tokens=new, do_sample=False, pad_token_id=0
+            torch.tensor([ids]),
+            max_new_tokens=new,
+            do_sample=False,
+            pad_token_id=0,
+            logits_processor=LogitsProcessorList(processors),
         )[0].tolist()
     generated = out[len(ids) :]
     if generated and generated[-1] == tokenizer.eos_token_id:
         generated = generated[:-1]
-    middle = tokenizer.decode(generated, skip_special_tokens=True)
+    decode = lambda i: tokenizer.decode(i, skip_special_tokens=True)  # noqa: E731
+    middle = decode(kept + generated)[len(decode(before)) :]
     return middle, len(ids), len(generated)
 
 
@@ -112,6 +125,15 @@ def test_generate_endpoint_takes_suffix_and_old_bodies_still_work(server, refere
     assert generate(old)["OUTPUT_0"].startswith(PREFIX)  # a FasterTransformer body, unchanged
 
 
+def test_token_healing_false_sends_the_prefix_whole(server, reference):
+    middle, prompt, _ = fim_greedy(reference, PREFIX, SUFFIX, 12, heal=False)
+    assert middle != fim_greedy(reference, PREFIX, SUFFIX, 12)[0]
+    with CodegenClient(server.grpc_url, "grpc") as codegen:
+        request = CompletionRequest(PREFIX, max_tokens=12, suffix=SUFFIX, token_healing=False)
+        whole = codegen.send(request)[0]
+    assert whole.text == PREFIX + middle and whole.prompt_tokens == prompt
+
+
 def test_a_suffix_row_per_prompt_is_required(server):
     module = grpcclient
     request = CompletionRequest(("a = ", "b = "), max_tokens=4, suffix=("\n", "\n"))
@@ -137,14 +159,17 @@ def psm_server(model_repository, tmp_path_factory):
 
 
 def test_fim_order_psm_reaches_both_paths(psm_server, reference):
+    whole = fim_greedy(reference, PREFIX, SUFFIX, 12, order="psm", heal=False)[0]
+    assert whole != fim_greedy(reference, PREFIX, SUFFIX, 12, heal=False)[0]  # orders differ
     middle, prompt, generated = fim_greedy(reference, PREFIX, SUFFIX, 12, order="psm")
-    assert middle != fim_greedy(reference, PREFIX, SUFFIX, 12)[0]  # the orders tell apart
     with CodegenClient(psm_server.grpc_url, "grpc") as codegen:
+        request = CompletionRequest(PREFIX, max_tokens=12, suffix=SUFFIX, token_healing=False)
+        assert codegen.send(request)[0].text == PREFIX + whole
         unary = codegen.send(CompletionRequest(PREFIX, max_tokens=12, suffix=SUFFIX))[0]
         stream = codegen.open_stream(CompletionRequest(PREFIX, max_tokens=12, suffix=SUFFIX))
         with stream:
             pieces = list(stream)
-    assert unary.text == PREFIX + middle
+    assert unary.text == PREFIX + middle  # healed inside the PSM layout
     assert "".join(pieces) == middle
     done = stream.completion
     assert done is not None

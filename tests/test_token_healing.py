@@ -109,14 +109,35 @@ def test_only_a_proper_prefix_of_another_token_is_held_back(tiny_checkpoint):
         assert token not in special and texts[token].startswith(" ")
 
 
-def test_a_one_token_prompt_and_fill_in_the_middle_keep_their_tokens(tiny_checkpoint):
+def test_a_one_token_prompt_keeps_its_token(tiny_checkpoint):
     pre = Preprocessor(tiny_checkpoint)
     (token,) = pre.encode("re")
     assert pre.extensions.heals(token)
     assert tokenized(pre, "re") == ([token], -1)  # nothing before it to condition on
-    assert tokenized(pre, "def f(x):\n    re", suffix="\n")[1] == -1  # FIM: off by default
-    with pytest.raises(InvalidRequestError, match="token_healing"):
-        pre.tensors(inputs("def f(x):\n    re", healing=True, suffix="\n"))
+
+
+@pytest.mark.parametrize("order", ["spm", "psm"])
+def test_fill_in_the_middle_heals_the_prefix_end_inside_its_layout(tiny_checkpoint, order):
+    """The prefix's last token is held back wherever the layout puts the prefix (SPM: at the
+    end; PSM: before the suffix), the layout built from the rest, and nothing else changes
+    (measured: docs/generation.md#token-healing)."""
+    pre = Preprocessor(tiny_checkpoint, fim_order=order)
+    prefix, suffix = "def f(x):\n    re", "\n"
+    before, after = pre.encode(prefix), pre.encode(suffix)
+    ids, held = tokenized(pre, prefix, suffix=suffix)
+    assert held == before[-1] and ids == pre.fim.prompt(before[:-1], after)
+    whole, none = tokenized(pre, prefix, suffix=suffix, healing=False)
+    assert (whole, none) == (pre.fim.prompt(before, after), -1)
+    # a one-token prefix has the layout and the suffix to condition on
+    (token,) = pre.encode("re")
+    assert tokenized(pre, "re", suffix=suffix) == (pre.fim.prompt([], after), token)
+    # the unary output: the layout's visible text is the user's prefix and the middle
+    post = Postprocessor(tiny_checkpoint)
+    respelled = [held, *pre.encode("turn x")]  # a first token that spells the held text
+    sequence = np.array([[ids + respelled]], dtype=np.uint32)
+    assert post.batch(sequence, None)[0].decode().startswith(prefix + "turn x")
+    decoder = IncrementalDecoder(post, ids, held)  # a stream: only what follows the prefix
+    assert "".join([decoder.push(t) for t in respelled] + [decoder.flush()]) == "turn x"
 
 
 def test_the_index_skips_special_and_partial_tokens():
