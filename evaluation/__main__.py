@@ -184,9 +184,24 @@ def chat_flag(models: Any) -> bool | None:
         return None
 
 
+def new_folder(out: Path) -> Path:
+    """A folder of this run's own under ``out``, named by the time: two runs started in the same
+    second (side by side) get two folders, not one that the later report overwrites."""
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1, 1000):
+        folder = out / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+    raise SystemExit(f"no free folder for {stamp} under {out}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    folder = args.out / time.strftime("%Y%m%d-%H%M%S")
+    folder = new_folder(args.out)
     with contextlib.ExitStack() as stack:
         url = args.url
         if url is None:

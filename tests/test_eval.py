@@ -177,3 +177,10 @@ def test_a_mid_line_cursor_cuts_after_the_indentation_and_half_the_text():
     mid = mid_line(case)
     assert (mid.prefix, mid.target) == ("def f(x):\n    retu", "rn x")
     assert mid.prefix + mid.target + mid.suffix == case.prefix + case.target + case.suffix
+
+
+def test_two_runs_started_in_the_same_second_get_two_folders(tmp_path):
+    from evaluation.__main__ import new_folder
+
+    first, second = new_folder(tmp_path), new_folder(tmp_path)
+    assert first != second and first.is_dir() and second.is_dir()
