@@ -1,15 +1,14 @@
 """Does the cursor's token boundary matter for fill-in-the-middle? ``python -m
 evaluation.fim_boundary --checkpoint DIR``.
 
-The server heals the end of a plain prompt (docs/generation.md#token-healing) but sends a
-fill-in-the-middle prompt whole, because healing inside the FIM layout was not measured. This
-measures it, with transformers alone on a checkpoint that has FIM tokens, on `make eval`'s
-single-line infilling cases (every non-blank line of every HumanEval solution cut out; with
-``--cut mid`` the cursor in the middle of the line, the rest of it to write): each
-middle written twice, greedy, from the layout the server builds (preprocessing's tokenizer, FIM
-layout and order),
+The measurement that decided that the server heals the prefix's end of a fill-in-the-middle
+prompt, as it heals the end of a plain one (docs/generation.md#token-healing), with
+transformers alone on a checkpoint that has FIM tokens, on `make eval`'s single-line infilling
+cases (every non-blank line of every HumanEval solution cut out; with ``--cut mid`` the cursor
+in the middle of the line, the rest of it to write): each middle written twice, greedy, from the
+layout the server builds (preprocessing's tokenizer, FIM layout and order),
 
-- whole: the prefix as the server sends it today;
+- whole: the prefix as sent with ``token_healing: false``;
 - healed: the prefix's last token held back by the same rule as for plain prompts
   (contract/healing.py) and the middle's first token required to start with its text,
 
