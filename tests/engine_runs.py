@@ -7,11 +7,28 @@ from __future__ import annotations
 import threading
 
 import torch
+from transformers import GPTJConfig, GPTJForCausalLM
 
 from engine import GenerationRequest, GenerationResult, TorchEngine
 from engine.interface import NullListener
 
 VOCAB = 300  # the tiny GPT-J of the engine tests
+
+
+def random_gptj() -> GPTJForCausalLM:
+    """The engine tests' tiny random GPT-J (seed 0: the same weights every time)."""
+    torch.manual_seed(0)
+    config = GPTJConfig(
+        vocab_size=VOCAB,
+        n_positions=256,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        rotary_dim=8,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return GPTJForCausalLM(config).eval()
 
 
 def run_concurrently(

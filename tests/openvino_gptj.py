@@ -9,9 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import torch
-from engine_runs import VOCAB
-from transformers import GPTJConfig as HFConfig
+from engine_runs import random_gptj
 from transformers import GPTJForCausalLM
 
 from engine.openvino_backend import OpenVINOBackend
@@ -22,18 +20,7 @@ from modelbuild.openvino_export import ensure_export
 @functools.cache
 def exported_gptj() -> tuple[GPTJForCausalLM, Path]:
     """The random GPT-J of test_gptj_engine.py (same seed and shape), exported to OpenVINO."""
-    torch.manual_seed(0)
-    config = HFConfig(
-        vocab_size=VOCAB,
-        n_positions=256,
-        n_embd=64,
-        n_layer=2,
-        n_head=4,
-        rotary_dim=8,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    model = GPTJForCausalLM(config).eval()
+    model = random_gptj()
     path = Path(tempfile.mkdtemp(prefix="openvino-gptj-"))
     atexit.register(shutil.rmtree, path, True)
     model.save_pretrained(path)

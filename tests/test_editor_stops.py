@@ -10,10 +10,8 @@ from dataclasses import replace
 
 import httpx
 import pytest
-import torch
+from engine_runs import random_gptj
 from server_metrics import sample, scrape
-from transformers import GPTJConfig as HFConfig
-from transformers import GPTJForCausalLM
 
 from client import CodegenClient
 from contract import metrics as names
@@ -94,19 +92,8 @@ def test_bad_rules_are_refused_by_name():
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
-    config = HFConfig(
-        vocab_size=VOCAB,
-        n_positions=256,
-        n_embd=64,
-        n_layer=2,
-        n_head=4,
-        rotary_dim=8,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
     path = tmp_path_factory.mktemp("editor-gptj")
-    GPTJForCausalLM(config).eval().save_pretrained(path)
+    random_gptj().save_pretrained(path)
     ensure_export(path)
     return path
 

@@ -8,9 +8,7 @@ import time
 
 import pytest
 import torch
-from engine_runs import Collect
-from transformers import GPTJConfig as HFConfig
-from transformers import GPTJForCausalLM
+from engine_runs import Collect, random_gptj
 
 from contract.options import InvalidRequestError
 from engine import GenerationRequest, GenerationResult, NullListener, TorchEngine
@@ -22,19 +20,8 @@ BAN_END = [[0]]  # the end token: every request runs to its length
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
-    config = HFConfig(
-        vocab_size=VOCAB,
-        n_positions=256,
-        n_embd=64,
-        n_layer=2,
-        n_head=4,
-        rotary_dim=8,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
     path = tmp_path_factory.mktemp("faults-gptj")
-    GPTJForCausalLM(config).eval().save_pretrained(path)
+    random_gptj().save_pretrained(path)
     return path
 
 

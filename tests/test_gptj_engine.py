@@ -6,9 +6,7 @@ import threading
 
 import pytest
 import torch
-from engine_runs import VOCAB, hf_greedy, prompts, run_concurrently
-from transformers import GPTJConfig as HFConfig
-from transformers import GPTJForCausalLM
+from engine_runs import VOCAB, hf_greedy, prompts, random_gptj, run_concurrently
 
 from contract.options import InvalidRequestError, SamplingParams
 from engine import GenerationRequest, GenerationResult, NullListener, TorchEngine
@@ -18,18 +16,7 @@ from engine.threads import in_passing_thread
 
 @pytest.fixture(scope="module")
 def hf_model(tmp_path_factory):
-    torch.manual_seed(0)
-    config = HFConfig(
-        vocab_size=VOCAB,
-        n_positions=256,
-        n_embd=64,
-        n_layer=2,
-        n_head=4,
-        rotary_dim=8,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    model = GPTJForCausalLM(config).eval()
+    model = random_gptj()
     path = tmp_path_factory.mktemp("random-gptj")
     model.save_pretrained(path)
     return model, path

@@ -7,9 +7,7 @@ from pathlib import Path
 
 import openvino
 import pytest
-import torch
-from transformers import GPTJConfig as HFConfig
-from transformers import GPTJForCausalLM
+from engine_runs import random_gptj
 
 from engine.interface import GenerationRequest
 from engine.openvino_backend import OpenVINOBackend
@@ -29,19 +27,8 @@ STORED = {"float32": set(), "int8": {"u8"}, "int4": {"i4"}}
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    torch.manual_seed(0)
-    config = HFConfig(
-        vocab_size=300,
-        n_positions=256,
-        n_embd=64,
-        n_layer=2,
-        n_head=4,
-        rotary_dim=8,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
     path = tmp_path_factory.mktemp("weights-gptj")
-    GPTJForCausalLM(config).eval().save_pretrained(path)
+    random_gptj().save_pretrained(path)
     return path
 
 
