@@ -181,7 +181,10 @@ class ServedTarget:
             client = self._local.client = CodegenClient(self.url, "grpc")
             self._clients.append(client)  # list.append is atomic: no lock
         i = index % len(self.prompts)
-        done = client.complete(self.prompts[i], max_tokens, **SAMPLED, seed=index, **self.end)
+        # whole, as the bare pipeline gets it: the same prompt tokens on both sides
+        done = client.complete(
+            self.prompts[i], max_tokens, **SAMPLED, seed=index, token_healing=False, **self.end
+        )
         return done.total_tokens - self.prompt_tokens[i]
 
     def cancel_all(self) -> None:
