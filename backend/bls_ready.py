@@ -1,7 +1,7 @@
 """Reading a decoupled BLS response only once it is there: the way round a deadlock in the
 python backend's stub (r24.10, and unchanged in python_backend's main branch).
 
-A caller stub (``gptj``, ``ensemble_stream``) reads the engine's responses through BLS
+The caller stub (``gptj``) reads the engine's responses through BLS
 response iterators. Three locks in that stub can close a cycle:
 
 - a thread in ``ResponseIterator::Next`` on an empty buffer waits on the iterator's condition
@@ -115,7 +115,7 @@ class ReadyListener:
 
         The first response is there when ``exec`` returns, and may come from Triton rather
         than the engine (a full queue, a queue timeout), with no word. An error response is
-        always the last (the engine sends no other kind: contract/tensors.py, ENGINE_ERROR),
+        always the last (the engine answers a caller once: backend/engine_answers.py, Reply),
         so after one the iterator is finished. Any other response ``k`` is read once the
         engine told of ``k`` responses; once it told of its final one and all were read, the
         iterator is finished: ``next()`` then ends it without waiting."""

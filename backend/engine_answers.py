@@ -25,9 +25,9 @@ from collections.abc import Callable
 import numpy as np
 
 from backend.io import FINAL, error_response, response
-from contract.tensors import ENGINE_ERROR
 from engine.interface import GenerationRequest, GenerationResult
 from engine.tensors import result_account, tensors_from_results
+from postprocessing.detokenize import IncrementalDecoder
 
 log = logging.getLogger(__name__)
 
@@ -158,31 +158,40 @@ class Row:
         self.reply.finish(self.index, result)
 
 
-class TokenStream:
-    """One streamed prompt: responses carrying the tokens generated since the last one (one
-    each while the reader keeps up), then a final response (an error, or none)."""
+class TextStream:
+    """One streamed prompt, answered in text: a response with each piece the new tokens
+    complete (never a split character; several tokens at once when the reader lags), then a
+    final one with the rest of the text and what happened, or an error.
+
+    Before each piece it asks Triton whether the client went away (deliveries' thread, so the
+    engine never waits on that round trip); if so the row is dropped at the engine's next step.
+    """
 
     def __init__(
         self,
         sender,
         row: GenerationRequest,
-        log_probs: bool,
+        decoder: IncrementalDecoder,
         done: Callable[[], None],
         deliveries: Deliveries,
         requested: frozenset[str] | None = None,
+        client_id: str = "",
     ):
         self.sender, self.done, self.handle = sender, done, None
+        self.decoder = decoder
         self.deliveries = deliveries
         self.requested = requested
+        self.client_id = client_id
+        self.stopped = False  # a stop request named it
         self.length = len(row.prompt_ids)
-        self.want_log_probs = log_probs
+        self.want_log_probs = row.return_log_probs
         self.cumulative = 0.0
         self._lock = threading.Lock()
         self._tokens: list[int] = []  # generated, not yet handed to deliveries
         self._log_probs: list[float] = []
+        self._unsent_log_probs: list[float] = []  # of tokens whose text is not yet sent
         self._result: GenerationResult | None = None
         self._queued = False  # a flush is waiting in deliveries
-        self._unchecked = 0  # tokens sent since Triton was last asked about the client
         self._unsent = 0  # generated, their response not yet handed over
         self._gone = False
 
@@ -203,6 +212,11 @@ class TokenStream:
             self._result = result
             self._queue()
 
+    def stop(self) -> None:
+        """A stop request named this stream: it ends with an error saying so."""
+        self.stopped = True
+        self.handle.cancel()
+
     def _queue(self) -> None:
         """(under the lock) Have deliveries flush this stream, once however many wait."""
         if not self._queued:
@@ -217,9 +231,9 @@ class TokenStream:
             result, self._queued = self._result, False
         if tokens and not self._gone:
             try:
-                self._send_tokens(tokens, log_probs)
+                self._send_text(tokens, log_probs)
             except Exception:  # the end, if it came, is still sent: the request must close
-                log.exception("sending a stream's tokens failed; it is cancelled")
+                log.exception("sending a stream's text failed; it is cancelled")
         with self._lock:
             self._unsent -= len(tokens)
             if self._unsent < self.deliveries.run_ahead or self._gone or result is not None:
@@ -227,39 +241,43 @@ class TokenStream:
         if result is not None:
             self._send_end(result)
 
-    def _send_tokens(self, tokens: list[int], log_probs: list[float]) -> None:
-        self._unchecked += len(tokens)
-        if self._unchecked >= CHECK_EVERY:
-            self._unchecked = 0
-            if self.sender.is_cancelled():  # a direct client left: stop generating for it
-                self._gone = True
-                self.handle.cancel()
-                return
-        self.length += len(tokens)
-        self.cumulative += sum(log_probs)
-        outputs = {
-            "output_ids": np.array([[tokens]], dtype=np.uint32),
+    def _outputs(self, piece: str) -> dict[str, np.ndarray]:
+        log_probs, self._unsent_log_probs = self._unsent_log_probs, []
+        return {
+            "OUTPUT_0": np.array([[piece.encode("utf-8")]], dtype=np.object_),
             "sequence_length": np.array([[self.length]], dtype=np.uint32),
             "cum_log_probs": np.array([[self.cumulative]], dtype=np.float32),
-            "output_log_probs": np.array([[log_probs]], dtype=np.float32),
+            "output_log_probs": np.array([log_probs], dtype=np.float32),
         }
+
+    def _send_text(self, tokens: list[int], log_probs: list[float]) -> None:
+        self.length += len(tokens)
+        self.cumulative += sum(log_probs)
+        self._unsent_log_probs.extend(log_probs)
+        piece = "".join(self.decoder.push(token) for token in tokens)
+        if not piece:
+            return  # a character not complete yet: its tokens go with the next piece
+        if self.sender.is_cancelled():  # the client left: stop generating for it
+            self._gone = True
+            self.handle.cancel()
+            return
         try:
-            self.sender.send(response(outputs, self.requested))
+            self.sender.send(response(self._outputs(piece), self.requested))
         except Exception:
             self._gone = True  # the request cannot be answered any more: stop generating it
             self.handle.cancel()
             raise
 
     def _send_end(self, result: GenerationResult) -> None:
-        message = result.error or (CANCELLED if result.finish_reason == "cancelled" else None)
-        if message is None:  # the end, with what happened (if the caller asked for it)
-            account = result_account([result])
-            if self.requested is None or not self.requested.isdisjoint(account):
-                self.sender.send(response(account, self.requested), flags=FINAL)
-            else:
-                self.sender.send(flags=FINAL)
-        elif self.requested is None or ENGINE_ERROR.name in self.requested:
-            error = np.array([[message.encode()]], dtype=np.object_)
-            self.sender.send(response({ENGINE_ERROR.name: error}, self.requested), flags=FINAL)
-        else:  # a direct gRPC client that did not ask for the error output
+        message = result.error
+        if message is None and result.finish_reason == "cancelled":
+            message = stopped_message(self.client_id) if self.stopped else CANCELLED
+        if message is not None:
             self.sender.send(error_response(message), flags=FINAL)
+            return
+        outputs = self._outputs(self.decoder.flush()) | result_account([result])
+        self.sender.send(response(outputs, self.requested), flags=FINAL)
+
+
+def stopped_message(client_id: str) -> str:
+    return f"stopped: a stop request for request id {client_id!r} ended this generation"

@@ -1,15 +1,15 @@
-"""Calling the one engine (the ``engine`` model) from the models clients reach.
+"""Calling the one engine (the ``engine`` model) from ``gptj``, the unary ensemble's model stage.
 
-``gptj`` (the unary ensemble's model stage, also called directly) and ``ensemble_stream`` hold
-no engine of their own: each Triton request they get is parsed and checked once, here
-(:meth:`EngineCalls.parse`), and becomes one BLS request to the ``engine`` model carrying the
-parsed request, run in a worker thread so that ``execute`` returns at once and requests overlap
-in the engine's running batch, as they did when each model had its engine in-process.
+``gptj`` holds no engine of its own: a plain (not decoupled) model, because HTTP and unary gRPC
+refuse an ensemble with a decoupled step, it reaches the decoupled ``engine`` by BLS, the one
+hop Triton 2.51 forces on the unary path. Each Triton request it gets is parsed and checked
+once, here (:meth:`EngineCalls.parse`), and becomes one BLS request to the ``engine`` model
+carrying the parsed request, run in a worker thread so that ``execute`` returns at once and
+requests overlap in the engine's running batch.
 
 Because a BLS request cannot be cancelled in Triton 2.51 (see backend/cancel.py), a watcher
-asks Triton every ``poll_s`` whether each caller's client went away (a gRPC cancel or deadline,
-a closed stream) and, if so, sends the engine the request's key; a stream also asks before
-each piece it sends, which stops it within a token.
+asks Triton every ``poll_s`` whether each caller's client went away (a gRPC cancel or deadline)
+and, if so, sends the engine the request's key.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from backend.bls_ready import ReadyListener
 from backend.cancel import CancelSender, new_key
 from backend.io import FINAL, error_response
 from contract import metrics as names
-from contract.tensors import ENGINE_MODEL, ENGINE_OUTPUTS, ENGINE_REQUEST
+from contract.tensors import ENGINE_MODEL, ENGINE_REQUEST, MODEL_IO, MODEL_STAGE
 from engine.interface import GenerationRequest, ModelLimits
-from engine.tensors import encode_request, parse_request
+from engine.tensors import encode_request, requests_from_tensors
 
 # Requests a caller runs at once: the engine's queue (256) and batch (64) hold no more. Past
 # this, execute waits and the next requests wait in the caller's own bounded Triton queue.
@@ -62,9 +62,6 @@ class Call:
         self.stopped = False  # a stop request named it
         self._lock = threading.Lock()
         self.closed = False
-
-    def send(self, answer) -> None:
-        self.sender.send(answer)
 
     def final(self, answer=None) -> None:
         """The last response (or only the final flag); later calls do nothing."""
@@ -230,13 +227,13 @@ class EngineCalls:
             self.metrics.in_flight(self._in_flight)
         self.slots.release()
 
-    def parse(self, arrays: Mapping[str, np.ndarray], stream: bool) -> list[GenerationRequest]:
+    def parse(self, arrays: Mapping[str, np.ndarray]) -> list[GenerationRequest]:
         """The request's rows, parsed once and checked against the model's limits: what the
         engine is sent and trusts. InvalidRequestError for a request the engine would refuse
         for its options or size, so that it is refused here at once rather than after waiting
         in the engine's queue behind valid work (under overload that wait can outlast its queue
         timeout)."""
-        rows, _ = parse_request(arrays, stream)
+        rows, _ = requests_from_tensors(arrays)
         for row in rows:
             self.limits.check(row)
         return rows
@@ -272,17 +269,17 @@ class EngineCalls:
                 if gone:
                     self.cancel(call)
 
-    def responses(self, call: Call, rows: Sequence[GenerationRequest], stream: bool) -> Iterator:
+    def responses(self, call: Call, rows: Sequence[GenerationRequest]) -> Iterator:
         """The engine's responses to one request (its rows, as :meth:`parse` gave them), as
         they come, each read only once the engine said it is there (backend/bls_ready.py says
         why). The caller reads them to the end (the final response); the iterator is then kept
         alive a while (``_Retired`` says why)."""
-        inputs = [pb_utils.Tensor(ENGINE_REQUEST.name, encode_request(rows, stream))]
+        inputs = [pb_utils.Tensor(ENGINE_REQUEST.name, encode_request(rows))]
         self.ready.expect(call.key)
         replies = pb_utils.InferenceRequest(
             model_name=self.engine_model,
             inputs=inputs,
-            requested_output_names=[spec.name for spec in ENGINE_OUTPUTS],
+            requested_output_names=[spec.name for spec in MODEL_IO[MODEL_STAGE][1]],
             request_id=call.key,
         ).exec(decoupled=True)
         told = self.ready.responses(call.key, replies)

@@ -19,8 +19,9 @@ class EngineHooks(Protocol):
         """(the engine's thread) After each step; a hook that pauses the engine calls
         ``before_pausing`` first (the figures so far reach the server)."""
 
-    def before_submit(self) -> None:
-        """(the submitting thread) Before a request's rows are submitted to the engine."""
+    def before_submit(self, client_left: Callable[[], bool]) -> None:
+        """(the submitting thread) Before a request's rows are submitted to the engine;
+        ``client_left`` asks Triton whether its client went away."""
 
     def on_submitted(self) -> None:
         """(the submitting thread) Once they were."""
@@ -34,7 +35,7 @@ class NoHooks:
     def after_step(self, before_pausing: Callable[[], None]) -> None:
         return None
 
-    def before_submit(self) -> None:
+    def before_submit(self, client_left: Callable[[], bool]) -> None:
         return None
 
     def on_submitted(self) -> None:

@@ -22,20 +22,30 @@ import triton_python_backend_utils as pb_utils
 
 from backend.bls_ready import ReadyTeller, TellingSender, owner_pid
 from backend.cancel import CancelListener, CancelRegistry
-from backend.engine_answers import Deliveries, Reply, TokenStream
+from backend.engine_answers import Deliveries, Reply, TextStream
 from backend.engine_hooks import EngineHooks, load_hooks
-from backend.io import FINAL, error_response, model_parameters, read_inputs, requested_outputs
+from backend.io import (
+    FINAL,
+    error_response,
+    model_parameters,
+    read_inputs,
+    requested_outputs,
+    tokenize,
+)
+from backend.stop_request import stop_named
 from contract import metrics as names
 from contract.options import DEFAULT_MAX_BEAM_WIDTH, EDITOR_STOP_REASONS, InvalidRequestError
-from contract.tensors import ENGINE_REQUEST
+from contract.tensors import ENGINE_INPUTS, ENGINE_REQUEST, STOP_INPUT
 from engine.fallback import REASONS, with_fallback
 from engine.interface import GenerationBackend, GenerationResult, Listener
 from engine.models import load_model
 from engine.openvino_model import ModelShape, export_weights, require_export
-from engine.tensors import decode_request
+from engine.tensors import decode_request, parse_request
 from engine.threads import in_passing_thread
 from engine.torch_engine import TorchEngine
+from postprocessing.detokenize import IncrementalDecoder, Postprocessor
 from preprocessing.token_texts import token_extensions
+from preprocessing.tokenize import Preprocessor
 
 # The engine's figures reach Triton at most this often, and when the engine goes idle: in
 # python_backend r24.10 each metric update is a round trip to the server. Seven of them after
@@ -164,6 +174,9 @@ class Stage:
     hooks: EngineHooks
     teller: ReadyTeller
     deliveries: Deliveries
+    preprocessor: Preprocessor  # a stream's text in
+    postprocessor: Postprocessor  # and out
+    streams: NamedStreams
 
     def stop(self) -> None:
         self.listener.close()
@@ -229,7 +242,19 @@ def start_engine(args: dict) -> Stage:
         f"{args['model_name']}: serving {checkpoint.resolve()} ({kind} backend, "
         f"{described}, KV-cache budget {engine.max_cache_tokens} positions)"
     )
-    return Stage(engine, checkpoint, params, cancels, listener, hooks, ReadyTeller(), deliveries)
+    return Stage(
+        engine,
+        checkpoint,
+        params,
+        cancels,
+        listener,
+        hooks,
+        ReadyTeller(),
+        deliveries,
+        Preprocessor(checkpoint, params.get("fim_order", "auto")),
+        Postprocessor(checkpoint),
+        NamedStreams(),
+    )
 
 
 def _torch(
@@ -290,12 +315,70 @@ def _exit_if_engine_dies(engine: GenerationBackend, every: float = 1.0) -> None:
             os._exit(70)  # EX_SOFTWARE
 
 
+class NamedStreams:
+    """The streams generating under each client request id: what a stop request names."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, set[TextStream]] = {}
+
+    def add(self, client_id: str, stream: TextStream) -> None:
+        with self._lock:
+            self._open.setdefault(client_id, set()).add(stream)
+
+    def remove(self, client_id: str, stream: TextStream) -> None:
+        with self._lock:
+            named = self._open.get(client_id, set())
+            named.discard(stream)
+            if not named:
+                self._open.pop(client_id, None)
+
+    def stop(self, client_id: str) -> int:
+        """Stop the streams named ``client_id``; returns how many there were."""
+        with self._lock:
+            named = list(self._open.get(client_id, ()))
+        for stream in named:
+            stream.stop()
+        return len(named)
+
+
 def _request_key(request) -> str:
-    """The id the caller gave its BLS request: what a cancellation names (empty: none)."""
+    """The id the request came with: a BLS caller's key (what a cancellation names), or the
+    client's own id (what a stop request names); empty: none."""
     try:
         return request.request_id() or ""
-    except Exception:  # an id Triton cannot hand over as text: not one of ours
+    except Exception:  # an id Triton cannot hand over as text
         return ""
+
+
+def _answer_stop(stage: Stage, sender, client_id: str) -> None:
+    """A stop request (``stop`` true): stop the streams generating under its request id (their
+    clients get an error saying so) and answer it with the final flag alone."""
+    if stop_named(stage.streams.stop, sender, client_id):
+        sender.send(flags=FINAL)
+
+
+def _read(stage: Stage, request, key: str, sender):
+    """The request's rows, parsed once, and the listeners to answer them: a gptj call's (the
+    rows it parsed, one final response) or a stream's (its text tokenized here, a response
+    per piece)."""
+    arrays = read_inputs(request, ENGINE_INPUTS)
+    requested = requested_outputs(request)
+    if ENGINE_REQUEST.name in arrays:
+        rows = decode_request(arrays[ENGINE_REQUEST.name])
+        width, log_probs = rows[0].beam.width, rows[0].return_log_probs
+        done = functools.partial(stage.cancels.forget, key)
+        reply = Reply(sender, len(rows), log_probs, width, done, stage.deliveries, requested)
+        return rows, reply.listeners()
+    rows, _ = parse_request(tokenize(stage.preprocessor, arrays), stream=True)
+    decoder = IncrementalDecoder(stage.postprocessor, rows[0].prompt_ids, rows[0].held_back)
+
+    def done() -> None:
+        stage.streams.remove(key, stream)
+
+    stream = TextStream(sender, rows[0], decoder, done, stage.deliveries, requested, key)
+    stage.streams.add(key, stream)
+    return rows, [stream]
 
 
 def submit_requests(stage: Stage, requests) -> None:
@@ -313,34 +396,35 @@ def submit_requests(stage: Stage, requests) -> None:
         sender = request.get_response_sender()
         if owner_pid(key) is not None:  # a BLS caller: it reads each response once told
             sender = TellingSender(sender, key, stage.teller)
+        stop = pb_utils.get_input_tensor_by_name(request, STOP_INPUT.name)
+        if stop is not None and bool(stop.as_numpy().any()):
+            _answer_stop(stage, sender, key)
+            continue
+        listeners: Sequence[Listener] = []
         try:
-            # parsed, and checked against the model's limits, by the caller (EngineCalls.parse);
-            # the backend adds what only it knows (its KV-cache budget, what it cannot honour)
-            rows, stream = decode_request(
-                read_inputs(request, [ENGINE_REQUEST])[ENGINE_REQUEST.name]
-            )
-            log_probs = rows[0].return_log_probs
-            targets = [engine.route(row) for row in rows]  # every row checked, once
-        except InvalidRequestError as exc:
-            sender.send(error_response(str(exc)), flags=FINAL)
+            rows, listeners = _read(stage, request, key, sender)
+            # the backend checks each row once (the model's limits, its KV-cache budget, what
+            # it cannot honour) and says where it runs
+            targets = [engine.route(row) for row in rows]
+        except Exception as exc:
+            for listener in listeners:  # never submitted: nothing will finish them
+                if isinstance(listener, TextStream):
+                    listener.done()
+            if isinstance(exc, InvalidRequestError):
+                sender.send(error_response(str(exc)), flags=FINAL)
+            else:  # a bug must fail this request only, not the whole batch
+                pb_utils.Logger.log_error(f"could not read a request: {exc!r}")
+                sender.send(error_response(f"internal error reading the request: {exc}"), FINAL)
             continue
-        except Exception as exc:  # a bug must fail this request only, not the whole batch
-            pb_utils.Logger.log_error(f"could not read a request: {exc!r}")
-            sender.send(error_response(f"internal error reading the request: {exc}"), FINAL)
-            continue
-        done = functools.partial(stage.cancels.forget, key)
-        requested = requested_outputs(request)
-        if stream:
-            listeners: Sequence[Listener] = [
-                TokenStream(sender, rows[0], log_probs, done, stage.deliveries, requested)
-            ]
-        else:
-            width = rows[0].beam.width
-            reply = Reply(sender, len(rows), log_probs, width, done, stage.deliveries, requested)
-            listeners = reply.listeners()
-        stage.hooks.before_submit()
+        stage.hooks.before_submit(sender.is_cancelled)
         engine.wait_for_room(sum(row.rows for row in rows))
+        # asked before submitting: asking a request already answered crashes r24.10 (see
+        # docs/operations.md); a client that left while it waited gets no prefill
+        client_left = sender.is_cancelled()
         for row, target, listener in zip(rows, targets, listeners, strict=True):
             listener.handle = target.submit(row, listener, checked=True)
-            stage.cancels.track(key, listener.handle)
+            if client_left:
+                listener.handle.cancel()
+            if owner_pid(key) is not None:  # a caller's cancellation names it (cancel.py)
+                stage.cancels.track(key, listener.handle)
         stage.hooks.on_submitted()

@@ -83,8 +83,8 @@ def tokenize(preprocessor: Preprocessor, arrays: Mapping[str, np.ndarray]) -> di
     """The model-stage tensors of an ensemble-shaped request (its tensors by name): its text
     tokenized in this process by ``preprocessor``, the logic the ``preprocessing`` model runs,
     with the inputs wired as the ensemble wires them, plus its options under their own names.
-    In process rather than a BLS call to ``preprocessing``: one stub round trip less before a
-    stream's first token, and one process less to wait for a core while the engine computes."""
+    In the engine's process rather than a call to ``preprocessing``: a stream's text goes in and
+    comes out where its tokens are generated, and crosses no other stub."""
     inputs = {}
     for stage_name, name in ENSEMBLE_TO_PREPROCESSING.items():
         if name not in arrays:

@@ -2,15 +2,15 @@
 the same request id and ``stop`` true (docs/api.md, "Stopping a request").
 
 Triton 2.51 does not pass a unary ensemble request's cancellation on to the step already
-running (and HTTP has none), and a gRPC stream's cancellation can be lost in its r24.10
-cancellation race. So the client of ``gptj``, of the ``ensemble`` or of ``ensemble_stream``
-names the request to stop; that model cancels its engine calls with that id through the
-engine's cancel channel (:meth:`backend.engine_calls.EngineCalls.stop_client_requests`).
+running (and HTTP has none). So the client of ``gptj`` or of the ``ensemble`` names the request
+to stop; ``gptj`` cancels its engine calls with that id through the engine's cancel channel
+(:meth:`backend.engine_calls.EngineCalls.stop_client_requests`). A stream's stop request goes
+to the engine itself (backend/engine_stage.py, ``NamedStreams``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,13 +33,10 @@ def client_request_id(request) -> str:
         return ""
 
 
-def stopped_message(client_id: str) -> str:
-    return f"stopped: a stop request for request id {client_id!r} ended this generation"
-
-
-def stop_named(calls: EngineCalls, sender, client_id: str) -> bool:
-    """Stop the calls generating under ``client_id``; False when there were none (the stop
-    request then got an error saying why, flagged final)."""
+def stop_named(stop: Callable[[str], int], sender, client_id: str) -> bool:
+    """Stop what generates under ``client_id`` (``stop`` does, and says how many there were);
+    False when there was nothing (the stop request then got an error saying why, flagged
+    final)."""
     if not client_id:
         sender.send(
             error_response(
@@ -49,7 +46,7 @@ def stop_named(calls: EngineCalls, sender, client_id: str) -> bool:
             flags=FINAL,
         )
         return False
-    if calls.stop_client_requests(client_id) == 0:
+    if stop(client_id) == 0:
         sender.send(
             error_response(
                 f"stop=true: no request with id {client_id!r} is generating here (it ended, "
@@ -59,13 +56,6 @@ def stop_named(calls: EngineCalls, sender, client_id: str) -> bool:
         )
         return False
     return True
-
-
-def answer_stream_stop(calls: EngineCalls, sender, client_id: str) -> None:
-    """A stop request to the streaming model: stop the streams generating under its request
-    id (their clients get an error saying so) and answer it with the final flag alone."""
-    if stop_named(calls, sender, client_id):
-        sender.send(flags=FINAL)
 
 
 def answer_stop(
@@ -78,7 +68,7 @@ def answer_stop(
     """A stop request (``stop`` true): stop the unary requests generating under its request
     id, whose clients then get an error saying so, and answer it at once with nothing
     generated (its own prompt), or with an error when there was nothing to stop."""
-    if not stop_named(calls, sender, client_id):
+    if not stop_named(calls.stop_client_requests, sender, client_id):
         return
     lengths = arrays["input_lengths"].reshape(-1).tolist()
     results = [

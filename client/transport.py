@@ -36,7 +36,7 @@ from client.results import (
     error_message,
     resolve_target,
 )
-from contract.tensors import ENSEMBLE_MODEL, STREAM_MODEL
+from contract.tensors import ENGINE_MODEL, ENSEMBLE_MODEL
 
 STOP_WAIT_S = 2.0  # how long a stream left early waits for its stop request's answer
 REPORT_WAIT_S = 5.0  # how long a stream that failed to start waits to be told why
@@ -401,15 +401,18 @@ class Transport(Closing):
         request_id: str = "",
         client: Any = None,
     ) -> ResponseStream:
-        """Stream a one-prompt request from the streaming ensemble: a gRPC stream, or
-        ``generate_stream`` over HTTP. ``inputs`` replace the request's own tensors; ``client``
-        carries the gRPC stream (see :class:`GrpcStream`)."""
+        """Stream a one-prompt request from the ``engine`` model, which takes the ensemble's
+        inputs and streams text: a gRPC stream, or ``generate_stream`` over HTTP. Not through
+        ``ensemble_stream``, the same model under the ensemble's name: there the engine would
+        not see this client leave (Triton 2.51 passes an ensemble's cancellation on only
+        between steps). ``inputs`` replace the request's own tensors; ``client`` carries the
+        gRPC stream (see :class:`GrpcStream`)."""
         request_id = request_id or f"codegen-stream-{uuid.uuid4().hex}"
         if self.target.protocol == "grpc":
             inputs = inputs if inputs is not None else request.infer_inputs(self.module)
-            return GrpcStream(self, STREAM_MODEL, inputs, request_id, client)
+            return GrpcStream(self, ENGINE_MODEL, inputs, request_id, client)
         scheme = "https" if self.target.ssl else "http"
-        url = f"{scheme}://{self.target.address}/v2/models/{STREAM_MODEL}/generate_stream"
+        url = f"{scheme}://{self.target.address}/v2/models/{ENGINE_MODEL}/generate_stream"
         return SseStream(self, url, generate_body(request), Piece.from_generate)
 
     def openai_stream(self, body: dict[str, Any], route: str = "completions") -> ResponseStream:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contract.tensors import ENGINE_MODEL, POSTPROCESSING_MODEL, PREPROCESSING_MODEL, STREAM_MODEL
+from contract.tensors import ENGINE_MODEL, POSTPROCESSING_MODEL, PREPROCESSING_MODEL
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,6 @@ CHECKPOINT_PATH = Parameter(
 # The shared parameters of each model that has any.
 MODEL_PARAMETERS: dict[str, tuple[Parameter, ...]] = {
     PREPROCESSING_MODEL: (TOKENIZER_PATH, FIM_ORDER),
-    STREAM_MODEL: (TOKENIZER_PATH, FIM_ORDER),
     POSTPROCESSING_MODEL: (TOKENIZER_PATH,),
-    ENGINE_MODEL: (CHECKPOINT_PATH,),
+    ENGINE_MODEL: (CHECKPOINT_PATH, FIM_ORDER),
 }

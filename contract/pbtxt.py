@@ -36,6 +36,7 @@ from contract.tensors import (
     MODEL_IO,
     OPTION_INPUTS,
     RESULT_OUTPUT_NAMES,
+    STREAM_MODEL,
     TensorSpec,
 )
 
@@ -107,6 +108,13 @@ def account_block(without: Collection[str] = ()) -> list[str]:
     return [f'output_map {{ key: "{name}" value: "{name}" }}' for name in names]
 
 
+def passthrough_block(model: str) -> list[str]:
+    """A one-step ensemble's step: every input and output under its own name."""
+    inputs, outputs = MODEL_IO[model]
+    lines = _input_map([(spec.name, spec.name) for spec in inputs])
+    return [*lines, *(f'output_map {{ key: "{s.name}" value: "{s.name}" }}' for s in outputs)]
+
+
 def _parameter(parameter: Parameter) -> list[str]:
     value = f'{{ string_value: "{parameter.value}" }}'
     return [*_comment(parameter.doc, ""), f'parameters {{ key: "{parameter.key}" value: {value} }}']
@@ -124,6 +132,8 @@ def blocks_for(model: str, without: Collection[str] = ()) -> dict[str, Callable[
         blocks["preprocessing-inputs"] = preprocessing_inputs_block
         blocks["options"] = options_block
         blocks["account"] = lambda: account_block(without)
+    if model == STREAM_MODEL:
+        blocks["passthrough"] = lambda: passthrough_block(model)
     if model in MODEL_PARAMETERS:
         blocks["parameters"] = lambda: parameters_block(model)
     return blocks

@@ -234,33 +234,33 @@ MODEL_IO = {
 }
 INPUT_SPECS = {spec.name: spec for spec in (*ENSEMBLE_INPUTS, STOP_INPUT)}
 
-# The one model that hosts the engine (decoupled): `gptj` and `ensemble_stream` call it (BLS),
-# so both paths share one copy of the weights and one running batch. A caller parses its
-# request's model-stage tensors once and checks them against the model's limits; the engine
-# takes the parsed request as it is (engine/tensors.py writes and reads it) and answers in the
-# model stage's layout, or, streaming, with a response per generated token, whose outputs hold
-# only that response's new tokens, then a final one.
+# The one model that hosts the engine (decoupled): one copy of the weights, one running batch
+# for every path. A stream reaches it with the ensemble's inputs (the prompt as text), directly
+# or through `ensemble_stream`: it tokenizes, generates and detokenizes in its own process, one
+# response per piece of text, then a final one with the account. The unary model stage `gptj`
+# calls it (BLS: HTTP and unary gRPC refuse an ensemble with a decoupled step) with the request
+# it parsed and checked (`request`), and gets one final response in the model stage's layout.
 ENGINE_MODEL = "engine"
 ENGINE_REQUEST = TensorSpec(
     "request",
     "TYPE_STRING",
     (1,),
-    doc="the request its caller parsed and checked: its prompts with their options, and"
-    " whether to stream (one prompt: responses carrying the tokens generated since the last,"
-    " then a final one; else one final response, the gptj stage's layout), as JSON",
+    optional=True,
+    doc="gptj's call: the request gptj parsed and checked (its prompts' token ids with their"
+    " options), as JSON; answered with one final response in the gptj stage's layout",
 )
-ENGINE_INPUTS = (ENGINE_REQUEST,)
-# How an engine stream that already sent tokens reports its end by error or cancellation: a
-# response carrying this output (then FINAL), never an error response. python_backend r24.10
-# loses a decoupled BLS caller's error response after the first one (its
-# InferResponse::SaveToSharedMemory writes no response id for an error, so the caller's stub
-# files it under no iterator): the caller would wait for ever and hold its slot and thread.
-ENGINE_ERROR = TensorSpec(
-    "error",
-    "TYPE_STRING",
-    (1,),
-    doc="a stream that fails or is cancelled after its first token ends with a response carrying"
-    " only this (then the final flag), not an error response (contract/tensors.py says why)",
+ENGINE_INPUTS = (
+    *(
+        TensorSpec(spec.name, spec.triton_type, spec.dims, optional=True, doc=spec.doc)
+        for spec in ENSEMBLE_INPUTS
+    ),
+    STOP_INPUT,
+    ENGINE_REQUEST,
 )
-ENGINE_OUTPUTS = (*MODEL_STAGE_OUTPUTS, *RESULT_OUTPUTS, ENGINE_ERROR)
+# A stream's outputs (as `ensemble_stream` declares them), then the model stage's token ids.
+ENGINE_OUTPUTS = (
+    *STREAM_OUTPUTS,
+    MODEL_STAGE_OUTPUTS[0],
+    *RESULT_OUTPUTS,
+)
 MODEL_IO[ENGINE_MODEL] = (ENGINE_INPUTS, ENGINE_OUTPUTS)

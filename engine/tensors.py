@@ -119,18 +119,17 @@ def parse_request(
     return rows, log_probs
 
 
-def encode_request(rows: Sequence[GenerationRequest], stream: bool) -> np.ndarray:
+def encode_request(rows: Sequence[GenerationRequest]) -> np.ndarray:
     """The engine model's ``request`` input: ``rows`` as their caller parsed and checked them,
-    and whether to stream, as JSON. The engine reads them back with :func:`decode_request`
-    rather than parsing the model-stage tensors a second time."""
-    payload = {"stream": stream, "rows": [_fields(row) for row in rows]}
+    as JSON. The engine reads them back with :func:`decode_request` rather than parsing the
+    model-stage tensors a second time."""
+    payload = [_fields(row) for row in rows]
     return np.array([[json.dumps(payload, separators=(",", ":")).encode()]], dtype=np.object_)
 
 
-def decode_request(array: np.ndarray) -> tuple[list[GenerationRequest], bool]:
-    """The rows and the stream flag :func:`encode_request` wrote."""
-    payload = json.loads(np.asarray(array).reshape(-1)[0])
-    return [_request(row) for row in payload["rows"]], bool(payload["stream"])
+def decode_request(array: np.ndarray) -> list[GenerationRequest]:
+    """The rows :func:`encode_request` wrote."""
+    return [_request(row) for row in json.loads(np.asarray(array).reshape(-1)[0])]
 
 
 def _fields(row: GenerationRequest) -> dict:

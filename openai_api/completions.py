@@ -57,7 +57,7 @@ async def run_choices(
     streamed: bool = False,
 ) -> list[ChoiceResult]:
     """Every choice, whole, in order; raises :class:`ClientLeftError` (after cancelling them
-    all) if the client leaves first. ``streamed``: through ``ensemble_stream`` whatever the
+    all) if the client leaves first. ``streamed``: from the engine model whatever the
     request (a prompt with special tokens, which the unary ensemble's text does not echo)."""
     choose = api.backend.open_stream if streamed else api.backend.choice
     choices: list[PendingChoice] = [await api.call(choose, r, stops) for r in requests]

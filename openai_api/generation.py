@@ -2,7 +2,7 @@
 
 Two ways to the ensemble, both through :class:`client.CodegenClient`:
 
-- **Streamed** (``stream: true``, or stop sequences): the decoupled ``ensemble_stream``; a stop
+- **Streamed** (``stream: true``, or stop sequences): the decoupled ``engine`` model; a stop
   sequence found in the text, or a client that leaves, cancels the gRPC stream and the engine
   drops the sequence.
 - **Unary** (``stream: false`` and no stop sequences): the ``ensemble`` pipeline, exactly what
@@ -103,7 +103,7 @@ class StopMatcher:
 
 
 class ChoiceStream(Iterator[str]):
-    """One choice streamed from ``ensemble_stream``: text pieces with stop sequences applied.
+    """One choice streamed from the ``engine`` model: text pieces with stop sequences applied.
 
     Once exhausted, :attr:`result` holds the counts. :meth:`close` cancels the request on the
     server when it is still generating.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import time
 import uuid
@@ -73,3 +74,22 @@ def submitted(server) -> int:
     answer = control(server, "submitted")
     assert answer.startswith("submitted:"), answer
     return int(answer.split(":")[1])
+
+
+def waiting(server) -> tuple[int, int]:
+    """How many requests wait at a held engine's door (reached the engine model, not yet
+    submitted to its engine), and how many of those Triton knows their clients have left."""
+    answer = control(server, "waiting")
+    match = re.fullmatch(r"waiting:(\d+),left:(\d+)", answer)
+    assert match, answer
+    return int(match.group(1)), int(match.group(2))
+
+
+def reached(server) -> bool:
+    """Whether a request waits at the held engine's door."""
+    return waiting(server)[0] >= 1
+
+
+def left_waiting(server) -> bool:
+    """Whether a request waiting at the held engine's door has been left by its client."""
+    return waiting(server)[1] >= 1

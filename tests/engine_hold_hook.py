@@ -26,7 +26,9 @@ class EngineHold:
     once its current step ends and new requests wait before they are submitted;
     ``hold_after:N``: the engine runs N more steps, then its thread waits (submissions go on);
     ``advance:N``: a held engine runs N steps and holds again; ``release`` ends any of them;
-    ``submitted`` answers how many requests have been submitted to the engine so far. It
+    ``submitted`` answers how many requests have been submitted to the engine so far, and
+    ``waiting`` how many wait to be (they reached the engine model while held) and how many of
+    those their clients have left. It
     holds inside the stub (a stub stopped by a signal is called unhealthy by Triton within a
     second). Tests use it to make a
     condition true by construction (a request still running when its cancellation arrives, a
@@ -42,6 +44,7 @@ class EngineHold:
         self._submissions.set()
         self._steps_left: int | None = None
         self._submitted = 0
+        self._waiting: list[Callable[[], bool]] = []  # each waiting request's client_left
 
     def after_step(self, before_holding: Callable[[], None]) -> None:
         """(the engine's thread) Wait here while held; ``before_holding`` runs first."""
@@ -57,9 +60,13 @@ class EngineHold:
             before_holding()
         self._steps.wait()
 
-    def before_submit(self) -> None:
+    def before_submit(self, client_left: Callable[[], bool]) -> None:
         if self.enabled:
+            with self._lock:
+                self._waiting.append(client_left)
             self._submissions.wait()
+            with self._lock:
+                self._waiting.remove(client_left)
 
     def on_submitted(self) -> None:
         with self._lock:
@@ -82,6 +89,9 @@ class EngineHold:
                 return "advancing"
             if word == "submitted":
                 return f"submitted:{self._submitted}"
+            if word == "waiting":
+                left = sum(client_left() for client_left in self._waiting)
+                return f"waiting:{len(self._waiting)},left:{left}"
             if word == "release":
                 self._steps_left = None
                 self._steps.set()

@@ -60,3 +60,9 @@ def engine_counters(server) -> dict[str, float]:
         assert value is not None, f"{name} for {ENGINE_MODEL} missing from the metrics"
         found[name] = value
     return found
+
+
+def dropped_since(server, before: dict[str, float]) -> bool:
+    """Whether the engine dropped a sequence as cancelled since ``before`` (engine_counters)."""
+    cancelled = names.ENGINE_CANCELLED
+    return engine_counters(server)[cancelled] > before[cancelled]

@@ -1,10 +1,6 @@
-"""Clients that leave at any point free everything their requests held.
-
-python_backend r24.10 loses a decoupled BLS caller's error response after the first response
-(contract/tensors.py, ENGINE_ERROR, says how): a stream whose gRPC client cancelled it used to
-end in the engine with such an error, and the streaming model's worker waited for it for ever,
-holding one of its slots. After about 320 cancelled streams it had none left and stopped
-executing, while the server still said ready."""
+"""Clients that leave at any point free everything their requests held: the engine's row, and
+the stream's place in the engine model (which answers streams itself and sees its client leave
+through Triton's ``is_cancelled``)."""
 
 from __future__ import annotations
 
@@ -14,48 +10,46 @@ import sys
 
 import pandas as pd
 import tritonclient.grpc as grpcclient
-from engine_hold import engine_held, wait_for
-from server_metrics import cancels_sent, engine_counters, sample, scrape
+from engine_hold import advance_until, engine_held, wait_for
+from server_metrics import dropped_since, engine_counters, sample, scrape
 
 from client.request import CompletionRequest, requested_outputs
 from contract import metrics as names
-from contract.tensors import STREAM_MODEL
+from contract.tensors import ENGINE_MODEL
 
 
-def calls_in_flight(server, model: str) -> float:
-    return sample(scrape(server), names.CALLS_IN_FLIGHT, model) or 0.0
+def running(server) -> float:
+    return sample(scrape(server), names.ENGINE_RUNNING, ENGINE_MODEL) or 0.0
 
 
-def test_a_stream_its_grpc_client_cancels_gives_its_slot_back(server):
-    """By construction: the engine is held still (tests/engine_hold.py) after its first few
-    steps until the cancellation has been passed on: the engine certainly ends the stream as
-    cancelled, after it sent tokens."""
+def test_a_stream_its_grpc_client_cancels_gives_its_row_back(server):
+    """A raw gRPC stream from the engine model (the client library's stream). By construction:
+    the engine is held still (tests/engine_hold.py) after its first few steps, then advanced a
+    few tokens at a time until it dropped the sequence: the engine certainly ends the stream as
+    cancelled, after it sent tokens, far from its end. (A raw client of ``ensemble_stream``
+    stops its stream with a stop request instead: tests/test_stream_stop.py.)"""
     before = engine_counters(server)
-    sent_before = cancels_sent(server, STREAM_MODEL)
     request = CompletionRequest(("def f(x):\n",), max_tokens=400)
     answers: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     with engine_held(server, after_steps=4):
         client.start_stream(callback=lambda result, error: answers.put((result, error)))
         client.async_stream_infer(
-            STREAM_MODEL, request.infer_inputs(grpcclient), outputs=requested_outputs(grpcclient)
+            ENGINE_MODEL, request.infer_inputs(grpcclient), outputs=requested_outputs(grpcclient)
         )
         _, error = answers.get(timeout=120)
         assert error is None, error
         client.stop_stream(cancel_requests=True)
-        wait_for(
-            lambda: cancels_sent(server, STREAM_MODEL) > sent_before,
-            "the streaming model never passed its client's cancellation on",
+        advance_until(
+            server,
+            lambda: dropped_since(server, before),
+            "the engine never dropped the stream its client cancelled",
         )
     client.close()
-    wait_for(
-        lambda: engine_counters(server)[names.ENGINE_CANCELLED] > before[names.ENGINE_CANCELLED],
-        "the engine never dropped the cancelled stream",
-    )
-    wait_for(
-        lambda: calls_in_flight(server, STREAM_MODEL) == 0,
-        "the cancelled stream still holds a slot of the streaming model",
-    )
+    after = engine_counters(server)
+    generated = after[names.ENGINE_GENERATED_TOKENS] - before[names.ENGINE_GENERATED_TOKENS]
+    assert generated < 400, f"{generated:.0f} of 400 tokens generated for nobody"
+    wait_for(lambda: running(server) == 0, "the cancelled stream still holds an engine row")
 
 
 def test_hundreds_of_abandoned_requests_leave_the_full_capacity(server, tmp_path):

@@ -81,7 +81,10 @@ def test_stages_run_on_cpu_with_dynamic_batching_and_name_their_checkpoint():
         kinds = {g.kind for g in config.instance_group}
         assert kinds == {model_config_pb2.ModelInstanceGroup.KIND_CPU}, name
     assert not load_config(MODEL_STAGE).model_transaction_policy.decoupled  # HTTP needs that
-    assert load_config(STREAM_MODEL).model_transaction_policy.decoupled
+    # the streaming name is a one-step ensemble of the engine: a token crosses one stub
+    stream = load_config(STREAM_MODEL)
+    assert stream.platform == "ensemble"
+    assert [step.model_name for step in stream.ensemble_scheduling.step] == [ENGINE_MODEL]
 
 
 def test_one_model_loads_the_checkpoint_and_every_engine_user_calls_it():
@@ -127,8 +130,9 @@ def test_values_that_would_overflow_are_refused(option, value, message):
         SamplingParams(**{option: value})
 
 
-@pytest.mark.parametrize("model", [*STAGES, STREAM_MODEL, ENGINE_MODEL])
+@pytest.mark.parametrize("model", [*STAGES, ENGINE_MODEL])
 def test_every_queue_is_bounded_and_rejects_when_full(model):
+    """(The ensembles have no queue of their own: their requests wait in their steps'.)"""
     policy = load_config(model).dynamic_batching.default_queue_policy
     assert policy.max_queue_size > 0
     assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT

@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 from client import CodegenClient
 from client.request import CompletionRequest, requested_outputs
 from contract.healing import TokenExtensions
-from contract.tensors import PREPROCESSING_MODEL, STREAM_MODEL
+from contract.tensors import ENGINE_MODEL, PREPROCESSING_MODEL
 from evaluation.local import FirstTokenMask
 from preprocessing.token_texts import tokenizer_texts
 
@@ -151,7 +151,7 @@ def psm_server(model_repository, tmp_path_factory):
     repo = tmp_path_factory.mktemp("psm") / "model_repository"
     shutil.copytree(model_repository, repo, symlinks=True)
     auto = 'key: "fim_order" value: { string_value: "auto" }'
-    for model in (PREPROCESSING_MODEL, STREAM_MODEL):
+    for model in (PREPROCESSING_MODEL, ENGINE_MODEL):
         config = repo / model / "config.pbtxt"
         assert auto in config.read_text()
         config.write_text(config.read_text().replace(auto, auto.replace("auto", "psm")))

@@ -53,7 +53,7 @@ def test_a_changed_copy_keeps_every_other_setting_and_refuses_an_unknown_paramet
 
 
 def test_the_engines_callers_read_its_limits_from_its_config(monkeypatch, tmp_path):
-    """What gptj and ensemble_stream check a request against before it can queue: the
+    """What gptj checks a request against before it can queue: the
     checkpoint the engine's config names, and its max_beam_width."""
     fake = types.ModuleType("triton_python_backend_utils")
     fake.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 2

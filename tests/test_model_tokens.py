@@ -246,7 +246,7 @@ def test_codellama_sentinels_spelled_without_the_space_are_found_too(tmp_path, t
 
 @pytest.fixture
 def backend_io(monkeypatch):
-    """backend.io (ensemble_stream's tokenization) against a stand-in for python_backend."""
+    """backend.io (the engine model's stream tokenization) against a stand-in for python_backend."""
     fake = types.ModuleType("triton_python_backend_utils")
     fake.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 2
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
@@ -265,7 +265,7 @@ def test_a_model_without_sentinels_refuses_suffix_on_every_path(llama, backend_i
     with pytest.raises(InvalidRequestError) as refused:
         pre.tensors(request([b"def f():"], [b"    return 1"]))
     assert str(refused.value) == NO_FIM
-    # ensemble_stream tokenizes in process, with the same code
+    # the engine model tokenizes a stream in process, with the same code
     tensors = CompletionRequest("def f():", max_tokens=4, suffix="    return 1").tensors()
     with pytest.raises(InvalidRequestError, match="`suffix` asks for fill-in-the-middle"):
         backend_io.tokenize(pre, tensors)

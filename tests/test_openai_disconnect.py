@@ -19,9 +19,9 @@ import pytest
 from api_server import ApiServer
 from engine_hold import engine_held, wait_for
 from server_metrics import cancels_sent, engine_counters
-from test_client_cancel import ASKED, assert_dropped, cancel_reached, in_flight
+from test_client_cancel import ASKED, assert_dropped, departure_seen, waits_at_engine
 
-from contract.tensors import MODEL_STAGE, STREAM_MODEL
+from contract.tensors import ENGINE_MODEL, MODEL_STAGE
 from openai_api import Settings
 
 PROMPT = "def fib(n):\n"
@@ -55,7 +55,7 @@ def post_and_keep_open(api: ApiServer, body: dict) -> socket.socket:
     ("which", "stop", "model"),
     [
         ("unary_api", None, MODEL_STAGE),
-        ("unary_api", ["<never generated: Zq9>"], STREAM_MODEL),
+        ("unary_api", ["<never generated: Zq9>"], ENGINE_MODEL),
         ("no_checkpoint_api", None, MODEL_STAGE),
     ],
     ids=["unary", "stop-sequences", "no-tokenizer"],
@@ -68,12 +68,12 @@ def test_a_non_streamed_client_that_leaves_stops_its_generation(
     if stop:
         body["stop"] = stop
     before_engine = engine_counters(server)
-    sent_before = cancels_sent(server, model)
+    sent_before = cancels_sent(server, MODEL_STAGE)
     with engine_held(server):
         sock = post_and_keep_open(api, body)
-        wait_for(lambda: in_flight(server, model) >= 1, f"the request never reached {model}")
+        wait_for(lambda: waits_at_engine(server, model), f"the request never reached {model}")
         sock.close()  # the client leaves; the engine still holds
-        cancel_reached(server, model, sent_before)
+        wait_for(lambda: departure_seen(server, model, sent_before), "the departure was lost")
     assert_dropped(server, before_engine)
 
 
@@ -87,10 +87,9 @@ def test_a_streamed_client_that_leaves_before_its_first_piece_stops_its_generati
     api = request.getfixturevalue(which)
     body = {"model": "ensemble", "prompt": PROMPT, "max_tokens": ASKED, "stream": True}
     before_engine = engine_counters(server)
-    sent_before = cancels_sent(server, STREAM_MODEL)
     with engine_held(server):
         sock = post_and_keep_open(api, body)
-        wait_for(lambda: in_flight(server, STREAM_MODEL) >= 1, "the request never got in")
+        wait_for(lambda: waits_at_engine(server, ENGINE_MODEL), "the request never got in")
         sock.close()  # the client leaves before any piece; the engine still holds
-        cancel_reached(server, STREAM_MODEL, sent_before)
-    assert_dropped(server, before_engine)
+        wait_for(lambda: departure_seen(server, ENGINE_MODEL, 0), "the departure was lost")
+    assert_dropped(server, before_engine, most=0)

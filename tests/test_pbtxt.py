@@ -13,13 +13,13 @@ import pytest
 from contract import pbtxt
 from contract.parameters import FIM_ORDER, MODEL_PARAMETERS, TOKENIZER_PATH
 from contract.tensors import (
+    ENGINE_MODEL,
     ENSEMBLE_MODEL,
     MODEL_IO,
     MODEL_STAGE,
     OPTION_INPUTS,
     POSTPROCESSING_MODEL,
     PREPROCESSING_MODEL,
-    STREAM_MODEL,
     TensorSpec,
 )
 from serving import model_config
@@ -79,7 +79,7 @@ def test_a_new_option_is_declared_and_wired_without_a_hand_edit(repository, monk
     monkeypatch.setattr(pbtxt, "OPTION_INPUTS", options)
     monkeypatch.setattr(pbtxt, "MODEL_IO", with_option)
     takers = sorted(m for m, (inputs, _) in with_option.items() if made_up in inputs)
-    assert len(takers) == 3  # the two ensembles and the model stage; the engine takes them parsed
+    assert len(takers) == 4  # the two ensembles, the model stage and the engine (streams)
     assert pbtxt.write(repository) == [f"{m}/config.pbtxt" for m in takers]
     for model in takers:
         config = model_config.read(repository / model)
@@ -116,9 +116,9 @@ def test_a_shared_parameter_changes_in_the_contract_alone(repository, monkeypatc
     }
     monkeypatch.setattr(pbtxt, "MODEL_PARAMETERS", changed)
     assert pbtxt.write(repository) == [
-        f"{m}/config.pbtxt" for m in (STREAM_MODEL, PREPROCESSING_MODEL)
+        f"{m}/config.pbtxt" for m in (ENGINE_MODEL, PREPROCESSING_MODEL)
     ]
-    for model in (STREAM_MODEL, PREPROCESSING_MODEL):
+    for model in (ENGINE_MODEL, PREPROCESSING_MODEL):
         assert model_config.parameters(model_config.read(repository / model))["fim_order"] == "psm"
     path = repository / POSTPROCESSING_MODEL / "config.pbtxt"
     path.write_text(path.read_text().replace(TOKENIZER_PATH.value, "../elsewhere"))

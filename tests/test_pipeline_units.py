@@ -206,10 +206,10 @@ def test_the_engine_gets_the_request_its_caller_parsed_field_for_field():
     parsed, _ = requests_from_tensors(arrays)
     bare = {name: arrays[name][:1] for name in ("input_ids", "input_lengths", "request_output_len")}
     defaults, _ = requests_from_tensors(bare)  # every option absent
-    for rows, stream in ((parsed, False), (parsed, True), (defaults, True)):
-        encoded = encode_request(rows, stream)
+    for rows in (parsed, defaults):
+        encoded = encode_request(rows)
         assert encoded.shape == (1, 1) and encoded.dtype == np.object_  # one TYPE_STRING [1]
-        assert decode_request(encoded) == (rows, stream)
+        assert decode_request(encoded) == rows
     assert parsed[0].sampling.top_p == float(np.float32(0.9))  # the float32 value, kept
     assert parsed[0].editor.n_indent == 4 and parsed[1].sampling.seed == 0
 

@@ -1,7 +1,8 @@
 """A stream stops on a stop request with its id (``stop`` true), as a unary request does: a way
 to stop a generation that does not depend on Triton passing a gRPC stream's cancellation on
 (r24.10 has a race that can lose it). The client library sends one when it leaves a stream
-early.
+early (on the engine model, which it streams from); a raw client of ``ensemble_stream`` sends
+one there.
 
 By construction: the engine is held once the stream's first piece was read, so its 400 tokens
 cannot all be generated before the stop arrives, however fast the machine is."""
@@ -18,7 +19,7 @@ from server_metrics import engine_counters, sample, scrape, settled_scrape
 from client import CodegenClient, CompletionRequest
 from client.request import requested_outputs, stop_inputs
 from contract import metrics as names
-from contract.tensors import STREAM_MODEL
+from contract.tensors import ENGINE_MODEL, STREAM_MODEL
 
 PROMPT = "def fib(n):\n"
 
@@ -84,7 +85,9 @@ def test_a_stop_request_for_no_stream_is_refused(server):
 
 
 def test_the_client_library_sends_a_stop_when_it_leaves_a_stream(server):
-    executions = lambda: sample(scrape(server), "nv_inference_exec_count", STREAM_MODEL) or 0  # noqa: E731
+    def executions() -> float:
+        return sample(scrape(server), "nv_inference_exec_count", ENGINE_MODEL) or 0
+
     before = engine_counters(server)
     # the engine holds after a few steps (the stream still generating when it is left), and
     # nothing moves but what this test sends
@@ -94,11 +97,11 @@ def test_the_client_library_sends_a_stop_when_it_leaves_a_stream(server):
     ):
         stream = codegen.stream(PROMPT, max_tokens=400)
         next(stream)
-        started = sample(settled_scrape(server), "nv_inference_exec_count", STREAM_MODEL)
+        started = sample(settled_scrape(server), "nv_inference_exec_count", ENGINE_MODEL)
         stream.close()  # sends the stop request and waits (a little) for its answer
         wait_for(
             lambda: executions() == started + 1,  # Triton counts it once execute returned
-            "the stop request never ran in ensemble_stream",
+            "the stop request never ran in the engine model",
         )
     wait_for(
         lambda: engine_counters(server)[names.ENGINE_CANCELLED] > before[names.ENGINE_CANCELLED],

@@ -1,6 +1,6 @@
 """How a typist's request travels (:class:`Exchange`, read until a deadline, abandoned at a
 keystroke) on :mod:`client.transport`: ``openai`` (SSE; abandoning closes the connection),
-``grpc`` (a stream to ``ensemble_stream``; abandoning cancels it) or ``llama`` (llama-server,
+``grpc`` (a stream from the ``engine`` model; abandoning cancels it) or ``llama`` (llama-server,
 ``cache_prompt`` as llama.vim sends), each with the editor's stop rules where the server has
 them; and a typist's request at a pause (:func:`type_pause`) as a Locust event."""
 
@@ -18,7 +18,7 @@ from contract.tensors import ENSEMBLE_MODEL
 from loadtest.editor.typist import Visit
 from loadtest.editor.window import Clipper, Window
 
-SUFFIX = "suffix"  # the OpenAI field and the ensemble_stream input
+SUFFIX = "suffix"  # the OpenAI field and the streamed model's input
 SAMPLING: dict[str, Any] = {"top_k": 40, "top_p": 0.95, "temperature": 0.8}  # as the sweep's
 
 

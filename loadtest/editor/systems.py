@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contract import metrics as names
-from contract.tensors import ENGINE_MODEL, STREAM_MODEL
+from contract.tensors import ENGINE_MODEL
 from loadtest.editor.protocols import Sender
 from loadtest.editor.window import MARGIN_TOKENS
 from loadtest.targets import TARGETS, OpenAITarget
@@ -170,8 +170,8 @@ def open_systems(
                 repository / ENGINE_MODEL / "config.pbtxt", out / label / "engine_config.pbtxt"
             )
             check_caching(out / label / "tritonserver.log", caching)
-        if not server.model_ready(STREAM_MODEL):
-            raise SystemExit(f"`{STREAM_MODEL}` is not ready at {where.host}")
+        if not server.model_ready(ENGINE_MODEL):
+            raise SystemExit(f"`{ENGINE_MODEL}` is not ready at {where.host}")
         pids = [
             p.process.pid
             for p in (
