@@ -43,7 +43,7 @@ def checkpoint_gguf(checkpoint: Path, downloads: Path = DOWNLOADS) -> Path:
             "one; run `make model` (the default SmolLM2) or pass a .gguf"
         )
     made = json.loads(record.read_text())
-    gguf = downloads / f"{made['package']}-{made['version']}" / Path(made["gguf"]).name
+    gguf = downloads / f"{made['name']}-{made['version']}" / Path(made["gguf"]).name
     if not gguf.is_file():
         raise FileNotFoundError(f"{gguf} is gone: run `make model FORCE=1` to unpack it again")
     return gguf

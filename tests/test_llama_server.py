@@ -23,7 +23,7 @@ def test_a_trained_checkpoint_has_no_gguf_to_serve(tmp_path):
 def test_the_gguf_is_found_where_make_model_unpacks_it(tmp_path):
     checkpoint, downloads = tmp_path / "ckpt", tmp_path / "downloads"
     checkpoint.mkdir()
-    made = {"package": "llm-x", "version": "1.0", "gguf": "llm_x/X.Q4_1.gguf"}
+    made = {"name": "llm-x", "version": "1.0", "gguf": "X.Q4_1.gguf"}  # as make model writes it
     (checkpoint / "pretrained.json").write_text(json.dumps(made))
     with pytest.raises(FileNotFoundError, match="make model FORCE=1"):
         checkpoint_gguf(checkpoint, downloads)
