@@ -169,7 +169,7 @@ def run_served_prefix(
     paths: dict[str, Path], repeats: int, out: Path, log: Progress
 ) -> list[dict[str, Any]]:
     """An editor resending its file to Triton (openvino, its prefix cache on, as served), each
-    model on a server of its own: the 350M shape through ``ensemble_stream`` (first piece and
+    model on a server of its own: the 350M shape streamed from the ``engine`` model (first piece and
     answer), the default model through the unary ``ensemble`` (cold over resent, the resent text
     3 characters longer). Medians after a warm-up window; 16 tokens each, checked."""
     dtype, rows = served_dtype(), []
@@ -209,7 +209,7 @@ def run_served_prefix(
                 )
         row = medians(pairs[1:])  # the first window warms the server up
         if stream:
-            row = {"path": "ensemble_stream", **row}
+            row = {"path": "engine (stream)", **row}
         else:
             cold, resent = row["cold_total_s"], row["resent_total_s"]
             row = {

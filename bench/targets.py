@@ -132,7 +132,7 @@ def prefix_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     def ms(name: str) -> float | None:
         return stream[name] * 1000 if name in stream else None
 
-    how = "350M shape through ensemble_stream, openvino, 1,000-token prompt resent + 3 tokens"
+    how = "350M shape streamed from the engine, openvino, 1,000-token prompt resent + 3 tokens"
     return [
         _row(
             f"resent prompt: first token <= {RESENT_FIRST_TOKEN_MS:g} ms",

@@ -155,7 +155,7 @@ def _results() -> dict:
         "prefix_served": [
             {
                 "model": "350m",
-                "path": "ensemble_stream",
+                "path": "engine (stream)",
                 "dtype": "bfloat16",
                 "prompt_tokens": 1000,
                 "new": 16,
