@@ -23,14 +23,19 @@ class ApiProcess(ChildServer):
         log_file: Path,
         port: int | None = None,
         checkpoint: Path | None = None,
+        context_tokens: int | None = None,
     ) -> None:
         """``checkpoint``: the served one, whose tokenizer and context the API fits repository
-        context to (else the API's default, ``make model``'s)."""
+        context to (else the API's default, ``make model``'s); ``context_tokens``: that budget
+        (the API's ``--context-tokens``; else its default)."""
         super().__init__(port or free_port(), log_file)
         self.grpc_url, self.checkpoint = grpc_url, checkpoint
+        self.context_tokens = context_tokens
 
     def start(self) -> ApiProcess:
         served = ["--checkpoint", str(self.checkpoint)] if self.checkpoint else []
+        if self.context_tokens is not None:
+            served += ["--context-tokens", str(self.context_tokens)]
         return self.spawn(
             [
                 sys.executable,

@@ -307,6 +307,9 @@ def test_editor_requests_must_be_answered_or_abandoned():
         check.status == checks.FAIL and "1 failed" in check.detail and "PREFIX-ONLY" in check.detail
     )
     assert checks.editor_check({**phase, "figures": {**figures, "errors": 0}}).status == checks.PASS
+    unanswered = {**figures, "errors": 0, "answered": 0, "abandoned": 10}
+    check = checks.editor_check({**phase, "figures": unanswered})
+    assert check.status == checks.FAIL and "none answered" in check.detail
     assert checks.editor_check({"done": False, "error": "no answer"}).status == checks.FAIL
     assert checks.editor_check({"done": False, "note": "skipped"}).status == "SKIP"
 

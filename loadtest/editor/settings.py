@@ -8,6 +8,7 @@ from pathlib import Path
 
 from loadtest.editor.drill import DRILL_TOKENS
 from loadtest.editor.typist import TypingStyle
+from loadtest.editor.window import ANCHOR_CHARS
 from reporting.triton import Endpoints
 from serving.paths import MODEL_REPOSITORY
 
@@ -53,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Endpo
     add(
         "--anchor-chars",
         type=int,
-        default=512,
+        default=ANCHOR_CHARS,
         help="the prefix's cut moves in steps of this "
         "many characters, at a line start, so a prefix cache can reuse it; 0: the exact tail",
     )

@@ -16,12 +16,15 @@ from tokenizers import Tokenizer
 MARGIN_TOKENS = 8  # a cut string re-encoded may merge differently; FIM adds a few tokens
 CHARS_PER_TOKEN_MAX = 16  # read this many characters per budgeted token before counting
 
-# What a real editor sends (Continue's default): the file around the cursor within 1,024
-# tokens, and chunks of other open files as repository context (input_extra), which the API
-# fits within its own budget (openai_api/repo_context.py). No editor sends a whole 8k-token file
-# at every keystroke.
+# What a real editor sends (Continue's default): a prompt of at most 1,024 tokens, the file
+# around the cursor and chunks of other open files as repository context (input_extra), which
+# the API fits within its own budget (openai_api/repo_context.py). No editor sends a whole
+# 8k-token file at every keystroke. Of the 1,024, the file takes all but CHUNK_TOKENS when
+# chunks go with it; two 12-line chunks of the held-out files are 85 tokens each at the median.
 EDITOR_PROMPT_TOKENS = 1024
-CONTEXT_CHUNKS, CHUNK_LINES = 2, 40
+CONTEXT_CHUNKS, CHUNK_LINES, CHUNK_TOKENS = 2, 12, 256
+# The prefix's cut moves in steps of this many characters (a cache-aware editor's window)
+ANCHOR_CHARS = 512
 
 
 def neighbour_chunks(files: Sequence[Path], path: Path) -> list[dict]:

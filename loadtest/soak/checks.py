@@ -218,7 +218,8 @@ def editor_figures(rows: pd.DataFrame) -> dict[str, Any]:
 
 
 def editor_check(phase: dict[str, Any]) -> Check:
-    """The editor phase ran, and its requests were answered or abandoned: none failed."""
+    """The editor phase ran, and its requests were answered or abandoned: none failed, and
+    some were answered (a phase whose every request was left before its answer served no one)."""
     name = "editor requests answered or abandoned"
     if not phase.get("done"):
         if "error" in phase:
@@ -227,6 +228,8 @@ def editor_check(phase: dict[str, Any]) -> Check:
     f, problems = phase["figures"], list(phase["typist_failures"])
     if phase["stuck_typists"]:
         problems.append(f"{phase['stuck_typists']} typist(s) stuck")
+    if f["requests"] and not f["answered"]:
+        problems.append("none answered before its typist moved on")
     suffix = "" if phase["suffix"]["send"] else " (PREFIX-ONLY: the server refused the suffix)"
     return Check(
         name,

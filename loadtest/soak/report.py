@@ -109,6 +109,7 @@ def _editor(editor: dict[str, Any]) -> str:
         duration=f"{editor['duration_s']:.0f}",
         max_tokens=editor["max_tokens"],
         budget=editor["prompt_budget_tokens"],
+        file_budget=editor.get("file_budget_tokens", editor["prompt_budget_tokens"]),
         suffix=suffix["note"],
         refused=f"**{suffix['note']}**\n\n" if refused else "",
     )

@@ -28,6 +28,8 @@ from loadtest.editor.systems import triton_system
 from loadtest.editor.typist import TypingStyle, Typist, Visit
 from loadtest.editor.users import EditorTypist, Walk
 from loadtest.editor.window import (
+    ANCHOR_CHARS,
+    CHUNK_TOKENS,
     EDITOR_PROMPT_TOKENS,
     MARGIN_TOKENS,
     CheckpointTokenizer,
@@ -107,16 +109,21 @@ def editor_phase(s: Any, runner: Any) -> dict[str, Any]:
     if s.editor_duration <= 0:
         return {"done": False, "note": "skipped (--editor-duration 0)"}
     served = checkpoint_dir(s.model_repository)
-    api = ApiProcess(s.endpoints.grpc, s.out / "openai_api.log", checkpoint=served)
+    # an editor's prompt: 1,024 tokens in all, chunks included (the API drops a chunk that
+    # would go over, and counts it in usage); the file's window is anchored, so that the
+    # engine's prefix cache reuses it from keystroke to keystroke, as with a cache-aware editor
+    budget = EDITOR_PROMPT_TOKENS + s.editor_max_tokens
+    api = ApiProcess(
+        s.endpoints.grpc, s.out / "openai_api.log", checkpoint=served, context_tokens=budget
+    )
     files = held_out_files()
     try:
         try:
-            context = min(
-                model_context(s.model_repository),
-                EDITOR_PROMPT_TOKENS + s.editor_max_tokens + MARGIN_TOKENS,
-            )
+            context = min(model_context(s.model_repository), budget + MARGIN_TOKENS)
             tokenizer = CheckpointTokenizer(served)
-            clipper = Clipper(tokenizer, context, s.editor_max_tokens)
+            clipper = Clipper(
+                tokenizer, context - CHUNK_TOKENS, s.editor_max_tokens, anchor_chars=ANCHOR_CHARS
+            )
             api.start().wait_ready()
             sender = Sender("openai", api.url.removeprefix("http://"), s.editor_max_tokens)
             mode = probe(sender.open, True)
@@ -150,7 +157,7 @@ def editor_phase(s: Any, runner: Any) -> dict[str, Any]:
         log.info(
             f"editor phase: {s.editor_typists} typists through the API for "
             f"{s.editor_duration:.0f}s, prompts up to {clipper.budget} tokens of the file "
-            f"and chunks of other files"
+            f"and chunks of other files, {budget - s.editor_max_tokens} in all"
         )
         runner.start(s.editor_typists, spawn_rate=100, user_classes=[SoakTypist])
         hard_end = began + s.editor_duration + SOAK_STYLE.longest_step_s + 30
@@ -163,7 +170,8 @@ def editor_phase(s: Any, runner: Any) -> dict[str, Any]:
         "typists": s.editor_typists,
         "duration_s": s.editor_duration,
         "max_tokens": s.editor_max_tokens,
-        "prompt_budget_tokens": clipper.budget,
+        "prompt_budget_tokens": budget - s.editor_max_tokens,
+        "file_budget_tokens": clipper.budget,
         "lone_first_token_s": alone.first_token_s,
         "suffix": asdict(mode),
         "stuck_typists": runner.user_count,
