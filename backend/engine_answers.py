@@ -194,9 +194,12 @@ class TextStream:
         self._queued = False  # a flush is waiting in deliveries
         self._unsent = 0  # generated, their response not yet handed over
         self._gone = False
+        self.generating = False  # its first token came: its prompt is prefilled
+        self.passes_waited = 0  # engine passes seen since it was submitted, before its first token
 
     def on_token(self, token_id: int, log_prob: float) -> None:
         with self._lock:
+            self.generating = True
             if self._gone:
                 return
             self._tokens.append(token_id)
@@ -211,6 +214,18 @@ class TextStream:
         with self._lock:
             self._result = result
             self._queue()
+
+    def ask_if_left(self) -> None:
+        """(deliveries' thread, after an engine step) Whether the client of a stream still in
+        its prefill went away: a long prompt is prefilled in chunks, one per step, and sends no
+        piece until it ends, so without this a prompt nobody waits for any more is prefilled
+        to its end. Asked on the thread that sends the final response, and only while its
+        result has not come: asking a request already answered crashes r24.10."""
+        with self._lock:
+            waiting = not self.generating and self._result is None and not self._gone
+        if waiting and self.handle is not None and self.sender.is_cancelled():
+            self._gone = True
+            self.handle.cancel()  # the engine drops the row before its next step
 
     def stop(self) -> None:
         """A stop request named this stream: it ends with an error saying so."""

@@ -22,7 +22,7 @@ import triton_python_backend_utils as pb_utils
 
 from backend.bls_ready import ReadyTeller, TellingSender, owner_pid
 from backend.cancel import CancelListener, CancelRegistry
-from backend.engine_answers import Deliveries, Reply, TextStream
+from backend.engine_answers import KEEP_UP_S, Deliveries, Reply, TextStream
 from backend.engine_hooks import EngineHooks, load_hooks
 from backend.io import (
     FINAL,
@@ -230,8 +230,11 @@ def start_engine(args: dict) -> Stage:
     cancels = CancelRegistry()
     hooks = load_hooks(params.get("hooks_file", ""), args["model_name"])
 
+    streams = NamedStreams()
+
     def after_step() -> None:
         deliveries.keep_up()
+        streams.ask_prefilling(deliveries)
         hooks.after_step(metrics.on_idle)  # a paused engine's figures so far reach the server
 
     metrics.after_step = after_step
@@ -253,7 +256,7 @@ def start_engine(args: dict) -> Stage:
         deliveries,
         Preprocessor(checkpoint, params.get("fim_order", "auto")),
         Postprocessor(checkpoint),
-        NamedStreams(),
+        streams,
     )
 
 
@@ -340,6 +343,42 @@ class NamedStreams:
         for stream in named:
             stream.stop()
         return len(named)
+
+    def prefilling(self) -> list[TextStream]:
+        """(after a pass) The streams with no token yet that were submitted before the pass
+        before: their prompts take several passes, or wait for room. A prompt that fits in one
+        pass has its first token after it, so the streams of short prompts, nearly all under
+        load, cost no round trip here."""
+        waiting = []
+        with self._lock:
+            for named in self._open.values():
+                for stream in named:
+                    if stream.handle is None or stream.generating:
+                        continue
+                    if stream.passes_waited:
+                        waiting.append(stream)
+                    stream.passes_waited += 1
+        return waiting
+
+    def ask_prefilling(self, deliveries: Deliveries) -> None:
+        """(the engine's thread, after a step) Have deliveries ask whether the clients of the
+        streams still in their prefill went away (:meth:`TextStream.ask_if_left`), and wait
+        for the answers, so that a stream whose client left is dropped before the next step
+        rather than prefilled another chunk (a round trip to the server per such stream)."""
+        if not (waiting := self.prefilling()):
+            return
+        asked = threading.Event()
+
+        def ask() -> None:
+            try:
+                for stream in waiting:
+                    stream.ask_if_left()
+            finally:
+                asked.set()
+
+        deliveries.call(ask)
+        if not asked.wait(KEEP_UP_S):
+            pb_utils.Logger.log_warn("no answer from deliveries in time: stepping on")
 
 
 def _request_key(request) -> str:

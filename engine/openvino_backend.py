@@ -282,7 +282,9 @@ class OpenVINOBackend(QueueWorker[_Request]):
                 new_tokens += self._take(entry, outputs[0] if outputs else None)
             elif _finished(handle):
                 self._end(entry, "error", "the pipeline ended the request without an answer")
-        if self.observer is not None and rows:
+        if self.observer is not None and (rows or self._running):
+            # a pass that only prefilled a chunk of a long prompt is a step with no rows: the
+            # observer still hears of it (the stage asks then whether a prefilling client left)
             self.observer.on_step(rows, new_tokens, prompt_tokens, seconds)
 
     def _take(self, entry: _Request, output) -> int:

@@ -71,10 +71,22 @@ def model_repository(tmp_path_factory, tiny_checkpoint) -> Path:
     return serving_repository(tmp_path_factory, tiny_checkpoint, "torch")
 
 
+# The tests' openvino engine prefills 64 prompt tokens a pass, so that a prompt within the tiny
+# model's 512-token context takes several passes (tests/test_abandoned_requests.py)
+OPENVINO_PREFILL_CHUNK = 64
+
+
 @pytest.fixture(scope="session")
 def openvino_model_repository(tmp_path_factory, tiny_checkpoint) -> Path:
     """The tiny model served by the openvino backend (the CPU default)."""
-    return serving_repository(tmp_path_factory, tiny_checkpoint, "openvino")
+    repo = serving_repository(tmp_path_factory, tiny_checkpoint, "openvino")
+    config = repo / ENGINE_MODEL / "config.pbtxt"
+    chunk = '"engine_max_prefill_tokens" value: { string_value: "256" }'
+    assert chunk in config.read_text(), "engine/config.pbtxt's prefill chunk changed"
+    config.write_text(
+        config.read_text().replace(chunk, chunk.replace("256", str(OPENVINO_PREFILL_CHUNK)))
+    )
+    return repo
 
 
 @pytest.fixture(scope="session")

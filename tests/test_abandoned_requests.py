@@ -10,8 +10,10 @@ import sys
 
 import pandas as pd
 import tritonclient.grpc as grpcclient
+from conftest import OPENVINO_PREFILL_CHUNK
 from engine_hold import advance_until, engine_held, wait_for
 from server_metrics import dropped_since, engine_counters, sample, scrape
+from tokenizers import Tokenizer
 
 from client.request import CompletionRequest, requested_outputs
 from contract import metrics as names
@@ -50,6 +52,51 @@ def test_a_stream_its_grpc_client_cancels_gives_its_row_back(server):
     generated = after[names.ENGINE_GENERATED_TOKENS] - before[names.ENGINE_GENERATED_TOKENS]
     assert generated < 400, f"{generated:.0f} of 400 tokens generated for nobody"
     wait_for(lambda: running(server) == 0, "the cancelled stream still holds an engine row")
+
+
+def test_a_stream_left_in_its_prefill_is_dropped_before_its_first_token(
+    openvino_server, tiny_checkpoint
+):
+    """A prompt of about 400 tokens, which the tests' openvino engine prefills 64 a pass
+    (conftest.py): its client leaves after the first pass, and the engine, advanced one pass at
+    a time, drops the stream between two chunks, before its prefill ends: not one token is
+    generated for it. (Before the engine asked after each pass, a stream sent nothing while it
+    prefilled, so its departure was seen only at its first token: the whole prompt was
+    prefilled for nobody.) By construction: the engine holds after the first pass."""
+    tokenizer = Tokenizer.from_file(str(tiny_checkpoint / "tokenizer.json"))
+    line = "    total = total + values[index] * weights[index]\n"
+    prompt = "def f(values, weights):\n" + line * (
+        400 // len(tokenizer.encode(line, add_special_tokens=False).ids)
+    )
+    passes = len(tokenizer.encode(prompt, add_special_tokens=False).ids) / OPENVINO_PREFILL_CHUNK
+    assert passes > 5, f"the prompt takes {passes:.1f} passes: too few to leave in between"
+    server, before = openvino_server, engine_counters(openvino_server)
+    request = CompletionRequest((prompt,), max_tokens=8, temperature=0.0)
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with engine_held(server, after_steps=1):
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        client.async_stream_infer(
+            ENGINE_MODEL, request.infer_inputs(grpcclient), outputs=requested_outputs(grpcclient)
+        )
+        wait_for(lambda: running(server) >= 1, "the stream never reached the engine")
+        client.stop_stream(cancel_requests=True)
+        advance_until(
+            server,
+            lambda: dropped_since(server, before),
+            "the engine never dropped the stream its client left in its prefill",
+            tokens=1,
+        )
+    client.close()
+    after = engine_counters(server)
+    generated = after[names.ENGINE_GENERATED_TOKENS] - before[names.ENGINE_GENERATED_TOKENS]
+    assert generated == 0, f"{generated:.0f} token(s) generated: its prefill ran to its end"
+    pieces = []
+    while not answers.empty():
+        result, _ = answers.get()
+        pieces += [] if result is None else [result]
+    assert not pieces, f"{len(pieces)} piece(s) reached a client that had left"
+    wait_for(lambda: running(server) == 0, "the dropped stream still holds an engine row")
 
 
 def test_hundreds_of_abandoned_requests_leave_the_full_capacity(server, tmp_path):

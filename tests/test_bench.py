@@ -13,6 +13,8 @@ from bench import report
 from bench.format import fmt, machine_label, markdown_table, ratio, text_table, verdict
 from bench.kernels import fit_tokens, measure
 from bench.load import Measurement, served_engine_settings, windowed_rate
+from bench.prefill import Prompts
+from bench.prefill import measure as prefill_measure
 from bench.settings import KernelPlan, make_plan, parse_list
 from bench.tables import kernel_comparison, step_cost
 
@@ -336,3 +338,13 @@ def test_bare_engine_matches_the_served_config():
     settings = served_engine_settings()
     assert settings["max_batch_size"] == int(params["engine_max_batch_size"])
     assert settings["max_prefill_tokens"] == int(params["engine_max_prefill_tokens"])
+
+
+def test_the_prefill_bench_measures_its_three_figures_on_a_server(openvino_server, tiny_checkpoint):
+    """``python -m bench.prefill``'s measurement against a running server (the tiny model, whose
+    openvino engine prefills in chunks): cold prompts are distinct, and every figure is a time."""
+    prompts = Prompts(tiny_checkpoint, seed=1)
+    assert prompts.cold(50) != prompts.cold(50)
+    figures = prefill_measure(openvino_server.grpc_url, prompts, 100, 1)
+    assert len(figures) == 3
+    assert all(0 < value < 120_000 for value in figures.values()), figures
