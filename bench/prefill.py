@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import queue
 import random
 import statistics
@@ -133,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
                 results[chunk] = measure(s.grpc_url, prompts, args.prompt, args.repeats)
         print(f"chunk {chunk}: " + ", ".join(f"{k} {v:.0f}" for k, v in results[chunk].items()))
     first = chunks[0]
-    print(f"{machine_label(machine('cpu'))}; {args.checkpoint.name}; openvino as configured")
+    made = args.checkpoint / "pretrained.json"  # make model's record of what it installed
+    model = json.loads(made.read_text()).get("name") if made.exists() else args.checkpoint.name
+    print(f"{machine_label(machine('cpu'))}; {model}; openvino as configured otherwise")
     for name in results[first]:
         figures = [(chunk, results[chunk][name]) for chunk in chunks]
         row = "  ".join(f"{c}: {v:7.0f} ({v / results[first][name]:.2f}x)" for c, v in figures)
