@@ -24,6 +24,15 @@ def running(server) -> float:
     return sample(scrape(server), names.ENGINE_RUNNING, ENGINE_MODEL) or 0.0
 
 
+def stream_to_engine(client, request: CompletionRequest, answers: queue.Queue) -> None:
+    """Send ``request`` to the engine model on a raw gRPC stream of ``client``'s; its answers
+    go to ``answers`` as ``(result, error)``."""
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    client.async_stream_infer(
+        ENGINE_MODEL, request.infer_inputs(grpcclient), outputs=requested_outputs(grpcclient)
+    )
+
+
 def test_a_stream_its_grpc_client_cancels_gives_its_row_back(server):
     """A raw gRPC stream from the engine model (the client library's stream). By construction:
     the engine is held still (tests/engine_hold.py) after its first few steps, then advanced a
@@ -35,10 +44,7 @@ def test_a_stream_its_grpc_client_cancels_gives_its_row_back(server):
     answers: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     with engine_held(server, after_steps=4):
-        client.start_stream(callback=lambda result, error: answers.put((result, error)))
-        client.async_stream_infer(
-            ENGINE_MODEL, request.infer_inputs(grpcclient), outputs=requested_outputs(grpcclient)
-        )
+        stream_to_engine(client, request, answers)
         _, error = answers.get(timeout=120)
         assert error is None, error
         client.stop_stream(cancel_requests=True)
@@ -75,10 +81,7 @@ def test_a_stream_left_in_its_prefill_is_dropped_before_its_first_token(
     answers: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     with engine_held(server, after_steps=1):
-        client.start_stream(callback=lambda result, error: answers.put((result, error)))
-        client.async_stream_infer(
-            ENGINE_MODEL, request.infer_inputs(grpcclient), outputs=requested_outputs(grpcclient)
-        )
+        stream_to_engine(client, request, answers)
         wait_for(lambda: running(server) >= 1, "the stream never reached the engine")
         client.stop_stream(cancel_requests=True)
         advance_until(
