@@ -25,9 +25,11 @@ from collections.abc import Callable
 import numpy as np
 
 from backend.io import FINAL, error_response, response
+from contract.finish import STOP_WORD
 from engine.interface import GenerationRequest, GenerationResult
 from engine.tensors import result_account, tensors_from_results
 from postprocessing.detokenize import IncrementalDecoder
+from postprocessing.stop_text import StopText
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +163,9 @@ class Row:
 class TextStream:
     """One streamed prompt, answered in text: a response with each piece the new tokens
     complete (never a split character; several tokens at once when the reader lags), then a
-    final one with the rest of the text and what happened, or an error.
+    final one with the rest of the text and what happened, or an error. A stop word found in
+    the text ends it there, with the stop word last (postprocessing/stop_text.py), even where
+    the engine's match on tokens did not end the row.
 
     Before each piece it asks Triton whether the client went away (deliveries' thread, so the
     engine never waits on that round trip); if so the row is dropped at the engine's next step.
@@ -176,9 +180,14 @@ class TextStream:
         deliveries: Deliveries,
         requested: frozenset[str] | None = None,
         client_id: str = "",
+        stop_words: tuple[str, ...] = (),
     ):
         self.sender, self.done, self.handle = sender, done, None
         self.decoder = decoder
+        self.stop_text = StopText(stop_words)
+        self.prompt_ids = row.prompt_ids
+        self.generated: list[int] = []  # the tokens whose text was sent
+        self._ended = False  # a stop word in the text ended it: its final response is sent
         self.deliveries = deliveries
         self.requested = requested
         self.client_id = client_id
@@ -253,7 +262,7 @@ class TextStream:
             self._unsent -= len(tokens)
             if self._unsent < self.deliveries.run_ahead or self._gone or result is not None:
                 self.deliveries.behind(id(self), False)
-        if result is not None:
+        if result is not None and not self._ended:
             self._send_end(result)
 
     def _outputs(self, piece: str) -> dict[str, np.ndarray]:
@@ -266,22 +275,41 @@ class TextStream:
         }
 
     def _send_text(self, tokens: list[int], log_probs: list[float]) -> None:
-        self.length += len(tokens)
-        self.cumulative += sum(log_probs)
-        self._unsent_log_probs.extend(log_probs)
-        piece = "".join(self.decoder.push(token) for token in tokens)
-        if not piece:
+        piece, stopped, before = "", False, len(self.generated)
+        for token in tokens:  # one by one: a stop word's last token is where the answer ends
+            self.generated.append(token)
+            text, stopped = self.stop_text.push(self.decoder.push(token))
+            piece += text
+            if stopped:
+                break
+        count = len(self.generated) - before
+        self.length += count
+        self.cumulative += sum(log_probs[:count])
+        self._unsent_log_probs.extend(log_probs[:count])
+        if not piece and not stopped:
             return  # a character not complete yet: its tokens go with the next piece
         if self.sender.is_cancelled():  # the client left: stop generating for it
             self._gone = True
             self.handle.cancel()
             return
         try:
-            self.sender.send(response(self._outputs(piece), self.requested))
+            if stopped:
+                self._end_at_stop_word(piece)
+            else:
+                self.sender.send(response(self._outputs(piece), self.requested))
         except Exception:
             self._gone = True  # the request cannot be answered any more: stop generating it
             self.handle.cancel()
             raise
+
+    def _end_at_stop_word(self, piece: str) -> None:
+        """The text reached a stop word: answer with it and the account now, and drop the row
+        (its later tokens and its end are not sent: the request is answered)."""
+        self._gone = self._ended = True
+        self.handle.cancel()
+        ended = GenerationResult(self.prompt_ids, self.generated, [], STOP_WORD)
+        outputs = self._outputs(piece) | result_account([ended])
+        self.sender.send(response(outputs, self.requested), flags=FINAL)
 
     def _send_end(self, result: GenerationResult) -> None:
         message = result.error
@@ -290,7 +318,9 @@ class TextStream:
         if message is not None:
             self.sender.send(error_response(message), flags=FINAL)
             return
-        outputs = self._outputs(self.decoder.flush()) | result_account([result])
+        tail, stopped = self.stop_text.push(self.decoder.flush())
+        outputs = self._outputs(tail if stopped else tail + self.stop_text.flush())
+        outputs |= result_account([result])
         self.sender.send(response(outputs, self.requested), flags=FINAL)
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
@@ -36,6 +37,7 @@ from backend.stop_request import stop_named
 from contract import metrics as names
 from contract.options import DEFAULT_MAX_BEAM_WIDTH, EDITOR_STOP_REASONS, InvalidRequestError
 from contract.tensors import ENGINE_INPUTS, ENGINE_REQUEST, STOP_INPUT
+from contract.words import decode_words
 from engine.fallback import REASONS, with_fallback
 from engine.interface import GenerationBackend, GenerationResult, Listener
 from engine.models import load_model
@@ -415,7 +417,9 @@ def _read(stage: Stage, request, key: str, sender):
     def done() -> None:
         stage.streams.remove(key, stream)
 
-    stream = TextStream(sender, rows[0], decoder, done, stage.deliveries, requested, key)
+    words = np.asarray(arrays["INPUT_3"]).reshape(-1)[0]  # checked by the tokenizing above
+    words = tuple(decode_words(words.decode() if isinstance(words, bytes) else str(words)))
+    stream = TextStream(sender, rows[0], decoder, done, stage.deliveries, requested, key, words)
     stage.streams.add(key, stream)
     return rows, [stream]
 

@@ -41,7 +41,7 @@ class CompletionStream(Closing, Iterator[str]):
         self._log_probs: list[float] = []
         self._first: Piece | None = None
         self._last: Piece | None = None
-        self._last_any: Piece | None = None
+        self._accounted: Piece | None = None  # the piece with the engine's account
         self._first_piece_s: float | None = None
         self.completion: Completion | None = None
 
@@ -61,7 +61,8 @@ class CompletionStream(Closing, Iterator[str]):
             except StopIteration:
                 self._finish()
                 raise
-            self._last_any = piece
+            if piece.finish_reason is not None:
+                self._accounted = piece
             if piece.sequence_length is not None:
                 self._first = self._first or piece
                 self._last = piece
@@ -94,9 +95,15 @@ class CompletionStream(Closing, Iterator[str]):
             first_piece_s=self._first_piece_s,
         )
 
+    @property
+    def finish_reason(self) -> str | None:
+        """Why the generation ended, once the final piece came (the engine's reason,
+        contract/finish.py), even before the iteration ended; None before."""
+        return self._accounted.finish_reason if self._accounted else None
+
     def _account(self, name: str, otherwise):
         """The engine's account on the last piece, or ``otherwise`` from a server without it."""
-        value = getattr(self._last_any, name, None) if self._last_any else None
+        value = getattr(self._accounted, name, None) if self._accounted else None
         return otherwise if value is None else value
 
     def cancel(self) -> None:

@@ -42,6 +42,15 @@ def decode_words(text: str) -> list[str]:
     return [word for word in rows[0] if word]
 
 
+def without_stop_word(text: str, words: Sequence[str]) -> str:
+    """A stream's last piece less the stop word that ended it, for a client that wants the text
+    before it (OpenAI's ``stop``). A stream that a stop word ends ends with the whole of it, and
+    no piece before holds any of it (postprocessing/stop_text.py): of the words the text ends
+    with, the longest is the one it stopped at."""
+    ending = [word for word in words if word and text.endswith(word)]
+    return text[: len(text) - max(map(len, ending))] if ending else text
+
+
 def word_list(words_per_row: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
     """FasterTransformer layout [N, 2, L] for N rows of tokenized words."""
     flat = [[t for word in words for t in word] for words in words_per_row]

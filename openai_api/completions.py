@@ -59,8 +59,11 @@ async def run_choices(
     """Every choice, whole, in order; raises :class:`ClientLeftError` (after cancelling them
     all) if the client leaves first. ``streamed``: from the engine model whatever the
     request (a prompt with special tokens, which the unary ensemble's text does not echo)."""
-    choose = api.backend.open_stream if streamed else api.backend.choice
-    choices: list[PendingChoice] = [await api.call(choose, r, stops) for r in requests]
+    backend = api.backend
+    choices: list[PendingChoice] = [
+        await (api.call(backend.open_stream, r) if streamed else api.call(backend.choice, r, stops))
+        for r in requests
+    ]
     work = asyncio.ensure_future(asyncio.gather(*(api.call(c.run) for c in choices)))
     if await done_before_client_left(request, work):
         return work.result()

@@ -2,9 +2,8 @@
 
 Two ways to the ensemble, both through :class:`client.CodegenClient`:
 
-- **Streamed** (``stream: true``, or stop sequences): the decoupled ``engine`` model; a stop
-  sequence found in the text, or a client that leaves, cancels the gRPC stream and the engine
-  drops the sequence.
+- **Streamed** (``stream: true``, or stop sequences): the decoupled ``engine`` model; a
+  client that leaves cancels the gRPC stream and the engine drops the sequence.
 - **Unary** (``stream: false`` and no stop sequences): the ``ensemble`` pipeline, exactly what
   gRPC and HTTP clients use, so the load test measures only this layer's overhead. Each goes
   with a request id of its own; a client that leaves gets it stopped by a stop request with
@@ -13,10 +12,10 @@ Two ways to the ensemble, both through :class:`client.CodegenClient`:
 Both report the engine's own account: the prompt tokens it ran, the tokens it generated and
 why it ended (contract/finish.py), which becomes ``usage`` and ``finish_reason``.
 
-OpenAI stop sequences are matched on text here and cut from the output, and the stream is then
-cancelled. They are also sent to the engine as stop words, which it matches on tokens; the text
-match is still needed: OpenAI leaves the stop sequence out of the text, which the engine keeps,
-and it finds a sequence that the model spells with other tokens than the stop word's.
+OpenAI stop sequences go to the engine as stop words. A stream ends at the first one in its
+text, matched where the text is decoded, even where the model spells it with other tokens than
+the stop word's (postprocessing/stop_text.py), and its last piece ends with it; OpenAI leaves
+it out, so it is cut from that piece here (``contract.words.without_stop_word``).
 """
 
 from __future__ import annotations
@@ -42,6 +41,7 @@ from client import (
     resolve_target,
 )
 from contract.finish import STOP_WORD, openai_reason
+from contract.words import without_stop_word
 from openai_api.capabilities import count_tokens
 from openai_api.prompt_counter import PROBE_PROMPT, PromptCounter
 from openai_api.repo_context import ContextChunk, FittedContext, fit_context
@@ -73,35 +73,6 @@ def engine_account(done: Completion) -> tuple[int, int, str]:
     return done.prompt_tokens, done.completion_tokens, done.finish_reason
 
 
-class StopMatcher:
-    """Finds the first stop sequence in streamed text; holds back text that could begin one,
-    so nothing after (or part of) a stop sequence is ever sent."""
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = tuple(stops)
-        self.held = ""
-
-    def push(self, piece: str) -> tuple[str, bool]:
-        """(text safe to send now, whether a stop sequence was found)."""
-        text = self.held + piece
-        hits = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
-        if hits:
-            self.held = ""
-            return text[: min(hits)], True
-        hold = 0
-        for stop in self.stops:
-            for size in range(min(len(stop) - 1, len(text)), hold, -1):
-                if text.endswith(stop[:size]):
-                    hold = size
-                    break
-        self.held = text[len(text) - hold :] if hold else ""
-        return text[: len(text) - hold], False
-
-    def flush(self) -> str:
-        held, self.held = self.held, ""
-        return held
-
-
 class ChoiceStream(Iterator[str]):
     """One choice streamed from the ``engine`` model: text pieces with stop sequences applied.
 
@@ -111,7 +82,7 @@ class ChoiceStream(Iterator[str]):
 
     def __init__(self, stream: CompletionStream, stops: Sequence[str]) -> None:
         self._stream = stream
-        self._matcher = StopMatcher(stops)
+        self.stops = tuple(stops)  # the stop words it was sent with
         self._done = False
         self._primed: list[str] = []
         self.result: ChoiceResult | None = None
@@ -134,36 +105,20 @@ class ChoiceStream(Iterator[str]):
                 piece = next(self._stream)
             except StopIteration:
                 self._done = True
-                tail = self._matcher.flush()
-                self._finish(stopped=False)
-                if tail:
-                    self.text += tail
-                    return tail
+                self._finish()
                 break
-            text, stopped = self._matcher.push(piece)
-            if stopped:
-                self._done = True
-                # cancel what is still generating; the closed stream then ends, and its
-                # completion counts exactly the tokens of the pieces received
-                self._stream.close()
-                with contextlib.suppress(StopIteration):
-                    next(self._stream)
-                self._finish(stopped=True)
-            if text:
-                self.text += text
-                return text
+            if self._stream.finish_reason == STOP_WORD:  # the last piece, ending with it
+                piece = without_stop_word(piece, self.stops)
+            if piece:
+                self.text += piece
+                return piece
         raise StopIteration
 
-    def _finish(self, stopped: bool) -> None:
+    def _finish(self) -> None:
         done = self._stream.completion
         if done is None:
             raise CodegenError("the stream ended without its token counts")
-        if stopped:  # this layer closed the stream at a stop sequence: the engine never ended it
-            prompt, generated, reason = done.prompt_tokens, done.completion_tokens, STOP_WORD
-            if prompt is None or generated is None:
-                raise CodegenError("the stream ended without its token counts")
-        else:
-            prompt, generated, reason = engine_account(done)
+        prompt, generated, reason = engine_account(done)
         self.result = ChoiceResult(
             text=self.text,
             prompt_tokens=prompt,
@@ -310,15 +265,15 @@ class Backend:
             self._probed_at, self._probe_problem = time.monotonic(), problem
             return problem
 
-    def open_stream(self, request: CompletionRequest, stops: Sequence[str]) -> ChoiceStream:
-        return ChoiceStream(self.client().open_stream(request), stops)
+    def open_stream(self, request: CompletionRequest) -> ChoiceStream:
+        return ChoiceStream(self.client().open_stream(request), request.stop_words)
 
     def choice(self, request: CompletionRequest, stops: Sequence[str]) -> PendingChoice:
         """One non-streamed choice, to run: unary when no stop sequence is asked for; else
         streamed, which stops at a stop sequence found in the text even where the engine's
         token match misses it. Either can be cancelled while it runs (a client that leaves)."""
         if stops:
-            return self.open_stream(request, stops)
+            return self.open_stream(request)
         return UnaryChoice(self, request)
 
     def complete(self, request: CompletionRequest, stops: Sequence[str]) -> ChoiceResult:

@@ -185,7 +185,7 @@ async def infill(request: Request, api: Annotated[ApiState, Depends(authorized)]
         api.slots.release()
         raise
     if job.stream:
-        return await _stream(api, request, completion, job.stops, context)
+        return await _stream(api, request, completion, context)
     try:
         (result,) = await run_choices(api, request, [completion], job.stops)
     except ClientLeftError:
@@ -201,7 +201,6 @@ async def _stream(
     api: ApiState,
     request: Request,
     completion: CompletionRequest,
-    stops: tuple[str, ...],
     context: FittedContext,
 ):
     released = False
@@ -216,7 +215,7 @@ async def _stream(
             api.slots.release()
 
     try:
-        choice = StreamedChoice(0, await api.call(api.backend.open_stream, completion, stops))
+        choice = StreamedChoice(0, await api.call(api.backend.open_stream, completion))
         await primed(api, request, [choice])
     except ClientLeftError:
         cleanup()

@@ -153,7 +153,7 @@ async def stream_completion(
 
     try:
         for i, completion in enumerate(job.requests):
-            stream = await api.call(api.backend.open_stream, completion, job.stops)
+            stream = await api.call(api.backend.open_stream, completion)
             choices.append(StreamedChoice(i, stream))
         await primed(api, request, choices)
     except ClientLeftError:

@@ -222,6 +222,22 @@ def test_stop_and_bad_words(codegen):
     assert "".join(banned) == codegen.complete(PROMPT, 24, bad_words=[pieces[0]]).completion
 
 
+def test_a_stream_ends_at_a_stop_word_found_in_its_text_not_its_tokens(codegen):
+    """A stop word that no token sequence of the answer spells (it ends inside a token, or
+    spans two): the engine's match on tokens cannot see it; the stream's match on its text
+    ends the answer there, with the stop word last, and says so in the account."""
+    pieces = list(codegen.stream(PROMPT, 24))  # one piece per token for this ASCII text
+    greedy = "".join(pieces)
+    at = next(i for i in range(len(pieces) - 1) if len(pieces[i]) > 1 and pieces[i + 1])
+    stop = pieces[at][-1] + pieces[at + 1][0]
+    end = greedy.find(stop) + len(stop)
+    tokens = next(n for n in range(1, len(pieces) + 1) if len("".join(pieces[:n])) >= end)
+    stream = codegen.stream(PROMPT, 24, stop_words=[stop])
+    assert "".join(stream) == greedy[:end]
+    assert stream.completion.finish_reason == "stop_word"
+    assert stream.completion.completion_tokens == tokens < 24
+
+
 def test_log_probs(codegen):
     result = codegen.complete(PROMPT, 8, return_log_probs=True)
     assert result.log_probs is not None and len(result.log_probs) == 8

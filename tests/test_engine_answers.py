@@ -153,3 +153,54 @@ def test_a_finished_stream_never_holds_the_engine(answers):
     assert not step.is_alive()
     with pytest.raises(ValueError, match="stream_run_ahead must be at least 1"):
         answers.Deliveries(run_ahead=0)
+
+
+class RecordingSender:
+    """Records every response: its text, flags and account."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int, dict]] = []
+
+    def send(self, response=None, flags: int = 0) -> None:
+        tensors = {} if response is None else response.tensors
+        assert response is not None and response.error is None, "an error was sent"
+        piece = tensors["OUTPUT_0"].reshape(-1)[0].decode()
+        account = {
+            name: tensors[name].reshape(-1).tolist()
+            for name in ("finish_reason", "completion_tokens")
+            if name in tensors
+        }
+        self.sent.append((piece, flags, account))
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
+class CancelledHandle:
+    def __init__(self) -> None:
+        self.cancelled = 0
+
+    def cancel(self) -> None:
+        self.cancelled += 1
+
+
+def test_a_stop_word_in_the_text_ends_the_stream_at_its_token_and_drops_the_row(answers):
+    """ "2><3" is no token's text: it spans tokens 2 and 3. The stream ends with token 3's
+    text, says stop_word with 3 tokens, and the row is dropped; what the engine generated past
+    it and the row's own (cancelled) end are never sent."""
+    deliveries = answers.Deliveries(run_ahead=8)
+    sender = RecordingSender()
+    request = GenerationRequest([1, 2, 3], 8)
+    stream = answers.TextStream(
+        sender, request, Decoder(), lambda: None, deliveries, stop_words=("2><3",)
+    )
+    stream.handle = handle = CancelledHandle()
+    for token in (1, 2, 3, 4):
+        stream.on_token(token, 0.0)
+    stream.on_finish(GenerationResult([1, 2, 3], [1, 2, 3, 4], [0.0] * 4, "cancelled"))
+    deliveries.stop()
+    assert "".join(piece for piece, _, _ in sender.sent) == "<1><2><3"
+    *pieces, (_, flags, account) = sender.sent
+    assert all(flags == 0 for _, flags, _ in pieces) and flags == FINAL
+    assert account == {"finish_reason": [b"stop_word"], "completion_tokens": [3]}
+    assert handle.cancelled == 1
