@@ -186,7 +186,7 @@ class TextStream:
         self.decoder = decoder
         self.stop_text = StopText(stop_words)
         self.prompt_ids = row.prompt_ids
-        self.generated: list[int] = []  # the tokens whose text was sent
+        self.generated: list[int] = []  # the tokens read so far (their text sent or held)
         self._ended = False  # a stop word in the text ended it: its final response is sent
         self.deliveries = deliveries
         self.requested = requested
@@ -305,11 +305,12 @@ class TextStream:
     def _end_at_stop_word(self, piece: str) -> None:
         """The text reached a stop word: answer with it and the account now, and drop the row
         (its later tokens and its end are not sent: the request is answered)."""
-        self._gone = self._ended = True
+        self._gone = True
         self.handle.cancel()
         ended = GenerationResult(self.prompt_ids, self.generated, [], STOP_WORD)
         outputs = self._outputs(piece) | result_account([ended])
         self.sender.send(response(outputs, self.requested), flags=FINAL)
+        self._ended = True  # (a send that failed leaves the row's own end to close it)
 
     def _send_end(self, result: GenerationResult) -> None:
         message = result.error
