@@ -53,8 +53,10 @@ from preprocessing.tokenize import Preprocessor
 # python_backend r24.10 each metric update is a round trip to the server. Seven of them after
 # every forward pass took a third as long as the pass itself on the default model, and the ten
 # sent at every request's end were, at 16 clients, more of the answering thread's time than
-# the answers (py-spy on the engine stub under unary traffic).
-METRICS_EVERY_S = 0.05
+# the answers (py-spy on the engine stub under unary traffic). Every 50 ms, the updates still
+# held 16 unary clients at output 128 to 224-255 tok/s where every 0.25-1 s gave 323-345 (the
+# bare backend: 365; docs/performance.md); a scrape every few seconds sees no difference.
+METRICS_EVERY_S = 0.5
 
 
 class EngineMetrics:
