@@ -40,6 +40,7 @@ from contract.tensors import ENGINE_MODEL, ENSEMBLE_MODEL
 
 STOP_WAIT_S = 2.0  # how long a stream left early waits for its stop request's answer
 REPORT_WAIT_S = 5.0  # how long a stream that failed to start waits to be told why
+IDLE_STREAM_CLIENTS = 32  # gRPC stream clients kept open per server for the next streams
 _WOKEN = object()  # what a cancel puts on a stream's answer queue
 
 
@@ -114,44 +115,179 @@ class ResponseStream:
         """Leave at once, dropping the connection (what an editor does at a keystroke)."""
 
 
-class GrpcStream(ResponseStream):
-    """A gRPC stream on a client of its own (:meth:`Transport.stream_client`), or on
-    ``client``, which the caller keeps open for its next stream."""
+class StreamSession:
+    """A gRPC client and its bidirectional stream, carrying one request at a time and kept
+    open between them: the next request is one more message on it.
 
-    def __init__(
-        self, transport: Transport, model: str, inputs: list, request_id: str, client: Any = None
-    ) -> None:
+    A request that ended with its final answer leaves the stream clean, ready for the next;
+    one that failed, was stopped or cancelled closes it (an error response leaves no sign of
+    which request it ended, so nothing later could tell a stale one). A kept stream the server
+    closed meanwhile (it restarted, say) is noticed, and the next request starts a fresh one."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.open = False  # a stream is started on the client
+        self._reader: GrpcStream | None = None  # whose request the stream carries now
+
+    def send(self, reader: GrpcStream, model: str, inputs: list, request_id: str) -> None:
+        """Send ``reader``'s request, whose answers go to it until :meth:`release`."""
+        self._reader = reader
+        kept = self.open
+        if not self.open:
+            self.client.start_stream(callback=self._answer)
+            self.open = True
+        try:
+            self._infer(model, inputs, request_id)
+        except Exception:
+            if not kept:
+                raise
+            self.close(cancel=True)  # a kept stream that died unnoticed: once more, fresh
+            self.client.start_stream(callback=self._answer)
+            self.open = True
+            self._infer(model, inputs, request_id)
+
+    def _infer(self, model: str, inputs: list, request_id: str) -> None:
+        self.client.async_stream_infer(
+            model,
+            inputs,
+            outputs=self._reader.outputs,
+            request_id=request_id,
+            enable_empty_final_response=True,
+        )
+
+    def stop_request(self, model: str, request_id: str) -> None:
+        """The stop request for ``request_id`` (:meth:`GrpcStream.close`), on this stream."""
+        self.client.async_stream_infer(
+            model,
+            stop_inputs(self._reader.module),
+            request_id=request_id,
+            enable_empty_final_response=True,
+        )
+
+    def _answer(self, result: Any, error: Any) -> None:
+        reader = self._reader
+        if reader is not None:
+            reader.answer(result, error)
+        elif error is not None:  # the kept stream ended between requests
+            self.open = False
+
+    def release(self, keep_stream: bool, cancel: bool) -> bool:
+        """The request ended (or was left): keep the stream for the next request, or close
+        it (a cancel drops what it still carries). Whether the client can be used again."""
+        self._reader = None
+        if keep_stream and self.open:
+            return True
+        return self.close(cancel)
+
+    def close(self, cancel: bool) -> bool:
+        self.open = False
+        try:
+            self.client.stop_stream(cancel_requests=cancel)
+        except Exception:
+            return False
+        return True
+
+
+class StreamClients:
+    """The process's gRPC stream sessions, kept open between streams, by server.
+
+    tritonclient runs one stream at a time on an ``InferenceServerClient``, and each client
+    opens a channel of its own. Made for every request, the channel, its connection and the
+    stream (two threads) cost about 2.5 ms of each stream's first token (a warm resent prompt,
+    docs/performance.md). A request takes an idle session here and gives it back when it
+    ends, so the channel and the stream are made once and carry request after request. A
+    session never carries two requests at once (streams sharing one channel at once hung the
+    editor profile's gRPC typists under gevent, tests/test_loadtest_editor_server.py). The
+    pool is the process's, not a transport's: the API gives each worker thread a client of its
+    own, and their streams reuse the same sessions."""
+
+    def __init__(self, keep: int = IDLE_STREAM_CLIENTS) -> None:
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._idle: dict[tuple[str, bool], list[StreamSession]] = {}
+
+    def take(self, module: ModuleType, target: Target) -> StreamSession:
+        """An idle session with ``target``, or a new one."""
+        with self._lock:
+            idle = self._idle.get((target.address, target.ssl))
+            if idle:
+                return idle.pop()
+        return StreamSession(module.InferenceServerClient(target.address, ssl=target.ssl))
+
+    def give_back(self, session: StreamSession, target: Target, reusable: bool) -> None:
+        """Keep ``session`` for the next request, or close its client (its channel failed,
+        or enough are kept)."""
+        if reusable:
+            with self._lock:
+                idle = self._idle.setdefault((target.address, target.ssl), [])
+                if len(idle) < self.keep:
+                    idle.append(session)
+                    return
+        self._close(session)
+
+    def close_all(self) -> None:
+        """Close every idle session: a kept stream's reading thread would hold up the exit."""
+        with self._lock:
+            idle = [session for sessions in self._idle.values() for session in sessions]
+            self._idle.clear()
+        for session in idle:
+            self._close(session)
+
+    @staticmethod
+    def _close(session: StreamSession) -> None:
+        session.close(cancel=True)
+        with contextlib.suppress(Exception):
+            session.client.close()
+
+
+STREAM_CLIENTS = StreamClients()
+# tritonclient reads a stream on a thread that is not a daemon, and the interpreter waits for
+# such threads before it runs atexit's callbacks: this hook runs before that wait (as
+# concurrent.futures' own does)
+threading._register_atexit(lambda: STREAM_CLIENTS.close_all())
+
+
+class GrpcStream(ResponseStream):
+    """One request on a gRPC stream session taken from :data:`STREAM_CLIENTS` and given back
+    when it ends."""
+
+    def __init__(self, transport: Transport, model: str, inputs: list, request_id: str) -> None:
         super().__init__(transport)
         self.module = transport.module
         self.model, self.request_id = model, request_id
-        self.own_client = client is None
-        self.client: Any = client if client is not None else transport.stream_client()
+        self.outputs = wire.requested_outputs(self.module)
+        self.stopping = False
+        self.clean_end = False  # its final answer came, no error: the stream can carry more
+        self.unreachable = False  # the server could not be reached: the channel is not reused
+        self.session: StreamSession | None = STREAM_CLIENTS.take(self.module, transport.target)
         try:
-            self.client.start_stream(callback=self._answer)
-            self.client.async_stream_infer(
-                model,
-                inputs,
-                outputs=wire.requested_outputs(self.module),
-                request_id=request_id,
-                enable_empty_final_response=True,
-            )
+            self.session.send(self, model, inputs, request_id)
         except Exception as exc:
             # a stream that failed (e.g. nothing listens) reports why through the callback,
             # which tritonclient calls just after it marks the stream invalid: wait for it
             reported = None
             with contextlib.suppress(queue.Empty):
                 reported = self.answers.get(timeout=REPORT_WAIT_S)[1]
+            self.unreachable = True
             self._end(cancel=False)
             raise transport.error(reported or exc) from exc
 
-    def _answer(self, result: Any, error: Any) -> None:
-        self.answers.put((None if result is None else Piece.from_result(result), error))
+    def answer(self, result: Any, error: Any) -> None:
+        """(the stream's thread) One answer: for this request, or its stop request's."""
+        if error is not None:
+            self.clean_end = False
+            self.unreachable |= getattr(error, "status", lambda: None)() == "StatusCode.UNAVAILABLE"
+            self.answers.put((None, error))
+            return
+        piece = Piece.from_result(result)
+        self.clean_end = piece.final and not self.stopping
+        self.answers.put((piece, None))
 
     def close(self) -> None:
         """A stop request with the stream's id on the stream, then the stream closed; a gRPC
         cancel only if the stop went unanswered: Triton 2.51 races a cancellation that
         arrives while a request completes (triton-inference-server/server#7840)."""
-        if self.client is not None and not self.finished:
+        if self.session is not None and not self.finished:
             with contextlib.suppress(Exception):
                 self.finished = self._send_stop()
         self._end(cancel=not self.finished)
@@ -162,12 +298,8 @@ class GrpcStream(ResponseStream):
     def _send_stop(self) -> bool:
         """Send the stop request and wait (a little) until both it and the stream's request
         ended: True when both did."""
-        self.client.async_stream_infer(
-            self.model,
-            stop_inputs(self.module),
-            request_id=self.request_id,
-            enable_empty_final_response=True,
-        )
+        self.stopping = True
+        self.session.stop_request(self.model, self.request_id)
         ends, deadline = 0, time.monotonic() + STOP_WAIT_S
         while ends < 2 and (left := deadline - time.monotonic()) > 0:
             try:
@@ -179,13 +311,12 @@ class GrpcStream(ResponseStream):
         return ends == 2
 
     def _end(self, cancel: bool) -> None:
-        client, self.client = self.client, None
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.stop_stream(cancel_requests=cancel)
-            if self.own_client:
-                with contextlib.suppress(Exception):
-                    client.close()
+        session, self.session = self.session, None
+        if session is None:
+            return
+        keep = self.finished and self.clean_end and not cancel
+        reusable = session.release(keep, cancel) and not self.unreachable
+        STREAM_CLIENTS.give_back(session, self.transport.target, reusable)
 
 
 class SseStream(ResponseStream):
@@ -297,13 +428,6 @@ class Transport(Closing):
             self._client = self.module.InferenceServerClient(self.target.address, **kwargs)
         return self._client
 
-    def stream_client(self) -> Any:
-        """A gRPC client for one stream, with a channel of its own. Streams sharing the unary
-        client's channel (a copy of it, client/channel.py) hung the editor profile's gRPC
-        typists (tests/test_loadtest_editor_server.py, under gevent): not used until that is
-        understood."""
-        return self.module.InferenceServerClient(self.target.address, ssl=self.target.ssl)
-
     @functools.cached_property
     def http(self) -> Any:
         """One ``httpx`` client for every HTTP stream: a new one per request would build an
@@ -395,22 +519,17 @@ class Transport(Closing):
         return True
 
     def stream(
-        self,
-        request: CompletionRequest,
-        inputs: list | None = None,
-        request_id: str = "",
-        client: Any = None,
+        self, request: CompletionRequest, inputs: list | None = None, request_id: str = ""
     ) -> ResponseStream:
         """Stream a one-prompt request from the ``engine`` model, which takes the ensemble's
         inputs and streams text: a gRPC stream, or ``generate_stream`` over HTTP. Not through
         ``ensemble_stream``, the same model under the ensemble's name: there the engine would
         not see this client leave (Triton 2.51 passes an ensemble's cancellation on only
-        between steps). ``inputs`` replace the request's own tensors; ``client`` carries the
-        gRPC stream (see :class:`GrpcStream`)."""
+        between steps). ``inputs`` replace the request's own tensors."""
         request_id = request_id or f"codegen-stream-{uuid.uuid4().hex}"
         if self.target.protocol == "grpc":
             inputs = inputs if inputs is not None else request.infer_inputs(self.module)
-            return GrpcStream(self, ENGINE_MODEL, inputs, request_id, client)
+            return GrpcStream(self, ENGINE_MODEL, inputs, request_id)
         scheme = "https" if self.target.ssl else "http"
         url = f"{scheme}://{self.target.address}/v2/models/{ENGINE_MODEL}/generate_stream"
         return SseStream(self, url, generate_body(request), Piece.from_generate)

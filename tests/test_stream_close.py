@@ -2,7 +2,10 @@
 a stop request first, then the stream closed without a gRPC cancel once both the stream and the
 stop request ended. Triton 2.51 can segfault when a cancellation arrives while a request is
 completing (triton-inference-server/server#7840), and the stop makes the request complete at
-just that moment. A cancel is sent only when the server does not answer the stop in time."""
+just that moment. A cancel is sent only when the server does not answer the stop in time.
+
+And how the next request reuses the client and, after a clean end, its open stream
+(client/transport.py ``StreamClients``)."""
 
 from __future__ import annotations
 
@@ -49,14 +52,13 @@ class _FakeTriton:
         self.callback: Any = None
         self.cancelled: bool | None = None
         self.requests: list[list[str]] = []
-        self._channel: Any = None  # what a stream's client shares (client/channel.py)
+        self.starts = 0  # streams started on this client
         _FakeTriton.instances.append(self)
-
-    def __copy__(self) -> _FakeTriton:
-        return self  # a stream's client on the transport's channel: here, the fake itself
 
     def start_stream(self, callback: Any) -> None:
         self.callback = callback
+        self.starts += 1
+        self.cancelled = None
 
     def async_stream_infer(self, model: str, inputs: list, **_: Any) -> None:
         names = [tensor.name() for tensor in inputs]
@@ -83,8 +85,20 @@ def _codegen(monkeypatch, answers_stop: bool) -> CodegenClient:
     )
     codegen = CodegenClient("127.0.0.1:1", "grpc")
     codegen.transport.module = fake  # the stream opens its client through it
+    monkeypatch.setattr(stream_module, "STREAM_CLIENTS", stream_module.StreamClients())
     _FakeTriton.instances.clear()
     return codegen
+
+
+def _whole_answers(monkeypatch) -> None:
+    """The fake answers a request with its piece and then its final flag."""
+    original = _FakeTriton.async_stream_infer
+
+    def whole_answer(self, model, inputs, **kw):
+        original(self, model, inputs, **kw)
+        self.callback(result=_Result(True, None), error=None)
+
+    monkeypatch.setattr(_FakeTriton, "async_stream_infer", whole_answer)
 
 
 def test_a_stream_left_early_is_stopped_then_closed_without_a_cancel(monkeypatch):
@@ -106,18 +120,69 @@ def test_a_stop_the_server_does_not_answer_falls_back_to_a_cancel(monkeypatch):
 
 
 @pytest.mark.parametrize("answers_stop", [True, False])
-def test_a_stream_read_to_its_end_sends_no_stop(monkeypatch, answers_stop):
+def test_a_stream_read_to_its_end_sends_no_stop_and_stays_open(monkeypatch, answers_stop):
     codegen = _codegen(monkeypatch, answers_stop)
-    original = _FakeTriton.async_stream_infer
-
-    def whole_answer(self, model, inputs, **kw):
-        original(self, model, inputs, **kw)
-        self.callback(result=_Result(True, None), error=None)
-
-    monkeypatch.setattr(_FakeTriton, "async_stream_infer", whole_answer)
+    _whole_answers(monkeypatch)
     assert "".join(codegen.stream("def f():", max_tokens=50)) == "piece"
     (fake,) = _FakeTriton.instances
-    assert len(fake.requests) == 1 and fake.cancelled is False
+    assert len(fake.requests) == 1
+    assert fake.cancelled is None  # neither closed nor cancelled: kept for the next request
+
+
+def test_the_next_request_rides_the_open_stream_of_one_that_ended_cleanly(monkeypatch):
+    codegen = _codegen(monkeypatch, answers_stop=True)
+    _whole_answers(monkeypatch)
+    for _ in range(3):
+        assert "".join(codegen.stream("def f():", max_tokens=50)) == "piece"
+    (fake,) = _FakeTriton.instances  # one client, one channel
+    assert len(fake.requests) == 3 and fake.starts == 1
+
+
+def test_a_stream_left_early_closes_its_stream_but_the_next_reuses_its_client(monkeypatch):
+    codegen = _codegen(monkeypatch, answers_stop=True)
+    stream = codegen.stream("def f():", max_tokens=50)
+    assert next(stream) == "piece"
+    stream.close()  # stopped: its stream ends with an error, which names no request
+    stream = codegen.stream("def f():", max_tokens=50)
+    assert next(stream) == "piece"
+    (fake,) = _FakeTriton.instances
+    assert fake.starts == 2 and fake.cancelled is None
+    stream.close()
+
+
+def test_a_kept_stream_the_server_ended_is_not_used_again(monkeypatch):
+    """A server that restarts ends the kept stream between two requests: its error reaches
+    nobody, and the next request starts a fresh stream on the client."""
+    codegen = _codegen(monkeypatch, answers_stop=True)
+    _whole_answers(monkeypatch)
+    assert "".join(codegen.stream("def f():", max_tokens=50)) == "piece"
+    (fake,) = _FakeTriton.instances
+    fake.callback(result=None, error=RuntimeError("Socket closed"))
+    assert "".join(codegen.stream("def f():", max_tokens=50)) == "piece"
+    assert fake.starts == 2 and len(fake.requests) == 2
+
+
+def test_a_kept_stream_that_died_unnoticed_is_replaced_once(monkeypatch):
+    """tritonclient refuses a request on a stream it knows is dead before the callback says
+    so: the request goes again on a fresh stream."""
+    from tritonclient.utils import InferenceServerException
+
+    codegen = _codegen(monkeypatch, answers_stop=True)
+    _whole_answers(monkeypatch)
+    assert "".join(codegen.stream("def f():", max_tokens=50)) == "piece"
+    (fake,) = _FakeTriton.instances
+    answering = _FakeTriton.async_stream_infer
+    refused_on = []
+
+    def dead_once(self, model, inputs, **kw):
+        if self.starts == 1:
+            refused_on.append(self.starts)
+            raise InferenceServerException("The stream is no longer in valid state")
+        answering(self, model, inputs, **kw)
+
+    monkeypatch.setattr(_FakeTriton, "async_stream_infer", dead_once)
+    assert "".join(codegen.stream("def f():", max_tokens=50)) == "piece"
+    assert refused_on == [1] and fake.starts == 2
 
 
 def test_a_stream_the_server_refused_sends_no_stop(monkeypatch):

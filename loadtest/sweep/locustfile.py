@@ -192,8 +192,8 @@ class GrpcEnsembleUser(_TransportUser):
 
 
 class StreamingUser(_TransportUser):
-    """The decoupled ``ensemble_stream`` over a gRPC stream, one client per user opened once
-    (as an editor's connection). A request is a ``stream`` row with its ``first_token_ms`` and
+    """The decoupled ``ensemble_stream`` over a gRPC stream, kept open from one request to
+    the next (as an editor's connection; client/transport.py ``StreamClients``). A request is a ``stream`` row with its ``first_token_ms`` and
     ``tokens`` (pieces); each gap between two pieces is a ``stream inter-token`` row."""
 
     request_type = "grpc-stream"
@@ -205,7 +205,7 @@ class StreamingUser(_TransportUser):
         first: float | None = None
         last, pieces, error = started, 0, None
         try:
-            for piece in self.transport.stream(request, client=self.transport.triton).pieces():
+            for piece in self.transport.stream(request).pieces():
                 if piece.text:
                     if first is None:
                         first = (piece.arrived - started) * 1000
