@@ -60,7 +60,9 @@ class ApiState:
             raise from_client_error(exc, self.settings.triton_url) from exc
 
 
-def api_state(request: Request) -> ApiState:
+async def api_state(request: Request) -> ApiState:
+    # async, as authorized: FastAPI runs a plain-def dependency on a worker thread, a hand-off
+    # each way in every request's first token
     return request.app.state.api
 
 
@@ -69,7 +71,7 @@ def error_response(error: OpenAIError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
-def authorized(request: Request, api: Annotated[ApiState, Depends(api_state)]) -> ApiState:
+async def authorized(request: Request, api: Annotated[ApiState, Depends(api_state)]) -> ApiState:
     """The state, once the request carries the API key (when the server has one)."""
     key = api.settings.api_key
     if key is None:

@@ -94,6 +94,11 @@ class ChoiceStream(Iterator[str]):
         with contextlib.suppress(StopIteration):
             self._primed.append(self._advance())
 
+    def take_primed(self) -> str:
+        """The first text :meth:`prime` waited for ("" if none), which iterating no longer
+        gives: the response can send it before the thread that reads the rest is started."""
+        return self._primed.pop() if self._primed else ""
+
     def __next__(self) -> str:
         if self._primed:
             return self._primed.pop()

@@ -178,6 +178,9 @@ async def stream_completion(
         if job.echo:
             for choice in choices:
                 yield chunk(choice.index, job.prompt_of(choice.index))
+        for choice in choices:  # the first text is here already: sent before the threads start
+            if first := choice.stream.take_primed():
+                yield chunk(choice.index, first)
         for choice in choices:
             choice.start(loop, queue)
         results: dict[int, ChoiceResult] = {}
