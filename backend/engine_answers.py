@@ -17,10 +17,11 @@ left (they were on their way to it); bounded at 1, a step waits for every stream
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from backend.io import FINAL, error_response, response
 from contract.finish import STOP_WORD
 from engine.interface import GenerationRequest, GenerationResult
 from engine.tensors import result_account, tensors_from_results
-from postprocessing.detokenize import IncrementalDecoder
+from postprocessing.detokenize import IncrementalDecoder, Postprocessor
 from postprocessing.stop_text import StopText
 
 log = logging.getLogger(__name__)
@@ -119,8 +120,10 @@ class Reply:
         self.deliveries = deliveries
         self.lock = threading.Lock()
 
-    def listeners(self) -> list[Row]:
-        return [Row(self, index) for index in range(len(self.results))]
+    def listeners(self, stops: Sequence[TextStop | None] = ()) -> list[Row]:
+        """A listener per row; ``stops``: each row's stop words to find in its text."""
+        stops = list(stops) or [None] * len(self.results)
+        return [Row(self, index, stop) for index, stop in enumerate(stops)]
 
     def finish(self, index: int, result: GenerationResult) -> None:
         with self.lock:
@@ -142,21 +145,65 @@ class Reply:
             self.sender.send(response(outputs, self.requested), flags=FINAL)
 
 
+class TextStop:
+    """A unary row's stop words found in its text, as :class:`TextStream` finds a stream's:
+    the engine matches them on tokens only, and the model may write a stop word in other
+    tokens (one that ends inside a token, or a ``"\\n\\n"`` inside ``"\\n\\n\\n"``)."""
+
+    def __init__(self, decoder: IncrementalDecoder, words: Sequence[str]) -> None:
+        self.decoder = decoder
+        self.stop_text = StopText(words)
+
+    @classmethod
+    def of(cls, postprocessor: Postprocessor, row: GenerationRequest) -> TextStop | None:
+        """None for a row without stop words, or a beam search (its tokens are not final
+        until it ends; the engine refuses or matches its stop words on tokens)."""
+        words = [postprocessor.decode(list(word)) for word in row.stop_words]
+        if not any(words) or row.beam.width > 1:
+            return None
+        return cls(IncrementalDecoder(postprocessor, row.prompt_ids, row.held_back), words)
+
+    def ends_at(self, token_id: int) -> bool:
+        """Whether the text reaches a stop word with this token."""
+        return self.stop_text.push(self.decoder.push(token_id))[1]
+
+
 class Row:
     """One prompt of a unary request: only its end matters, and whether its client is still
     there (a direct client of the engine model; a BLS caller cancels through the channel),
-    asked every few tokens (a question to the server, so not every token)."""
+    asked every few tokens (a question to the server, so not every token). With a
+    :class:`TextStop`, a stop word found in its text ends it at that token: the row is
+    dropped, and its answer is what came through that token, ``stop_word``."""
 
-    def __init__(self, reply: Reply, index: int) -> None:
+    def __init__(self, reply: Reply, index: int, stop: TextStop | None = None) -> None:
         self.reply, self.index, self.handle = reply, index, None
-        self.tokens = 0
+        self.stop = stop
+        self.tokens: list[int] = []
+        self.log_probs: list[float] = []
+        self.stopped = False  # a stop word in its text ended it
 
     def on_token(self, token_id: int, log_prob: float) -> None:
-        self.tokens += 1
-        if self.tokens % CHECK_EVERY == 0 and self.reply.sender.is_cancelled():
+        if self.stopped:
+            return
+        self.tokens.append(token_id)
+        self.log_probs.append(log_prob)
+        if self.stop is not None and self.stop.ends_at(token_id):
+            self.stopped = True
             self.handle.cancel()  # the engine drops the row at its next step
+        elif len(self.tokens) % CHECK_EVERY == 0 and self.reply.sender.is_cancelled():
+            self.handle.cancel()
 
     def on_finish(self, result: GenerationResult) -> None:
+        if self.stopped:  # the engine's account of it (timings, reuse), cut at the stop word
+            count = len(self.tokens)
+            result = dataclasses.replace(
+                result,
+                output_ids=self.tokens,
+                log_probs=self.log_probs,
+                finish_reason=STOP_WORD,
+                error=None,
+                tokens_past_stop=max(0, len(result.output_ids) - count),
+            )
         self.reply.finish(self.index, result)
 
 

@@ -23,7 +23,7 @@ import triton_python_backend_utils as pb_utils
 
 from backend.bls_ready import ReadyTeller, TellingSender, owner_pid
 from backend.cancel import CancelListener, CancelRegistry
-from backend.engine_answers import KEEP_UP_S, Deliveries, Reply, TextStream
+from backend.engine_answers import KEEP_UP_S, Deliveries, Reply, TextStop, TextStream
 from backend.engine_hooks import EngineHooks, load_hooks
 from backend.io import (
     FINAL,
@@ -412,7 +412,7 @@ def _read(stage: Stage, request, key: str, sender):
         width, log_probs = rows[0].beam.width, rows[0].return_log_probs
         done = functools.partial(stage.cancels.forget, key)
         reply = Reply(sender, len(rows), log_probs, width, done, stage.deliveries, requested)
-        return rows, reply.listeners()
+        return rows, reply.listeners([TextStop.of(stage.postprocessor, row) for row in rows])
     rows, _ = parse_request(tokenize(stage.preprocessor, arrays), stream=True)
     decoder = IncrementalDecoder(stage.postprocessor, rows[0].prompt_ids, rows[0].held_back)
 

@@ -222,10 +222,10 @@ def test_stop_and_bad_words(codegen):
     assert "".join(banned) == codegen.complete(PROMPT, 24, bad_words=[pieces[0]]).completion
 
 
-def test_a_stream_ends_at_a_stop_word_found_in_its_text_not_its_tokens(codegen):
+def test_an_answer_ends_at_a_stop_word_found_in_its_text_not_its_tokens(codegen):
     """A stop word that no token sequence of the answer spells (it ends inside a token, or
-    spans two): the engine's match on tokens cannot see it; the stream's match on its text
-    ends the answer there, with the stop word last, and says so in the account."""
+    spans two): the engine's match on tokens cannot see it; the match on the text ends the
+    answer there, streamed (the stop word last) or unary, and says so in the account."""
     pieces = list(codegen.stream(PROMPT, 24))  # one piece per token for this ASCII text
     greedy = "".join(pieces)
     at = next(i for i in range(len(pieces) - 1) if len(pieces[i]) > 1 and pieces[i + 1])
@@ -236,6 +236,11 @@ def test_a_stream_ends_at_a_stop_word_found_in_its_text_not_its_tokens(codegen):
     assert "".join(stream) == greedy[:end]
     assert stream.completion.finish_reason == "stop_word"
     assert stream.completion.completion_tokens == tokens < 24
+    # unary, through the ensemble: the engine's row matches the same text and ends at the
+    # same token, which it keeps whole (the model stage's answer is whole tokens)
+    unary = codegen.complete(PROMPT, 24, stop_words=[stop])
+    assert unary.completion == "".join(pieces[:tokens])
+    assert (unary.finish_reason, unary.completion_tokens) == ("stop_word", tokens)
 
 
 def test_log_probs(codegen):

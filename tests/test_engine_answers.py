@@ -204,3 +204,53 @@ def test_a_stop_word_in_the_text_ends_the_stream_at_its_token_and_drops_the_row(
     assert all(flags == 0 for _, flags, _ in pieces) and flags == FINAL
     assert account == {"finish_reason": [b"stop_word"], "completion_tokens": [3]}
     assert handle.cancelled == 1
+
+
+class UnarySender:
+    """Records a unary answer's tensors (or its error) and flags."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[dict, int]] = []
+
+    def send(self, response=None, flags: int = 0) -> None:
+        assert response is not None and response.error is None, "an error was sent"
+        self.sent.append((response.tensors, flags))
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
+def test_a_stop_word_in_a_unary_rows_text_ends_it_at_that_token(answers):
+    """The engine's match on tokens misses "2><3" (no token's text): the row's text finds it at
+    token 3, the row is dropped, and the one answer holds the tokens through 3, stop_word,
+    whatever the engine generated past it before the drop."""
+    deliveries = answers.Deliveries()
+    sender = UnarySender()
+    reply = answers.Reply(sender, 1, False, 1, lambda: None, deliveries)
+    (row,) = reply.listeners([answers.TextStop(Decoder(), ["2><3"])])
+    row.handle = handle = CancelledHandle()
+    for token in (1, 2, 3, 4):
+        row.on_token(token, 0.0)
+    row.on_finish(GenerationResult([7], [1, 2, 3, 4], [0.0] * 4, "cancelled"))
+    deliveries.stop()
+    ((tensors, flags),) = sender.sent
+    assert flags == FINAL and handle.cancelled == 1
+    assert tensors["output_ids"].reshape(-1).tolist() == [7, 1, 2, 3]
+    assert tensors["finish_reason"].reshape(-1).tolist() == [b"stop_word"]
+    assert tensors["completion_tokens"].reshape(-1).tolist() == [3]
+
+
+def test_a_unary_row_without_stop_words_in_its_text_ends_as_the_engine_says(answers):
+    deliveries = answers.Deliveries()
+    sender = UnarySender()
+    reply = answers.Reply(sender, 1, False, 1, lambda: None, deliveries)
+    (row,) = reply.listeners([answers.TextStop(Decoder(), ["<9>"])])
+    row.handle = CancelledHandle()
+    for token in (1, 2, 3):
+        row.on_token(token, 0.0)
+    row.on_finish(_done([1, 2, 3]))
+    deliveries.stop()
+    ((tensors, _),) = sender.sent
+    assert tensors["output_ids"].reshape(-1).tolist() == [1, 2, 3, 1, 2, 3]
+    assert tensors["finish_reason"].reshape(-1).tolist() == [b"length"]
+    assert row.handle.cancelled == 0

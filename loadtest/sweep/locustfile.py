@@ -193,8 +193,9 @@ class GrpcEnsembleUser(_TransportUser):
 
 class StreamingUser(_TransportUser):
     """The decoupled ``ensemble_stream`` over a gRPC stream, kept open from one request to
-    the next (as an editor's connection; client/transport.py ``StreamClients``). A request is a ``stream`` row with its ``first_token_ms`` and
-    ``tokens`` (pieces); each gap between two pieces is a ``stream inter-token`` row."""
+    the next (as an editor's connection; client/transport.py ``StreamClients``). A request is
+    a ``stream`` row with its ``first_token_ms`` and ``tokens`` (pieces); each gap between two
+    pieces is a ``stream inter-token`` row."""
 
     request_type = "grpc-stream"
 
