@@ -110,9 +110,14 @@ class Reply:
         done: Callable[[], None],
         deliveries: Deliveries,
         requested: frozenset[str] | None = None,
+        watch_client: bool = True,
     ) -> None:
         self.sender = sender
         self.requested = requested
+        # whether Triton can say that its client went away: not for a BLS caller's request,
+        # whose cancellation Triton 2.51 does not pass on (the caller's comes by
+        # backend/cancel.py), and asking is a round trip on the engine's thread
+        self.watch_client = watch_client
         self.results: list[GenerationResult | None] = [None] * rows
         self.return_log_probs = return_log_probs
         self.beam_width = beam_width
@@ -190,7 +195,11 @@ class Row:
         if self.stop is not None and self.stop.ends_at(token_id):
             self.stopped = True
             self.handle.cancel()  # the engine drops the row at its next step
-        elif len(self.tokens) % CHECK_EVERY == 0 and self.reply.sender.is_cancelled():
+        elif (
+            self.reply.watch_client
+            and len(self.tokens) % CHECK_EVERY == 0
+            and self.reply.sender.is_cancelled()
+        ):
             self.handle.cancel()
 
     def on_finish(self, result: GenerationResult) -> None:

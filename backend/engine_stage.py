@@ -411,7 +411,16 @@ def _read(stage: Stage, request, key: str, sender):
         rows = decode_request(arrays[ENGINE_REQUEST.name])
         width, log_probs = rows[0].beam.width, rows[0].return_log_probs
         done = functools.partial(stage.cancels.forget, key)
-        reply = Reply(sender, len(rows), log_probs, width, done, stage.deliveries, requested)
+        reply = Reply(
+            sender,
+            len(rows),
+            log_probs,
+            width,
+            done,
+            stage.deliveries,
+            requested,
+            watch_client=owner_pid(key) is None,
+        )
         return rows, reply.listeners([TextStop.of(stage.postprocessor, row) for row in rows])
     rows, _ = parse_request(tokenize(stage.preprocessor, arrays), stream=True)
     decoder = IncrementalDecoder(stage.postprocessor, rows[0].prompt_ids, rows[0].held_back)
