@@ -52,40 +52,85 @@ def splits_lines(backend) -> bool:
     )
 
 
+class _Remembered:
+    """The token ids of the last ``entries`` texts looked up (least recently used forgotten)."""
+
+    def __init__(self, entries: int) -> None:
+        self._entries = entries
+        self._ids: OrderedDict[str, list[int]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+
+    def known(self, texts: Sequence[str]) -> dict[str, list[int]]:
+        found = {}
+        with self._lock:
+            for text in texts:
+                if (ids := self._ids.get(text)) is not None:
+                    self._ids.move_to_end(text)
+                    found[text] = ids
+                    self.hits += 1
+        return found
+
+    def remember(self, new: dict[str, list[int]]) -> None:
+        with self._lock:
+            self._ids.update(new)
+            while len(self._ids) > self._entries:
+                self._ids.popitem(last=False)
+
+
 class LineTokens:
     """Token ids of texts, the part before each text's last newline looked up in an LRU."""
 
     def __init__(self, encode_all, entries: int = CACHED_HEADS) -> None:
         self._encode_all = encode_all  # list[str] -> list[list[int]], no special tokens added
-        self._entries = entries
-        self._heads: OrderedDict[str, list[int]] = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = 0
+        self._heads = _Remembered(entries)
+
+    @property
+    def hits(self) -> int:
+        return self._heads.hits
 
     def encode_all(self, texts: Sequence[str]) -> list[list[int]]:
         cuts = [_head_end(text) for text in texts]
-        with self._lock:
-            known = {}
-            for text, cut in zip(texts, cuts, strict=True):
-                if cut and (ids := self._heads.get(text[:cut])) is not None:
-                    self._heads.move_to_end(text[:cut])
-                    known[text[:cut]] = ids
-                    self.hits += 1
+        known = self._heads.known(
+            [text[:cut] for text, cut in zip(texts, cuts, strict=True) if cut]
+        )
         missing = list(dict.fromkeys(t[:c] for t, c in zip(texts, cuts, strict=True) if c))
         missing = [head for head in missing if head not in known]
         rests = [text[cut:] for text, cut in zip(texts, cuts, strict=True)]
         encoded = self._encode_all(missing + rests) if missing or rests else []
         new = dict(zip(missing, encoded[: len(missing)], strict=True))
-        with self._lock:
-            for head, ids in new.items():
-                self._heads[head] = ids
-            while len(self._heads) > self._entries:
-                self._heads.popitem(last=False)
+        self._heads.remember(new)
         heads = known | new
         return [
             [*heads[text[:cut]], *rest] if cut else rest
             for text, cut, rest in zip(texts, cuts, encoded[len(missing) :], strict=True)
         ]
+
+
+class ResentTexts:
+    """Token ids of whole texts sent before, for any tokenizer: a text always gets the same ids,
+    and an editor sends the same prompt again and again (it asks again at the same place, or
+    after a request it left). Tokenizing a 2,600-character prompt took 1.4 ms of a resent
+    prompt's first token in the engine's process (the CPU idle before it; 0.4 ms back to back):
+    a look-up takes microseconds. Texts shorter than ``MIN_HEAD_CHARS`` cost less to tokenize
+    than to look up; longer than ``MAX_HEAD_CHARS`` are not kept."""
+
+    def __init__(self, encode_all, entries: int = CACHED_HEADS) -> None:
+        self._encode_all = encode_all  # list[str] -> list[list[int]]
+        self._texts = _Remembered(entries)
+
+    @property
+    def hits(self) -> int:
+        return self._texts.hits
+
+    def encode_all(self, texts: Sequence[str]) -> list[list[int]]:
+        kept = {t for t in texts if MIN_HEAD_CHARS <= len(t) <= MAX_HEAD_CHARS}
+        known = self._texts.known(list(kept))
+        missing = list(dict.fromkeys(t for t in texts if t not in known))
+        encoded = dict(zip(missing, self._encode_all(missing) if missing else [], strict=True))
+        # copies, kept and given: callers may change what they get, never what is remembered
+        self._texts.remember({t: list(ids) for t, ids in encoded.items() if t in kept})
+        return [list(known[t]) if t in known else list(encoded[t]) for t in texts]
 
 
 def _head_end(text: str) -> int:

@@ -34,7 +34,7 @@ from contract.options import (
 )
 from contract.words import decode_words, word_list
 from preprocessing.leading_space import without_leading_space
-from preprocessing.line_tokens import LineTokens, splits_lines
+from preprocessing.line_tokens import LineTokens, ResentTexts, splits_lines
 from preprocessing.token_texts import tokenizer_texts
 
 Tensors = dict[str, np.ndarray]
@@ -128,6 +128,7 @@ class Preprocessor:
                 self.fim = replace(self.fim, order=order)  # refuses what the layout lacks
         backend = self.tokenizer.backend_tokenizer
         self.lines = LineTokens(self._encode_all) if splits_lines(backend) else None
+        self.resent = ResentTexts(self.lines.encode_all if self.lines else self._encode_all)
         # CodeLlama's suffix goes without SentencePiece's leading space (leading_space.py)
         self.bare = without_leading_space(backend) if self.fim and self.fim.bare_suffix else None
         self.head = prompt_head(self.tokenizer, tokenizer_path)  # a BOS, or nothing
@@ -145,7 +146,7 @@ class Preprocessor:
     def encode_all(self, texts: Sequence[str]) -> list[list[int]]:
         if not texts:
             return []
-        return self.lines.encode_all(texts) if self.lines else self._encode_all(texts)
+        return self.resent.encode_all(texts)
 
     def _encode_all(self, texts: Sequence[str]) -> list[list[int]]:
         return self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]

@@ -1,5 +1,6 @@
 """Line-aware tokenization: a resent prefix's ids come from the remembered part before its last
-newline, and equal the tokenizer's own, exactly; other tokenizers are never cached."""
+newline, and equal the tokenizer's own, exactly; other tokenizers are never cached that way.
+A whole text resent is looked up, for every tokenizer."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from modelbuild.corpus import read_texts, split
-from preprocessing.line_tokens import MAX_HEAD_CHARS, MIN_HEAD_CHARS, LineTokens, splits_lines
+from preprocessing.line_tokens import (
+    MAX_HEAD_CHARS,
+    MIN_HEAD_CHARS,
+    LineTokens,
+    ResentTexts,
+    splits_lines,
+)
 from preprocessing.tokenize import Preprocessor
 
 
@@ -68,3 +75,31 @@ def test_a_short_head_or_a_tokenizer_without_the_rule_is_not_cached(tiny_checkpo
     gpt2.train_from_iterator(["def f():\n    return 1\n"] * 10, trainers.BpeTrainer(vocab_size=300))
     assert not splits_lines(gpt2)  # "\n   " + " return": a newline joins what follows
     assert splits_lines(Preprocessor(tiny_checkpoint).tokenizer.backend_tokenizer)
+
+
+def test_a_whole_text_resent_is_not_tokenized_again_and_its_ids_are_the_callers_own():
+    calls = []
+
+    def encode_all(texts):
+        calls.append(list(texts))
+        return [[len(t), 0] for t in texts]
+
+    resent = ResentTexts(encode_all)
+    prompt, word = "a" * MIN_HEAD_CHARS, "return"
+    first = resent.encode_all([prompt, word])
+    assert calls == [[prompt, word]]
+    first[0].append(99)  # a caller that changes its answer changes nothing remembered
+    assert resent.encode_all([prompt, word]) == [[MIN_HEAD_CHARS, 0], [6, 0]]
+    assert calls[-1] == [word] and resent.hits == 1  # a short text costs less to tokenize
+    huge = "a" * (MAX_HEAD_CHARS + 1)
+    resent.encode_all([huge])
+    resent.encode_all([huge])
+    assert calls[-2:] == [[huge], [huge]]  # too long to keep
+
+
+def test_the_preprocessor_gives_a_resent_prompt_the_tokenizers_own_ids(tiny_checkpoint, held_out):
+    pre = Preprocessor(tiny_checkpoint)
+    prompt = held_out[:3_000]
+    once = pre.encode_all([prompt])
+    assert pre.encode_all([prompt]) == once == pre._encode_all([prompt])
+    assert pre.resent.hits == 1
