@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import queue
 import socket
 import threading
@@ -245,6 +246,10 @@ STREAM_CLIENTS = StreamClients()
 # such threads before it runs atexit's callbacks: this hook runs before that wait (as
 # concurrent.futures' own does)
 threading._register_atexit(lambda: STREAM_CLIENTS.close_all())
+# A kept stream's reader waits inside gRPC, and a process forked then (a launcher's child
+# runs Python before its exec) aborted in gRPC's poller ("Check failed: next_worker->state ==
+# KICKED", tests/test_overload.py in a suite that streamed before): no kept stream crosses a fork
+os.register_at_fork(before=lambda: STREAM_CLIENTS.close_all())
 
 
 class GrpcStream(ResponseStream):

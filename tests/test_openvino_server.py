@@ -60,8 +60,10 @@ def greedy_tokens(tiny_checkpoint) -> tuple[PreTrainedTokenizerFast, list[int]]:
 
 
 def test_stop_words_end_generation_on_both_backends(any_server, greedy_tokens):
-    """Stop words are matched on the generated tokens: the word is a generated token whose
-    text tokenizes back to it, the latest such one not seen before it, whatever the model."""
+    """A stop word ends the answer at the first token whose text completes it, whatever the
+    model: the word is a generated token whose text tokenizes back to it, the latest such one
+    not seen before it (the engine's match on tokens ends there at the latest; the match on
+    the text, where the word's text is inside an earlier token)."""
     tokenizer, generated = greedy_tokens
     free = complete(any_server, max_tokens=30).completion
     assert free == tokenizer.decode(generated)
@@ -71,8 +73,10 @@ def test_stop_words_end_generation_on_both_backends(any_server, greedy_tokens):
         if token not in generated[:k] and tokenizer.encode(tokenizer.decode([token])) == [token]
     )
     word = tokenizer.decode([generated[at]])
-    stopped = complete(any_server, max_tokens=30, stop_words=(word, "zzzq")).completion
-    assert stopped == tokenizer.decode(generated[: at + 1]) and len(stopped) < len(free)
+    stopped = complete(any_server, max_tokens=30, stop_words=(word, "zzzq"))
+    end = next(k for k in range(at + 1) if word in tokenizer.decode(generated[: k + 1]))
+    assert stopped.completion == tokenizer.decode(generated[: end + 1])
+    assert stopped.finish_reason == "stop_word" and len(stopped.completion) < len(free)
 
 
 def test_seeded_sampling_repeats_and_log_probs_sum(any_server):

@@ -149,10 +149,12 @@ def test_stop_words_end_generation(server, reference):
     first = ids.index(token)
     stop_word = tokenizer.decode([token])
     stopped = infer(server, "http", CompletionRequest(PROMPT, 30, stop_words=(stop_word, "zzzq")))
-    assert texts(stopped)[0] == PROMPT + tokenizer.decode(ids[: first + 1])
+    # the first token whose text completes the word: ``token`` itself at the latest
+    end = next(k for k in range(first + 1) if stop_word in tokenizer.decode(ids[: k + 1]))
+    assert texts(stopped)[0] == PROMPT + tokenizer.decode(ids[: end + 1])
     assert (
         stopped.as_numpy("sequence_length").reshape(-1)[0]
-        == len(tokenizer.encode(PROMPT)) + first + 1
+        == len(tokenizer.encode(PROMPT)) + end + 1
     )
 
 
