@@ -193,9 +193,9 @@ class StreamClients:
     """The process's gRPC stream sessions, kept open between streams, by server.
 
     tritonclient runs one stream at a time on an ``InferenceServerClient``, and each client
-    opens a channel of its own. Made for every request, the channel, its connection and the
-    stream (two threads) cost about 2.5 ms of each stream's first token (a warm resent prompt,
-    docs/performance.md). A request takes an idle session here and gives it back when it
+    opens a channel of its own. Made for every request, the channel and its connection (2.7 ms)
+    and the stream's two threads (1.25 ms) were in each stream's first token (a warm resent
+    prompt, docs/performance.md). A request takes an idle session here and gives it back when it
     ends, so the channel and the stream are made once and carry request after request. A
     session never carries two requests at once (streams sharing one channel at once hung the
     editor profile's gRPC typists under gevent, tests/test_loadtest_editor_server.py). The
