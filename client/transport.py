@@ -18,6 +18,7 @@ import json
 import os
 import queue
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -176,7 +177,7 @@ class StreamSession:
         """The request ended (or was left): keep the stream for the next request, or close
         it (a cancel drops what it still carries). Whether the client can be used again."""
         self._reader = None
-        if keep_stream and self.open:
+        if keep_stream and self.open and not _under_gevent():
             return True
         return self.close(cancel)
 
@@ -187,6 +188,15 @@ class StreamSession:
         except Exception:
             return False
         return True
+
+
+def _under_gevent() -> bool:
+    """Whether gevent has patched this process's threads (a Locust load harness). gRPC then
+    polls an open stream's channel in a greenlet that blocks the whole process while it waits:
+    idle kept streams starved the soak's users until requests went unanswered (`make soak`).
+    There a session keeps its client and channel, and each request starts its own stream."""
+    gevent = sys.modules.get("gevent.monkey")
+    return gevent is not None and gevent.is_module_patched("threading")
 
 
 class StreamClients:

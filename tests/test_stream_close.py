@@ -221,3 +221,15 @@ def test_a_stream_to_a_server_that_is_down_says_so_though_the_reason_comes_late(
     monkeypatch.setattr(_FakeTriton, "async_stream_infer", down)
     with pytest.raises(ServerUnavailableError):
         next(codegen.stream("def f():", max_tokens=50))
+
+
+def test_under_gevent_a_clean_end_closes_the_stream_and_keeps_the_client(monkeypatch):
+    """A Locust harness (gevent): an idle open stream would block its greenlets, so each
+    request starts a stream of its own on the kept client."""
+    monkeypatch.setattr(stream_module, "_under_gevent", lambda: True)
+    codegen = _codegen(monkeypatch, answers_stop=True)
+    _whole_answers(monkeypatch)
+    for _ in range(2):
+        assert "".join(codegen.stream("def f():", max_tokens=50)) == "piece"
+    (fake,) = _FakeTriton.instances  # one client, one channel
+    assert fake.starts == 2 and fake.cancelled is False  # each stream closed, not cancelled
