@@ -1,5 +1,5 @@
 """How ``gptj`` answers its clients: the engine's one final response, passed on. It parses
-its request once (:meth:`backend.engine_calls.EngineCalls.parse`) and answers an invalid one at
+its request once (:meth:`backend.engine_calls.EngineCalls.check`) and answers an invalid one at
 once; a stop request naming a call ends it with an error saying so.
 """
 
@@ -33,14 +33,14 @@ def forward_final(
         answer_stop(calls, sender, arrays, client_id, requested)
         return
     try:
-        rows = calls.parse(arrays)
+        calls.check(arrays)
     except InvalidRequestError as exc:
         sender.send(error_response(str(exc)), flags=FINAL)
         return
 
     def work(call: Call) -> None:
         answer = error_response("internal error: the engine sent no response")
-        for reply in calls.responses(call, rows):
+        for reply in calls.responses(call, arrays):
             if reply.has_error():
                 error = reply.error().message()
                 answer = error_response(stopped_message(client_id) if call.stopped else error)

@@ -2,9 +2,9 @@
 
 ``gptj`` holds no engine of its own: a plain (not decoupled) model, because HTTP and unary gRPC
 refuse an ensemble with a decoupled step, it reaches the decoupled ``engine`` by BLS, the one
-hop Triton 2.51 forces on the unary path. Each Triton request it gets is parsed and checked
-once, here (:meth:`EngineCalls.parse`), and becomes one BLS request to the ``engine`` model
-carrying the parsed request, run in a worker thread so that ``execute`` returns at once and
+hop Triton 2.51 forces on the unary path. Each Triton request it gets is checked here
+(:meth:`EngineCalls.check`), and its tensors, unchanged, become one BLS request to the
+``engine`` model, run in a worker thread so that ``execute`` returns at once and
 requests overlap in the engine's running batch.
 
 Because a BLS request cannot be cancelled in Triton 2.51 (see backend/cancel.py), a watcher
@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -29,9 +29,9 @@ from backend.bls_ready import ReadyListener
 from backend.cancel import CancelSender, new_key
 from backend.io import FINAL, error_response
 from contract import metrics as names
-from contract.tensors import ENGINE_MODEL, ENGINE_REQUEST, MODEL_IO, MODEL_STAGE
-from engine.interface import GenerationRequest, ModelLimits
-from engine.tensors import encode_request, requests_from_tensors
+from contract.tensors import ENGINE_MODEL, MODEL_IO, MODEL_STAGE
+from engine.interface import ModelLimits
+from engine.tensors import requests_from_tensors
 
 # Requests a caller runs at once: the engine's queue (256) and batch (64) hold no more. Past
 # this, execute waits and the next requests wait in the caller's own bounded Triton queue.
@@ -227,16 +227,14 @@ class EngineCalls:
             self.metrics.in_flight(self._in_flight)
         self.slots.release()
 
-    def parse(self, arrays: Mapping[str, np.ndarray]) -> list[GenerationRequest]:
-        """The request's rows, parsed once and checked against the model's limits: what the
-        engine is sent and trusts. InvalidRequestError for a request the engine would refuse
-        for its options or size, so that it is refused here at once rather than after waiting
-        in the engine's queue behind valid work (under overload that wait can outlast its queue
-        timeout)."""
+    def check(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """InvalidRequestError for a request (the model stage's tensors) that the engine would
+        refuse for its options or size, so that it is refused here at once rather than after
+        waiting in the engine's queue behind valid work (under overload that wait can outlast
+        its queue timeout). The engine is sent the same tensors."""
         rows, _ = requests_from_tensors(arrays)
         for row in rows:
             self.limits.check(row)
-        return rows
 
     def cancel(self, call: Call) -> None:
         """Tell the engine to drop the call's rows (once)."""
@@ -269,12 +267,12 @@ class EngineCalls:
                 if gone:
                     self.cancel(call)
 
-    def responses(self, call: Call, rows: Sequence[GenerationRequest]) -> Iterator:
-        """The engine's responses to one request (its rows, as :meth:`parse` gave them), as
-        they come, each read only once the engine said it is there (backend/bls_ready.py says
-        why). The caller reads them to the end (the final response); the iterator is then kept
-        alive a while (``_Retired`` says why)."""
-        inputs = [pb_utils.Tensor(ENGINE_REQUEST.name, encode_request(rows))]
+    def responses(self, call: Call, arrays: Mapping[str, np.ndarray]) -> Iterator:
+        """The engine's responses to one request (the model stage's tensors, once :meth:`check`
+        passed them), as they come, each read only once the engine said it is there
+        (backend/bls_ready.py says why). The caller reads them to the end (the final response);
+        the iterator is then kept alive a while (``_Retired`` says why)."""
+        inputs = [pb_utils.Tensor(name, array) for name, array in arrays.items()]
         self.ready.expect(call.key)
         replies = pb_utils.InferenceRequest(
             model_name=self.engine_model,

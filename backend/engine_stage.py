@@ -2,9 +2,9 @@
 
 Only the ``engine`` model runs it: ``gptj`` and ``ensemble_stream`` call that model
 (backend/engine_calls.py), so every request shares one copy of the weights and one running
-batch. Each request arrives parsed, as its caller parsed it (engine/tensors.py). A unary request
-gets one final response in the model stage's layout; a streamed one responses with its new
-tokens, sent by backend/engine_answers.py's thread.
+batch. A gptj call arrives as the model stage's typed tensors, which gptj checked, and gets one
+final response in that stage's layout; a stream arrives as text, is tokenized here, and gets
+responses with its new text, sent by backend/engine_answers.py's thread.
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ from backend.io import (
 from backend.stop_request import stop_named
 from contract import metrics as names
 from contract.options import DEFAULT_MAX_BEAM_WIDTH, EDITOR_STOP_REASONS, InvalidRequestError
-from contract.tensors import ENGINE_INPUTS, ENGINE_REQUEST, STOP_INPUT
+from contract.tensors import ENGINE_INPUTS, ENSEMBLE_TO_PREPROCESSING, STOP_INPUT
 from contract.words import decode_words
 from engine.fallback import REASONS, with_fallback
 from engine.interface import GenerationBackend, GenerationResult, Listener
 from engine.models import load_model
 from engine.openvino_model import ModelShape, export_weights, require_export
-from engine.tensors import decode_request, parse_request
+from engine.tensors import parse_request, requests_from_tensors
 from engine.threads import in_passing_thread
 from engine.torch_engine import TorchEngine
 from postprocessing.detokenize import IncrementalDecoder, Postprocessor
@@ -402,13 +402,18 @@ def _answer_stop(stage: Stage, sender, client_id: str) -> None:
 
 
 def _read(stage: Stage, request, key: str, sender):
-    """The request's rows, parsed once, and the listeners to answer them: a gptj call's (the
-    rows it parsed, one final response) or a stream's (its text tokenized here, a response
-    per piece)."""
+    """The request's rows and the listeners to answer them: a gptj call's (the model stage's
+    tensors, one final response) or a stream's (its text tokenized here, a response per
+    piece)."""
     arrays = read_inputs(request, ENGINE_INPUTS)
     requested = requested_outputs(request)
-    if ENGINE_REQUEST.name in arrays:
-        rows = decode_request(arrays[ENGINE_REQUEST.name])
+    if "input_ids" in arrays:
+        if texts := sorted(ENSEMBLE_TO_PREPROCESSING.values() & arrays.keys()):
+            raise InvalidRequestError(
+                f"input_ids (token ids) and {', '.join(texts)} (text) were both "
+                "sent: send the ensemble's inputs or the model stage's, not both"
+            )
+        rows, _ = requests_from_tensors(arrays)
         width, log_probs = rows[0].beam.width, rows[0].return_log_probs
         done = functools.partial(stage.cancels.forget, key)
         reply = Reply(

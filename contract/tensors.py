@@ -238,24 +238,27 @@ INPUT_SPECS = {spec.name: spec for spec in (*ENSEMBLE_INPUTS, STOP_INPUT)}
 # for every path. A stream reaches it with the ensemble's inputs (the prompt as text), directly
 # or through `ensemble_stream`: it tokenizes, generates and detokenizes in its own process, one
 # response per piece of text, then a final one with the account. The unary model stage `gptj`
-# calls it (BLS: HTTP and unary gRPC refuse an ensemble with a decoupled step) with the request
-# it parsed and checked (`request`), and gets one final response in the model stage's layout.
+# calls it (BLS: HTTP and unary gRPC refuse an ensemble with a decoupled step) with its own
+# inputs, the model stage's typed tensors, once it has checked them, and gets one final
+# response in the model stage's layout.
 ENGINE_MODEL = "engine"
-ENGINE_REQUEST = TensorSpec(
-    "request",
-    "TYPE_STRING",
-    (1,),
-    optional=True,
-    doc="gptj's call: the request gptj parsed and checked (its prompts' token ids with their"
-    " options), as JSON; answered with one final response in the gptj stage's layout",
+_GPTJ_CALL = (
+    "gptj's call, these and the options above: the model stage's inputs as gptj got and checked"
+    " them; answered with one final response in the model stage's layout"
 )
+_STAGE_ONLY = [spec for spec in MODEL_STAGE_INPUTS if spec not in ENSEMBLE_INPUTS]
 ENGINE_INPUTS = (
     *(
         TensorSpec(spec.name, spec.triton_type, spec.dims, optional=True, doc=spec.doc)
         for spec in ENSEMBLE_INPUTS
     ),
     STOP_INPUT,
-    ENGINE_REQUEST,
+    *(
+        TensorSpec(
+            spec.name, spec.triton_type, spec.dims, optional=True, doc=_GPTJ_CALL if i == 0 else ""
+        )
+        for i, spec in enumerate(_STAGE_ONLY)
+    ),
 )
 # A stream's outputs (as `ensemble_stream` declares them), then the model stage's token ids.
 ENGINE_OUTPUTS = (

@@ -1,5 +1,4 @@
-"""The model stage's tensors <-> engine requests and results (FasterTransformer GPT-J layout),
-and the parsed request as the engine model takes it.
+"""The model stage's tensors <-> engine requests and results (FasterTransformer GPT-J layout).
 
 Kept apart from the Triton adapter so that unit tests exercise it without a server. Arrays are
 per Triton request, batch dimension first: a request may carry several prompts (rows).
@@ -7,8 +6,6 @@ per Triton request, batch dimension first: a request may carry several prompts (
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -105,9 +102,7 @@ def _held_back(arrays: Mapping[str, np.ndarray], row: int) -> int | None:
 def parse_request(
     arrays: Mapping[str, np.ndarray], stream: bool
 ) -> tuple[list[GenerationRequest], bool]:
-    """``requests_from_tensors`` plus what streaming allows: one prompt, no beams. The models
-    that call the engine parse a request with this, once; the engine takes what they parsed
-    (:func:`encode_request`)."""
+    """``requests_from_tensors`` plus what streaming allows: one prompt, no beams."""
     rows, log_probs = requests_from_tensors(arrays)
     if stream and len(rows) != 1:
         raise InvalidRequestError(f"streaming takes one prompt per request, got {len(rows)}")
@@ -117,37 +112,6 @@ def parse_request(
             "finish; send it to the unary `ensemble` instead"
         )
     return rows, log_probs
-
-
-def encode_request(rows: Sequence[GenerationRequest]) -> np.ndarray:
-    """The engine model's ``request`` input: ``rows`` as their caller parsed and checked them,
-    as JSON. The engine reads them back with :func:`decode_request` rather than parsing the
-    model-stage tensors a second time."""
-    payload = [_fields(row) for row in rows]
-    return np.array([[json.dumps(payload, separators=(",", ":")).encode()]], dtype=np.object_)
-
-
-def decode_request(array: np.ndarray) -> list[GenerationRequest]:
-    """The rows :func:`encode_request` wrote."""
-    return [_request(row) for row in json.loads(np.asarray(array).reshape(-1)[0])]
-
-
-def _fields(row: GenerationRequest) -> dict:
-    """``row``'s fields, the option groups as dicts: ``dataclasses.asdict`` without its deep
-    copy of every prompt token (10x slower on a 2,000-token prompt)."""
-    groups = {
-        name: dataclasses.asdict(getattr(row, name)) for name in ("sampling", "beam", "editor")
-    }
-    return {field.name: getattr(row, field.name) for field in dataclasses.fields(row)} | groups
-
-
-def _request(fields: dict) -> GenerationRequest:
-    nested = {
-        "sampling": SamplingParams(**fields["sampling"]),
-        "beam": BeamParams(**fields["beam"]),
-        "editor": EditorStops(**fields["editor"]),
-    }
-    return GenerationRequest(**{**fields, **nested})
 
 
 def tensors_from_results(

@@ -10,6 +10,7 @@ import queue
 import re
 import threading
 
+import numpy as np
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
@@ -182,3 +183,32 @@ def test_a_stream_that_asks_for_one_output_gets_only_that_output(server):
     finally:
         grpc.stop_stream()
     assert pieces and "".join(pieces)
+
+
+def test_the_engine_model_takes_the_model_stage_tensors_that_gptj_forwards(server):
+    """gptj's call carries its own typed inputs, unchanged: the engine model answers them with
+    the same greedy tokens as gptj does, and refuses a request that also sends text."""
+    from test_unary_cancel import stage_inputs
+
+    from contract.tensors import MODEL_STAGE
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    ids = [5, 6, 7, 8]
+    outputs = [grpcclient.InferRequestedOutput("output_ids")]
+    through_gptj = client.infer(MODEL_STAGE, stage_inputs(ids, 6), outputs=outputs)
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        client.async_stream_infer(ENGINE_MODEL, stage_inputs(ids, 6), outputs=outputs)
+        result, error = answers.get(timeout=60)
+        assert error is None, error
+        direct = result.as_numpy("output_ids")
+        assert direct.tolist() == through_gptj.as_numpy("output_ids").tolist()
+        assert direct[0, 0, : len(ids)].tolist() == ids
+        text = grpcclient.InferInput("INPUT_0", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[b"def f():"]], dtype=np.object_))
+        client.async_stream_infer(ENGINE_MODEL, [*stage_inputs(ids, 6), text], outputs=outputs)
+        _, error = answers.get(timeout=60)
+        assert error is not None and "input_ids (token ids) and INPUT_0 (text)" in str(error)
+    finally:
+        client.stop_stream()

@@ -13,8 +13,6 @@ from contract.options import MAX_PROMPT_BYTES, BeamParams, InvalidRequestError
 from contract.words import decode_words, encode_words, split_word_list, word_list
 from engine import Beam, GenerationResult
 from engine.tensors import (
-    decode_request,
-    encode_request,
     requests_from_tensors,
     tensors_from_results,
 )
@@ -189,7 +187,8 @@ def test_model_stage_tensors_map_to_engine_requests_and_back():
     np.testing.assert_allclose(out["output_log_probs"][0, 0], [-0.5, -1.0, 0.0])
 
 
-def test_the_engine_gets_the_request_its_caller_parsed_field_for_field():
+def test_the_model_stage_tensors_become_the_engine_request_field_for_field():
+    """What gptj checks and the engine reads: every option reaches its row."""
     arrays = {
         "input_ids": np.array([[5, 6, 7], [8, 9, 0]], dtype=np.uint32),
         "input_lengths": np.array([[3], [2]], dtype=np.uint32),
@@ -204,14 +203,20 @@ def test_the_engine_gets_the_request_its_caller_parsed_field_for_field():
         "bad_words_list": word_list([[], [[4]]]),
     }
     parsed, _ = requests_from_tensors(arrays)
+    first, second = parsed
+    assert (first.prompt_ids, first.max_new_tokens) == ([5, 6, 7], 4)
+    assert (second.prompt_ids, second.max_new_tokens) == ([8, 9], 6)
+    assert first.sampling.top_p == float(np.float32(0.9))  # the float32 value, kept
+    assert first.sampling.temperature == float(np.float32(0.7))
+    assert (first.sampling.seed, second.sampling.seed) == (2**64 - 1, 0)
+    assert first.return_log_probs and second.return_log_probs
+    assert (first.editor.n_indent, first.editor.t_max_predict_ms) == (4, 250)
+    assert [list(w) for w in first.stop_words] == [[1, 2], [3]] and not second.stop_words
+    assert not first.bad_words and [list(w) for w in second.bad_words] == [[4]]
     bare = {name: arrays[name][:1] for name in ("input_ids", "input_lengths", "request_output_len")}
-    defaults, _ = requests_from_tensors(bare)  # every option absent
-    for rows in (parsed, defaults):
-        encoded = encode_request(rows)
-        assert encoded.shape == (1, 1) and encoded.dtype == np.object_  # one TYPE_STRING [1]
-        assert decode_request(encoded) == rows
-    assert parsed[0].sampling.top_p == float(np.float32(0.9))  # the float32 value, kept
-    assert parsed[0].editor.n_indent == 4 and parsed[1].sampling.seed == 0
+    (default,), _ = requests_from_tensors(bare)  # every option absent
+    assert default.sampling.seed is None and default.held_back is None
+    assert default.stop_words == [] and default.editor.n_indent == 0
 
 
 def test_beam_options_reach_the_engine_and_one_width_per_request():
