@@ -210,7 +210,9 @@ class StreamClients:
     session never carries two requests at once (streams sharing one channel at once hung the
     editor profile's gRPC typists under gevent, tests/test_loadtest_editor_server.py). The
     pool is the process's, not a transport's: the API gives each worker thread a client of its
-    own, and their streams reuse the same sessions."""
+    own, and their streams reuse the same sessions. The sessions' channels to one server share
+    one TCP connection (gRPC's subchannel pool): streams in flight at once are HTTP/2 streams on
+    it, not connections of their own."""
 
     def __init__(self, keep: int = IDLE_STREAM_CLIENTS) -> None:
         self.keep = keep

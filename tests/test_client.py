@@ -7,7 +7,9 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 
+import psutil
 import pytest
 from engine_hold import advance_until, engine_held, wait_for
 from server_metrics import dropped_since, engine_counters
@@ -292,6 +294,45 @@ def test_stream_delivers_pieces_as_they_are_generated(codegen, server):
     assert len(pieces) > 100
     done = stream.completion
     assert done is not None and done.completion_tokens == 250
+
+
+def test_concurrent_streams_share_one_connection_to_the_server(server):
+    """Each stream rides its own kept session (a client and its open stream), but gRPC shares
+    one subchannel between channels to one address with the same settings: four streams in
+    flight at once add no TCP connection to the server's gRPC port."""
+    port = int(server.grpc_url.rsplit(":", 1)[1])
+
+    def connections() -> int:
+        return sum(
+            1
+            for c in psutil.Process().net_connections(kind="tcp")
+            if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+        )
+
+    with CodegenClient(server.grpc_url, "grpc", timeout=120) as client:
+        list(client.stream(PROMPT, 4))  # a kept session: one connection, if there was none
+        before = connections()
+        opened, release = threading.Barrier(5), threading.Event()
+
+        def hold_a_stream() -> None:
+            with CodegenClient(server.grpc_url, "grpc", timeout=120) as own:
+                stream = own.stream(PROMPT, 64)
+                next(stream)  # in flight: its first piece came
+                opened.wait(60)
+                release.wait(60)
+                list(stream)
+
+        threads = [threading.Thread(target=hold_a_stream) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        try:
+            opened.wait(60)
+            during = connections()
+        finally:
+            release.set()
+            for thread in threads:
+                thread.join(60)
+    assert before >= 1 and during == before, (before, during)
 
 
 def test_stream_of_multibyte_text(codegen):
