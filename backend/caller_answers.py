@@ -1,6 +1,6 @@
-"""How ``gptj`` answers its clients: the engine's one final response, passed on. It parses
-its request once (:meth:`backend.engine_calls.EngineCalls.check`) and answers an invalid one at
-once; a stop request naming a call ends it with an error saying so.
+"""How ``gptj`` answers its clients: the engine's one final response, passed on. It checks
+its request (:meth:`backend.engine_calls.EngineCalls.check`) and answers an invalid one at once;
+a stop request naming a call ends it with an error saying so.
 """
 
 from __future__ import annotations
